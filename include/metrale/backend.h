@@ -1,0 +1,233 @@
+// The backend interface: everything an op or a loader needs from a device (system.md §2).
+// Backend implements the rules every device shares once (ledger, call sites, guard bands,
+// typed-argument packing, metadata lookup through the OpCache); a concrete backend supplies the
+// raw primitives. Methods are thread-safe unless they say otherwise. Errors are metrale::Error
+// with the API name first.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "metrale/guard_bands.h"
+#include "metrale/handles.h"
+#include "metrale/kernel_args.h"
+#include "metrale/ledger.h"
+
+namespace metrale {
+
+class OpCache;
+
+// One kernel lookup as the audit saw it.
+struct KernelLookup {
+  std::string module, function;
+  bool resolved = false;
+  CallSite site;      // who asked
+  std::string error;  // why it failed, when it did
+};
+
+// Result of an event query; a failed query throws instead.
+enum class EventStatus { kDone, kNotReady };
+
+class Backend {
+ public:
+  Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  // Concrete backends sweep the ledger in their destructor (they own the raw free).
+  virtual ~Backend();
+
+  // ---- identity ----
+  // Short backend name: "cpu", "cuda".
+  virtual std::string_view name() const = 0;
+  // The device's marketing or model name.
+  virtual std::string device_name() const = 0;
+
+  // ---- memory ----
+  // Device memory of at least bytes (> 0), recorded on the ledger with the caller's file:line.
+  DevicePtr alloc(std::size_t bytes, std::source_location loc = std::source_location::current());
+  // Managed (host-migratable) memory; plain device memory where the backend has none.
+  DevicePtr alloc_managed(std::size_t bytes,
+                          std::source_location loc = std::source_location::current());
+  // Frees an allocation of this backend; null is a no-op. The ledger entry is taken off before
+  // the raw free, whatever it returns. Interior, foreign or already-freed pointers throw.
+  void free(DevicePtr ptr);
+  // Frees everything still on the ledger, warning once with the count, total and five largest
+  // call sites; failures are logged and skipped. Returns how many entries it found.
+  std::size_t sweep_unreleased();
+  // Bytes currently on the ledger (pinned host memory included).
+  std::size_t live_bytes() const { return ledger_->live_bytes(); }
+  // Allocations currently on the ledger.
+  std::size_t live_alloc_count() const { return ledger_->live_count(); }
+  // AllocationLedger::report for this backend.
+  std::string alloc_report(std::size_t top_n = 10, double min_mb = 0.0) const {
+    return ledger_->report(top_n, min_mb);
+  }
+  // Usage counters of this backend's ledger.
+  AllocStats alloc_stats() const { return ledger_->stats(); }
+  // A read-only view of the ledger that outlives this backend.
+  LedgerProbe ledger_probe() const { return LedgerProbe(ledger_); }
+
+  // Page-locked host memory of bytes (> 0) that the device can read directly; on the ledger.
+  void* alloc_pinned(std::size_t bytes, std::source_location loc = std::source_location::current());
+  // Frees memory from alloc_pinned; null is a no-op; anything else throws.
+  void free_pinned(void* host);
+  // The device address through which kernels read the pinned host pointer (interior allowed).
+  virtual DevicePtr pinned_device_address(const void* host) const = 0;
+
+  // ---- copies (bytes == 0 is a no-op; ranges must lie inside one allocation) ----
+  // Blocking host-to-device copy.
+  virtual void copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) = 0;
+  // Blocking device-to-host copy (waits for the backend's default stream first).
+  virtual void copy_d2h(void* dst, DevicePtr src, std::size_t bytes) = 0;
+  // Blocking device-to-device copy.
+  virtual void copy_d2d(DevicePtr dst, DevicePtr src, std::size_t bytes) = 0;
+  // Host-to-device copy queued on stream; when src is registered pinned memory the call waits
+  // for the copy before returning (the DMA would otherwise read src after return).
+  virtual void copy_h2d_async(DevicePtr dst, const void* src, std::size_t bytes,
+                              StreamHandle stream) = 0;
+  // Device-to-device copy queued on stream.
+  virtual void copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                              StreamHandle stream) = 0;
+  // Blocking device-to-host copy ordered after all work queued on stream so far.
+  virtual void copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes,
+                              StreamHandle stream) = 0;
+  // Pitched 2-D device-to-device copy of height rows of width_bytes, queued on stream.
+  virtual void copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr src,
+                             std::size_t src_pitch, std::size_t width_bytes, std::size_t height,
+                             StreamHandle stream) = 0;
+  // Blocking fill of bytes with value.
+  virtual void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) = 0;
+  // Fill of bytes with value, queued on stream.
+  virtual void memset_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                            StreamHandle stream) = 0;
+
+  // ---- launches ----
+  // Queues kernel on stream with params in cuLaunchKernel's layout (one pointer per argument).
+  // Dynamic shared memory above 48 KiB raises the kernel's limit first. With debug_sync() on,
+  // waits and names the kernel, grid, block and shared memory in any error.
+  virtual void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
+                      StreamHandle stream, std::span<void*> params) = 0;
+  // Packs args into 64-bit slots (kernel_args.h) and calls launch().
+  void launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
+                    StreamHandle stream, std::span<const KernelArg> args);
+
+  // ---- streams and events ----
+  // The backend's own stream (non-blocking on CUDA); never destroyed by callers.
+  virtual StreamHandle default_stream() = 0;
+  // A new stream; destroy it with destroy_stream.
+  virtual StreamHandle create_stream() = 0;
+  // Destroys a stream made by create_stream (waits for its work first).
+  virtual void destroy_stream(StreamHandle stream) = 0;
+  // Waits until all work queued on stream is done. Inside a capture this invalidates it.
+  virtual void synchronize(StreamHandle stream) = 0;
+  // Waits until all work on every stream of this backend is done.
+  virtual void synchronize_device() = 0;
+  // Makes the backend's context current on the calling thread. Optional: default does nothing.
+  virtual void bind_to_thread() {}
+  // A new event; destroy it with destroy_event.
+  virtual EventHandle create_event() = 0;
+  // Destroys an event.
+  virtual void destroy_event(EventHandle event) = 0;
+  // Marks event done once the work queued on stream so far is done.
+  virtual void record_event(EventHandle event, StreamHandle stream) = 0;
+  // Makes later work on stream wait for event.
+  virtual void wait_event(StreamHandle stream, EventHandle event) = 0;
+  // Waits until event is done.
+  virtual void event_synchronize(EventHandle event) = 0;
+  // Done or not ready; a device error throws.
+  virtual EventStatus event_query(EventHandle event) = 0;
+
+  // ---- graphs ----
+  // Starts recording work queued on stream instead of running it (relaxed mode).
+  virtual void begin_capture(StreamHandle stream) = 0;
+  // Ends the capture and returns a replayable graph; the template is always destroyed. Throws
+  // if the capture was invalidated (a sync or device-to-host copy inside it).
+  virtual GraphHandle end_capture(StreamHandle stream) = 0;
+  // Replays graph on stream.
+  virtual void launch_graph(GraphHandle graph, StreamHandle stream) = 0;
+  // Destroys a graph from end_capture.
+  virtual void destroy_graph(GraphHandle graph) = 0;
+  // Ends and discards an active capture on stream (for error paths); no-op when none. Never
+  // throws.
+  virtual void abort_capture(StreamHandle stream) noexcept = 0;
+  // Whether stream is capturing; a failed query counts as capturing.
+  virtual bool is_capturing(StreamHandle stream) = 0;
+
+  // ---- device queries ----
+  // Total device memory in bytes.
+  virtual std::size_t total_memory() const = 0;
+  // Memory a new allocation can use (integrated GPUs: max of driver and host available).
+  virtual std::size_t free_memory() const = 0;
+  // The driver's own free figure.
+  virtual std::size_t driver_free_memory() const = 0;
+  // Streaming multiprocessors (CPU: hardware threads).
+  virtual std::uint32_t sm_count() const = 0;
+
+  // ---- kernels ----
+  // Resolves module::function and records its published metadata in op_cache(); the caller's
+  // file:line goes to the lookup audit. Ops call op_cache().kernel(), which memoizes this.
+  KernelHandle kernel(std::string_view module, std::string_view function,
+                      std::source_location loc = std::source_location::current());
+  // The first 4096 lookups of this backend, in order.
+  std::vector<KernelLookup> lookup_audit() const;
+  // Whether a module of that name is loaded for this model.
+  virtual bool has_module(std::string_view module) const = 0;
+  // The N tile the kernel publishes (<function>_n_tile); throws when it publishes none or 0.
+  std::uint32_t kernel_n_tile(KernelHandle kernel);
+  // Whether the kernel publishes a non-zero <function>_a_e4m3 (casts A to E4M3, no scale).
+  bool kernel_casts_a_to_e4m3(KernelHandle kernel);
+  // "module::function" of a resolved handle, for messages. Optional: default prints the value.
+  virtual std::string kernel_name(KernelHandle kernel) const;
+  // This backend's OpCache; every backend owns exactly one.
+  virtual OpCache& op_cache() = 0;
+
+  // ---- guard bands and debugging ----
+  // Sets the guard-band policy for later allocations (initially from METRALE_REDZONE*).
+  void set_guard_bands(const GuardBandConfig& config) { guards_.configure(config); }
+  // Checks every guard band, logs each violation, refills it; returns the violated count.
+  std::size_t scan_redzones();
+  // Refills pads of allocations with index in [lo, hi) with 0xEE and the others with 0x00.
+  void poison_redzones(std::size_t lo, std::size_t hi);
+  // Whether launches synchronize and report errors at the kernel (METRALE_DEBUG_SYNC_KERNELS).
+  bool debug_sync() const noexcept { return debug_sync_.load(std::memory_order_relaxed); }
+  // Switches debug synchronization on or off.
+  void set_debug_sync(bool on) noexcept { debug_sync_.store(on, std::memory_order_relaxed); }
+
+ protected:
+  // Raw allocation of user_bytes + pad_bytes of kind; throws Error(kOutOfMemory) on failure.
+  // Pinned host memory is returned as its host address.
+  virtual DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) = 0;
+  // Raw free of a pointer from raw_alloc; must not consult the ledger (already updated).
+  virtual void raw_free(DevicePtr ptr, MemoryKind kind) = 0;
+  // Fills bytes at ptr with value, ignoring allocation bounds (guard bands use it).
+  virtual void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) = 0;
+  // Reads bytes at ptr into host dst, ignoring allocation bounds (guard bands use it).
+  virtual void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) = 0;
+  // Resolves a kernel and records its metadata in op_cache(); site is the caller.
+  virtual KernelHandle resolve_kernel(std::string_view module, std::string_view function,
+                                      const CallSite& site) = 0;
+  // Extra words for a pointer free() did not find on the ledger. Optional: default "".
+  virtual std::string describe_unknown_pointer(DevicePtr ptr) const;
+  // The ledger, for subclasses that sweep in their destructor.
+  AllocationLedger& ledger() noexcept { return *ledger_; }
+
+ private:
+  DevicePtr allocate(std::string_view api, std::size_t bytes, MemoryKind kind, CallSite site);
+  void release(std::string_view api, DevicePtr ptr, bool pinned);
+
+  std::shared_ptr<AllocationLedger> ledger_;
+  GuardBands guards_;
+  mutable std::mutex audit_mu_;
+  std::vector<KernelLookup> audit_;
+  std::atomic<bool> debug_sync_;
+};
+
+}  // namespace metrale

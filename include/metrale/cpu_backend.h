@@ -1,0 +1,111 @@
+// The CPU backend: runs every op for real on the host. It is the default where there is no GPU
+// and the reference every GPU result is checked against. Memory is host memory (256-byte
+// aligned) checked on every access through the API; streams run their work in order at the
+// time it is queued, so events are done once recorded; captures record work for replay.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "metrale/backend.h"
+#include "metrale/host_module.h"
+
+namespace metrale {
+
+// Failures a test can inject into a CPU backend.
+struct CpuFaults {
+  std::size_t max_device_alloc = SIZE_MAX;  // device allocations above this fail (OOM)
+  std::uint64_t fail_alloc_at = 0;          // the Nth allocation (1-based, any kind) fails; 0: none
+  std::vector<std::string> deny_lookups;    // "module::function" lookups that fail as not found
+};
+
+struct CpuBackendOptions {
+  std::vector<HostModule> modules = builtin_host_modules();
+  unsigned threads = 0;  // worker threads for launches; 0 = all hardware threads
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuBackendOptions options = {});
+  // Sweeps the ledger (warning about anything left), then frees streams, events and graphs.
+  ~CpuBackend() override;
+
+  // Replaces the injected faults (and restarts the allocation count used by fail_alloc_at).
+  void set_faults(CpuFaults faults);
+  // Names of the loaded modules, in load order.
+  std::vector<std::string> module_names() const;
+  // The loaded module of that name, or null.
+  const HostModule* module(std::string_view name) const;
+  // Streams, events and graphs currently alive (the default stream not counted).
+  struct HandleCounts {
+    std::size_t streams = 0, events = 0, graphs = 0;
+  };
+  HandleCounts handle_counts() const;
+
+  std::string_view name() const override { return "cpu"; }
+  std::string device_name() const override;
+  DevicePtr pinned_device_address(const void* host) const override;
+
+  void copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) override;
+  void copy_d2h(void* dst, DevicePtr src, std::size_t bytes) override;
+  void copy_d2d(DevicePtr dst, DevicePtr src, std::size_t bytes) override;
+  void copy_h2d_async(DevicePtr dst, const void* src, std::size_t bytes,
+                      StreamHandle stream) override;
+  void copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                      StreamHandle stream) override;
+  void copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+  void copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr src, std::size_t src_pitch,
+                     std::size_t width_bytes, std::size_t height, StreamHandle stream) override;
+  void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) override;
+  void memset_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                    StreamHandle stream) override;
+
+  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
+              StreamHandle stream, std::span<void*> params) override;
+
+  StreamHandle default_stream() override;
+  StreamHandle create_stream() override;
+  void destroy_stream(StreamHandle stream) override;
+  void synchronize(StreamHandle stream) override;
+  void synchronize_device() override;
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event, StreamHandle stream) override;
+  void wait_event(StreamHandle stream, EventHandle event) override;
+  void event_synchronize(EventHandle event) override;
+  EventStatus event_query(EventHandle event) override;
+
+  void begin_capture(StreamHandle stream) override;
+  GraphHandle end_capture(StreamHandle stream) override;
+  void launch_graph(GraphHandle graph, StreamHandle stream) override;
+  void destroy_graph(GraphHandle graph) override;
+  void abort_capture(StreamHandle stream) noexcept override;
+  bool is_capturing(StreamHandle stream) override;
+
+  std::size_t total_memory() const override;
+  std::size_t free_memory() const override;
+  std::size_t driver_free_memory() const override;
+  std::uint32_t sm_count() const override;
+
+  bool has_module(std::string_view module) const override;
+  std::string kernel_name(KernelHandle kernel) const override;
+  OpCache& op_cache() override;
+
+ protected:
+  DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) override;
+  void raw_free(DevicePtr ptr, MemoryKind kind) override;
+  void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) override;
+  void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
+  KernelHandle resolve_kernel(std::string_view module, std::string_view function,
+                              const CallSite& site) override;
+  std::string describe_unknown_pointer(DevicePtr ptr) const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrale

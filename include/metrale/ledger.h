@@ -1,0 +1,102 @@
+// The allocation ledger (system.md §3): every live pointer a backend handed out, with its size,
+// kind and call site. Shared by all backends; thread-safe. The ledger only records: freeing is
+// the backend's job, and the ledger is told first so a pointer is never freed twice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "metrale/call_site.h"
+#include "metrale/handles.h"
+
+namespace metrale {
+
+// Which allocator a pointer came from; the sweep frees each with the matching call.
+enum class MemoryKind { kDevice, kManaged, kPinnedHost };
+
+// Stable lower-case name of a kind ("device", "managed", "pinned").
+const char* to_string(MemoryKind kind) noexcept;
+
+// One live allocation.
+struct LedgerEntry {
+  DevicePtr ptr;
+  std::size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kDevice;
+  CallSite site;
+};
+
+// Usage counters since the ledger was made (PyTorch's allocator stats, in our terms).
+struct AllocStats {
+  std::size_t current_bytes = 0;
+  std::size_t peak_bytes = 0;
+  std::size_t allocated_bytes = 0;  // sum over every allocation ever recorded
+  std::size_t freed_bytes = 0;      // sum over every entry taken off (free or sweep)
+  std::size_t current_count = 0;
+  std::size_t allocation_count = 0;
+  std::size_t free_count = 0;
+  std::size_t failed_allocations = 0;  // allocations the backend reported as failed
+};
+
+class AllocationLedger {
+ public:
+  // Records a live allocation. A pointer already on the ledger is an internal error (throws).
+  void record(const LedgerEntry& entry);
+  // Takes ptr's entry off and returns it; nullopt when ptr is not on the ledger.
+  std::optional<LedgerEntry> take(DevicePtr ptr);
+  // Counts an allocation that the backend could not satisfy.
+  void note_failure() noexcept;
+
+  // The entry whose allocation starts at ptr, if any.
+  std::optional<LedgerEntry> find(DevicePtr ptr) const;
+  // Sum of the sizes of live entries.
+  std::size_t live_bytes() const;
+  // Number of live entries.
+  std::size_t live_count() const;
+  // A copy of the counters.
+  AllocStats stats() const;
+  // A copy of every live entry, largest first.
+  std::vector<LedgerEntry> entries() const;
+  // Empties the ledger and returns what it held, largest first (the sweep's first step).
+  std::vector<LedgerEntry> drain();
+
+  // Human-readable report: a header (total, site count), the top_n call sites of at least
+  // min_mb MiB largest first, one folded line for the rest, and a by-file rollup.
+  std::string report(std::size_t top_n = 10, double min_mb = 0.0) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::uint64_t, LedgerEntry> live_;
+  AllocStats stats_;
+};
+
+// A read-only view of a ledger that stays valid after the backend that owns the ledger is moved
+// or destroyed (it shares ownership of the ledger, never of the memory).
+class LedgerProbe {
+ public:
+  explicit LedgerProbe(std::shared_ptr<const AllocationLedger> ledger)
+      : ledger_(std::move(ledger)) {}
+  // Live bytes now.
+  std::size_t live_bytes() const { return ledger_->live_bytes(); }
+  // Live allocations now.
+  std::size_t live_count() const { return ledger_->live_count(); }
+  // Counters now.
+  AllocStats stats() const { return ledger_->stats(); }
+  // The report, as AllocationLedger::report.
+  std::string report(std::size_t top_n = 10, double min_mb = 0.0) const {
+    return ledger_->report(top_n, min_mb);
+  }
+
+ private:
+  std::shared_ptr<const AllocationLedger> ledger_;
+};
+
+// Formats "12.3 MiB"-style sizes for reports and logs.
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace metrale

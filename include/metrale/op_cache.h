@@ -1,0 +1,136 @@
+// OpCache: one backend's memo of kernel handles, its grow-only scratch buffers, the managed-
+// memory fallback latch, the published kernel metadata, and the once / first-N gates of
+// diagnostics. Per backend, never process-wide, so a later model cannot reach handles or
+// scratch of a model that is gone. Thread-safe; a throwing operation leaves it usable.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "metrale/handles.h"
+#include "metrale/model_scope.h"
+
+namespace metrale {
+
+class Backend;
+
+// 64-bit FNV-1a of bytes; the key hash of first_shape (and of the kernel memo).
+constexpr std::uint64_t fnv1a64(std::string_view bytes) noexcept {
+  std::uint64_t h = 14695981039346656037ull;
+  for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+class OpCache final : public ModelResource {
+ public:
+  OpCache() = default;
+  OpCache(const OpCache&) = delete;
+  OpCache& operator=(const OpCache&) = delete;
+
+  // The handle of module::function: backend.kernel() on the first request, a read under a
+  // shared lock after that. Lookup failures are not memoized (a later call asks again).
+  KernelHandle kernel(Backend& backend, std::string_view module, std::string_view function,
+                      std::source_location loc = std::source_location::current());
+
+  // A scratch buffer of at least bytes, memoized under tag. Grow-only: a request that fits
+  // returns the stored pointer; a larger one allocates anew and drops the old pointer from the
+  // cache without freeing it (it stays on the backend's ledger until the sweep, because work
+  // already queued may still read it). bytes == 0 is an error.
+  DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes,
+                    std::source_location loc = std::source_location::current());
+
+  // Records the output-column tile kernel publishes; a later value replaces it.
+  void record_n_tile(KernelHandle kernel, std::uint32_t n_tile);
+  // The recorded tile, or 0 when the kernel publishes none.
+  std::uint32_t n_tile(KernelHandle kernel) const;
+  // Records that kernel casts its BF16 A operand to E4M3 with no scale.
+  void record_a_e4m3(KernelHandle kernel);
+  // Whether kernel was recorded as casting A to E4M3.
+  bool a_e4m3(KernelHandle kernel) const;
+
+  // Whether a loader latched the managed-memory fallback on this backend.
+  bool alloc_fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
+  // Latches the managed-memory fallback for the rest of this backend's life.
+  void note_alloc_fallback() noexcept { fell_back_.store(true, std::memory_order_relaxed); }
+
+  // True for the first n times this cache reaches key (counted per key).
+  bool first_n(std::string_view key, std::uint32_t n);
+  // True the first time this cache reaches key; shares first_shape's set as (key, 0, 0, 0).
+  bool once(std::string_view key) { return first_shape(key, 0, 0, 0); }
+  // True the first time this cache sees (name, m, n, k); de-duplicates route and shape lines.
+  bool first_shape(std::string_view name, std::uint32_t m, std::uint32_t n, std::uint32_t k);
+
+  // Number of memoized kernel handles.
+  std::size_t kernel_count() const;
+  // Number of scratch tags holding a buffer.
+  std::size_t scratch_count() const;
+  // "OpCache{kernels: K, scratch: S}", for debug logs.
+  std::string summary() const;
+
+  // ModelResource: "op scratch".
+  std::string label() const override { return "op scratch"; }
+  // Takes the scratch map out first (so a second release does nothing and no later lookup
+  // finds a freed pointer), frees every pointer even after a failure, rethrows the first error.
+  void release(Backend& backend) override;
+
+ private:
+  struct KernelKey {
+    std::string module, function;
+  };
+  struct KeyView {
+    std::string_view module, function;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    std::size_t operator()(const KeyView& k) const noexcept;
+    std::size_t operator()(const KernelKey& k) const noexcept {
+      return (*this)(KeyView{k.module, k.function});
+    }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    static KeyView view(const KernelKey& k) noexcept { return {k.module, k.function}; }
+    static KeyView view(const KeyView& k) noexcept { return k; }
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const noexcept {
+      return view(a).module == view(b).module && view(a).function == view(b).function;
+    }
+  };
+  struct Scratch {
+    DevicePtr ptr;
+    std::size_t bytes = 0;
+  };
+  struct ShapeHash {
+    std::size_t operator()(const std::tuple<std::uint64_t, std::uint32_t, std::uint32_t,
+                                            std::uint32_t>& t) const noexcept;
+  };
+
+  mutable std::shared_mutex kernels_mu_;
+  std::unordered_map<KernelKey, KernelHandle, KeyHash, KeyEq> kernels_;
+
+  mutable std::mutex scratch_mu_;
+  std::unordered_map<std::string, Scratch> scratch_;
+
+  mutable std::shared_mutex meta_mu_;
+  std::unordered_map<KernelHandle, std::uint32_t> n_tiles_;
+  std::unordered_set<KernelHandle> a_e4m3_;
+
+  std::mutex gates_mu_;
+  std::unordered_set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>,
+                     ShapeHash>
+      seen_shapes_;
+  std::unordered_map<std::string, std::uint32_t> counters_;
+
+  std::atomic<bool> fell_back_{false};
+};
+
+}  // namespace metrale

@@ -1,0 +1,201 @@
+#include "metrale/backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/log.h"
+#include "metrale/error.h"
+#include "metrale/op_cache.h"
+
+namespace metrale {
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+Backend::Backend()
+    : ledger_(std::make_shared<AllocationLedger>()),
+      debug_sync_(env_flag("METRALE_DEBUG_SYNC_KERNELS")) {}
+
+Backend::~Backend() = default;
+
+DevicePtr Backend::alloc(std::size_t bytes, std::source_location loc) {
+  return allocate("alloc", bytes, MemoryKind::kDevice, CallSite::from(loc));
+}
+
+DevicePtr Backend::alloc_managed(std::size_t bytes, std::source_location loc) {
+  return allocate("alloc_managed", bytes, MemoryKind::kManaged, CallSite::from(loc));
+}
+
+void* Backend::alloc_pinned(std::size_t bytes, std::source_location loc) {
+  const DevicePtr p = allocate("alloc_pinned", bytes, MemoryKind::kPinnedHost, CallSite::from(loc));
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p.address()));
+}
+
+DevicePtr Backend::allocate(std::string_view api, std::size_t bytes, MemoryKind kind,
+                            CallSite site) {
+  if (bytes == 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("bytes = 0 (from {}): ask for at least one byte", site.str()));
+  }
+  // Pinned host memory is read through the host; guard bands cover device memory only.
+  const GuardBands::Plan plan =
+      kind == MemoryKind::kPinnedHost ? GuardBands::Plan{} : guards_.plan_next();
+  DevicePtr p;
+  try {
+    p = raw_alloc(bytes, plan.pad_bytes, kind);
+  } catch (const Error& e) {
+    ledger_->note_failure();
+    if (e.code() == ErrorCode::kOutOfMemory) {
+      throw Error(ErrorCode::kOutOfMemory, api,
+                  fmt::format("{} of {} memory from {} failed on {}: {}", format_bytes(bytes),
+                              to_string(kind), site.str(), name(), e.what()));
+    }
+    throw;
+  }
+  try {
+    if (plan.pad_bytes > 0) raw_fill(p.offset(bytes), plan.fill, plan.pad_bytes);
+    ledger_->record(LedgerEntry{p, bytes, kind, site});
+  } catch (...) {
+    raw_free(p, kind);
+    throw;
+  }
+  guards_.add(p, bytes, plan);
+  return p;
+}
+
+void Backend::free(DevicePtr ptr) { release("free", ptr, false); }
+
+void Backend::free_pinned(void* host) {
+  release("free_pinned", DevicePtr{reinterpret_cast<std::uintptr_t>(host)}, true);
+}
+
+void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
+  if (!ptr) return;
+  const auto found = ledger_->find(ptr);
+  if (found && (found->kind == MemoryKind::kPinnedHost) != pinned) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("0x{:x} is {} memory from {}; free it with {}", ptr.address(),
+                            to_string(found->kind), found->site.str(),
+                            pinned ? "free" : "free_pinned"));
+  }
+  // Taken off before the raw free, whatever that returns, so the sweep never frees it twice.
+  const auto entry = found ? ledger_->take(ptr) : std::nullopt;
+  if (!entry) {
+    std::string why = describe_unknown_pointer(ptr);
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("0x{:x} is not a live allocation of the {} backend{}{}",
+                            ptr.address(), name(), why.empty() ? "" : ": ", why));
+  }
+  guards_.remove(ptr);
+  raw_free(ptr, entry->kind);
+}
+
+std::size_t Backend::sweep_unreleased() {
+  const std::vector<LedgerEntry> left = ledger_->drain();
+  if (left.empty()) return 0;
+  std::size_t total = 0;
+  for (const LedgerEntry& e : left) total += e.bytes;
+  std::string sites;
+  for (std::size_t i = 0; i < left.size() && i < 5; ++i) {
+    sites += fmt::format("{}{} at {}", i ? ", " : "", format_bytes(left[i].bytes),
+                         left[i].site.str());
+  }
+  log::warn("{} sweep: {} allocation(s) never freed, {} in all; largest: {}", name(), left.size(),
+            format_bytes(total), sites);
+  for (const LedgerEntry& e : left) {
+    guards_.remove(e.ptr);
+    try {
+      raw_free(e.ptr, e.kind);
+    } catch (const std::exception& ex) {
+      log::warn("{} sweep: freeing 0x{:x} ({} from {}) failed: {}", name(), e.ptr.address(),
+                format_bytes(e.bytes), e.site.str(), ex.what());
+    }
+  }
+  return left.size();
+}
+
+void Backend::launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
+                           StreamHandle stream, std::span<const KernelArg> args) {
+  PackedArgs packed(args);
+  launch(kernel, grid, block, shared_bytes, stream,
+         std::span<void*>(packed.params(), packed.count()));
+}
+
+KernelHandle Backend::kernel(std::string_view module, std::string_view function,
+                             std::source_location loc) {
+  constexpr std::size_t kAuditCap = 4096;
+  const CallSite site = CallSite::from(loc);
+  KernelLookup entry{std::string(module), std::string(function), false, site, {}};
+  auto remember = [&] {
+    std::lock_guard lock(audit_mu_);
+    if (audit_.size() < kAuditCap) audit_.push_back(entry);
+  };
+  try {
+    const KernelHandle h = resolve_kernel(module, function, site);
+    entry.resolved = true;
+    remember();
+    return h;
+  } catch (const std::exception& e) {
+    entry.error = e.what();
+    remember();
+    throw;
+  }
+}
+
+std::vector<KernelLookup> Backend::lookup_audit() const {
+  std::lock_guard lock(audit_mu_);
+  return audit_;
+}
+
+std::uint32_t Backend::kernel_n_tile(KernelHandle kernel) {
+  const std::uint32_t tile = op_cache().n_tile(kernel);
+  if (tile == 0) {
+    throw Error(ErrorCode::kNotFound, "kernel_n_tile",
+                fmt::format("{} publishes no N tile (its <entry>_n_tile symbol is missing or 0); "
+                            "a launcher cannot size its grid from an assumed width",
+                            kernel_name(kernel)));
+  }
+  return tile;
+}
+
+bool Backend::kernel_casts_a_to_e4m3(KernelHandle kernel) { return op_cache().a_e4m3(kernel); }
+
+std::string Backend::kernel_name(KernelHandle kernel) const {
+  return fmt::format("kernel 0x{:x}", kernel.value());
+}
+
+std::string Backend::describe_unknown_pointer(DevicePtr) const { return {}; }
+
+std::size_t Backend::scan_redzones() {
+  std::size_t violated = 0;
+  std::vector<std::uint8_t> pad;
+  for (const GuardBand& band : guards_.bands()) {
+    pad.resize(band.pad_bytes);
+    raw_read(band.pad(), pad.data(), pad.size());
+    if (const auto v = check_guard_band(band, pad)) {
+      log::warn("{} scan_redzones: {}", name(), v->describe());
+      raw_fill(band.pad(), band.fill, band.pad_bytes);
+      ++violated;
+    }
+  }
+  return violated;
+}
+
+void Backend::poison_redzones(std::size_t lo, std::size_t hi) {
+  for (const GuardBand& band : guards_.bands()) {
+    const std::uint8_t fill = (band.index >= lo && band.index < hi) ? kGuardFill : 0x00;
+    raw_fill(band.pad(), fill, band.pad_bytes);
+    guards_.set_fill(band.ptr, fill);
+  }
+}
+
+}  // namespace metrale

@@ -1,0 +1,89 @@
+#include "cpu/host_memory.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "metrale/error.h"
+
+namespace metrale::cpu {
+
+HostMemory::~HostMemory() {
+  for (const auto& [ptr, _] : blocks_) std::free(reinterpret_cast<void*>(ptr));
+}
+
+void* HostMemory::allocate(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) {
+  const std::size_t total = user_bytes + pad_bytes;
+  if (total < user_bytes || total > SIZE_MAX - kHostAlignment) return nullptr;
+  const std::size_t rounded = (total + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+  void* p = std::aligned_alloc(kHostAlignment, rounded);
+  if (p == nullptr) return nullptr;
+  std::lock_guard lock(mu_);
+  blocks_[reinterpret_cast<std::uintptr_t>(p)] = Block{user_bytes, total, kind};
+  return p;
+}
+
+void HostMemory::release(std::string_view api, std::uint64_t ptr) {
+  {
+    std::lock_guard lock(mu_);
+    const auto it = blocks_.find(ptr);
+    if (it != blocks_.end()) {
+      blocks_.erase(it);
+      std::free(reinterpret_cast<void*>(ptr));
+      return;
+    }
+  }
+  throw Error(ErrorCode::kInvalidArgument, api,
+              fmt::format("0x{:x} is not an allocation of the cpu backend: {}", ptr, describe(ptr)));
+}
+
+std::map<std::uint64_t, HostMemory::Block>::const_iterator HostMemory::containing(
+    std::uint64_t ptr) const {
+  auto it = blocks_.upper_bound(ptr);
+  if (it == blocks_.begin()) return blocks_.end();
+  --it;
+  return ptr < it->first + it->second.capacity ? it : blocks_.end();
+}
+
+void HostMemory::check_range(std::string_view api, std::string_view what, std::uint64_t ptr,
+                             std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  const auto it = containing(ptr);
+  if (it == blocks_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} 0x{:x} is not inside any allocation of the cpu backend", what, ptr));
+  }
+  const std::uint64_t end = it->first + it->second.user_bytes;
+  if (ptr >= end || bytes > end - ptr) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} 0x{:x} + {} bytes overruns the allocation at 0x{:x} ({} bytes) by "
+                            "{} bytes",
+                            what, ptr, bytes, it->first, it->second.user_bytes,
+                            ptr + bytes - end));
+  }
+}
+
+bool HostMemory::is_pinned(std::uint64_t ptr, std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  const auto it = containing(ptr);
+  return it != blocks_.end() && it->second.kind == MemoryKind::kPinnedHost &&
+         ptr + bytes <= it->first + it->second.user_bytes;
+}
+
+void HostMemory::check_pinned(std::string_view api, std::uint64_t ptr) const {
+  if (!is_pinned(ptr, 0)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("0x{:x} is not inside a pinned host allocation of the cpu backend",
+                            ptr));
+  }
+}
+
+std::string HostMemory::describe(std::uint64_t ptr) const {
+  std::lock_guard lock(mu_);
+  const auto it = containing(ptr);
+  if (it == blocks_.end()) return "never allocated here, or already freed";
+  return fmt::format("an interior pointer, {} bytes into the allocation at 0x{:x}",
+                     ptr - it->first, it->first);
+}
+
+}  // namespace metrale::cpu

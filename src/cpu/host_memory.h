@@ -1,0 +1,54 @@
+// The CPU backend's table of host blocks: every allocation with its user size and capacity, so
+// each API access is bounds-checked and a bad pointer gets a precise message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "metrale/handles.h"
+#include "metrale/ledger.h"
+
+namespace metrale::cpu {
+
+inline constexpr std::size_t kHostAlignment = 256;  // matches cuMemAlloc's guarantee
+
+class HostMemory {
+ public:
+  HostMemory() = default;
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+  // Frees anything still allocated (the backend sweeps first; this is a last resort).
+  ~HostMemory();
+
+  // Allocates user_bytes + pad_bytes, 256-byte aligned; nullptr when the system has no memory.
+  void* allocate(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind);
+  // Frees a block start; throws Error(kInvalidArgument) naming api when ptr is not one.
+  void release(std::string_view api, std::uint64_t ptr);
+  // Throws naming api unless [ptr, ptr + bytes) lies inside one block's user bytes.
+  void check_range(std::string_view api, std::string_view what, std::uint64_t ptr,
+                   std::size_t bytes) const;
+  // Throws naming api unless ptr lies inside a pinned block (interior allowed).
+  void check_pinned(std::string_view api, std::uint64_t ptr) const;
+  // Whether [ptr, ptr + bytes) lies inside a pinned block.
+  bool is_pinned(std::uint64_t ptr, std::size_t bytes) const;
+  // Words explaining where ptr falls ("an interior pointer, 64 bytes into ...").
+  std::string describe(std::uint64_t ptr) const;
+
+ private:
+  struct Block {
+    std::size_t user_bytes = 0;
+    std::size_t capacity = 0;
+    MemoryKind kind = MemoryKind::kDevice;
+  };
+  // The block containing ptr (within capacity), or end().
+  std::map<std::uint64_t, Block>::const_iterator containing(std::uint64_t ptr) const;
+
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Block> blocks_;
+};
+
+}  // namespace metrale::cpu

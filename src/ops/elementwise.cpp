@@ -1,0 +1,66 @@
+#include "metrale/ops/elementwise.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <limits>
+
+#include "metrale/error.h"
+#include "metrale/op_cache.h"
+
+namespace metrale::ops {
+namespace {
+
+constexpr std::uint32_t kBlockThreads = 256;
+
+void check_buffer(std::string_view api, std::string_view name, DevicePtr p) {
+  if (!p) throw Error(ErrorCode::kInvalidArgument, api, fmt::format("{} is null", name));
+  if (p.address() % 4 != 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} = 0x{:x} is not 4-byte aligned", name, p.address()));
+  }
+}
+
+void check_count(std::string_view api, std::size_t n) {
+  if (n == 0 || n > std::numeric_limits<std::uint32_t>::max()) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("n = {} is outside [1, 2^32 - 1]", n));
+  }
+}
+
+// Grid x from the kernel's own published tile, never from a width assumed here.
+Dim3 grid_for(Backend& backend, KernelHandle k, std::size_t n) {
+  const std::uint64_t tile = backend.kernel_n_tile(k);
+  return Dim3{static_cast<std::uint32_t>((n + tile - 1) / tile), 1, 1};
+}
+
+}  // namespace
+
+void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t n,
+              std::uint32_t value) {
+  check_buffer("fill_u32", "out", out);
+  check_count("fill_u32", n);
+  const KernelHandle k = backend.op_cache().kernel(backend, "core", "fill_u32");
+  const std::array args{KernelArg::buffer(out), KernelArg::value(value),
+                        KernelArg::value(static_cast<std::uint32_t>(n))};
+  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+}
+
+void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, float a,
+              std::size_t n) {
+  check_buffer("axpy_f32", "y", y);
+  check_buffer("axpy_f32", "x", x);
+  check_count("axpy_f32", n);
+  const std::uint64_t bytes = std::uint64_t{n} * 4;
+  if (x.address() < y.address() + bytes && y.address() < x.address() + bytes) {
+    throw Error(ErrorCode::kInvalidArgument, "axpy_f32",
+                fmt::format("x = 0x{:x} and y = 0x{:x} overlap over {} bytes", x.address(),
+                            y.address(), bytes));
+  }
+  const KernelHandle k = backend.op_cache().kernel(backend, "core", "axpy_f32");
+  const std::array args{KernelArg::buffer(y), KernelArg::buffer(x), KernelArg::value(a),
+                        KernelArg::value(static_cast<std::uint32_t>(n))};
+  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+}
+
+}  // namespace metrale::ops
