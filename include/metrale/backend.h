@@ -97,8 +97,7 @@ class Backend {
   virtual void copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                               StreamHandle stream) = 0;
   // Blocking device-to-host copy ordered after all work queued on stream so far.
-  virtual void copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes,
-                              StreamHandle stream) = 0;
+  virtual void copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) = 0;
   // Pitched 2-D device-to-device copy of height rows of width_bytes, queued on stream.
   virtual void copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr src,
                              std::size_t src_pitch, std::size_t width_bytes, std::size_t height,
@@ -115,7 +114,8 @@ class Backend {
   // waits and names the kernel, grid, block and shared memory in any error.
   virtual void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
                       StreamHandle stream, std::span<void*> params) = 0;
-  // Packs args into 64-bit slots (kernel_args.h) and calls launch().
+  // Checks args against the kernel's parameter list where the backend knows it, packs them into
+  // 64-bit slots (kernel_args.h) and calls launch().
   void launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
                     StreamHandle stream, std::span<const KernelArg> args);
 
@@ -158,7 +158,8 @@ class Backend {
   // Ends and discards an active capture on stream (for error paths); no-op when none. Never
   // throws.
   virtual void abort_capture(StreamHandle stream) noexcept = 0;
-  // Whether stream is capturing; a failed query counts as capturing.
+  // Whether stream is capturing; a failed driver query counts as capturing (so callers skip
+  // syncs that would break a capture). A handle that is no stream of this backend throws.
   virtual bool is_capturing(StreamHandle stream) = 0;
 
   // ---- device queries ----
@@ -214,6 +215,9 @@ class Backend {
   // Resolves a kernel and records its metadata in op_cache(); site is the caller.
   virtual KernelHandle resolve_kernel(std::string_view module, std::string_view function,
                                       const CallSite& site) = 0;
+  // Throws kInvalidArgument when args do not fit kernel's parameters. Optional: the default
+  // accepts anything (the CUDA driver does not say what a kernel takes).
+  virtual void check_args(KernelHandle kernel, std::span<const KernelArg> args);
   // Extra words for a pointer free() did not find on the ledger. Optional: default "".
   virtual std::string describe_unknown_pointer(DevicePtr ptr) const;
   // The ledger, for subclasses that sweep in their destructor.

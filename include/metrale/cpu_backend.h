@@ -102,6 +102,7 @@ class CpuBackend final : public Backend {
   KernelHandle resolve_kernel(std::string_view module, std::string_view function,
                               const CallSite& site) override;
   std::string describe_unknown_pointer(DevicePtr ptr) const override;
+  void check_args(KernelHandle kernel, std::span<const KernelArg> args) override;
 
  private:
   struct Impl;

@@ -46,8 +46,8 @@ struct TeardownReport {
     std::string message;
   };
   std::vector<Failure> failures;
-  std::size_t released = 0;        // resources whose release returned normally
-  std::size_t swept = 0;           // ledger entries the sweep had to free
+  std::size_t released = 0;          // resources whose release returned normally
+  std::size_t swept = 0;             // ledger entries the sweep had to free
   std::size_t live_bytes_after = 0;  // ledger live bytes once everything ran
   // True when every release succeeded and the sweep found nothing.
   bool clean() const noexcept { return failures.empty() && swept == 0; }
@@ -69,9 +69,9 @@ class ModelScope {
   // Adds a resource (released before every resource added earlier); returns it for use.
   template <class R>
   R& add(std::unique_ptr<R> resource) {
-    R& ref = *resource;
+    R* ptr = resource.get();  // not dereferenced until add_resource has refused a null one
     add_resource(std::move(resource));
-    return ref;
+    return *ptr;
   }
   // Allocates bytes on the backend (ledger names the caller) and owns it as resource label.
   DevicePtr alloc_buffer(std::string label, std::size_t bytes,

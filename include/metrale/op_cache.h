@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <source_location>
@@ -15,6 +17,7 @@
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "metrale/handles.h"
 #include "metrale/model_scope.h"
@@ -23,7 +26,7 @@ namespace metrale {
 
 class Backend;
 
-// 64-bit FNV-1a of bytes; the key hash of first_shape (and of the kernel memo).
+// 64-bit FNV-1a of bytes; the key hash of first_shape.
 constexpr std::uint64_t fnv1a64(std::string_view bytes) noexcept {
   std::uint64_t h = 14695981039346656037ull;
   for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
@@ -36,8 +39,9 @@ class OpCache final : public ModelResource {
   OpCache(const OpCache&) = delete;
   OpCache& operator=(const OpCache&) = delete;
 
-  // The handle of module::function: backend.kernel() on the first request, a read under a
-  // shared lock after that. Lookup failures are not memoized (a later call asks again).
+  // The handle of module::function: backend.kernel() once per key (concurrent first requests
+  // wait for that one lookup), a read under a shared lock after that. Lookup failures are not
+  // memoized: every waiter gets the error, and a later call asks the backend again.
   KernelHandle kernel(Backend& backend, std::string_view module, std::string_view function,
                       std::source_location loc = std::source_location::current());
 
@@ -114,8 +118,31 @@ class OpCache final : public ModelResource {
                                             std::uint32_t>& t) const noexcept;
   };
 
+  // An immutable open-addressing copy of the resolved handles, read without any lock: a shared
+  // lock alone costs ~30 ns here (two atomic read-modify-writes on a shared line), three times
+  // the hit budget. Writers rebuild and publish a new one after each insert.
+  struct Snapshot {
+    struct Slot {
+      std::uint64_t hash = 0;
+      std::string_view module, function;  // point into kernels_' keys, which never move
+      KernelHandle handle;                // null: empty slot
+    };
+    std::vector<Slot> slots;  // power-of-two size, at most half full
+    std::uint64_t mask = 0;
+  };
+  // Publishes a snapshot of every resolved entry; kernels_mu_ must be held exclusively.
+  void publish_snapshot_locked();
+
+  struct KernelEntry {
+    KernelHandle handle;                       // null while the first lookup is in flight
+    std::shared_future<KernelHandle> pending;  // that lookup's result, for threads that wait
+  };
   mutable std::shared_mutex kernels_mu_;
-  std::unordered_map<KernelKey, KernelHandle, KeyHash, KeyEq> kernels_;
+  std::unordered_map<KernelKey, KernelEntry, KeyHash, KeyEq> kernels_;
+  std::atomic<const Snapshot*> snapshot_{nullptr};
+  // Every snapshot ever published, freed only with the cache: a reader may still be walking an
+  // old one, and with a few dozen kernels per model the copies cost kilobytes.
+  std::vector<std::unique_ptr<const Snapshot>> snapshots_;
 
   mutable std::mutex scratch_mu_;
   std::unordered_map<std::string, Scratch> scratch_;

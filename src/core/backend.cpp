@@ -72,7 +72,9 @@ DevicePtr Backend::allocate(std::string_view api, std::size_t bytes, MemoryKind 
   return p;
 }
 
-void Backend::free(DevicePtr ptr) { release("free", ptr, false); }
+void Backend::free(DevicePtr ptr) {
+  release("free", ptr, false);
+}
 
 void Backend::free_pinned(void* host) {
   release("free_pinned", DevicePtr{reinterpret_cast<std::uintptr_t>(host)}, true);
@@ -82,18 +84,18 @@ void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
   if (!ptr) return;
   const auto found = ledger_->find(ptr);
   if (found && (found->kind == MemoryKind::kPinnedHost) != pinned) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("0x{:x} is {} memory from {}; free it with {}", ptr.address(),
-                            to_string(found->kind), found->site.str(),
-                            pinned ? "free" : "free_pinned"));
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("0x{:x} is {} memory from {}; free it with {}", ptr.address(),
+                    to_string(found->kind), found->site.str(), pinned ? "free" : "free_pinned"));
   }
   // Taken off before the raw free, whatever that returns, so the sweep never frees it twice.
   const auto entry = found ? ledger_->take(ptr) : std::nullopt;
   if (!entry) {
     std::string why = describe_unknown_pointer(ptr);
     throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("0x{:x} is not a live allocation of the {} backend{}{}",
-                            ptr.address(), name(), why.empty() ? "" : ": ", why));
+                fmt::format("0x{:x} is not a live allocation of the {} backend{}{}", ptr.address(),
+                            name(), why.empty() ? "" : ": ", why));
   }
   guards_.remove(ptr);
   raw_free(ptr, entry->kind);
@@ -106,8 +108,8 @@ std::size_t Backend::sweep_unreleased() {
   for (const LedgerEntry& e : left) total += e.bytes;
   std::string sites;
   for (std::size_t i = 0; i < left.size() && i < 5; ++i) {
-    sites += fmt::format("{}{} at {}", i ? ", " : "", format_bytes(left[i].bytes),
-                         left[i].site.str());
+    sites +=
+        fmt::format("{}{} at {}", i ? ", " : "", format_bytes(left[i].bytes), left[i].site.str());
   }
   log::warn("{} sweep: {} allocation(s) never freed, {} in all; largest: {}", name(), left.size(),
             format_bytes(total), sites);
@@ -125,6 +127,7 @@ std::size_t Backend::sweep_unreleased() {
 
 void Backend::launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
                            StreamHandle stream, std::span<const KernelArg> args) {
+  check_args(kernel, args);
   PackedArgs packed(args);
   launch(kernel, grid, block, shared_bytes, stream,
          std::span<void*>(packed.params(), packed.count()));
@@ -167,13 +170,19 @@ std::uint32_t Backend::kernel_n_tile(KernelHandle kernel) {
   return tile;
 }
 
-bool Backend::kernel_casts_a_to_e4m3(KernelHandle kernel) { return op_cache().a_e4m3(kernel); }
+bool Backend::kernel_casts_a_to_e4m3(KernelHandle kernel) {
+  return op_cache().a_e4m3(kernel);
+}
 
 std::string Backend::kernel_name(KernelHandle kernel) const {
   return fmt::format("kernel 0x{:x}", kernel.value());
 }
 
-std::string Backend::describe_unknown_pointer(DevicePtr) const { return {}; }
+std::string Backend::describe_unknown_pointer(DevicePtr) const {
+  return {};
+}
+
+void Backend::check_args(KernelHandle, std::span<const KernelArg>) {}
 
 std::size_t Backend::scan_redzones() {
   std::size_t violated = 0;

@@ -10,6 +10,8 @@ std::string CallSite::file_name() const {
   return std::string(slash == std::string_view::npos ? f : f.substr(slash + 1));
 }
 
-std::string CallSite::str() const { return file_name() + ":" + std::to_string(line); }
+std::string CallSite::str() const {
+  return file_name() + ":" + std::to_string(line);
+}
 
 }  // namespace metrale

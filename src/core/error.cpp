@@ -6,16 +6,26 @@ namespace metrale {
 
 std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kOutOfMemory: return "out_of_memory";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kDeviceFault: return "device_fault";
-    case ErrorCode::kCapture: return "capture";
-    case ErrorCode::kState: return "state";
-    case ErrorCode::kDriver: return "driver";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kOutOfMemory:
+      return "out_of_memory";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kDeviceFault:
+      return "device_fault";
+    case ErrorCode::kCapture:
+      return "capture";
+    case ErrorCode::kState:
+      return "state";
+    case ErrorCode::kDriver:
+      return "driver";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

@@ -3,20 +3,30 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <system_error>
 
 #include "core/log.h"
 
 namespace metrale {
 namespace {
 
-// Parses a non-negative integer (decimal or 0x hex); nullopt when text is not one.
+// Parses a non-negative integer (decimal or 0x hex); nullopt when text is not one. Leading
+// zeros stay decimal, and signs, spaces and values beyond 64 bits are refused (strtoull would
+// read "010" as octal, " -1" as 2^64-1 and clamp an overflow to 2^64-1).
 std::optional<std::uint64_t> parse_u64(const char* text) {
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 0);
-  if (end == nullptr || *end != '\0' || text[0] == '-') return std::nullopt;
+  if (text == nullptr) return std::nullopt;
+  const std::string_view s(text);
+  const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  const std::string_view digits = hex ? s.substr(2) : s;
+  if (digits.empty()) return std::nullopt;
+  std::uint64_t v = 0;
+  const char* last = digits.data() + digits.size();
+  const auto [end, ec] = std::from_chars(digits.data(), last, v, hex ? 16 : 10);
+  if (ec != std::errc{} || end != last) return std::nullopt;
   return v;
 }
 

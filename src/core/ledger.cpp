@@ -11,9 +11,12 @@ namespace metrale {
 
 const char* to_string(MemoryKind kind) noexcept {
   switch (kind) {
-    case MemoryKind::kDevice: return "device";
-    case MemoryKind::kManaged: return "managed";
-    case MemoryKind::kPinnedHost: return "pinned";
+    case MemoryKind::kDevice:
+      return "device";
+    case MemoryKind::kManaged:
+      return "managed";
+    case MemoryKind::kPinnedHost:
+      return "pinned";
   }
   return "?";
 }
@@ -142,8 +145,9 @@ std::string AllocationLedger::report(std::size_t top_n, double min_mb) const {
     return v;
   };
 
-  std::string out = fmt::format("allocation ledger: {} live in {} allocation(s) from {} call site(s)\n",
-                                format_bytes(total), live.size(), by_site.size());
+  std::string out =
+      fmt::format("allocation ledger: {} live in {} allocation(s) from {} call site(s)\n",
+                  format_bytes(total), live.size(), by_site.size());
   const auto min_bytes = static_cast<std::size_t>(min_mb * 1024.0 * 1024.0);
   Total rest;
   std::size_t rest_sites = 0, shown = 0;

@@ -38,17 +38,23 @@ Sink& sink_slot() {
 
 const char* tag(Level lvl) {
   switch (lvl) {
-    case Level::kError: return "error";
-    case Level::kWarn: return "warn";
-    case Level::kInfo: return "info";
-    case Level::kDebug: return "debug";
+    case Level::kError:
+      return "error";
+    case Level::kWarn:
+      return "warn";
+    case Level::kInfo:
+      return "info";
+    case Level::kDebug:
+      return "debug";
   }
   return "?";
 }
 
 }  // namespace
 
-Level level() noexcept { return static_cast<Level>(level_slot().load(std::memory_order_relaxed)); }
+Level level() noexcept {
+  return static_cast<Level>(level_slot().load(std::memory_order_relaxed));
+}
 
 void set_level(Level lvl) noexcept {
   level_slot().store(static_cast<int>(lvl), std::memory_order_relaxed);

@@ -17,7 +17,9 @@ Level level() noexcept;
 // Overrides the level for the rest of the process.
 void set_level(Level level) noexcept;
 // Whether a message at lvl would be written.
-inline bool enabled(Level lvl) noexcept { return static_cast<int>(lvl) <= static_cast<int>(level()); }
+inline bool enabled(Level lvl) noexcept {
+  return static_cast<int>(lvl) <= static_cast<int>(level());
+}
 
 // Receives each line (without a trailing newline). A null sink restores the stderr default.
 using Sink = std::function<void(Level, std::string_view)>;

@@ -55,8 +55,7 @@ void ModelScope::add_resource(std::unique_ptr<ModelResource> resource) {
   resources_.push_back(std::move(resource));
 }
 
-DevicePtr ModelScope::alloc_buffer(std::string label, std::size_t bytes,
-                                   std::source_location loc) {
+DevicePtr ModelScope::alloc_buffer(std::string label, std::size_t bytes, std::source_location loc) {
   const DevicePtr p = backend().alloc(bytes, loc);
   try {
     add(std::make_unique<DeviceBufferResource>(std::move(label), p));

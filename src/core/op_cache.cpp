@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <future>
 #include <optional>
 #include <vector>
 
@@ -11,17 +13,82 @@
 
 namespace metrale {
 
+namespace {
+
+// A word-at-a-time hash of one name, folded into h. Short names (the usual case) take two
+// overlapping 4-byte loads, so hashing "module" and "function" costs a few multiplies instead
+// of one dependent multiply per byte as in FNV-1a. The length is mixed in, so ("ab", "c") and
+// ("a", "bc") differ.
+std::uint64_t mix_name(std::uint64_t h, std::string_view s) noexcept {
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  const char* p = s.data();
+  std::size_t n = s.size();
+  while (n > 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = (h ^ w) * kMul;
+    h ^= h >> 32;
+    p += 8;
+    n -= 8;
+  }
+  std::uint64_t w = 0;
+  if (n >= 4) {
+    std::uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + n - 4, 4);
+    w = (std::uint64_t{hi} << 32) | lo;
+  } else if (n > 0) {
+    w = (std::uint64_t{static_cast<unsigned char>(p[0])} << 16) |
+        (std::uint64_t{static_cast<unsigned char>(p[n / 2])} << 8) |
+        static_cast<unsigned char>(p[n - 1]);
+  }
+  h = (h ^ w ^ (std::uint64_t{s.size()} << 56)) * kMul;
+  return h ^ (h >> 29);
+}
+
+// Equality of two names without a call to memcmp for the short ones (the hit path's case):
+// overlapping word loads cover every byte of names up to 16 bytes.
+bool same_name(std::string_view a, std::string_view b) noexcept {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  if (n > 16) return a == b;
+  const char* p = a.data();
+  const char* q = b.data();
+  if (n >= 8) {
+    std::uint64_t a0, a1, b0, b1;
+    std::memcpy(&a0, p, 8);
+    std::memcpy(&a1, p + n - 8, 8);
+    std::memcpy(&b0, q, 8);
+    std::memcpy(&b1, q + n - 8, 8);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+  }
+  if (n >= 4) {
+    std::uint32_t a0, a1, b0, b1;
+    std::memcpy(&a0, p, 4);
+    std::memcpy(&a1, p + n - 4, 4);
+    std::memcpy(&b0, q, 4);
+    std::memcpy(&b1, q + n - 4, 4);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p[i] != q[i]) return false;
+  }
+  return true;
+}
+
+std::uint64_t key_hash(std::string_view module, std::string_view function) noexcept {
+  return mix_name(mix_name(0x243F6A8885A308D3ull, module), function);
+}
+
+}  // namespace
+
 std::size_t OpCache::KeyHash::operator()(const KeyView& k) const noexcept {
-  // FNV-1a over "module\0function": short names hash in a few nanoseconds, and the separator
-  // keeps ("ab","c") and ("a","bc") apart.
-  std::uint64_t h = fnv1a64(k.module);
-  h = (h ^ 0u) * 1099511628211ull;
-  for (char c : k.function) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return static_cast<std::size_t>(h);
+  return static_cast<std::size_t>(key_hash(k.module, k.function));
 }
 
 std::size_t OpCache::ShapeHash::operator()(
-    const std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>& t) const noexcept {
+    const std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>& t)
+    const noexcept {
   std::uint64_t h = std::get<0>(t);
   for (std::uint64_t v : {std::uint64_t{std::get<1>(t)}, std::uint64_t{std::get<2>(t)},
                           std::uint64_t{std::get<3>(t)}}) {
@@ -32,18 +99,78 @@ std::size_t OpCache::ShapeHash::operator()(
 
 KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::string_view function,
                              std::source_location loc) {
+  // The hit path: no lock, one probe sequence in the published snapshot.
+  const std::uint64_t h = key_hash(module, function);
+  if (const Snapshot* snap = snapshot_.load(std::memory_order_acquire)) {
+    for (std::uint64_t i = h & snap->mask;; i = (i + 1) & snap->mask) {
+      const Snapshot::Slot& slot = snap->slots[i];
+      if (!slot.handle) break;
+      if (slot.hash == h && same_name(slot.module, module) && same_name(slot.function, function)) {
+        return slot.handle;
+      }
+    }
+  }
   {
     std::shared_lock lock(kernels_mu_);
     const auto it = kernels_.find(KeyView{module, function});
-    if (it != kernels_.end()) return it->second;
+    if (it != kernels_.end() && it->second.handle) return it->second.handle;
   }
-  // The lookup runs without the lock: it may call the driver, which can be slow or re-enter
-  // this cache to record metadata. Two threads racing here both resolve; the first insert wins
-  // and both return the same handle.
-  const KernelHandle h = backend.kernel(module, function, loc);
-  std::unique_lock lock(kernels_mu_);
-  const auto [it, _] = kernels_.try_emplace(KernelKey{std::string(module), std::string(function)}, h);
-  return it->second;
+  // A miss: the first thread to get here resolves, with no lock held across the backend call
+  // (it may reach the driver, which can be slow); threads arriving meanwhile wait on its result.
+  // So each key reaches the backend once, yet hits on other keys never wait for a lookup.
+  std::promise<KernelHandle> promise;
+  std::shared_future<KernelHandle> in_flight;
+  {
+    std::unique_lock lock(kernels_mu_);
+    const auto [it, inserted] =
+        kernels_.try_emplace(KernelKey{std::string(module), std::string(function)});
+    if (!inserted) {
+      if (it->second.handle) return it->second.handle;
+      in_flight = it->second.pending;
+    } else {
+      it->second.pending = promise.get_future().share();
+    }
+  }
+  if (in_flight.valid()) return in_flight.get();  // rethrows the resolver's error
+
+  KernelHandle resolved;
+  try {
+    resolved = backend.kernel(module, function, loc);
+  } catch (...) {
+    {
+      // Failures are not memoized: the next request asks the backend again.
+      std::unique_lock lock(kernels_mu_);
+      kernels_.erase(kernels_.find(KeyView{module, function}));
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+  {
+    std::unique_lock lock(kernels_mu_);
+    KernelEntry& e = kernels_.find(KeyView{module, function})->second;
+    e.handle = resolved;
+    e.pending = {};
+    publish_snapshot_locked();
+  }
+  promise.set_value(resolved);
+  return resolved;
+}
+
+void OpCache::publish_snapshot_locked() {
+  auto snap = std::make_unique<Snapshot>();
+  std::size_t size = 8;
+  while (size < 2 * kernels_.size()) size *= 2;
+  snap->slots.resize(size);
+  snap->mask = size - 1;
+  for (const auto& [key, entry] : kernels_) {
+    if (!entry.handle) continue;
+    const std::uint64_t hash = key_hash(key.module, key.function);
+    std::uint64_t i = hash & snap->mask;
+    while (snap->slots[i].handle) i = (i + 1) & snap->mask;
+    snap->slots[i] = Snapshot::Slot{hash, key.module, key.function, entry.handle};
+  }
+  snapshot_.store(snap.get(), std::memory_order_release);
+  snapshots_.push_back(std::move(snap));
 }
 
 DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
@@ -118,7 +245,9 @@ bool OpCache::first_shape(std::string_view name, std::uint32_t m, std::uint32_t 
 
 std::size_t OpCache::kernel_count() const {
   std::shared_lock lock(kernels_mu_);
-  return kernels_.size();
+  std::size_t n = 0;
+  for (const auto& [_, e] : kernels_) n += e.handle ? 1 : 0;
+  return n;
 }
 
 std::size_t OpCache::scratch_count() const {

@@ -10,8 +10,8 @@ namespace {
 
 // Until the CUDA backend is built in, discovery says so plainly instead of probing a driver.
 BackendInfo cuda_info() {
-  return BackendInfo{"cuda", false, "CUDA unavailable: this build of metrale has no CUDA backend",
-                     {}};
+  return BackendInfo{
+      "cuda", false, "CUDA unavailable: this build of metrale has no CUDA backend", {}};
 }
 
 }  // namespace

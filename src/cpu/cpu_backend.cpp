@@ -35,7 +35,9 @@ struct StreamState {
   std::vector<Work> recorded;
 };
 
-std::string dim_str(Dim3 d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
+std::string dim_str(Dim3 d) {
+  return fmt::format("({}, {}, {})", d.x, d.y, d.z);
+}
 
 // Reads "Key:   12345 kB" from /proc/meminfo; 0 when missing.
 std::size_t meminfo_bytes(std::string_view key) {
@@ -130,9 +132,9 @@ struct CpuBackend::Impl {
         HostBlock hb;
         hb.grid = grid;
         hb.block = block;
-        hb.block_idx = Dim3{static_cast<std::uint32_t>(i % gx),
-                            static_cast<std::uint32_t>((i / gx) % grid.y),
-                            static_cast<std::uint32_t>(i / gxy)};
+        hb.block_idx =
+            Dim3{static_cast<std::uint32_t>(i % gx), static_cast<std::uint32_t>((i / gx) % grid.y),
+                 static_cast<std::uint32_t>(i / gxy)};
         hb.shared_bytes = shared_bytes;
         hb.shared = shared.data();
         hb.params = params;
@@ -195,7 +197,8 @@ std::string CpuBackend::device_name() const {
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       const auto colon = line.find(':');
-      if (colon != std::string::npos) model = line.substr(line.find_first_not_of(' ', colon + 1));
+      const auto text = colon == std::string::npos ? colon : line.find_first_not_of(' ', colon + 1);
+      if (text != std::string::npos) model = line.substr(text);
       break;
     }
   }
@@ -218,7 +221,8 @@ DevicePtr CpuBackend::raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, M
       throw Error(ErrorCode::kOutOfMemory, "alloc",
                   fmt::format("injected failure of allocation #{}", n));
     }
-    if (kind == MemoryKind::kDevice && user_bytes + pad_bytes > impl_->faults.max_device_alloc) {
+    if (kind == MemoryKind::kDevice && (user_bytes > impl_->faults.max_device_alloc ||
+                                        pad_bytes > impl_->faults.max_device_alloc - user_bytes)) {
       throw Error(ErrorCode::kOutOfMemory, "alloc",
                   fmt::format("{} exceeds the injected device allocation cap of {}",
                               format_bytes(user_bytes + pad_bytes),
@@ -244,6 +248,23 @@ void CpuBackend::raw_read(DevicePtr ptr, void* dst, std::size_t bytes) {
   std::memcpy(dst, reinterpret_cast<const void*>(ptr.address()), bytes);
 }
 
+void CpuBackend::check_args(KernelHandle kernel, std::span<const KernelArg> args) {
+  const HostKernel& k = impl_->kernel_of("launch", kernel);
+  if (args.size() != k.param_sizes.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "launch",
+                fmt::format("{} takes {} parameter(s), got {}", kernel_name(kernel),
+                            k.param_sizes.size(), args.size()));
+  }
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::size_t given = args[i].is_buffer() ? sizeof(std::uint64_t) : args[i].bytes().size();
+    if (given != k.param_sizes[i]) {
+      throw Error(ErrorCode::kInvalidArgument, "launch",
+                  fmt::format("{} parameter {} is {} byte(s), the argument given is {}",
+                              kernel_name(kernel), i, k.param_sizes[i], given));
+    }
+  }
+}
+
 std::string CpuBackend::describe_unknown_pointer(DevicePtr ptr) const {
   return impl_->memory.describe(ptr.address());
 }
@@ -251,7 +272,9 @@ std::string CpuBackend::describe_unknown_pointer(DevicePtr ptr) const {
 // ---- copies ----
 
 namespace {
-void* host(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p.address())); }
+void* host(DevicePtr p) {
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p.address()));
+}
 }  // namespace
 
 void CpuBackend::copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) {
@@ -295,8 +318,7 @@ void CpuBackend::copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
   });
 }
 
-void CpuBackend::copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes,
-                                StreamHandle stream) {
+void CpuBackend::copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
   impl_->forbid_capture("copy_d2h", stream);
   if (bytes == 0) return;
   if (dst == nullptr) throw Error(ErrorCode::kInvalidArgument, "copy_d2h", "destination is null");
@@ -362,8 +384,8 @@ void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_
     throw bad(fmt::format("block must have 1..{} threads", kMaxBlockThreads));
   }
   if (shared_bytes > kMaxSharedBytes) {
-    throw bad(fmt::format("more dynamic shared memory than the {} B a block can have",
-                          kMaxSharedBytes));
+    throw bad(
+        fmt::format("more dynamic shared memory than the {} B a block can have", kMaxSharedBytes));
   }
   if (params.size() != k.param_sizes.size()) {
     throw bad(fmt::format("the kernel takes {} parameter(s), got {}", k.param_sizes.size(),
@@ -391,7 +413,9 @@ void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_
 
 // ---- streams and events ----
 
-StreamHandle CpuBackend::default_stream() { return StreamHandle{kDefaultStream}; }
+StreamHandle CpuBackend::default_stream() {
+  return StreamHandle{kDefaultStream};
+}
 
 StreamHandle CpuBackend::create_stream() {
   std::lock_guard lock(impl_->mu);
@@ -407,13 +431,15 @@ void CpuBackend::destroy_stream(StreamHandle stream) {
                 "the backend's default stream belongs to the backend");
   }
   if (impl_->streams.erase(stream.value()) == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "destroy_stream",
-                fmt::format("stream 0x{:x} is not a live stream of the cpu backend",
-                            stream.value()));
+    throw Error(
+        ErrorCode::kInvalidArgument, "destroy_stream",
+        fmt::format("stream 0x{:x} is not a live stream of the cpu backend", stream.value()));
   }
 }
 
-void CpuBackend::synchronize(StreamHandle stream) { impl_->forbid_capture("synchronize", stream); }
+void CpuBackend::synchronize(StreamHandle stream) {
+  impl_->forbid_capture("synchronize", stream);
+}
 
 void CpuBackend::synchronize_device() {
   std::vector<std::uint64_t> ids;
@@ -517,9 +543,9 @@ void CpuBackend::launch_graph(GraphHandle graph, StreamHandle stream) {
     std::lock_guard lock(impl_->mu);
     const auto it = impl_->graphs.find(graph.value());
     if (it == impl_->graphs.end()) {
-      throw Error(ErrorCode::kInvalidArgument, "launch_graph",
-                  fmt::format("graph 0x{:x} is not a live graph of the cpu backend",
-                              graph.value()));
+      throw Error(
+          ErrorCode::kInvalidArgument, "launch_graph",
+          fmt::format("graph 0x{:x} is not a live graph of the cpu backend", graph.value()));
     }
     work = it->second;
   }
@@ -549,14 +575,24 @@ bool CpuBackend::is_capturing(StreamHandle stream) {
 
 // ---- queries ----
 
-std::size_t CpuBackend::total_memory() const { return meminfo_bytes("MemTotal"); }
-std::size_t CpuBackend::free_memory() const { return meminfo_bytes("MemAvailable"); }
-std::size_t CpuBackend::driver_free_memory() const { return meminfo_bytes("MemAvailable"); }
-std::uint32_t CpuBackend::sm_count() const { return impl_->pool.size(); }
+std::size_t CpuBackend::total_memory() const {
+  return meminfo_bytes("MemTotal");
+}
+std::size_t CpuBackend::free_memory() const {
+  return meminfo_bytes("MemAvailable");
+}
+std::size_t CpuBackend::driver_free_memory() const {
+  return meminfo_bytes("MemAvailable");
+}
+std::uint32_t CpuBackend::sm_count() const {
+  return impl_->pool.size();
+}
 
 // ---- kernels ----
 
-bool CpuBackend::has_module(std::string_view module) const { return this->module(module) != nullptr; }
+bool CpuBackend::has_module(std::string_view module) const {
+  return this->module(module) != nullptr;
+}
 
 std::string CpuBackend::kernel_name(KernelHandle kernel) const {
   std::lock_guard lock(impl_->mu);
@@ -564,7 +600,9 @@ std::string CpuBackend::kernel_name(KernelHandle kernel) const {
   return it == impl_->kernel_names.end() ? Backend::kernel_name(kernel) : it->second;
 }
 
-OpCache& CpuBackend::op_cache() { return impl_->cache; }
+OpCache& CpuBackend::op_cache() {
+  return impl_->cache;
+}
 
 KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::string_view function,
                                         const CallSite& site) {
@@ -609,8 +647,8 @@ KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::strin
   if (const auto* bytes = m->find_symbol(tile_symbol)) {
     if (bytes->size() != sizeof(std::uint32_t)) {
       throw Error(ErrorCode::kDriver, "kernel",
-                  fmt::format("{} publishes {} as {} byte(s); it must be a 4-byte unsigned",
-                              full, tile_symbol, bytes->size()));
+                  fmt::format("{} publishes {} as {} byte(s); it must be a 4-byte unsigned", full,
+                              tile_symbol, bytes->size()));
     }
     std::uint32_t tile = 0;
     std::memcpy(&tile, bytes->data(), sizeof tile);

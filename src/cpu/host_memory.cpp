@@ -33,8 +33,9 @@ void HostMemory::release(std::string_view api, std::uint64_t ptr) {
       return;
     }
   }
-  throw Error(ErrorCode::kInvalidArgument, api,
-              fmt::format("0x{:x} is not an allocation of the cpu backend: {}", ptr, describe(ptr)));
+  throw Error(
+      ErrorCode::kInvalidArgument, api,
+      fmt::format("0x{:x} is not an allocation of the cpu backend: {}", ptr, describe(ptr)));
 }
 
 std::map<std::uint64_t, HostMemory::Block>::const_iterator HostMemory::containing(
@@ -50,16 +51,16 @@ void HostMemory::check_range(std::string_view api, std::string_view what, std::u
   std::lock_guard lock(mu_);
   const auto it = containing(ptr);
   if (it == blocks_.end()) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("{} 0x{:x} is not inside any allocation of the cpu backend", what, ptr));
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("{} 0x{:x} is not inside any allocation of the cpu backend", what, ptr));
   }
   const std::uint64_t end = it->first + it->second.user_bytes;
   if (ptr >= end || bytes > end - ptr) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("{} 0x{:x} + {} bytes overruns the allocation at 0x{:x} ({} bytes) by "
                             "{} bytes",
-                            what, ptr, bytes, it->first, it->second.user_bytes,
-                            ptr + bytes - end));
+                            what, ptr, bytes, it->first, it->second.user_bytes, ptr + bytes - end));
   }
 }
 
@@ -72,9 +73,9 @@ bool HostMemory::is_pinned(std::uint64_t ptr, std::size_t bytes) const {
 
 void HostMemory::check_pinned(std::string_view api, std::uint64_t ptr) const {
   if (!is_pinned(ptr, 0)) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("0x{:x} is not inside a pinned host allocation of the cpu backend",
-                            ptr));
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("0x{:x} is not inside a pinned host allocation of the cpu backend", ptr));
   }
 }
 
@@ -82,8 +83,8 @@ std::string HostMemory::describe(std::uint64_t ptr) const {
   std::lock_guard lock(mu_);
   const auto it = containing(ptr);
   if (it == blocks_.end()) return "never allocated here, or already freed";
-  return fmt::format("an interior pointer, {} bytes into the allocation at 0x{:x}",
-                     ptr - it->first, it->first);
+  return fmt::format("an interior pointer, {} bytes into the allocation at 0x{:x}", ptr - it->first,
+                     it->first);
 }
 
 }  // namespace metrale::cpu

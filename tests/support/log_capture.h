@@ -37,7 +37,8 @@ class LogCapture {
   std::size_t count(log::Level level, const std::string& needle) const {
     std::lock_guard lock(mu_);
     std::size_t n = 0;
-    for (const Line& l : lines_) n += (l.level == level && l.text.find(needle) != std::string::npos);
+    for (const Line& l : lines_)
+      n += (l.level == level && l.text.find(needle) != std::string::npos);
     return n;
   }
 

@@ -60,8 +60,8 @@ class Checker {
     } catch (const std::exception& e) {
       row.detail = e.what();
     }
-    row.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                 .count();
+    row.ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     rows_.push_back(row);
   }
 

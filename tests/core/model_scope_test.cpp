@@ -1,0 +1,333 @@
+// ModelScope teardown (system.md §1): newest-first release, every resource tried, failures
+// reported by label, then the ledger sweep; the OpCache's scratch goes last as "op scratch".
+#include "metrale/model_scope.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "metrale/cpu_backend.h"
+#include "metrale/error.h"
+#include "metrale/op_cache.h"
+#include "support/log_capture.h"
+
+namespace metrale {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using testing::expect_error;
+using ::testing::HasSubstr;
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 gen{std::random_device{}()};
+  return gen;
+}
+
+std::size_t random_size(std::size_t lo, std::size_t hi) {
+  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng());
+}
+
+std::unique_ptr<Backend> make_backend() {
+  return std::make_unique<CpuBackend>(CpuBackendOptions{builtin_host_modules(), 1});
+}
+
+// How a Recorder's release fails.
+enum class Fail { kNo, kMetraleError, kStdError, kNonStd };
+
+// What the recorders saw, in release order; it outlives the scope (teardown destroys them).
+struct Journal {
+  std::vector<std::string> order;
+  std::vector<std::size_t> scratch_seen;  // the OpCache's scratch count at each release
+};
+
+// Writes its label to a journal when released, with what the backend's OpCache held then.
+class Recorder final : public ModelResource {
+ public:
+  Recorder(std::string label, Journal& journal, Fail fail = Fail::kNo)
+      : label_(std::move(label)), journal_(journal), fail_(fail) {}
+  std::string label() const override { return label_; }
+  void release(Backend& backend) override {
+    journal_.order.push_back(label_);
+    journal_.scratch_seen.push_back(backend.op_cache().scratch_count());
+    switch (fail_) {
+      case Fail::kNo:
+        return;
+      case Fail::kMetraleError:
+        throw Error(ErrorCode::kDriver, "release", label_ + " could not be given back");
+      case Fail::kStdError:
+        throw std::runtime_error(label_ + " broke");
+      case Fail::kNonStd:
+        throw 42;
+    }
+  }
+
+ private:
+  std::string label_;
+  Journal& journal_;
+  Fail fail_;
+};
+
+TEST(ModelScope, TeardownReleasesNewestFirst) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  const std::size_t n = random_size(2, 9);
+  for (std::size_t i = 0; i < n; ++i) {
+    scope.add(std::make_unique<Recorder>(fmt::format("r{}", i), journal));
+  }
+  EXPECT_FALSE(scope.torn_down());
+  const TeardownReport report = scope.teardown();
+  std::vector<std::string> want;
+  for (std::size_t i = n; i-- > 0;) want.push_back(fmt::format("r{}", i));
+  EXPECT_THAT(journal.order, ElementsAreArray(want));
+  EXPECT_TRUE(report.failures.empty());
+  EXPECT_EQ(report.released, n + 1);  // every recorder and the op scratch
+  EXPECT_EQ(report.swept, 0u);
+  EXPECT_EQ(report.live_bytes_after, 0u);
+  EXPECT_TRUE(report.clean());
+  EXPECT_TRUE(scope.torn_down());
+}
+
+TEST(ModelScope, TeardownTriesEveryResourceAndReportsEachFailure) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<Recorder>("weights", journal, Fail::kMetraleError));
+  scope.add(std::make_unique<Recorder>("kv cache", journal));
+  scope.add(std::make_unique<Recorder>("graphs", journal, Fail::kStdError));
+  scope.add(std::make_unique<Recorder>("streams", journal, Fail::kNonStd));
+  scope.add(std::make_unique<Recorder>("events", journal));
+  const TeardownReport report = scope.teardown();
+  EXPECT_THAT(journal.order, ElementsAre("events", "streams", "graphs", "kv cache", "weights"));
+  EXPECT_EQ(report.released, 3u);  // events, kv cache, op scratch
+  ASSERT_EQ(report.failures.size(), 3u);
+  EXPECT_EQ(report.failures[0].label, "streams");
+  EXPECT_EQ(report.failures[0].message, "unknown exception");
+  EXPECT_EQ(report.failures[1].label, "graphs");
+  EXPECT_EQ(report.failures[1].message, "graphs broke");
+  EXPECT_EQ(report.failures[2].label, "weights");
+  EXPECT_EQ(report.failures[2].message, "[release] weights could not be given back");
+  EXPECT_FALSE(report.clean());
+  EXPECT_EQ(report.swept, 0u);
+  EXPECT_EQ(report.live_bytes_after, 0u);
+}
+
+TEST(ModelScope, TeardownSweepsWhatNoResourceReleased) {
+  ModelScope scope(make_backend());
+  const std::size_t n = random_size(1, 4096);
+  const DevicePtr owned = scope.alloc_buffer("weights", n);
+  ASSERT_TRUE(owned);
+  const std::size_t k = random_size(1, 4);
+  for (std::size_t i = 0; i < k; ++i) scope.backend().alloc(random_size(1, 4096));
+  EXPECT_EQ(scope.backend().live_alloc_count(), k + 1);
+  testing::LogCapture logs;
+  const TeardownReport report = scope.teardown();
+  EXPECT_TRUE(report.failures.empty());
+  EXPECT_EQ(report.released, 2u);  // the buffer and the op scratch
+  EXPECT_EQ(report.swept, k);
+  EXPECT_EQ(report.live_bytes_after, 0u);
+  EXPECT_FALSE(report.clean());
+  EXPECT_EQ(logs.count(log::Level::kWarn,
+                       fmt::format("the ledger sweep freed {} allocation(s) that no resource "
+                                   "released",
+                                   k)),
+            1u);
+  EXPECT_EQ(logs.count(log::Level::kWarn, fmt::format("{} allocation(s) never freed", k)), 1u);
+}
+
+TEST(ModelScope, ACleanTeardownLogsNothing) {
+  ModelScope scope(make_backend());
+  scope.alloc_buffer("weights", random_size(1, 4096));
+  scope.backend().op_cache().scratch(scope.backend(), "act", random_size(1, 4096));
+  testing::LogCapture logs(log::Level::kWarn);
+  const TeardownReport report = scope.teardown();
+  EXPECT_TRUE(report.clean());
+  EXPECT_EQ(report.swept, 0u);
+  EXPECT_TRUE(logs.lines().empty());
+}
+
+TEST(ModelScope, SecondTeardownReturnsAnEmptyReport) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<Recorder>("weights", journal, Fail::kMetraleError));
+  scope.backend().alloc(64);  // left for the sweep
+  const TeardownReport first = scope.teardown();
+  EXPECT_EQ(first.failures.size(), 1u);
+  EXPECT_EQ(first.swept, 1u);
+  const TeardownReport second = scope.teardown();
+  EXPECT_TRUE(second.failures.empty());
+  EXPECT_EQ(second.released, 0u);
+  EXPECT_EQ(second.swept, 0u);
+  EXPECT_EQ(second.live_bytes_after, 0u);
+  EXPECT_TRUE(second.clean());
+  EXPECT_THAT(journal.order, ElementsAre("weights"));  // not released again
+}
+
+TEST(ModelScope, BackendAfterTeardownIsAStateError) {
+  ModelScope scope(make_backend());
+  EXPECT_EQ(scope.backend().name(), "cpu");
+  scope.teardown();
+  const Error e = expect_error([&] { scope.backend(); });
+  EXPECT_EQ(e.code(), ErrorCode::kState);
+  EXPECT_THAT(e.what(), HasSubstr("[ModelScope]"));
+  EXPECT_THAT(e.what(), HasSubstr("torn down"));
+
+  Journal journal;
+  const Error add = expect_error([&] { scope.add(std::make_unique<Recorder>("late", journal)); });
+  EXPECT_EQ(add.code(), ErrorCode::kState);
+  const Error buf = expect_error([&] { scope.alloc_buffer("late", 16); });
+  EXPECT_EQ(buf.code(), ErrorCode::kState);
+  EXPECT_TRUE(journal.order.empty());
+}
+
+TEST(ModelScope, BadConstructionAndNullResourcesThrow) {
+  const Error e = expect_error([] { ModelScope scope(nullptr); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("[ModelScope] backend is null"));
+
+  ModelScope scope(make_backend());
+  const Error r = expect_error([&] { scope.add(std::unique_ptr<Recorder>()); });
+  EXPECT_EQ(r.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(r.what(), HasSubstr("resource is null"));
+}
+
+TEST(ModelScope, DestructorTearsDownWhenTeardownWasNotCalled) {
+  Journal journal;
+  std::unique_ptr<LedgerProbe> probe;
+  testing::LogCapture logs;
+  {
+    ModelScope scope(make_backend());
+    probe = std::make_unique<LedgerProbe>(scope.backend().ledger_probe());
+    scope.alloc_buffer("weights", random_size(1, 4096));
+    scope.backend().op_cache().scratch(scope.backend(), "act", random_size(1, 4096));
+    scope.add(std::make_unique<Recorder>("first", journal));
+    scope.add(std::make_unique<Recorder>("second", journal, Fail::kStdError));
+    scope.backend().alloc(32);  // left for the sweep
+    EXPECT_EQ(probe->live_count(), 3u);
+    EXPECT_GT(probe->live_bytes(), 0u);
+  }
+  EXPECT_THAT(journal.order, ElementsAre("second", "first"));
+  EXPECT_EQ(probe->live_bytes(), 0u);
+  EXPECT_EQ(probe->live_count(), 0u);
+  EXPECT_EQ(probe->stats().free_count, 3u);
+  // The destructor cannot return a report, so it logs each failure with its label.
+  EXPECT_EQ(logs.count(log::Level::kError, "teardown: second: second broke"), 1u);
+  EXPECT_EQ(logs.count(log::Level::kWarn, "the ledger sweep freed 1 allocation(s)"), 1u);
+}
+
+TEST(ModelScope, OpScratchIsReleasedAfterEveryOtherResource) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  Backend& backend = scope.backend();
+  backend.op_cache().scratch(backend, "fp8_activation", random_size(1, 4096));
+  backend.op_cache().scratch(backend, "fp8_weights", random_size(1, 4096));
+  scope.add(std::make_unique<Recorder>("a", journal));
+  scope.add(std::make_unique<Recorder>("b", journal));
+  const TeardownReport report = scope.teardown();
+  EXPECT_THAT(journal.order, ElementsAre("b", "a"));
+  // Both recorders ran while the cache still held its scratch.
+  EXPECT_THAT(journal.scratch_seen, ElementsAre(2u, 2u));
+  // Then the op scratch freed it: nothing for the sweep.
+  EXPECT_EQ(report.released, 3u);
+  EXPECT_EQ(report.swept, 0u);
+  EXPECT_TRUE(report.clean());
+  EXPECT_EQ(report.live_bytes_after, 0u);
+}
+
+TEST(ModelScope, AFailingOpScratchIsReportedLastUnderItsLabel) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  Backend& backend = scope.backend();
+  const DevicePtr s = backend.op_cache().scratch(backend, "act", random_size(1, 4096));
+  backend.op_cache().scratch(backend, "other", random_size(1, 4096));
+  scope.add(std::make_unique<Recorder>("weights", journal, Fail::kMetraleError));
+  scope.add(std::make_unique<Recorder>("kv", journal));
+  backend.free(s);  // behind the cache's back: its release will fail to free it
+  testing::LogCapture logs;
+  const TeardownReport report = scope.teardown();
+  ASSERT_EQ(report.failures.size(), 2u);
+  EXPECT_EQ(report.failures[0].label, "weights");
+  EXPECT_EQ(report.failures[1].label, "op scratch");
+  EXPECT_THAT(report.failures[1].message, HasSubstr("[free]"));
+  EXPECT_THAT(report.failures[1].message, HasSubstr(fmt::format("0x{:x}", s.address())));
+  EXPECT_EQ(report.released, 1u);
+  EXPECT_EQ(report.swept, 0u);  // the other scratch buffer was still freed
+  EXPECT_EQ(report.live_bytes_after, 0u);
+  EXPECT_EQ(logs.count(log::Level::kWarn, "op scratch: freeing 'act' failed"), 1u);
+}
+
+TEST(ModelScope, GrownScratchLeavesTheDroppedBufferForTheSweep) {
+  ModelScope scope(make_backend());
+  Backend& backend = scope.backend();
+  const std::size_t small = random_size(1, 512);
+  backend.op_cache().scratch(backend, "act", small);
+  backend.op_cache().scratch(backend, "act", small + random_size(1, 4096));
+  const TeardownReport report = scope.teardown();
+  EXPECT_TRUE(report.failures.empty());
+  EXPECT_EQ(report.swept, 1u);  // the smaller, dropped buffer
+  EXPECT_EQ(report.live_bytes_after, 0u);
+}
+
+TEST(ModelScope, AllocBufferRecordsTheCallersLine) {
+  ModelScope scope(make_backend());
+  const std::size_t n = random_size(1, 4096);
+  const auto [p, line] = std::pair(scope.alloc_buffer("weights", n), __LINE__);
+  EXPECT_TRUE(p);
+  EXPECT_EQ(scope.backend().live_bytes(), n);
+  const std::string report = scope.backend().alloc_report();
+  EXPECT_THAT(report, HasSubstr(fmt::format("model_scope_test.cpp:{}", line)));
+  EXPECT_THAT(report, ::testing::Not(HasSubstr("model_scope.cpp")));
+  const TeardownReport r = scope.teardown();
+  EXPECT_TRUE(r.clean());
+  EXPECT_EQ(r.released, 2u);
+}
+
+TEST(ModelScope, AFailedAllocBufferAddsNoResource) {
+  ModelScope scope(make_backend());
+  CpuFaults faults;
+  faults.fail_alloc_at = 1;
+  dynamic_cast<CpuBackend&>(scope.backend()).set_faults(faults);
+  const Error e = expect_error([&] { scope.alloc_buffer("weights", 128); });
+  EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+  EXPECT_THAT(e.what(), HasSubstr("[alloc]"));
+  EXPECT_EQ(scope.backend().live_bytes(), 0u);
+  const TeardownReport r = scope.teardown();
+  EXPECT_TRUE(r.clean());
+  EXPECT_EQ(r.released, 1u);  // only the op scratch
+}
+
+TEST(DeviceBufferResource, ReleaseFreesOnce) {
+  auto backend = make_backend();
+  const std::size_t n = random_size(1, 4096);
+  const DevicePtr p = backend->alloc(n);
+  DeviceBufferResource res("kv", p);
+  EXPECT_EQ(res.label(), "kv");
+  EXPECT_EQ(res.ptr(), p);
+  res.release(*backend);
+  EXPECT_FALSE(res.ptr());
+  EXPECT_EQ(backend->live_bytes(), 0u);
+  res.release(*backend);  // nothing left to free: no double free
+  EXPECT_EQ(backend->alloc_stats().free_count, 1u);
+}
+
+TEST(DeviceBufferResource, AFailedFreeIsNotRetried) {
+  auto backend = make_backend();
+  const DevicePtr p = backend->alloc(64);
+  DeviceBufferResource res("kv", p);
+  backend->free(p);
+  const Error e = expect_error([&] { res.release(*backend); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("[free]"));
+  EXPECT_FALSE(res.ptr());
+  res.release(*backend);  // cleared before the free: the second call does nothing
+}
+
+}  // namespace
+}  // namespace metrale
