@@ -33,6 +33,13 @@ struct KernelLookup {
   std::string error;  // why it failed, when it did
 };
 
+// A loaded module as a backend lists it: the target it runs as and the kernels it provides.
+struct ModuleListing {
+  std::string name;
+  std::string target;  // "host", "sm_90a", "compute_80 (JIT)"
+  std::vector<std::string> kernels;
+};
+
 // Result of an event query; a failed query throws instead.
 enum class EventStatus { kDone, kNotReady };
 
@@ -179,6 +186,8 @@ class Backend {
                       std::source_location loc = std::source_location::current());
   // The first 4096 lookups of this backend, in order.
   std::vector<KernelLookup> lookup_audit() const;
+  // The loaded modules and the kernels each provides, in load order.
+  virtual std::vector<ModuleListing> modules() const = 0;
   // Whether a module of that name is loaded for this model.
   virtual bool has_module(std::string_view module) const = 0;
   // The N tile the kernel publishes (<function>_n_tile); throws when it publishes none or 0.

@@ -90,6 +90,7 @@ class CpuBackend final : public Backend {
   std::size_t driver_free_memory() const override;
   std::uint32_t sm_count() const override;
 
+  std::vector<ModuleListing> modules() const override;
   bool has_module(std::string_view module) const override;
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override;

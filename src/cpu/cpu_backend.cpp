@@ -594,6 +594,16 @@ bool CpuBackend::has_module(std::string_view module) const {
   return this->module(module) != nullptr;
 }
 
+std::vector<ModuleListing> CpuBackend::modules() const {
+  std::vector<ModuleListing> out;
+  for (const HostModule& m : impl_->modules) {
+    ModuleListing l{m.name(), "host", {}};
+    for (const HostKernel& k : m.kernels()) l.kernels.push_back(k.name);
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
 std::string CpuBackend::kernel_name(KernelHandle kernel) const {
   std::lock_guard lock(impl_->mu);
   const auto it = impl_->kernel_names.find(kernel.value());

@@ -161,7 +161,8 @@ class Checker {
 }  // namespace
 
 int run_check(const CommonOptions& options) {
-  std::unique_ptr<Backend> backend = create_backend(options.backend);
+  std::string why;
+  std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
   const std::string backend_name(backend->name());
   const std::string device = backend->device_name();
   const LedgerProbe probe = backend->ledger_probe();
@@ -187,7 +188,8 @@ int run_check(const CommonOptions& options) {
   bool ok = true;
   for (const Row& r : rows) ok = ok && r.passed;
   if (options.json) {
-    nlohmann::json doc{{"backend", backend_name}, {"device", device}, {"passed", ok}};
+    nlohmann::json doc{
+        {"backend", backend_name}, {"device", device}, {"chosen", why}, {"passed", ok}};
     doc["checks"] = nlohmann::json::array();
     for (const Row& r : rows) {
       doc["checks"].push_back(
@@ -195,7 +197,7 @@ int run_check(const CommonOptions& options) {
     }
     fmt::print("{}\n", doc.dump(2));
   } else {
-    fmt::print("metrale check on {} ({})\n", backend_name, device);
+    fmt::print("metrale check on {} ({})\n  backend {}\n", backend_name, device, why);
     for (const Row& r : rows) {
       fmt::print("  {:<4}  {:<28} {:>8.1f} ms  {}\n", r.passed ? "PASS" : "FAIL", r.name, r.ms,
                  r.detail);

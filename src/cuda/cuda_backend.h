@@ -1,0 +1,137 @@
+// The CUDA backend: the Backend interface on the driver API, reached only through the host's
+// DriverApi table. One per model; it holds the model's module registry and its own OpCache,
+// and sweeps its ledger when destroyed.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_host.h"
+#include "cuda/module_registry.h"
+#include "metrale/backend.h"
+#include "metrale/op_cache.h"
+
+namespace metrale::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // A backend on host running the modules of registry (both shared with their other users).
+  CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleRegistry> registry);
+  // Sweeps the ledger, then destroys the streams, events and graphs this backend made.
+  ~CudaBackend() override;
+
+  // The start-up gate: resolves every entry each loaded module must provide (and each extra
+  // "module::function" in also_required). Throws Error(kNotFound) listing all that did not
+  // resolve, unless allow_missing, in which case it only warns. Run before any capture.
+  void require_kernels(std::span<const std::string> also_required = {}, bool allow_missing = false);
+  // The module registry this backend runs.
+  const ModuleRegistry& registry() const noexcept { return *registry_; }
+  // The host (device info, fault latch).
+  CudaHost& host() const noexcept { return *host_; }
+
+  std::string_view name() const override { return "cuda"; }
+  std::string device_name() const override { return host_->info().name; }
+  DevicePtr pinned_device_address(const void* host) const override;
+
+  void copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) override;
+  void copy_d2h(void* dst, DevicePtr src, std::size_t bytes) override;
+  void copy_d2d(DevicePtr dst, DevicePtr src, std::size_t bytes) override;
+  void copy_h2d_async(DevicePtr dst, const void* src, std::size_t bytes,
+                      StreamHandle stream) override;
+  void copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
+                      StreamHandle stream) override;
+  void copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) override;
+  void copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr src, std::size_t src_pitch,
+                     std::size_t width_bytes, std::size_t height, StreamHandle stream) override;
+  void memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) override;
+  void memset_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
+                    StreamHandle stream) override;
+
+  void launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
+              StreamHandle stream, std::span<void*> params) override;
+
+  StreamHandle default_stream() override;
+  StreamHandle create_stream() override;
+  void destroy_stream(StreamHandle stream) override;
+  void synchronize(StreamHandle stream) override;
+  void synchronize_device() override;
+  void bind_to_thread() override { host_->bind(); }
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event, StreamHandle stream) override;
+  void wait_event(StreamHandle stream, EventHandle event) override;
+  void event_synchronize(EventHandle event) override;
+  EventStatus event_query(EventHandle event) override;
+
+  void begin_capture(StreamHandle stream) override;
+  GraphHandle end_capture(StreamHandle stream) override;
+  void launch_graph(GraphHandle graph, StreamHandle stream) override;
+  void destroy_graph(GraphHandle graph) override;
+  void abort_capture(StreamHandle stream) noexcept override;
+  bool is_capturing(StreamHandle stream) override;
+
+  std::size_t total_memory() const override { return host_->info().total_memory; }
+  std::size_t free_memory() const override;
+  std::size_t driver_free_memory() const override;
+  std::uint32_t sm_count() const override {
+    return static_cast<std::uint32_t>(host_->info().sm_count);
+  }
+
+  std::vector<ModuleListing> modules() const override;
+  bool has_module(std::string_view module) const override { return registry_->has(module); }
+  std::string kernel_name(KernelHandle kernel) const override;
+  OpCache& op_cache() override { return cache_; }
+
+ protected:
+  DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) override;
+  void raw_free(DevicePtr ptr, MemoryKind kind) override;
+  void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) override;
+  void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
+  KernelHandle resolve_kernel(std::string_view module, std::string_view function,
+                              const CallSite& site) override;
+
+ private:
+  struct KernelInfo {
+    std::string name;          // "module::function"
+    int max_dynamic_smem = 0;  // the limit already raised with cuFuncSetAttribute
+  };
+
+  // The driver stream of a handle (null handle = this backend's default stream).
+  CUstream stream_of(std::string_view api, StreamHandle s) const;
+  // Throws when the device is faulted, then makes the context current on this thread.
+  void enter(std::string_view api) const;
+  // Throws the Error for status, after probing for a sticky fault when the call was a launch
+  // or memset (the status alone may not say the context is gone).
+  [[noreturn]] void fail(std::string_view api, std::string_view call, CUresult status,
+                         bool probe = false) const;
+  void check(std::string_view api, std::string_view call, CUresult status) const {
+    if (status != CUDA_SUCCESS) fail(api, call, status);
+  }
+  // Whether any stream this backend knows is capturing (a failed query counts as capturing).
+  bool any_capturing();
+  // Whether [host, host + bytes) lies inside pinned memory of this backend.
+  bool is_pinned(const void* host, std::size_t bytes) const;
+  // Reads a published global of a module (nullopt when absent); throws when unreadable.
+  std::optional<std::vector<std::byte>> read_global(CUmodule module, const std::string& symbol,
+                                                    const std::string& kernel);
+
+  std::shared_ptr<CudaHost> host_;
+  std::shared_ptr<ModuleRegistry> registry_;
+  OpCache cache_;
+
+  mutable std::mutex mu_;  // the sets below; never held across a driver call
+  std::set<std::uint64_t> streams_;
+  std::set<std::uint64_t> events_;
+  std::set<std::uint64_t> graphs_;
+  std::map<std::uint64_t, KernelInfo> kernels_;
+  std::map<std::uint64_t, std::size_t> pinned_;  // host address → bytes
+};
+
+}  // namespace metrale::cuda

@@ -1,0 +1,87 @@
+// The CUDA host: one device ordinal's primary context and one non-blocking stream, shared by
+// every model of the process. Also the driver-status rules: how a status becomes an Error, and
+// the sticky-fault latch that makes every later call say the device is faulted.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "cuda/driver_api.h"
+#include "cuda/module_image.h"
+
+namespace metrale::cuda {
+
+// What the driver says about a device, read by ordinal without a context.
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  ComputeCapability cc;
+  int sm_count = 0;
+  std::size_t total_memory = 0;
+  bool integrated = false;
+  bool managed_memory = false;
+  int max_shared_optin = 0;  // bytes of dynamic shared memory a block may opt in to
+  int driver_version = 0;
+};
+
+// Reads the device's properties (cuDeviceGet + attributes); throws Error naming the call.
+DeviceInfo query_device(const DriverApi& api, int ordinal);
+
+// Whether status means the context is already gone (free and sweep ignore these).
+bool is_context_gone(CUresult status) noexcept;
+// Whether status is a sticky fault: the context is unusable until the process ends.
+bool is_sticky_fault(CUresult status) noexcept;
+
+// Throws the Error for a failed driver call: code from the status (out of memory, capture,
+// device fault, driver), message "[api] call failed: NAME (code): description".
+[[noreturn]] void throw_status(const DriverApi* api, std::string_view api_name,
+                               std::string_view call, CUresult status);
+
+class CudaHost {
+ public:
+  // Builds a host on api for ordinal: primary context retained, one non-blocking stream.
+  // Throws Error(kUnavailable) when the ordinal has no device, Error(kDriver) on other failures.
+  static std::shared_ptr<CudaHost> create(const DriverApi& api, int ordinal, int driver_version);
+  // The process-wide host on the real driver, built on first use. A failed first creation is
+  // remembered and thrown again to every later caller; asking for another ordinal is an error.
+  static std::shared_ptr<CudaHost> process(int ordinal);
+
+  CudaHost(const CudaHost&) = delete;
+  CudaHost& operator=(const CudaHost&) = delete;
+  // Destroys the stream and releases the primary context (the process host is never destroyed:
+  // at exit the driver may already be gone).
+  ~CudaHost();
+
+  const DriverApi& api() const noexcept { return *api_; }
+  const DeviceInfo& info() const noexcept { return info_; }
+  CUcontext context() const noexcept { return context_; }
+  CUstream stream() const noexcept { return stream_; }
+
+  // Makes the context current on the calling thread.
+  void bind() const;
+  // Throws Error(kDeviceFault) naming api when a sticky fault was latched.
+  void check_not_faulted(std::string_view api) const;
+  // Called after a launch or memset failed: synchronizes once, and latches (and logs once) a
+  // sticky fault if that is what the device reports.
+  void probe_fault();
+  // Whether a sticky fault was latched, and why.
+  bool faulted() const noexcept { return faulted_.load(std::memory_order_acquire); }
+  std::string fault_reason() const;
+
+ private:
+  CudaHost(const DriverApi& api, DeviceInfo info) : api_(&api), info_(std::move(info)) {}
+
+  const DriverApi* api_;
+  DeviceInfo info_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::atomic<bool> faulted_{false};
+  mutable std::mutex fault_mu_;
+  std::string fault_reason_;
+};
+
+}  // namespace metrale::cuda

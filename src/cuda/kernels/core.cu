@@ -1,0 +1,37 @@
+// Module "core" on the GPU: the element-wise kernels whose host twins live in
+// src/cpu/modules/core_module.cpp. Each publishes the output tile one block covers, which the
+// launcher reads at lookup to size its grid. Device code only: includes nothing from host code.
+#include <cstdint>
+
+namespace {
+constexpr unsigned kThreads = 256;
+constexpr unsigned kFillTile = kThreads;      // one element per thread
+constexpr unsigned kAxpyTile = kThreads * 4;  // four elements per thread
+}  // namespace
+
+extern "C" {
+
+// Published metadata (read with cuModuleGetGlobal); externally visible, so never dropped.
+__device__ std::uint32_t fill_u32_n_tile = kFillTile;
+__device__ std::uint32_t axpy_f32_n_tile = kAxpyTile;
+
+// out[i] = value over this block's tile of kFillTile elements.
+__global__ void __launch_bounds__(kThreads) fill_u32(std::uint32_t* out, std::uint32_t value,
+                                                     std::uint32_t n) {
+  const std::uint64_t i = std::uint64_t{blockIdx.x} * kFillTile + threadIdx.x;
+  if (i < n) out[i] = value;
+}
+
+// y[i] = a * x[i] + y[i] over this block's tile of kAxpyTile elements (strided by the block
+// size so neighbouring threads touch neighbouring words).
+__global__ void __launch_bounds__(kThreads) axpy_f32(float* y, const float* x, float a,
+                                                     std::uint32_t n) {
+  const std::uint64_t base = std::uint64_t{blockIdx.x} * kAxpyTile + threadIdx.x;
+#pragma unroll
+  for (unsigned j = 0; j < kAxpyTile / kThreads; ++j) {
+    const std::uint64_t i = base + std::uint64_t{j} * kThreads;
+    if (i < n) y[i] = fmaf(a, x[i], y[i]);
+  }
+}
+
+}  // extern "C"

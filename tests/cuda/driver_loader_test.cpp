@@ -1,0 +1,47 @@
+// Loading the driver never crashes: a missing library and the toolkit's stub library each give
+// a reason that starts with "CUDA unavailable:".
+#include "cuda/driver_loader.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace metrale::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+TEST(DriverLoader, AMissingLibraryIsAReasonNotACrash) {
+  const DriverLoad load = load_driver_from("libcuda-that-does-not-exist.so.1");
+  EXPECT_EQ(load.api, nullptr);
+  EXPECT_THAT(load.reason, StartsWith("CUDA unavailable: cannot load libcuda-that-does-not-exist"));
+  EXPECT_THAT(load.reason, HasSubstr("no NVIDIA driver is installed"));
+}
+
+TEST(DriverLoader, ALibraryWithoutTheDriverApiIsRefused) {
+  // libm is on every machine and exports none of the driver's entry points.
+  const DriverLoad load = load_driver_from("libm.so.6");
+  EXPECT_EQ(load.api, nullptr);
+  EXPECT_THAT(load.reason, HasSubstr("exports no cuInit"));
+}
+
+#ifdef METRALE_STUB_DRIVER_DIR
+TEST(DriverLoader, TheToolkitStubLibraryIsNamedAsSuch) {
+  const std::string stub = std::string(METRALE_STUB_DRIVER_DIR) + "/libcuda.so.1";
+  const DriverLoad load = load_driver_from(stub.c_str());
+  EXPECT_EQ(load.api, nullptr);
+  EXPECT_THAT(load.reason, StartsWith("CUDA unavailable: "));
+  EXPECT_THAT(load.reason, HasSubstr("stub library"));
+  EXPECT_THAT(load.reason, HasSubstr("CUDA_ERROR_STUB_LIBRARY (34)"));
+}
+#endif
+
+TEST(DriverStatus, DescribesStatusesEvenWithoutADriver) {
+  EXPECT_EQ(describe_status(nullptr, CUDA_ERROR_OUT_OF_MEMORY),
+            "CUDA_ERROR_OUT_OF_MEMORY (2): no description available");
+  EXPECT_STREQ(status_name(CUDA_ERROR_ILLEGAL_ADDRESS), "CUDA_ERROR_ILLEGAL_ADDRESS");
+  EXPECT_STREQ(status_name(static_cast<CUresult>(1000)), "CUDA_ERROR_UNRECOGNIZED");
+}
+
+}  // namespace
+}  // namespace metrale::cuda
