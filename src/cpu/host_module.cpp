@@ -38,6 +38,7 @@ const std::vector<std::byte>* HostModule::find_symbol(std::string_view name) con
 std::vector<HostModule> builtin_host_modules() {
   std::vector<HostModule> out;
   out.push_back(cpu::make_core_module());
+  out.push_back(cpu::make_w4a16_module());
   return out;
 }
 

@@ -42,6 +42,8 @@ CudaBackend::CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleR
 }
 
 CudaBackend::~CudaBackend() {
+  // A model may be dropped on a thread that never called into it.
+  host_->bind_quietly();
   try {
     sweep_unreleased();
   } catch (const std::exception& e) {
@@ -119,7 +121,10 @@ DevicePtr CudaBackend::raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, 
 
 void CudaBackend::raw_free(DevicePtr ptr, MemoryKind kind) {
   const DriverApi& api = host_->api();
-  // Freeing must work on a faulted device too (teardown), so no enter() here.
+  // Freeing must work on a faulted device too (teardown), so no enter() here; but without the
+  // context current on this thread the driver would answer INVALID_CONTEXT, which reads as
+  // "context already gone" below and would leak the memory silently.
+  host_->bind_quietly();
   CUresult s;
   if (kind == MemoryKind::kPinnedHost) {
     {
@@ -138,6 +143,7 @@ void CudaBackend::raw_free(DevicePtr ptr, MemoryKind kind) {
 
 void CudaBackend::raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) {
   const DriverApi& api = host_->api();
+  host_->bind_quietly();
   check("guard_bands", "cuMemsetD8Async",
         api.cuMemsetD8Async(dptr(ptr), value, bytes, host_->stream()));
   check("guard_bands", "cuStreamSynchronize", api.cuStreamSynchronize(host_->stream()));
@@ -145,13 +151,14 @@ void CudaBackend::raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes)
 
 void CudaBackend::raw_read(DevicePtr ptr, void* dst, std::size_t bytes) {
   const DriverApi& api = host_->api();
+  host_->bind_quietly();
   check("scan_redzones", "cuMemcpyDtoHAsync",
         api.cuMemcpyDtoHAsync(dst, dptr(ptr), bytes, host_->stream()));
   check("scan_redzones", "cuStreamSynchronize", api.cuStreamSynchronize(host_->stream()));
 }
 
 DevicePtr CudaBackend::pinned_device_address(const void* host) const {
-  if (!is_pinned(host, 0)) {
+  if (!is_pinned(host, 1)) {  // the byte at host must be pinned (one past the end is not)
     throw Error(ErrorCode::kInvalidArgument, "pinned_device_address",
                 fmt::format("0x{:x} is not inside pinned memory of this cuda backend",
                             reinterpret_cast<std::uintptr_t>(host)));
@@ -286,9 +293,10 @@ void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32
   const auto fn = reinterpret_cast<CUfunction>(kernel.value());
   const std::string where = fmt::format("{} grid {} block {} shared {} B", info.name, dim_str(grid),
                                         dim_str(block), shared_bytes);
+  // Compared in 64 bits: a size above INT_MAX must not wrap negative and skip both checks.
   if (shared_bytes > kDefaultSharedLimit &&
-      static_cast<int>(shared_bytes) > info.max_dynamic_smem) {
-    if (static_cast<int>(shared_bytes) > host_->info().max_shared_optin) {
+      std::int64_t{shared_bytes} > std::int64_t{info.max_dynamic_smem}) {
+    if (std::int64_t{shared_bytes} > std::int64_t{host_->info().max_shared_optin}) {
       throw Error(ErrorCode::kInvalidArgument, "launch",
                   fmt::format("{}: the device allows at most {} B of shared memory per block",
                               where, host_->info().max_shared_optin));
@@ -336,6 +344,7 @@ void CudaBackend::destroy_stream(StreamHandle stream) {
     std::lock_guard lock(mu_);
     streams_.erase(stream.value());
   }
+  host_->bind_quietly();  // no enter(): destroying must work on a faulted device too
   check("destroy_stream", "cuStreamDestroy", host_->api().cuStreamDestroy(s));
 }
 
@@ -377,6 +386,7 @@ void CudaBackend::destroy_event(EventHandle event) {
     std::lock_guard lock(mu_);
     events_.erase(event.value());
   }
+  host_->bind_quietly();
   check("destroy_event", "cuEventDestroy", host_->api().cuEventDestroy(e));
 }
 
@@ -463,6 +473,7 @@ void CudaBackend::destroy_graph(GraphHandle graph) {
           fmt::format("graph 0x{:x} is not a live graph of this cuda backend", graph.value()));
     }
   }
+  host_->bind_quietly();
   check("destroy_graph", "cuGraphExecDestroy",
         host_->api().cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(graph.value())));
 }
@@ -481,7 +492,9 @@ void CudaBackend::abort_capture(StreamHandle stream) noexcept {
 
 bool CudaBackend::is_capturing(StreamHandle stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  const CUresult s = host_->api().cuStreamIsCapturing(stream_of("is_capturing", stream), &status);
+  const CUstream cu = stream_of("is_capturing", stream);
+  host_->bind_quietly();  // unbound, the query would fail and count as capturing
+  const CUresult s = host_->api().cuStreamIsCapturing(cu, &status);
   // A failed query counts as capturing: callers use this to avoid syncs that would break one.
   return s != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }

@@ -120,6 +120,7 @@ std::shared_ptr<CudaHost> CudaHost::create(const DriverApi& api, int ordinal, in
 }
 
 CudaHost::~CudaHost() {
+  bind_quietly();  // the host may be dropped on a thread that never used it
   if (stream_ != nullptr) {
     if (const CUresult s = api_->cuStreamDestroy(stream_);
         s != CUDA_SUCCESS && !is_context_gone(s)) {
@@ -171,6 +172,10 @@ void CudaHost::bind() const {
   if (const CUresult s = api_->cuCtxSetCurrent(context_); s != CUDA_SUCCESS) {
     throw_status(api_, "bind_to_thread", "cuCtxSetCurrent", s);
   }
+}
+
+void CudaHost::bind_quietly() const noexcept {
+  if (context_ != nullptr) static_cast<void>(api_->cuCtxSetCurrent(context_));
 }
 
 void CudaHost::check_not_faulted(std::string_view api) const {

@@ -62,6 +62,9 @@ class CudaHost {
 
   // Makes the context current on the calling thread.
   void bind() const;
+  // The same, for calls that must work whatever state the context is in (frees, destroys,
+  // teardown): a failure is ignored, and the call that follows reports what it finds.
+  void bind_quietly() const noexcept;
   // Throws Error(kDeviceFault) naming api when a sticky fault was latched.
   void check_not_faulted(std::string_view api) const;
   // Called after a launch or memset failed: synchronizes once, and latches (and logs once) a

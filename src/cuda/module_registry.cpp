@@ -85,6 +85,7 @@ const ModuleRegistry::Loaded* ModuleRegistry::find(std::string_view name) const 
 
 void ModuleRegistry::unload_all(bool throw_first) {
   std::optional<Error> first;
+  if (!loaded_.empty()) host_->bind_quietly();  // unloading needs the context on this thread
   for (Loaded& l : loaded_) {
     const CUresult s = host_->api().cuModuleUnload(l.handle);
     if (s == CUDA_SUCCESS || is_context_gone(s)) continue;

@@ -269,9 +269,9 @@ TEST(OpCache, AFailingLookupIsNotMemoizedAndLeavesTheCacheUsable) {
 TEST(OpCache, UnknownModulesAndKernelsAreNotFound) {
   CpuBackend backend(one_thread());
   OpCache cache;
-  const Error m = expect_error([&] { cache.kernel(backend, "w4a16", "bf16_to_fp8"); });
+  const Error m = expect_error([&] { cache.kernel(backend, "w8a8", "bf16_to_fp8"); });
   EXPECT_EQ(m.code(), ErrorCode::kNotFound);
-  EXPECT_THAT(m.what(), HasSubstr("module 'w4a16' is not loaded"));
+  EXPECT_THAT(m.what(), HasSubstr("module 'w8a8' is not loaded"));
   const Error k = expect_error([&] { cache.kernel(backend, "core", "nope"); });
   EXPECT_EQ(k.code(), ErrorCode::kNotFound);
   EXPECT_THAT(k.what(), HasSubstr("has no kernel 'nope'"));

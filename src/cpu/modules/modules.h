@@ -8,4 +8,7 @@ namespace metrale::cpu {
 // Module "core": element-wise kernels (fill_u32, axpy_f32) that publish their N tiles.
 HostModule make_core_module();
 
+// Module "w4a16": the quantized GEMM routes and the E4M3 casts (src/ops/gemm.cpp runs them).
+HostModule make_w4a16_module();
+
 }  // namespace metrale::cpu

@@ -16,16 +16,16 @@ __device__ std::uint32_t fill_u32_n_tile = kFillTile;
 __device__ std::uint32_t axpy_f32_n_tile = kAxpyTile;
 
 // out[i] = value over this block's tile of kFillTile elements.
-__global__ void __launch_bounds__(kThreads) fill_u32(std::uint32_t* out, std::uint32_t value,
-                                                     std::uint32_t n) {
+__global__ void __launch_bounds__(kThreads)
+    fill_u32(std::uint32_t* out, std::uint32_t value, std::uint32_t n) {
   const std::uint64_t i = std::uint64_t{blockIdx.x} * kFillTile + threadIdx.x;
   if (i < n) out[i] = value;
 }
 
 // y[i] = a * x[i] + y[i] over this block's tile of kAxpyTile elements (strided by the block
 // size so neighbouring threads touch neighbouring words).
-__global__ void __launch_bounds__(kThreads) axpy_f32(float* y, const float* x, float a,
-                                                     std::uint32_t n) {
+__global__ void __launch_bounds__(kThreads)
+    axpy_f32(float* y, const float* x, float a, std::uint32_t n) {
   const std::uint64_t base = std::uint64_t{blockIdx.x} * kAxpyTile + threadIdx.x;
 #pragma unroll
   for (unsigned j = 0; j < kAxpyTile / kThreads; ++j) {

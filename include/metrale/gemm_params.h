@@ -1,0 +1,36 @@
+// The argument block of the w4a16 module's GEMM kernels, passed by value as one kernel
+// parameter on every backend. Plain data only, so CUDA kernels include it too.
+#pragma once
+
+#include <cstdint>
+
+namespace metrale {
+
+// Bits of GemmParams::flags.
+enum GemmFlags : std::uint32_t {
+  kGemmMxfp4 = 1u << 0,       // E8M0 scales per 32 k (else NVFP4: E4M3 scales per 16 k)
+  kGemmTransposed = 1u << 1,  // codes [K/2, N], scales [K/group, N] (else [N, K/2], [N, K/group])
+  kGemmBias = 1u << 2,        // add BF16 bias[N]
+};
+
+struct GemmParams {
+  std::uint64_t a = 0;       // A [M, K]: BF16 (E4M3 for gemm_e4m3)
+  std::uint64_t codes = 0;   // packed E2M1 codes (E4M3 bytes [N, K] for gemm_e4m3)
+  std::uint64_t scales = 0;  // block scales, layout per flags
+  std::uint64_t out = 0;     // C [M, N] BF16
+  std::uint64_t bias = 0;    // BF16 [N] when kGemmBias
+  std::int64_t m = 0, n = 0, k = 0;
+  float tensor_scale = 1.0f;
+  std::uint32_t flags = 0;
+};
+
+// Arguments of bf16_to_fp8 (the seed's cast) and dequant_e4m3.
+struct CastParams {
+  std::uint64_t in = 0;
+  std::uint64_t out = 0;
+  std::int64_t count = 0;   // elements (bf16_to_fp8) or rows N (dequant_e4m3)
+  std::int64_t k = 0;       // dequant_e4m3: K
+  std::uint32_t flags = 0;  // dequant_e4m3: kGemmTransposed
+};
+
+}  // namespace metrale

@@ -1,0 +1,152 @@
+// Per-element number formats of the quantized GEMMs: BF16, FP8 E4M3 (the "fn" variant: no
+// infinities, 0x7F/0xFF are NaN, largest finite 448), FP4 E2M1 and E8M0 scales. One header for
+// host code, host tests and CUDA kernels alike: everything is inline, constexpr-friendly, free
+// of library calls, and marked __host__ __device__ under nvcc. It includes nothing else from
+// metrale, so device code may include it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define METRALE_HD __host__ __device__ __forceinline__
+#else
+#define METRALE_HD inline
+#endif
+
+namespace metrale::num {
+
+METRALE_HD std::uint32_t f32_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+METRALE_HD float bits_f32(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---- BF16 ----
+
+// BF16 bits to float (exact).
+METRALE_HD float bf16_to_f32(std::uint16_t h) {
+  return bits_f32(std::uint32_t{h} << 16);
+}
+
+// Float to BF16 bits, round to nearest even; NaN stays a (quiet) NaN with its sign.
+METRALE_HD std::uint16_t f32_to_bf16(float f) {
+  const std::uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+
+// ---- FP8 E4M3 (fn) ----
+
+inline constexpr float kE4m3Max = 448.0f;
+
+// E4M3 bits to float (exact). 0x7F and 0xFF are NaN.
+METRALE_HD float e4m3_to_f32(std::uint8_t v) {
+  const std::uint32_t sign = std::uint32_t{v & 0x80u} << 24;
+  const std::uint32_t exp = (v >> 3) & 0xFu;
+  const std::uint32_t man = v & 0x7u;
+  if (exp == 0xF && man == 0x7) return bits_f32(sign | 0x7fc00000u);
+  if (exp == 0) {
+    // Subnormal: man × 2^-9, exact in float.
+    const float mag = static_cast<float>(man) * 0.001953125f;
+    return sign ? -mag : mag;
+  }
+  return bits_f32(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+// Float to E4M3 bits: round to nearest even, saturating to ±448 (also for ±inf); NaN → NaN
+// (0x7F, or 0xFF with the sign). This is the cast of the w4a16 module's bf16_to_fp8: no scale.
+METRALE_HD std::uint8_t f32_to_e4m3(float f) {
+  const std::uint32_t u = f32_bits(f);
+  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7F);
+  // 464 is halfway between 448 (0x7E) and the would-be 480; RNE past it saturates anyway.
+  if (a >= 0x43E00000u) return static_cast<std::uint8_t>(sign | 0x7E);  // >= 448
+  if (a < 0x3C800000u) {
+    // Below 2^-6: subnormal grid of 2^-9. Round |f| / 2^-9 to nearest even integer (0..8).
+    const float scaled = bits_f32(a) * 512.0f;  // exact: a power-of-two scale
+    std::uint32_t q = static_cast<std::uint32_t>(scaled);
+    const float frac = scaled - static_cast<float>(q);
+    if (frac > 0.5f || (frac == 0.5f && (q & 1u))) ++q;
+    return static_cast<std::uint8_t>(sign | q);  // q == 8 is the smallest normal, 0x08
+  }
+  // Normal: keep 3 mantissa bits with round to nearest even on the 20 dropped bits.
+  const std::uint32_t exp = (a >> 23) - 120u;  // 1..15
+  std::uint32_t man = (a >> 20) & 0x7u;
+  const std::uint32_t rest = a & 0xFFFFFu;
+  std::uint32_t code = (exp << 3) | man;
+  if (rest > 0x80000u || (rest == 0x80000u && (man & 1u))) ++code;
+  if (code > 0x7E) code = 0x7E;  // rounding up into the NaN pattern saturates instead
+  return static_cast<std::uint8_t>(sign | code);
+}
+
+// The seed's bf16_to_fp8: BF16 bits to E4M3 bits, RNE, saturating, no scale.
+METRALE_HD std::uint8_t bf16_to_e4m3(std::uint16_t h) {
+  return f32_to_e4m3(bf16_to_f32(h));
+}
+
+// ---- FP4 E2M1 ----
+
+// E2M1 code (low 4 bits: sign, 2 exponent, 1 mantissa) to float: ±{0, .5, 1, 1.5, 2, 3, 4, 6}.
+METRALE_HD float e2m1_to_f32(std::uint8_t code) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float m = kMag[code & 7u];
+  return (code & 8u) ? -m : m;
+}
+
+// Float to the nearest E2M1 code, ties to the even code, saturating to ±6; NaN → +0 (FP4 has no
+// NaN; quantizers never feed it one).
+METRALE_HD std::uint8_t f32_to_e2m1(float f) {
+  const std::uint8_t sign = (f32_bits(f) >> 28) & 8u;
+  const float a = f < 0 ? -f : f;
+  if (!(a == a)) return 0;
+  // Midpoints between neighbours: .25 .75 1.25 1.75 2.5 3.5 5; at a tie the even code wins.
+  std::uint8_t c;
+  if (a <= 0.25f)
+    c = 0;
+  else if (a < 0.75f)
+    c = 1;
+  else if (a <= 1.25f)
+    c = 2;
+  else if (a < 1.75f)
+    c = 3;
+  else if (a <= 2.5f)
+    c = 4;
+  else if (a < 3.5f)
+    c = 5;
+  else if (a <= 5.0f)
+    c = 6;
+  else
+    c = 7;
+  return static_cast<std::uint8_t>(sign | c);
+}
+
+// ---- E8M0 ----
+
+// E8M0 scale to float: 2^(e - 127); 0xFF is NaN.
+METRALE_HD float e8m0_to_f32(std::uint8_t e) {
+  if (e == 0xFF) return bits_f32(0x7fc00000u);
+  if (e == 0) return bits_f32(0x00400000u);  // 2^-127, a float subnormal
+  return bits_f32(std::uint32_t{e} << 23);
+}
+
+// ---- block layouts ----
+
+inline constexpr int kNvfp4Group = 16;  // K elements per E4M3 block scale
+inline constexpr int kMxfp4Group = 32;  // K elements per E8M0 block scale
+
+// The E2M1 code of element k of a packed row (two per byte, low nibble = even k).
+METRALE_HD std::uint8_t packed_code(const std::uint8_t* row, std::int64_t k) {
+  const std::uint8_t byte = row[k >> 1];
+  return (k & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
+}
+
+}  // namespace metrale::num

@@ -1,0 +1,68 @@
+// Quantized GEMM ops on any backend (system.md §5). One sequence for every op and route:
+// check arguments (clear error, nothing launched) → route from M and from what the backend's
+// modules offer → scratch from the OpCache by tag → kernel handles from the OpCache → grid from
+// each kernel's published N tile → launch on the stream.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "metrale/backend.h"
+#include "metrale/quant.h"
+
+namespace metrale::ops {
+
+// Device-resident quantized weights W[N, K] (formats and layouts in quant.h).
+struct QuantWeights {
+  WeightFormat format = WeightFormat::kNvfp4;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  std::int64_t n = 0, k = 0;
+  DevicePtr codes;   // codes_bytes bytes
+  DevicePtr scales;  // scales_bytes bytes
+  std::size_t codes_bytes = 0;
+  std::size_t scales_bytes = 0;
+  float tensor_scale = 1.0f;
+};
+
+// Copies host weights to new allocations on backend (freed with free_weights).
+QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w);
+// Frees what upload_weights allocated.
+void free_weights(Backend& backend, QuantWeights& w);
+
+// Whether the caller accepts A cast to E4M3 (FP8 tensor cores) or needs exact BF16 activations.
+enum class Activations { kExactBf16, kAllowE4m3 };
+
+enum class GemmRoute {
+  kAuto,    // choose from M and the backend's modules
+  kDecode,  // small M: weights streamed once, dequantized in registers
+  kTiled,   // large M: tiles of dequantized weights reused across rows of A
+  kE4m3,    // A cast to E4M3, weights as E4M3, FP8 products, FP32 group scales
+};
+// "auto", "decode", "tiled", "e4m3".
+std::string_view to_string(GemmRoute route) noexcept;
+
+struct GemmOptions {
+  Activations activations = Activations::kExactBf16;
+  GemmRoute route = GemmRoute::kAuto;
+  DevicePtr bias;  // BF16 [N], optional
+};
+
+// The largest M the decode route takes under kAuto.
+inline constexpr std::int64_t kDecodeMaxM = 16;
+// The smallest M for which kAuto picks the E4M3 route when the caller allows it.
+inline constexpr std::int64_t kE4m3MinM = 64;
+
+// The route w4a16_gemm would take (throws as w4a16_gemm would for a route the backend lacks).
+GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
+                       const GemmOptions& options = {});
+
+// C[M, N] (BF16, row-major) = A[M, K] (BF16, row-major) · dequant(W)ᵀ (+ bias), queued on
+// stream. A, C and the weight buffers 16-byte aligned; C overlaps no input.
+void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
+                const QuantWeights& w, DevicePtr c, const GemmOptions& options = {});
+
+// out[i] (E4M3) = RNE-saturating cast of in[i] (BF16), no scale; the seed's bf16_to_fp8.
+void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
+                       std::int64_t count);
+
+}  // namespace metrale::ops

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Run HERE (a machine with the package registry) before a device run: downloads the Debian
+# packages the build needs into .devdeps/ (ignored by git), which the device run carries and
+# scripts/device-check.sh unpacks, since the GPU machine has no package registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.devdeps/' .git/info/exclude 2>/dev/null || echo '/.devdeps/' >> .git/info/exclude
+mkdir -p .devdeps
+cd .devdeps
+apt-get download libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
+  libbenchmark-dev libbenchmark1debian >/dev/null
+ls -1 *.deb

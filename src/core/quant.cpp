@@ -1,0 +1,281 @@
+#include "metrale/quant.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+
+namespace metrale {
+
+namespace {
+
+constexpr std::uint8_t kE2m1NegativeZero = 0x8;
+
+// Double to float rounded to odd: truncate, then set the last bit when anything was dropped.
+// Rounding that float to a narrower format (E4M3, E2M1) to nearest even then gives the correctly
+// rounded result of the double itself: float keeps far more than the two extra bits round-to-odd
+// needs, so no tie is invented or lost by the float step (a plain float cast could round onto an
+// E4M3 or E2M1 midpoint and the second rounding would then go the wrong way).
+float to_f32_round_odd(double d) {
+  float f = static_cast<float>(d);  // round to nearest even
+  if (static_cast<double>(f) == d || std::isnan(d)) return f;
+  std::uint32_t u = num::f32_bits(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) --u;  // rounded away from zero: step back
+  return num::bits_f32(u | 1u);
+}
+
+// The nearest E2M1 code of w / scale (scale > 0), with one canonical zero: a -0 result (a small
+// negative weight, or -0 itself) is stored as +0, so a zero block reads as all-zero bytes.
+std::uint8_t nearest_e2m1(float w, double scale) {
+  const std::uint8_t c = num::f32_to_e2m1(to_f32_round_odd(static_cast<double>(w) / scale));
+  return c == kE2m1NegativeZero ? std::uint8_t{0} : c;
+}
+
+void set_nibble(std::uint8_t& byte, std::int64_t k, std::uint8_t code) {
+  if (k & 1) {
+    byte = static_cast<std::uint8_t>((byte & 0x0Fu) | (code << 4));
+  } else {
+    byte = static_cast<std::uint8_t>((byte & 0xF0u) | (code & 0x0Fu));
+  }
+}
+
+// Checks the arguments of a quantizer: n, k > 0, k a multiple of the format's group,
+// w.size() == n*k and every weight finite.
+void check_quantize_args(std::string_view api, WeightFormat format, std::span<const float> w,
+                         std::int64_t n, std::int64_t k) {
+  const int group = group_size(format);
+  if (n <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("n = {} must be positive", n));
+  }
+  if (k <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("k = {} must be positive", k));
+  }
+  if (k % group != 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("k = {} is not a multiple of {} (the {} block size)", k, group,
+                            to_string(format)));
+  }
+  if (n > std::numeric_limits<std::int64_t>::max() / k) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("n = {} * k = {} overflows a 64-bit element count", n, k));
+  }
+  if (w.size() != static_cast<std::size_t>(n * k)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("w has {} elements, but n * k = {} * {} = {}", w.size(), n, k, n * k));
+  }
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (!std::isfinite(w[i])) {
+      const auto idx = static_cast<std::int64_t>(i);
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("w[{}, {}] = {} is not finite", idx / k, idx % k, w[i]));
+    }
+  }
+}
+
+// Checks that a HostQuantWeights is consistent before reading it: sizes match n, k and the
+// format's group.
+void check_weights(std::string_view api, const HostQuantWeights& w) {
+  const int group = group_size(w.format);
+  if (w.n <= 0 || w.k <= 0 || w.k % group != 0 ||
+      w.n > std::numeric_limits<std::int64_t>::max() / w.k) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("bad shape n = {}, k = {} for {} (k must be a positive multiple of {})",
+                            w.n, w.k, to_string(w.format), group));
+  }
+  const auto codes = static_cast<std::size_t>(w.n * (w.k / 2));
+  const auto scales = static_cast<std::size_t>(w.n * (w.k / group));
+  if (w.codes.size() != codes || w.scales.size() != scales) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("{} weights of n = {}, k = {} need {} code bytes and {} scale bytes, "
+                    "got {} and {}",
+                    to_string(w.format), w.n, w.k, codes, scales, w.codes.size(), w.scales.size()));
+  }
+}
+
+std::size_t code_index(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  return static_cast<std::size_t>(w.layout == WeightLayout::kRowMajor ? row * (w.k / 2) + (col >> 1)
+                                                                      : (col >> 1) * w.n + row);
+}
+
+std::size_t scale_index(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  const int group = group_size(w.format);
+  return static_cast<std::size_t>(w.layout == WeightLayout::kRowMajor
+                                      ? row * (w.k / group) + col / group
+                                      : (col / group) * w.n + row);
+}
+
+std::uint8_t code_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  const std::uint8_t byte = w.codes[code_index(w, row, col)];
+  return (col & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
+}
+
+// The decoded block scale alone (no tensor scale).
+double block_scale_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  const std::uint8_t s = w.scales[scale_index(w, row, col)];
+  return w.format == WeightFormat::kNvfp4 ? static_cast<double>(num::e4m3_to_f32(s))
+                                          : static_cast<double>(num::e8m0_to_f32(s));
+}
+
+// e2m1 × block scale × tensor scale, rounded once: the product of a 3-bit, a 4-bit (or
+// power-of-two) and a 24-bit significand is exact in double.
+float weight_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  return static_cast<float>(static_cast<double>(num::e2m1_to_f32(code_at(w, row, col))) *
+                            block_scale_at(w, row, col) * static_cast<double>(w.tensor_scale));
+}
+
+void check_index(std::string_view api, const HostQuantWeights& w, std::int64_t row,
+                 std::int64_t col) {
+  if (row < 0 || row >= w.n || col < 0 || col >= w.k) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("({}, {}) is outside the {} x {} weights", row, col, w.n, w.k));
+  }
+  check_weights(api, w);
+}
+
+float absmax_of(std::span<const float> v) {
+  float m = 0.0f;
+  for (const float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+}  // namespace
+
+std::string_view to_string(WeightFormat format) noexcept {
+  switch (format) {
+    case WeightFormat::kNvfp4:
+      return "nvfp4";
+    case WeightFormat::kMxfp4:
+      return "mxfp4";
+  }
+  return "unknown";
+}
+
+int group_size(WeightFormat format) noexcept {
+  return format == WeightFormat::kMxfp4 ? num::kMxfp4Group : num::kNvfp4Group;
+}
+
+std::uint8_t HostQuantWeights::code(std::int64_t row, std::int64_t col) const {
+  check_index("HostQuantWeights::code", *this, row, col);
+  return code_at(*this, row, col);
+}
+
+float HostQuantWeights::scale(std::int64_t row, std::int64_t col) const {
+  check_index("HostQuantWeights::scale", *this, row, col);
+  return static_cast<float>(block_scale_at(*this, row, col) * static_cast<double>(tensor_scale));
+}
+
+float HostQuantWeights::weight(std::int64_t row, std::int64_t col) const {
+  check_index("HostQuantWeights::weight", *this, row, col);
+  return weight_at(*this, row, col);
+}
+
+HostQuantWeights quantize_nvfp4(std::span<const float> w, std::int64_t n, std::int64_t k) {
+  constexpr int kGroup = num::kNvfp4Group;
+  check_quantize_args("quantize_nvfp4", WeightFormat::kNvfp4, w, n, k);
+  HostQuantWeights q;
+  q.format = WeightFormat::kNvfp4;
+  q.layout = WeightLayout::kRowMajor;
+  q.n = n;
+  q.k = k;
+  q.codes.assign(static_cast<std::size_t>(n * (k / 2)), 0);
+  q.scales.assign(static_cast<std::size_t>(n * (k / kGroup)), 0);
+  const float absmax = absmax_of(w);
+  q.tensor_scale = absmax > 0.0f ? absmax / (6.0f * num::kE4m3Max) : 1.0f;
+  // 6 × tensor scale is exact in double, so bamax / (6 × ts) is one correctly rounded division.
+  // An exact quotient that is not an E4M3 midpoint stays about 2^-31 (relative) away from it
+  // (bamax has 24 significant bits, 6 × ts × midpoint about 31), far beyond the division's
+  // 2^-53, so the nearest E4M3 of the double is the nearest of the exact quotient. The same
+  // holds for w / S and the E2M1 midpoints.
+  const double six_ts = 6.0 * static_cast<double>(q.tensor_scale);
+  for (std::int64_t row = 0; row < n; ++row) {
+    for (std::int64_t b = 0; b < k / kGroup; ++b) {
+      const std::span<const float> block =
+          w.subspan(static_cast<std::size_t>(row * k + b * kGroup), kGroup);
+      const float bamax = absmax_of(block);
+      // A zero block gets the zero scale; so does one whose scale rounds below E4M3's smallest
+      // subnormal (or a tensor scale that underflowed to 0): its codes stay 0.
+      const std::uint8_t s =
+          bamax > 0.0f ? num::f32_to_e4m3(to_f32_round_odd(static_cast<double>(bamax) / six_ts))
+                       : std::uint8_t{0};
+      q.scales[static_cast<std::size_t>(row * (k / kGroup) + b)] = s;
+      const double scale =
+          static_cast<double>(num::e4m3_to_f32(s)) * static_cast<double>(q.tensor_scale);
+      if (!(scale > 0.0)) continue;
+      for (int j = 0; j < kGroup; ++j) {
+        const std::int64_t col = b * kGroup + j;
+        set_nibble(q.codes[static_cast<std::size_t>(row * (k / 2) + (col >> 1))], col,
+                   nearest_e2m1(block[static_cast<std::size_t>(j)], scale));
+      }
+    }
+  }
+  return q;
+}
+
+HostQuantWeights quantize_mxfp4(std::span<const float> w, std::int64_t n, std::int64_t k) {
+  constexpr int kGroup = num::kMxfp4Group;
+  check_quantize_args("quantize_mxfp4", WeightFormat::kMxfp4, w, n, k);
+  HostQuantWeights q;
+  q.format = WeightFormat::kMxfp4;
+  q.layout = WeightLayout::kRowMajor;
+  q.n = n;
+  q.k = k;
+  q.tensor_scale = 1.0f;
+  q.codes.assign(static_cast<std::size_t>(n * (k / 2)), 0);
+  q.scales.assign(static_cast<std::size_t>(n * (k / kGroup)), 0);
+  for (std::int64_t row = 0; row < n; ++row) {
+    for (std::int64_t b = 0; b < k / kGroup; ++b) {
+      const std::span<const float> block =
+          w.subspan(static_cast<std::size_t>(row * k + b * kGroup), kGroup);
+      const float bamax = absmax_of(block);
+      if (bamax == 0.0f) continue;  // scale byte 0 (2^-127) and zero codes
+      // 2^(floor(log2(amax)) - 2) as E8M0 (bias 127); below 2^-127 it clamps to the smallest
+      // scale. ilogb is exact, subnormal floats included; a finite float gives at most 127 + 125.
+      const int e = std::clamp(std::ilogb(bamax) - 2 + 127, 0, 254);
+      q.scales[static_cast<std::size_t>(row * (k / kGroup) + b)] = static_cast<std::uint8_t>(e);
+      const double scale = std::ldexp(1.0, e - 127);
+      for (int j = 0; j < kGroup; ++j) {
+        const std::int64_t col = b * kGroup + j;
+        set_nibble(q.codes[static_cast<std::size_t>(row * (k / 2) + (col >> 1))], col,
+                   nearest_e2m1(block[static_cast<std::size_t>(j)], scale));
+      }
+    }
+  }
+  return q;
+}
+
+std::vector<float> dequantize(const HostQuantWeights& w) {
+  check_weights("dequantize", w);
+  std::vector<float> out(static_cast<std::size_t>(w.n * w.k));
+  for (std::int64_t row = 0; row < w.n; ++row) {
+    for (std::int64_t col = 0; col < w.k; ++col) {
+      out[static_cast<std::size_t>(row * w.k + col)] = weight_at(w, row, col);
+    }
+  }
+  return out;
+}
+
+HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout) {
+  check_weights("with_layout", w);
+  HostQuantWeights out = w;
+  out.layout = layout;
+  if (layout == w.layout) return out;
+  const int group = group_size(w.format);
+  for (std::int64_t row = 0; row < w.n; ++row) {
+    for (std::int64_t col = 0; col < w.k; ++col) {
+      set_nibble(out.codes[code_index(out, row, col)], col, code_at(w, row, col));
+    }
+    for (std::int64_t col = 0; col < w.k; col += group) {
+      out.scales[scale_index(out, row, col)] = w.scales[scale_index(w, row, col)];
+    }
+  }
+  return out;
+}
+
+}  // namespace metrale

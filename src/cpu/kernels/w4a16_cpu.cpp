@@ -1,0 +1,534 @@
+// CPU kernels of the w4a16 module. The vector code is written once with GCC vector extensions
+// and instantiated per instruction set inside functions carrying a target attribute, so one
+// binary runs on any x86-64 and uses AVX-512 or AVX2 where the processor has them.
+#include "cpu/kernels/w4a16_cpu.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "metrale/numerics.h"
+
+// The vector helpers below take and return vectors wider than the baseline ABI. They are always
+// inlined into functions compiled for the matching instruction set, so no call ever passes one
+// across that boundary; GCC's note about the ABI of such calls does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12 reports the deliberately undefined pass-through operand of the AVX-512 intrinsics
+// (_mm512_undefined_epi32 inside the headers) as maybe-uninitialized; it is never read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace metrale::cpu::w4a16 {
+namespace {
+
+struct Tables {
+  float e4m3[256];
+  float e8m0[256];
+  float e2m1[16];
+  std::uint8_t e2m1_as_e4m3[16];  // every E2M1 value is exact in E4M3
+};
+
+const Tables& tables() {
+  static const Tables t = [] {
+    Tables x{};
+    for (int i = 0; i < 256; ++i) {
+      x.e4m3[i] = num::e4m3_to_f32(static_cast<std::uint8_t>(i));
+      x.e8m0[i] = num::e8m0_to_f32(static_cast<std::uint8_t>(i));
+    }
+    for (int i = 0; i < 16; ++i) {
+      x.e2m1[i] = num::e2m1_to_f32(static_cast<std::uint8_t>(i));
+      x.e2m1_as_e4m3[i] = num::f32_to_e4m3(x.e2m1[i]);
+    }
+    return x;
+  }();
+  return t;
+}
+
+template <class T>
+T* at(std::uint64_t address) {
+  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
+}
+
+// Layout-aware access to the weights of one GEMM.
+struct Weights {
+  const std::uint8_t* codes;
+  const std::uint8_t* scales;
+  std::int64_t n, k, group;
+  bool transposed, mxfp4;
+
+  explicit Weights(const GemmParams& p)
+      : codes(at<const std::uint8_t>(p.codes)),
+        scales(at<const std::uint8_t>(p.scales)),
+        n(p.n),
+        k(p.k),
+        group((p.flags & kGemmMxfp4) ? num::kMxfp4Group : num::kNvfp4Group),
+        transposed(p.flags & kGemmTransposed),
+        mxfp4(p.flags & kGemmMxfp4) {}
+
+  std::uint8_t code(std::int64_t row, std::int64_t col) const {
+    const std::uint8_t byte =
+        transposed ? codes[(col >> 1) * n + row] : codes[row * (k / 2) + (col >> 1)];
+    return (col & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
+  }
+  // The decoded block scale of group g of row (tensor scale not included).
+  float scale(std::int64_t row, std::int64_t g) const {
+    const std::uint8_t s = transposed ? scales[g * n + row] : scales[row * (k / group) + g];
+    return mxfp4 ? tables().e8m0[s] : tables().e4m3[s];
+  }
+};
+
+// Writes C[m, n] from an FP32 sum: tensor scale, bias, one rounding to BF16.
+inline void store(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
+  float v = sum * p.tensor_scale;
+  if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
+  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+}
+
+inline float a_at(const GemmParams& p, std::int64_t m, std::int64_t k) {
+  return num::bf16_to_f32(at<const std::uint16_t>(p.a)[m * p.k + k]);
+}
+
+// ---- portable decode: any layout, any format ----
+
+void decode_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  const Weights w(p);
+  const float* e2m1 = tables().e2m1;
+  for (std::int64_t n = n0; n < n1; ++n) {
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      float sum = 0.0f;
+      for (std::int64_t g = 0; g < p.k / w.group; ++g) {
+        float part = 0.0f;
+        for (std::int64_t k = g * w.group; k < (g + 1) * w.group; ++k) {
+          part += e2m1[w.code(n, k)] * a_at(p, m, k);
+        }
+        sum += part * w.scale(n, g);
+      }
+      store(p, m, n, sum);
+    }
+  }
+}
+
+// ---- vector code ----
+
+// Vector types of W lanes (GCC ignores vector_size on a dependent alias, so one per width).
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef std::int32_t i32x16 __attribute__((vector_size(64)));
+typedef std::int32_t i32x8 __attribute__((vector_size(32)));
+typedef std::int32_t i32x4 __attribute__((vector_size(16)));
+typedef std::uint8_t u8x16 __attribute__((vector_size(16)));
+typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
+typedef std::uint8_t u8x4 __attribute__((vector_size(4)));
+
+template <int W>
+struct V;
+template <>
+struct V<16> {
+  using f = f32x16;
+  using i = i32x16;
+  using u8 = u8x16;
+};
+template <>
+struct V<8> {
+  using f = f32x8;
+  using i = i32x8;
+  using u8 = u8x8;
+};
+template <>
+struct V<4> {
+  using f = f32x4;
+  using i = i32x4;
+  using u8 = u8x4;
+};
+
+template <int W>
+[[gnu::always_inline]] inline typename V<W>::f load(const float* p) {
+  typename V<W>::f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int W>
+[[gnu::always_inline]] inline float hsum(typename V<W>::f v) {
+  float s = 0.0f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+
+// A converted once per block, chunk-major: chunk c of row m (2W elements: W even-k values,
+// then W odd-k values, matching the low and high nibbles of W code bytes) sits at
+// (c * mb + m) * 2W, so one chunk of every row is contiguous. (Row-major staging put rows 16 KiB
+// apart, all in one L1 set.) Rows from M up to mb are zero.
+template <int W>
+[[gnu::always_inline]] inline const float* stage_a(const GemmParams& p, int mb, std::int64_t kv) {
+  thread_local std::vector<float> buf;
+  buf.assign(static_cast<std::size_t>(mb) * kv, 0.0f);
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    for (std::int64_t c = 0; c < kv / (2 * W); ++c) {
+      float* chunk = buf.data() + (c * mb + m) * 2 * W;
+      for (int j = 0; j < W; ++j) {
+        chunk[j] = a_at(p, m, c * 2 * W + 2 * j);
+        chunk[W + j] = a_at(p, m, c * 2 * W + 2 * j + 1);
+      }
+    }
+  }
+  return buf.data();
+}
+
+// Decode over row-major weights with MB rows of A (M <= MB) kept in registers, written with
+// intrinsics per instruction set (GCC's generic vectors turn the byte widening into scalar
+// inserts). The main loop covers kv = K rounded down to 2W; the rest of each row is scalar.
+// Two accumulator sets alternate between chunks while MB is small, so the FMA latency chain
+// does not bound a one-row GEMV.
+
+// The scalar tail of one row beyond kv, group by group, added to sum; then the store.
+inline void finish_row(const GemmParams& p, const Weights& w, std::int64_t m, std::int64_t n,
+                       std::int64_t kv, float sum) {
+  const Tables& t = tables();
+  for (std::int64_t k = kv; k < p.k; k += w.group) {
+    float part = 0.0f;
+    for (std::int64_t kk = k; kk < k + w.group; ++kk)
+      part += t.e2m1[w.code(n, kk)] * a_at(p, m, kk);
+    sum += part * w.scale(n, k / w.group);
+  }
+  store(p, m, n, sum);
+}
+
+#define METRALE_TARGET_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+#define METRALE_TARGET_AVX2 gnu::target("avx2,fma")
+
+// One chunk of 32 elements (16 code bytes) of one row into the accumulators ac.
+template <int MB>
+[[METRALE_TARGET_AVX512, gnu::always_inline]] inline void step_avx512(
+    const Weights& w, const std::uint8_t* codes, const std::uint8_t* scales, const float* a,
+    [[maybe_unused]] std::int64_t kv, std::int64_t c, __m512 lut, __m512 (&ac)[MB]) {
+  constexpr int W = 16;
+  const Tables& t = tables();
+  const __m512i b =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c * W)));
+  __m512 wl = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), lut);
+  __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);
+  __m512 sv;
+  if (w.mxfp4) {
+    sv = _mm512_set1_ps(t.e8m0[scales[c]]);  // 32 elements per chunk: one MX block
+  } else {
+    sv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(t.e4m3[scales[2 * c]]),
+                              _mm512_set1_ps(t.e4m3[scales[2 * c + 1]]));
+  }
+  // The chunk's products, then its scale: three vector operations per row of A.
+  const float* chunk = a + c * MB * 2 * W;
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m) {
+    const __m512 part = _mm512_fmadd_ps(wh, _mm512_loadu_ps(chunk + m * 2 * W + W),
+                                        _mm512_mul_ps(wl, _mm512_loadu_ps(chunk + m * 2 * W)));
+    ac[m] = _mm512_fmadd_ps(part, sv, ac[m]);
+  }
+}
+
+template <int MB>
+[[METRALE_TARGET_AVX512]] void decode_rows_avx512(const GemmParams& p, std::int64_t n0,
+                                                  std::int64_t n1) {
+  constexpr int W = 16;
+  constexpr int NA = MB <= 8 ? 2 : 1;
+  const Weights w(p);
+  const Tables& t = tables();
+  const std::int64_t kv = p.k / (2 * W) * (2 * W);
+  const float* a = stage_a<W>(p, MB, kv);
+  const __m512 lut = _mm512_loadu_ps(t.e2m1);
+  const std::int64_t kb = p.k / 2, groups = p.k / w.group;
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* codes = w.codes + n * kb;
+    const std::uint8_t* scales = w.scales + n * groups;
+    __m512 acc[NA][MB];
+    for (int s = 0; s < NA; ++s)
+      for (int m = 0; m < MB; ++m) acc[s][m] = _mm512_setzero_ps();
+    const std::int64_t chunks = kv / (2 * W);
+    std::int64_t c = 0;
+    if constexpr (NA == 2) {
+      for (; c + 2 <= chunks; c += 2) {
+        step_avx512<MB>(w, codes, scales, a, kv, c, lut, acc[0]);
+        step_avx512<MB>(w, codes, scales, a, kv, c + 1, lut, acc[NA - 1]);
+      }
+    }
+    for (; c < chunks; ++c) step_avx512<MB>(w, codes, scales, a, kv, c, lut, acc[0]);
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      __m512 total = acc[0][m];
+      if constexpr (NA == 2) total = _mm512_add_ps(total, acc[NA - 1][m]);
+      finish_row(p, w, m, n, kv, _mm512_reduce_add_ps(total));
+    }
+  }
+}
+
+// E2M1 nibbles (one per lane) to floats: the magnitude by permute (it reads the low 3 bits),
+// bit 3 moved to the float's sign.
+[[METRALE_TARGET_AVX2, gnu::always_inline]] inline __m256 decode_avx2_nibbles(__m256 mag,
+                                                                              __m256i nib) {
+  const __m256 v = _mm256_permutevar8x32_ps(mag, nib);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+}
+
+// One chunk of 16 elements (8 code bytes) of one row into the accumulators ac.
+template <int MB>
+[[METRALE_TARGET_AVX2, gnu::always_inline]] inline void step_avx2(
+    const Weights& w, const std::uint8_t* codes, const std::uint8_t* scales, const float* a,
+    [[maybe_unused]] std::int64_t kv, std::int64_t c, __m256 mag, __m256 (&ac)[MB]) {
+  constexpr int W = 8;
+  const Tables& t = tables();
+  const __m256i b =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * W)));
+  const std::int64_t k0 = c * 2 * W;  // 16 elements: one NVFP4 block, half an MX block
+  const float s = w.mxfp4 ? t.e8m0[scales[k0 / num::kMxfp4Group]] : t.e4m3[scales[c]];
+  const __m256 sv = _mm256_set1_ps(s);
+  const __m256 wl = decode_avx2_nibbles(mag, _mm256_and_si256(b, _mm256_set1_epi32(15)));
+  const __m256 wh = decode_avx2_nibbles(mag, _mm256_srli_epi32(b, 4));
+  const float* chunk = a + c * MB * 2 * W;
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m) {
+    const __m256 part = _mm256_fmadd_ps(wh, _mm256_loadu_ps(chunk + m * 2 * W + W),
+                                        _mm256_mul_ps(wl, _mm256_loadu_ps(chunk + m * 2 * W)));
+    ac[m] = _mm256_fmadd_ps(part, sv, ac[m]);
+  }
+}
+
+template <int MB>
+[[METRALE_TARGET_AVX2]] void decode_rows_avx2(const GemmParams& p, std::int64_t n0,
+                                              std::int64_t n1) {
+  constexpr int W = 8;
+  constexpr int NA = MB <= 4 ? 2 : 1;
+  const Weights w(p);
+  const Tables& t = tables();
+  const std::int64_t kv = p.k / (2 * W) * (2 * W);
+  const float* a = stage_a<W>(p, MB, kv);
+  const __m256 mag = _mm256_loadu_ps(t.e2m1);  // the 8 magnitudes; the sign comes from bit 3
+  const std::int64_t kb = p.k / 2, groups = p.k / w.group;
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* codes = w.codes + n * kb;
+    const std::uint8_t* scales = w.scales + n * groups;
+    __m256 acc[NA][MB];
+    for (int s = 0; s < NA; ++s)
+      for (int m = 0; m < MB; ++m) acc[s][m] = _mm256_setzero_ps();
+    const std::int64_t chunks = kv / (2 * W);
+    std::int64_t c = 0;
+    if constexpr (NA == 2) {
+      for (; c + 2 <= chunks; c += 2) {
+        step_avx2<MB>(w, codes, scales, a, kv, c, mag, acc[0]);
+        step_avx2<MB>(w, codes, scales, a, kv, c + 1, mag, acc[NA - 1]);
+      }
+    }
+    for (; c < chunks; ++c) step_avx2<MB>(w, codes, scales, a, kv, c, mag, acc[0]);
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      __m256 total = acc[0][m];
+      if constexpr (NA == 2) total = _mm256_add_ps(total, acc[NA - 1][m]);
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+      const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      finish_row(p, w, m, n, kv, _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q))));
+    }
+  }
+}
+
+template <int W>
+[[gnu::always_inline]] inline void decode_simd(const GemmParams& p, std::int64_t n0,
+                                               std::int64_t n1) {
+  auto run = [&]<int MB>() {
+    if constexpr (W == 16) {
+      decode_rows_avx512<MB>(p, n0, n1);
+    } else {
+      decode_rows_avx2<MB>(p, n0, n1);
+    }
+  };
+  if (p.m <= 1) return run.template operator()<1>();
+  if (p.m <= 2) return run.template operator()<2>();
+  if (p.m <= 4) return run.template operator()<4>();
+  if (p.m <= 8) return run.template operator()<8>();
+  return run.template operator()<16>();
+}
+
+// The decode route forced on more than 16 rows: slices of 16 rows, each streaming the weights.
+template <int W>
+[[gnu::always_inline]] inline void decode_sliced(const GemmParams& p, std::int64_t n0,
+                                                 std::int64_t n1) {
+  constexpr std::int64_t kRows = 16;
+  for (std::int64_t m0 = 0; m0 < p.m; m0 += kRows) {
+    GemmParams q = p;
+    q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
+    q.out += static_cast<std::uint64_t>(m0 * p.n * 2);
+    q.m = std::min(kRows, p.m - m0);
+    decode_simd<W>(q, n0, n1);
+  }
+}
+
+// ---- tiled: dequantized panels of up to kTileN columns, reused by every row of A ----
+
+constexpr std::int64_t kTileN = 64;
+constexpr std::int64_t kTileK = 256;  // a multiple of both group sizes
+
+template <int W>
+[[gnu::always_inline]] inline void tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  using F = typename V<W>::f;
+  constexpr int NV = kTileN / W;       // vectors across the panel
+  constexpr int MR = W >= 16 ? 4 : 2;  // rows of A per register block
+  const Weights w(p);
+  const Tables& t = tables();
+  const std::int64_t nc = n1 - n0;
+  thread_local std::vector<float> panel, ctile;
+  panel.assign(kTileK * kTileN, 0.0f);
+  ctile.assign(static_cast<std::size_t>(p.m) * kTileN, 0.0f);
+  for (std::int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
+    const std::int64_t kc = std::min(kTileK, p.k - k0);
+    for (std::int64_t j = 0; j < nc; ++j) {
+      for (std::int64_t kk = 0; kk < kc; ++kk) {
+        const std::int64_t k = k0 + kk;
+        panel[kk * kTileN + j] = t.e2m1[w.code(n0 + j, k)] * w.scale(n0 + j, k / w.group);
+      }
+    }
+    const std::uint16_t* a = at<const std::uint16_t>(p.a);
+    std::int64_t m0 = 0;
+    auto block = [&]<int R>(std::int64_t mrow) {
+      F acc[R][NV];
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = load<W>(&ctile[(mrow + r) * kTileN + v * W]);
+      for (std::int64_t kk = 0; kk < kc; ++kk) {
+        const float* prow = &panel[kk * kTileN];
+        F wv[NV];
+        for (int v = 0; v < NV; ++v) wv[v] = load<W>(prow + v * W);
+        for (int r = 0; r < R; ++r) {
+          const F av = F{} + num::bf16_to_f32(a[(mrow + r) * p.k + k0 + kk]);
+          for (int v = 0; v < NV; ++v) acc[r][v] += av * wv[v];
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v)
+          std::memcpy(&ctile[(mrow + r) * kTileN + v * W], &acc[r][v], sizeof(F));
+    };
+    for (; m0 + MR <= p.m; m0 += MR) block.template operator()<MR>(m0);
+    for (; m0 < p.m; ++m0) block.template operator()<1>(m0);
+  }
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    for (std::int64_t j = 0; j < nc; ++j) store(p, m, n0 + j, ctile[m * kTileN + j]);
+  }
+}
+
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")]] void decode_avx512(const GemmParams& p,
+                                                                             std::int64_t n0,
+                                                                             std::int64_t n1) {
+  decode_sliced<16>(p, n0, n1);
+}
+[[gnu::target("avx2,fma")]] void decode_avx2(const GemmParams& p, std::int64_t n0,
+                                             std::int64_t n1) {
+  decode_sliced<8>(p, n0, n1);
+}
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")]] void tiled_avx512(const GemmParams& p,
+                                                                            std::int64_t n0,
+                                                                            std::int64_t n1) {
+  tiled<16>(p, n0, n1);
+}
+[[gnu::target("avx2,fma")]] void tiled_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  tiled<8>(p, n0, n1);
+}
+
+}  // namespace
+
+Isa best_isa() noexcept {
+  static const Isa isa = [] {
+    Isa best = Isa::kPortable;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      best = Isa::kAvx512;
+    }
+    if (const char* cap = std::getenv("METRALE_CPU_ISA")) {
+      const std::string_view c(cap);
+      if (c == "portable") best = Isa::kPortable;
+      if (c == "avx2" && best == Isa::kAvx512) best = Isa::kAvx2;
+    }
+    return best;
+  }();
+  return isa;
+}
+
+const char* to_string(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kPortable:
+      return "portable";
+  }
+  return "?";
+}
+
+void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  // The vector path walks row-major codes; the transposed layout takes the portable path.
+  if (p.flags & kGemmTransposed) return decode_portable(p, n0, n1);
+  switch (isa) {
+    case Isa::kAvx512:
+      return decode_avx512(p, n0, n1);
+    case Isa::kAvx2:
+      return decode_avx2(p, n0, n1);
+    case Isa::kPortable:
+      return decode_portable(p, n0, n1);
+  }
+}
+
+void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return tiled_avx512(p, n0, n1);
+    case Isa::kAvx2:
+      return tiled_avx2(p, n0, n1);
+    case Isa::kPortable:
+      return tiled<4>(p, n0, n1);
+  }
+}
+
+void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  // What an FP8 tensor core computes: E4M3 × E4M3 products (exact in FP32), summed in FP32
+  // within each K-group, then scaled by the group's FP32 scale and accumulated in FP32.
+  const Tables& t = tables();
+  const auto* a8 = at<const std::uint8_t>(p.a);
+  const auto* w8 = at<const std::uint8_t>(p.codes);
+  GemmParams scales_only = p;
+  const Weights w(scales_only);
+  for (std::int64_t n = n0; n < n1; ++n) {
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      float sum = 0.0f;
+      for (std::int64_t g = 0; g < p.k / w.group; ++g) {
+        float part = 0.0f;
+        for (std::int64_t k = g * w.group; k < (g + 1) * w.group; ++k) {
+          part += t.e4m3[a8[m * p.k + k]] * t.e4m3[w8[n * p.k + k]];
+        }
+        sum += part * w.scale(n, g);
+      }
+      store(p, m, n, sum);
+    }
+  }
+}
+
+void cast_bf16_to_e4m3(const CastParams& p, std::int64_t i0, std::int64_t i1) {
+  const auto* in = at<const std::uint16_t>(p.in);
+  auto* out = at<std::uint8_t>(p.out);
+  for (std::int64_t i = i0; i < i1; ++i) out[i] = num::bf16_to_e4m3(in[i]);
+}
+
+void dequant_e4m3(const CastParams& p, std::int64_t r0, std::int64_t r1) {
+  GemmParams g;
+  g.codes = p.in;
+  g.n = p.count;
+  g.k = p.k;
+  g.flags = p.flags;
+  const Weights w(g);
+  const Tables& t = tables();
+  auto* out = at<std::uint8_t>(p.out);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    for (std::int64_t k = 0; k < p.k; ++k) out[r * p.k + k] = t.e2m1_as_e4m3[w.code(r, k)];
+  }
+}
+
+}  // namespace metrale::cpu::w4a16

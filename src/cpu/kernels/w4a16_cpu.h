@@ -1,0 +1,33 @@
+// The CPU bodies of the w4a16 module's kernels. Each works on one grid block: a tile of output
+// columns [n0, n1). Vectorized variants are chosen at run time from what the processor offers
+// (AVX-512, AVX2, or portable code); never from how the binary was built.
+#pragma once
+
+#include <cstdint>
+
+#include "metrale/gemm_params.h"
+
+namespace metrale::cpu::w4a16 {
+
+// Instruction sets the kernels can use, best first.
+enum class Isa { kAvx512, kAvx2, kPortable };
+// The best set this processor supports (METRALE_CPU_ISA=avx2|portable lowers it, for tests and
+// benchmarks).
+Isa best_isa() noexcept;
+// "avx512", "avx2", "portable".
+const char* to_string(Isa isa) noexcept;
+
+// C[:, n0:n1] for the decode route (weights streamed once per block, M rows reuse each load).
+void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
+// C[:, n0:n1] for the tiled route (dequantized weight panels reused across rows of A).
+void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
+// C[:, n0:n1] for the E4M3 route: E4M3 A and W, exact products, FP32 sums per K-group, FP32
+// group scales.
+void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1);
+
+// out[i] = e4m3(in[i]) for i in [i0, i1).
+void cast_bf16_to_e4m3(const CastParams& p, std::int64_t i0, std::int64_t i1);
+// Rows [r0, r1) of the E4M3 copy [N, K] of packed E2M1 weights (codes only; scales unchanged).
+void dequant_e4m3(const CastParams& p, std::int64_t r0, std::int64_t r1);
+
+}  // namespace metrale::cpu::w4a16
