@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: build for sm_90a (plus the other embedded targets), run the
-# gpu-labelled tests, the rest of the suite, `metrale check --backend cuda` and the benchmarks,
-# then print a summary table last. Meant to finish well inside 8 minutes on an H100/H200.
+# gpu-labelled tests, the rest of the suite, `metrale check --backend cuda`,
+# `metrale bench --model llama3-70b` and the benchmarks, then print a summary table last. Meant to finish well inside 8 minutes on an H100/H200.
 # Packages: where .devdeps/ holds the .debs from scripts/device-deps.sh, they are unpacked into
 # /tmp/devdeps first (the device machine has no package registry).
 set -uo pipefail
@@ -35,6 +35,7 @@ step info "$build/metrale" info
 step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure
 step other-tests ctest --test-dir "$build" -LE "gpu|nogpu" -j "$(nproc)" --output-on-failure
 step check-cuda "$build/metrale" check --backend cuda
+step bench-70b "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
 step bench-op-cache "$build/bench/bench_op_cache" --benchmark_min_time=0.2
 
 echo

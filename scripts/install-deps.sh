@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ git libfmt-dev libcli11-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev clang-format)
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format python3 python3-pip)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -12,10 +12,19 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-((${#missing[@]} == 0)) && exit 0
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  [[ "$(id -u)" -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-[[ "$(id -u)" -ne 0 ]] && sudo=sudo
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The safetensors tests write their files with the reference Python package (and numpy), run by
+# the python3 on PATH, so that is the interpreter they go to. A Debian-managed python3 refuses a
+# plain pip install (PEP 668); the packages then go to the user's site directory.
+if ! python3 -c "import safetensors, numpy" 2>/dev/null; then
+  echo "install-deps: installing the Python packages safetensors and numpy for $(command -v python3)"
+  python3 -m pip install -q safetensors numpy ||
+    python3 -m pip install -q --user --break-system-packages safetensors numpy
+fi

@@ -28,6 +28,14 @@ std::string init_failure(const char* library, CUresult status) {
 
 }  // namespace
 
+std::string driver_too_old(int driver_version) {
+  if (driver_version >= kRequiredDriverVersion) return {};
+  return fmt::format(
+      "CUDA unavailable: the driver supports CUDA {}; the embedded kernels need {} "
+      "or newer",
+      version_str(driver_version), version_str(kRequiredDriverVersion));
+}
+
 DriverLoad load_driver_from(const char* library) {
   DriverLoad out;
   void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
@@ -58,11 +66,12 @@ DriverLoad load_driver_from(const char* library) {
         fmt::format("CUDA unavailable: cuDriverGetVersion failed: {}", describe_status(nullptr, s));
     return out;
   }
-  if (out.driver_version < kRequiredDriverVersion || get_proc == nullptr) {
-    out.reason = fmt::format(
-        "CUDA unavailable: the driver supports CUDA {}; the embedded kernels "
-        "need {} or newer",
-        version_str(out.driver_version), version_str(kRequiredDriverVersion));
+  if (std::string old = driver_too_old(out.driver_version); !old.empty()) {
+    out.reason = std::move(old);
+    return out;
+  }
+  if (get_proc == nullptr) {
+    out.reason = fmt::format("CUDA unavailable: {} exports no cuGetProcAddress_v2", library);
     return out;
   }
 

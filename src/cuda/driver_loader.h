@@ -17,6 +17,10 @@ struct DriverLoad {
   int driver_version = 0;          // cuDriverGetVersion, when it could be asked
 };
 
+// The reason a driver of this version (cuDriverGetVersion) cannot run the embedded kernels, or
+// "" when it can.
+std::string driver_too_old(int driver_version);
+
 // Loads libcuda.so.1 once per process (thread-safe) and returns the same result every time.
 const DriverLoad& load_driver();
 

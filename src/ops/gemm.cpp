@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,7 +91,7 @@ void check_weights(std::string_view api, const QuantWeights& w) {
                 fmt::format("weight scales are {} bytes; {} {}x{} needs {} ([N, K/{}])",
                             w.scales_bytes, to_string(w.format), w.n, w.k, scales, group));
   }
-  if (!(w.tensor_scale > 0.0f) || w.tensor_scale > 3.0e38f) {
+  if (!(w.tensor_scale > 0.0f) || !std::isfinite(w.tensor_scale)) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("tensor scale {} is not a positive finite number", w.tensor_scale));
   }

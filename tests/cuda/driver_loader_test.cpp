@@ -36,6 +36,14 @@ TEST(DriverLoader, TheToolkitStubLibraryIsNamedAsSuch) {
 }
 #endif
 
+TEST(DriverLoader, ADriverOlderThanTheKernelsNeedIsRefused) {
+  EXPECT_EQ(driver_too_old(kRequiredDriverVersion), "");
+  EXPECT_EQ(driver_too_old(kRequiredDriverVersion + 20), "");
+  EXPECT_EQ(driver_too_old(12040),
+            "CUDA unavailable: the driver supports CUDA 12.4; the embedded kernels need 13.0 or "
+            "newer");
+}
+
 TEST(DriverStatus, DescribesStatusesEvenWithoutADriver) {
   EXPECT_EQ(describe_status(nullptr, CUDA_ERROR_OUT_OF_MEMORY),
             "CUDA_ERROR_OUT_OF_MEMORY (2): no description available");

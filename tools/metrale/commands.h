@@ -2,7 +2,10 @@
 // 2 bad usage or input.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace metrale::cli {
 
@@ -14,6 +17,19 @@ struct CommonOptions {
 // Lists every backend, its availability (or the reason it is unavailable), and the loaded
 // modules with each kernel's published metadata.
 int run_info(const CommonOptions& options);
+
+struct BenchOptions {
+  std::string model = "llama3-8b";                            // built-in shape table
+  std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // N×K pairs instead of a model
+  std::string weights;           // a safetensors file: its linear layers instead of random ones
+  std::vector<std::int64_t> ms;  // rows of A; empty: per device
+  bool graph = false;            // replay each GEMM as a graph
+  int repeats = 7;               // timed runs after the warm-up
+};
+
+// One transformer block's linear layers on the chosen backend: checked against float64, timed
+// against roofs measured in the same run, torn down to zero live bytes.
+int run_bench(const CommonOptions& options, const BenchOptions& bench);
 
 // Runs the self-check on the chosen backend: every op end to end against a float64 reference,
 // capture and replay, scratch, and a teardown that must leave zero live bytes.

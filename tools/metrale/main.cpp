@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "metrale/error.h"
@@ -15,6 +17,9 @@ int main(int argc, char** argv) {
       "  metrale info                 backends, devices, modules and kernel metadata\n"
       "  metrale info --json          the same as one JSON document\n"
       "  metrale check --backend cpu  run the self-check on the CPU backend\n"
+      "  metrale bench                Llama-3 8B's GEMMs on the best device, checked and timed\n"
+      "  metrale bench --model llama3-70b --m 1,16 --json\n"
+      "  metrale bench --shapes 4096x4096,28672x4096 --graph\n"
       "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input.");
 
   metrale::cli::CommonOptions opts;
@@ -27,6 +32,22 @@ int main(int argc, char** argv) {
   add_common(info);
   CLI::App* check = app.add_subcommand("check", "self-check the chosen backend");
   add_common(check);
+  metrale::cli::BenchOptions bench_opts;
+  std::vector<std::string> shapes;
+  CLI::App* bench = app.add_subcommand("bench", "time a model's GEMMs against the roofline");
+  add_common(bench);
+  bench->add_option("--model", bench_opts.model, "built-in shapes")
+      ->check(CLI::IsMember({"llama3-8b", "llama3-70b"}));
+  bench->add_option("--shapes", shapes, "N x K pairs instead of a model, e.g. 4096x4096,8192x4096")
+      ->delimiter(',');
+  bench->add_option("--m", bench_opts.ms, "rows of A, e.g. 1,16,4096")->delimiter(',');
+  bench
+      ->add_option("--weights", bench_opts.weights,
+                   "a safetensors file: bench its NVFP4 (ModelOpt) or BF16 linear layers")
+      ->check(CLI::ExistingFile);
+  bench->add_flag("--graph", bench_opts.graph, "capture each GEMM once and replay it as a graph");
+  bench->add_option("--repeats", bench_opts.repeats, "timed runs per case")
+      ->check(CLI::Range(1, 1000));
 
   try {
     app.parse(argc, argv);
@@ -37,6 +58,26 @@ int main(int argc, char** argv) {
   try {
     if (info->parsed()) return metrale::cli::run_info(opts);
     if (check->parsed()) return metrale::cli::run_check(opts);
+    if (bench->parsed()) {
+      for (const std::string& s : shapes) {
+        const auto x = s.find('x');
+        std::size_t used = 0;
+        long long n = -1, k = -1;
+        try {
+          n = std::stoll(s.substr(0, x), &used);
+          if (used != x) n = -1;
+          k = std::stoll(s.substr(x + 1), &used);
+          if (used != s.size() - x - 1) k = -1;
+        } catch (const std::exception&) {
+        }
+        if (x == std::string::npos || n < 1 || k < 1) {
+          std::fprintf(stderr, "metrale: [bench] --shapes: '%s' is not NxK\n", s.c_str());
+          return 2;
+        }
+        bench_opts.shapes.emplace_back(n, k);
+      }
+      return metrale::cli::run_bench(opts, bench_opts);
+    }
   } catch (const metrale::Error& e) {
     std::fprintf(stderr, "metrale: %s\n", e.what());
     return e.code() == metrale::ErrorCode::kInvalidArgument ||

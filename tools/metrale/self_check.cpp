@@ -14,8 +14,11 @@
 #include "metrale/backend.h"
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
+#include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
 #include "metrale/runtime.h"
 
 namespace metrale::cli {
@@ -126,6 +129,58 @@ class Checker {
     return "3 replays; " + expect_close(out, ref, 1e-6);
   }
 
+  // One w4a16_gemm case on random data against the float64 reference: bf16 A (E4M3-rounded A
+  // for the e4m3 route) times the dequantized host weights. Output poisoned first.
+  std::string gemm(ops::GemmRoute route, WeightFormat format, WeightLayout layout, bool bias) {
+    Backend& b = scope_.backend();
+    std::uniform_int_distribution<std::int64_t> pick_m(1,
+                                                       route == ops::GemmRoute::kDecode ? 16 : 96),
+        pick_n(1, 300), pick_g(1, 12);
+    const std::int64_t m = pick_m(rng_), n = pick_n(rng_), k = pick_g(rng_) * group_size(format);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<std::size_t>(n * k));
+    for (float& x : wf) x = normal(rng_);
+    HostQuantWeights hw =
+        format == WeightFormat::kNvfp4 ? quantize_nvfp4(wf, n, k) : quantize_mxfp4(wf, n, k);
+    hw = with_layout(hw, layout);
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), hb(static_cast<std::size_t>(n));
+    for (auto& x : a) x = num::f32_to_bf16(normal(rng_));
+    for (auto& x : hb) x = num::f32_to_bf16(normal(rng_));
+    ops::QuantWeights w = ops::upload_weights(b, hw);
+    const DevicePtr da = scope_.alloc_buffer("gemm A", a.size() * 2);
+    const DevicePtr dc = scope_.alloc_buffer("gemm C", static_cast<std::size_t>(m * n) * 2);
+    const DevicePtr dbias = scope_.alloc_buffer("gemm bias", hb.size() * 2);
+    b.copy_h2d(da, a.data(), a.size() * 2);
+    b.copy_h2d(dbias, hb.data(), hb.size() * 2);
+    b.memset(dc, 0xFF, static_cast<std::size_t>(m * n) * 2);
+    ops::GemmOptions o;
+    o.route = route;
+    o.activations = route == ops::GemmRoute::kE4m3 ? ops::Activations::kAllowE4m3
+                                                   : ops::Activations::kExactBf16;
+    if (bias) o.bias = dbias;
+    ops::w4a16_gemm(b, b.default_stream(), da, m, w, dc, o);
+    std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
+    b.copy_d2h(c.data(), dc, c.size() * 2);
+    ops::free_weights(b, w);
+    std::vector<float> out(c.size());
+    std::vector<double> ref(c.size());
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double r = bias ? num::bf16_to_f32(hb[j]) : 0.0;
+        for (std::int64_t kk = 0; kk < k; ++kk) {
+          const std::uint16_t x = a[i * k + kk];
+          const double av = route == ops::GemmRoute::kE4m3 ? num::e4m3_to_f32(num::bf16_to_e4m3(x))
+                                                           : num::bf16_to_f32(x);
+          r += av * hw.weight(j, kk);
+        }
+        ref[i * n + j] = r;
+        out[i * n + j] = num::bf16_to_f32(c[i * n + j]);
+      }
+    }
+    // BF16 output rounding (≤ 2^-8) plus FP32 accumulation: the suite's tolerance.
+    return fmt::format("M={} N={} K={}: ", m, n, k) + expect_close(out, ref, 8e-3);
+  }
+
   std::string scratch() {
     Backend& b = scope_.backend();
     OpCache& c = b.op_cache();
@@ -174,6 +229,18 @@ int run_check(const CommonOptions& options) {
     c.run("axpy_f32 vs float64", [&] { return c.axpy(); });
     c.run("graph capture + replay", [&] { return c.graph(); });
     c.run("grow-only scratch", [&] { return c.scratch(); });
+    for (const auto route :
+         {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled, ops::GemmRoute::kE4m3}) {
+      for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+        for (const auto layout : {WeightLayout::kRowMajor, WeightLayout::kTransposed}) {
+          const bool bias = layout == WeightLayout::kTransposed;
+          c.run(fmt::format("w4a16 {} {} {}{}", ops::to_string(route), to_string(format),
+                            layout == WeightLayout::kRowMajor ? "rows" : "transposed",
+                            bias ? " +bias" : ""),
+                [&] { return c.gemm(route, format, layout, bias); });
+        }
+      }
+    }
     rows = c.rows();
     const TeardownReport report = scope.teardown();
     Row teardown;
@@ -199,7 +266,7 @@ int run_check(const CommonOptions& options) {
   } else {
     fmt::print("metrale check on {} ({})\n  backend {}\n", backend_name, device, why);
     for (const Row& r : rows) {
-      fmt::print("  {:<4}  {:<28} {:>8.1f} ms  {}\n", r.passed ? "PASS" : "FAIL", r.name, r.ms,
+      fmt::print("  {:<4}  {:<34} {:>8.1f} ms  {}\n", r.passed ? "PASS" : "FAIL", r.name, r.ms,
                  r.detail);
     }
     std::size_t passed = 0;

@@ -1,6 +1,6 @@
-// CPU kernels of the w4a16 module. The vector code is written once with GCC vector extensions
-// and instantiated per instruction set inside functions carrying a target attribute, so one
-// binary runs on any x86-64 and uses AVX-512 or AVX2 where the processor has them.
+// CPU kernels of the w4a16 module. The vector code is written with intrinsics inside functions
+// carrying a target attribute (never -march), so one binary runs on any x86-64 and uses AVX-512
+// or AVX2 where the processor has them; portable code covers the rest.
 #include "cpu/kernels/w4a16_cpu.h"
 
 #include <immintrin.h>
@@ -15,8 +15,8 @@
 #include "metrale/numerics.h"
 
 // The vector helpers below take and return vectors wider than the baseline ABI. They are always
-// inlined into functions compiled for the matching instruction set, so no call ever passes one
-// across that boundary; GCC's note about the ABI of such calls does not apply.
+// inlined into (or are themselves) functions compiled for the matching instruction set, and
+// are only called from those, so GCC's note about the ABI of such calls does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 // GCC 12 reports the deliberately undefined pass-through operand of the AVX-512 intrinsics
 // (_mm512_undefined_epi32 inside the headers) as maybe-uninitialized; it is never read.
@@ -113,52 +113,6 @@ void decode_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
 }
 
 // ---- vector code ----
-
-// Vector types of W lanes (GCC ignores vector_size on a dependent alias, so one per width).
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef std::int32_t i32x16 __attribute__((vector_size(64)));
-typedef std::int32_t i32x8 __attribute__((vector_size(32)));
-typedef std::int32_t i32x4 __attribute__((vector_size(16)));
-typedef std::uint8_t u8x16 __attribute__((vector_size(16)));
-typedef std::uint8_t u8x8 __attribute__((vector_size(8)));
-typedef std::uint8_t u8x4 __attribute__((vector_size(4)));
-
-template <int W>
-struct V;
-template <>
-struct V<16> {
-  using f = f32x16;
-  using i = i32x16;
-  using u8 = u8x16;
-};
-template <>
-struct V<8> {
-  using f = f32x8;
-  using i = i32x8;
-  using u8 = u8x8;
-};
-template <>
-struct V<4> {
-  using f = f32x4;
-  using i = i32x4;
-  using u8 = u8x4;
-};
-
-template <int W>
-[[gnu::always_inline]] inline typename V<W>::f load(const float* p) {
-  typename V<W>::f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-template <int W>
-[[gnu::always_inline]] inline float hsum(typename V<W>::f v) {
-  float s = 0.0f;
-  for (int i = 0; i < W; ++i) s += v[i];
-  return s;
-}
 
 // A converted once per block, chunk-major: chunk c of row m (2W elements: W even-k values,
 // then W odd-k values, matching the low and high nibbles of W code bytes) sits at
@@ -368,46 +322,113 @@ template <int W>
 constexpr std::int64_t kTileN = 64;
 constexpr std::int64_t kTileK = 256;  // a multiple of both group sizes
 
-template <int W>
-[[gnu::always_inline]] inline void tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  using F = typename V<W>::f;
-  constexpr int NV = kTileN / W;       // vectors across the panel
-  constexpr int MR = W >= 16 ? 4 : 2;  // rows of A per register block
-  const Weights w(p);
+// Dequantizes columns [n0, n0 + nc) × k in [k0, k0 + kc) into panel[kk][j] (scales applied).
+inline void build_panel(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
+                        std::int64_t kc, float* panel) {
   const Tables& t = tables();
+  for (std::int64_t j = 0; j < nc; ++j) {
+    for (std::int64_t kk = 0; kk < kc; ++kk) {
+      const std::int64_t k = k0 + kk;
+      panel[kk * kTileN + j] = t.e2m1[w.code(n0 + j, k)] * w.scale(n0 + j, k / w.group);
+    }
+  }
+  for (std::int64_t j = nc; j < kTileN; ++j) {
+    for (std::int64_t kk = 0; kk < kc; ++kk) panel[kk * kTileN + j] = 0.0f;
+  }
+}
+
+// The register block of the tiled route: MR rows of A times the 64-column panel, accumulated in
+// ctile (MR rows of 64 floats).
+template <int MR>
+[[METRALE_TARGET_AVX512]] void tile_avx512(const float* panel, const std::uint16_t* a,
+                                           std::int64_t lda, std::int64_t kc, float* ctile) {
+  __m512 acc[MR][4];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(ctile + r * kTileN + v * 16);
+  for (std::int64_t kk = 0; kk < kc; ++kk) {
+    const float* prow = panel + kk * kTileN;
+    const __m512 w0 = _mm512_loadu_ps(prow), w1 = _mm512_loadu_ps(prow + 16),
+                 w2 = _mm512_loadu_ps(prow + 32), w3 = _mm512_loadu_ps(prow + 48);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m512 av = _mm512_set1_ps(num::bf16_to_f32(a[r * lda + kk]));
+      acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(av, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(ctile + r * kTileN + v * 16, acc[r][v]);
+}
+
+// The same with AVX2: MR rows times one 16-column slice of the panel.
+template <int MR>
+[[METRALE_TARGET_AVX2]] void tile_avx2(const float* panel, const std::uint16_t* a, std::int64_t lda,
+                                       std::int64_t kc, float* ctile) {
+  for (int col = 0; col < kTileN; col += 16) {
+    __m256 acc[MR][2];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < 2; ++v) acc[r][v] = _mm256_loadu_ps(ctile + r * kTileN + col + v * 8);
+    for (std::int64_t kk = 0; kk < kc; ++kk) {
+      const float* prow = panel + kk * kTileN + col;
+      const __m256 w0 = _mm256_loadu_ps(prow), w1 = _mm256_loadu_ps(prow + 8);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256 av = _mm256_set1_ps(num::bf16_to_f32(a[r * lda + kk]));
+        acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < 2; ++v) _mm256_storeu_ps(ctile + r * kTileN + col + v * 8, acc[r][v]);
+  }
+}
+
+// Portable register block: plain loops the compiler vectorizes for the baseline ISA.
+template <int MR>
+void tile_portable(const float* panel, const std::uint16_t* a, std::int64_t lda, std::int64_t kc,
+                   float* ctile) {
+  for (std::int64_t kk = 0; kk < kc; ++kk) {
+    const float* prow = panel + kk * kTileN;
+    for (int r = 0; r < MR; ++r) {
+      const float av = num::bf16_to_f32(a[r * lda + kk]);
+      for (int j = 0; j < kTileN; ++j) ctile[r * kTileN + j] += av * prow[j];
+    }
+  }
+}
+
+void tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  const Weights w(p);
   const std::int64_t nc = n1 - n0;
   thread_local std::vector<float> panel, ctile;
   panel.assign(kTileK * kTileN, 0.0f);
   ctile.assign(static_cast<std::size_t>(p.m) * kTileN, 0.0f);
+  const std::uint16_t* a = at<const std::uint16_t>(p.a);
   for (std::int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
     const std::int64_t kc = std::min(kTileK, p.k - k0);
-    for (std::int64_t j = 0; j < nc; ++j) {
-      for (std::int64_t kk = 0; kk < kc; ++kk) {
-        const std::int64_t k = k0 + kk;
-        panel[kk * kTileN + j] = t.e2m1[w.code(n0 + j, k)] * w.scale(n0 + j, k / w.group);
-      }
-    }
-    const std::uint16_t* a = at<const std::uint16_t>(p.a);
+    build_panel(w, n0, nc, k0, kc, panel.data());
     std::int64_t m0 = 0;
-    auto block = [&]<int R>(std::int64_t mrow) {
-      F acc[R][NV];
-      for (int r = 0; r < R; ++r)
-        for (int v = 0; v < NV; ++v) acc[r][v] = load<W>(&ctile[(mrow + r) * kTileN + v * W]);
-      for (std::int64_t kk = 0; kk < kc; ++kk) {
-        const float* prow = &panel[kk * kTileN];
-        F wv[NV];
-        for (int v = 0; v < NV; ++v) wv[v] = load<W>(prow + v * W);
-        for (int r = 0; r < R; ++r) {
-          const F av = F{} + num::bf16_to_f32(a[(mrow + r) * p.k + k0 + kk]);
-          for (int v = 0; v < NV; ++v) acc[r][v] += av * wv[v];
-        }
-      }
-      for (int r = 0; r < R; ++r)
-        for (int v = 0; v < NV; ++v)
-          std::memcpy(&ctile[(mrow + r) * kTileN + v * W], &acc[r][v], sizeof(F));
-    };
-    for (; m0 + MR <= p.m; m0 += MR) block.template operator()<MR>(m0);
-    for (; m0 < p.m; ++m0) block.template operator()<1>(m0);
+    for (; m0 + 4 <= p.m; m0 += 4) {
+      const std::uint16_t* ar = a + m0 * p.k + k0;
+      float* cr = ctile.data() + m0 * kTileN;
+      if (isa == Isa::kAvx512)
+        tile_avx512<4>(panel.data(), ar, p.k, kc, cr);
+      else if (isa == Isa::kAvx2)
+        tile_avx2<4>(panel.data(), ar, p.k, kc, cr);
+      else
+        tile_portable<4>(panel.data(), ar, p.k, kc, cr);
+    }
+    for (; m0 < p.m; ++m0) {
+      const std::uint16_t* ar = a + m0 * p.k + k0;
+      float* cr = ctile.data() + m0 * kTileN;
+      if (isa == Isa::kAvx512)
+        tile_avx512<1>(panel.data(), ar, p.k, kc, cr);
+      else if (isa == Isa::kAvx2)
+        tile_avx2<1>(panel.data(), ar, p.k, kc, cr);
+      else
+        tile_portable<1>(panel.data(), ar, p.k, kc, cr);
+    }
   }
   for (std::int64_t m = 0; m < p.m; ++m) {
     for (std::int64_t j = 0; j < nc; ++j) store(p, m, n0 + j, ctile[m * kTileN + j]);
@@ -423,15 +444,6 @@ template <int W>
                                              std::int64_t n1) {
   decode_sliced<8>(p, n0, n1);
 }
-[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")]] void tiled_avx512(const GemmParams& p,
-                                                                            std::int64_t n0,
-                                                                            std::int64_t n1) {
-  tiled<16>(p, n0, n1);
-}
-[[gnu::target("avx2,fma")]] void tiled_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled<8>(p, n0, n1);
-}
-
 }  // namespace
 
 Isa best_isa() noexcept {
@@ -478,14 +490,7 @@ void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa)
 }
 
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return tiled_avx512(p, n0, n1);
-    case Isa::kAvx2:
-      return tiled_avx2(p, n0, n1);
-    case Isa::kPortable:
-      return tiled<4>(p, n0, n1);
-  }
+  tiled(p, n0, n1, isa);
 }
 
 void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {

@@ -1,0 +1,644 @@
+#include "metrale/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+
+namespace metrale {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kApi = "safetensors";
+constexpr std::uint64_t kMaxHeaderBytes = std::uint64_t{100} << 20;  // 100 MiB
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+// ---- names in messages ----
+
+// Length of the valid UTF-8 sequence at s[i], or 0 when the bytes there are not one (overlong
+// forms, surrogates and code points past U+10FFFF included).
+std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+  const auto byte = [&](std::size_t j) { return static_cast<unsigned char>(s[j]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  std::size_t len = 0;
+  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;  // overlong
+    if (c == 0xED) hi = 0x9F;  // surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;  // overlong
+    if (c == 0xF4) hi = 0x8F;  // past U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (std::size_t j = 2; j < len; ++j) {
+    if (byte(i + j) < 0x80 || byte(i + j) > 0xBF) return 0;
+  }
+  return len;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = utf8_sequence(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+// A name as it can be printed: valid UTF-8 stays, control characters and bytes that are not
+// UTF-8 become \xNN.
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = utf8_sequence(s, i);
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7F))) {
+      out += fmt::format("\\x{:02X}", c);
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+[[noreturn]] void fail_file(ErrorCode code, std::string_view path, std::string_view what) {
+  throw Error(code, kApi, fmt::format("{}: {}", path, what));
+}
+
+[[noreturn]] void fail_tensor(ErrorCode code, std::string_view path, std::string_view tensor,
+                              std::string_view what) {
+  throw Error(code, kApi, fmt::format("{}: tensor '{}': {}", path, printable(tensor), what));
+}
+
+// ---- dtypes ----
+
+struct Dtype {
+  std::string_view name;
+  unsigned bits;
+};
+
+// Every dtype of the reference implementation (safetensors 0.8), with its width in bits.
+constexpr Dtype kDtypes[] = {
+    {"BOOL", 8},    {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},     {"U8", 8},
+    {"I8", 8},      {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
+    {"F8_E8M0", 8}, {"I16", 16},    {"U16", 16},    {"F16", 16},        {"BF16", 16},
+    {"I32", 32},    {"U32", 32},    {"F32", 32},    {"C64", 64},        {"F64", 64},
+    {"I64", 64},    {"U64", 64},
+};
+
+unsigned dtype_bits(std::string_view name) {
+  for (const Dtype& d : kDtypes) {
+    if (d.name == name) return d.bits;
+  }
+  return 0;
+}
+
+std::string_view json_type(const json& j) {
+  return j.type_name();
+}
+
+// A non-negative JSON integer that fits `max`, or nothing.
+std::optional<std::uint64_t> json_uint(const json& j, std::uint64_t max) {
+  if (j.is_number_unsigned()) {
+    const auto v = j.get<std::uint64_t>();
+    if (v <= max) return v;
+  }
+  return std::nullopt;
+}
+
+// ---- the header ----
+
+// The first string of the header that is not UTF-8, reported with what it names. JSON must be
+// UTF-8, and the JSON parser would say only that some byte is wrong; this scan says which tensor.
+void check_header_utf8(std::string_view path, std::string_view header) {
+  int depth = 0;
+  std::string_view top_key;  // the tensor whose entry the scan is in
+  for (std::size_t i = 0; i < header.size(); ++i) {
+    const char c = header[i];
+    if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == '"') {
+      std::size_t j = i + 1;
+      while (j < header.size() && header[j] != '"') j += header[j] == '\\' ? 2 : 1;
+      const std::string_view s = header.substr(i + 1, std::min(j, header.size()) - i - 1);
+      std::size_t after = j + 1;
+      while (after < header.size() && std::strchr(" \t\r\n", header[after]) != nullptr) ++after;
+      const bool is_key = after < header.size() && header[after] == ':';
+      if (!valid_utf8(s)) {
+        if (depth == 1 && is_key) fail_tensor(ErrorCode::kIo, path, s, "name is not valid UTF-8");
+        if (depth > 1 && !top_key.empty()) {
+          fail_tensor(ErrorCode::kIo, path, top_key,
+                      fmt::format("string '{}' in its entry is not valid UTF-8", printable(s)));
+        }
+        fail_file(ErrorCode::kIo, path,
+                  fmt::format("header string '{}' is not valid UTF-8", printable(s)));
+      }
+      if (depth == 1 && is_key) top_key = s;
+      i = j;
+    }
+  }
+}
+
+}  // namespace
+
+std::int64_t SafetensorsTensorInfo::elements() const {
+  // open() checked that the product fits; a zero dimension may follow huge ones, though.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(std::exchange(other.map_, nullptr)),
+      map_size_(std::exchange(other.map_size_, 0)),
+      data_(std::exchange(other.data_, nullptr)),
+      tensors_(std::move(other.tensors_)),
+      metadata_(std::move(other.metadata_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    release();
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    tensors_ = std::move(other.tensors_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  release();
+}
+
+void SafetensorsFile::release() noexcept {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+  map_ = nullptr;
+  map_size_ = 0;
+  data_ = nullptr;
+  tensors_.clear();
+  metadata_.clear();
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;  // owns the map from here: any throw below unmaps it
+  f.path_ = path;
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      fail_file(ErrorCode::kIo, path, fmt::format("cannot open: {}", std::strerror(errno)));
+    }
+    struct FdCloser {
+      int fd;
+      ~FdCloser() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      fail_file(ErrorCode::kIo, path, fmt::format("cannot stat: {}", std::strerror(errno)));
+    }
+    if (!S_ISREG(st.st_mode)) fail_file(ErrorCode::kIo, path, "not a regular file");
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < 8) {
+      fail_file(ErrorCode::kIo, path,
+                fmt::format("the file is {} bytes, too short for the 8-byte header length", size));
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      fail_file(ErrorCode::kIo, path, fmt::format("cannot map: {}", std::strerror(errno)));
+    }
+    f.map_ = p;
+    f.map_size_ = size;
+  }
+
+  const auto* base = static_cast<const unsigned char*>(f.map_);
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
+  const std::uint64_t after_len = f.map_size_ - 8;
+  if (header_len > kMaxHeaderBytes) {
+    fail_file(ErrorCode::kIo, path,
+              fmt::format("header length {} is over the limit of {} bytes (100 MiB)", header_len,
+                          kMaxHeaderBytes));
+  }
+  if (header_len > after_len) {
+    fail_file(ErrorCode::kIo, path,
+              fmt::format("header length {} runs past the end of the file ({} bytes)", header_len,
+                          f.map_size_));
+  }
+  const std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
+  const std::uint64_t data_size = after_len - header_len;
+  f.data_ = static_cast<const std::byte*>(f.map_) + 8 + header_len;
+
+  check_header_utf8(path, header);
+
+  // Parse, noting duplicate keys (the parser keeps only the last) of the header and of entries.
+  std::set<std::string, std::less<>> top_keys, entry_keys;
+  std::string current, duplicate_tensor, duplicate_key;
+  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& v) {
+    if (event != json::parse_event_t::key || !duplicate_tensor.empty()) return true;
+    if (depth == 1) {
+      current = v.get<std::string>();
+      entry_keys.clear();
+      if (!top_keys.insert(current).second) duplicate_tensor = current;
+    } else if (depth == 2) {
+      std::string key = v.get<std::string>();
+      if (!entry_keys.insert(key).second) {
+        duplicate_tensor = current;
+        duplicate_key = std::move(key);
+      }
+    }
+    return true;
+  };
+  json root;
+  try {
+    root = json::parse(header, note_keys);
+  } catch (const json::exception& e) {
+    fail_file(ErrorCode::kIo, path, fmt::format("header is not valid JSON: {}", e.what()));
+  }
+  if (!duplicate_tensor.empty()) {
+    if (duplicate_key.empty()) {
+      fail_tensor(ErrorCode::kIo, path, duplicate_tensor, "appears twice in the header");
+    }
+    if (duplicate_tensor == kMetadataKey) {
+      fail_file(ErrorCode::kIo, path,
+                fmt::format("__metadata__ key '{}' appears twice", printable(duplicate_key)));
+    }
+    fail_tensor(ErrorCode::kIo, path, duplicate_tensor,
+                fmt::format("key '{}' appears twice in its entry", printable(duplicate_key)));
+  }
+  if (!root.is_object()) {
+    fail_file(ErrorCode::kIo, path,
+              fmt::format("header is a JSON {}, not an object", json_type(root)));
+  }
+
+  constexpr auto kMaxDim = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  for (const auto& [name, entry] : root.items()) {
+    if (name == kMetadataKey) {
+      if (!entry.is_object()) {
+        fail_file(
+            ErrorCode::kIo, path,
+            fmt::format("__metadata__ is a JSON {}, not an object of strings", json_type(entry)));
+      }
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          fail_file(ErrorCode::kIo, path,
+                    fmt::format("__metadata__ '{}' is a JSON {}, not a string", printable(key),
+                                json_type(value)));
+        }
+        f.metadata_.emplace(key, value.get<std::string>());
+      }
+      continue;
+    }
+    const auto bad = [&](std::string_view what) { fail_tensor(ErrorCode::kIo, path, name, what); };
+    if (!entry.is_object()) bad(fmt::format("entry is a JSON {}, not an object", json_type(entry)));
+
+    SafetensorsTensorInfo info;
+    const auto dtype = entry.find("dtype");
+    if (dtype == entry.end()) bad("entry has no dtype");
+    if (!dtype->is_string())
+      bad(fmt::format("dtype is a JSON {}, not a string", json_type(*dtype)));
+    info.dtype = dtype->get<std::string>();
+    const unsigned bits = dtype_bits(info.dtype);
+    if (bits == 0) bad(fmt::format("unknown dtype '{}'", printable(info.dtype)));
+
+    const auto shape = entry.find("shape");
+    if (shape == entry.end()) bad("entry has no shape");
+    if (!shape->is_array()) bad(fmt::format("shape is a JSON {}, not a list", json_type(*shape)));
+    std::uint64_t elements = 1;
+    bool overflow = false;
+    for (const json& d : *shape) {
+      const auto dim = json_uint(d, kMaxDim);
+      if (!dim) bad(fmt::format("shape {} is not a list of non-negative integers", shape->dump()));
+      info.shape.push_back(static_cast<std::int64_t>(*dim));
+      if (*dim != 0 && elements > std::numeric_limits<std::uint64_t>::max() / *dim) {
+        overflow = true;
+      }
+      elements *= *dim;
+    }
+    if (overflow || elements > std::numeric_limits<std::uint64_t>::max() / bits) {
+      bad(fmt::format("shape {} has too many elements", shape->dump()));
+    }
+    if (elements * bits % 8 != 0) {
+      bad(fmt::format("{} elements of {} do not fill whole bytes", elements, info.dtype));
+    }
+    const std::uint64_t nbytes = elements * bits / 8;
+
+    const auto offsets = entry.find("data_offsets");
+    if (offsets == entry.end()) bad("entry has no data_offsets");
+    const std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+    if (!offsets->is_array() || offsets->size() != 2 || !json_uint((*offsets)[0], max) ||
+        !json_uint((*offsets)[1], max)) {
+      bad(fmt::format("data_offsets {} is not a list of two non-negative integers",
+                      offsets->dump()));
+    }
+    const auto begin = (*offsets)[0].get<std::uint64_t>();
+    const auto end = (*offsets)[1].get<std::uint64_t>();
+    if (end < begin) bad(fmt::format("data_offsets [{}, {}] end before they begin", begin, end));
+    if (end - begin != nbytes) {
+      bad(fmt::format("dtype {} shape {} is {} bytes, but data_offsets [{}, {}] hold {}",
+                      info.dtype, shape_str(info.shape), nbytes, begin, end, end - begin));
+    }
+    if (end > data_size) {
+      bad(fmt::format("data_offsets [{}, {}] run past the data section ({} bytes)", begin, end,
+                      data_size));
+    }
+    info.offset = begin;
+    info.bytes = nbytes;
+    f.tensors_.emplace(name, std::move(info));
+  }
+
+  // The tensors must tile the data section: sorted by offset, each starts where the one before
+  // ends, and the last ends at the end of the file (the reference reader's rule).
+  std::vector<const std::pair<const std::string, SafetensorsTensorInfo>*> order;
+  order.reserve(f.tensors_.size());
+  for (const auto& t : f.tensors_) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    return std::pair(a->second.offset, a->second.bytes) <
+           std::pair(b->second.offset, b->second.bytes);
+  });
+  std::uint64_t covered = 0;
+  const std::pair<const std::string, SafetensorsTensorInfo>* last = nullptr;
+  for (const auto* t : order) {
+    const SafetensorsTensorInfo& info = t->second;
+    if (info.offset < covered) {
+      fail_tensor(ErrorCode::kIo, path, t->first,
+                  fmt::format("data_offsets [{}, {}] overlap tensor '{}' [{}, {}]", info.offset,
+                              info.offset + info.bytes, printable(last->first), last->second.offset,
+                              last->second.offset + last->second.bytes));
+    }
+    if (info.offset > covered) {
+      fail_tensor(ErrorCode::kIo, path, t->first,
+                  fmt::format("data_offsets [{}, {}] leave bytes [{}, {}) of the data section "
+                              "to no tensor",
+                              info.offset, info.offset + info.bytes, covered, info.offset));
+    }
+    covered = info.offset + info.bytes;
+    last = t;
+  }
+  if (covered != data_size) {
+    if (last == nullptr) {
+      fail_file(
+          ErrorCode::kIo, path,
+          fmt::format("the header has no tensors, but the data section is {} bytes", data_size));
+    }
+    fail_tensor(ErrorCode::kIo, path, last->first,
+                fmt::format("the last tensor ends at byte {} of the {}-byte data section: the "
+                            "bytes after it belong to no tensor",
+                            covered, data_size));
+  }
+  return f;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& t : tensors_) out.push_back(t.first);
+  return out;
+}
+
+bool SafetensorsFile::contains(std::string_view name) const noexcept {
+  return tensors_.find(name) != tensors_.end();
+}
+
+const SafetensorsTensorInfo& SafetensorsFile::info(std::string_view name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail_tensor(ErrorCode::kNotFound, path_, name, "not in the file");
+  return it->second;
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(std::string_view name) const {
+  const SafetensorsTensorInfo& i = info(name);
+  return {data_ + i.offset, static_cast<std::size_t>(i.bytes)};
+}
+
+// ---- NVFP4 linear layers ----
+
+namespace {
+
+struct Problem {
+  ErrorCode code;
+  std::string tensor;
+  std::string what;
+};
+
+// What load_nvfp4_linear reads for a layer, found from the header alone.
+struct LayerPlan {
+  bool nvfp4 = false;  // U8 codes + scales, or else a BF16/F32 matrix to quantize
+  std::int64_t n = 0, k = 0;
+  std::string weight, scale, scale2, input_scale;  // tensor names; input_scale empty if absent
+};
+
+bool is_scalar(const SafetensorsTensorInfo& i) {
+  return i.shape.empty() || (i.shape.size() == 1 && i.shape[0] == 1);
+}
+
+// A scalar F32 tensor's problem, if any.
+std::optional<Problem> check_f32_scalar(const SafetensorsFile& f, const std::string& name,
+                                        std::string_view role) {
+  const SafetensorsTensorInfo& i = f.info(name);
+  if (i.dtype != "F32") {
+    return Problem{ErrorCode::kIo, name,
+                   fmt::format("dtype is {}, but the {} must be F32", i.dtype, role)};
+  }
+  if (!is_scalar(i)) {
+    return Problem{ErrorCode::kIo, name,
+                   fmt::format("shape is {}, but the {} must be a scalar ([] or [1])",
+                               shape_str(i.shape), role)};
+  }
+  return std::nullopt;
+}
+
+std::optional<Problem> plan_layer(const SafetensorsFile& f, std::string_view layer,
+                                  LayerPlan& plan) {
+  plan.weight = fmt::format("{}.weight", layer);
+  plan.scale = fmt::format("{}.weight_scale", layer);
+  plan.scale2 = fmt::format("{}.weight_scale_2", layer);
+  if (!f.contains(plan.weight))
+    return Problem{ErrorCode::kNotFound, plan.weight, "not in the file"};
+  const SafetensorsTensorInfo& w = f.info(plan.weight);
+  if (w.dtype == "U8") {
+    plan.nvfp4 = true;
+    if (w.shape.size() != 2 || w.shape[0] == 0 || w.shape[1] == 0) {
+      return Problem{ErrorCode::kIo, plan.weight,
+                     fmt::format("shape is {}, but NVFP4 codes (U8) must be a non-empty [N, K/2]",
+                                 shape_str(w.shape))};
+    }
+    plan.n = w.shape[0];
+    if (w.shape[1] > std::numeric_limits<std::int64_t>::max() / 2 || w.shape[1] * 2 % 16 != 0) {
+      return Problem{ErrorCode::kIo, plan.weight,
+                     fmt::format("shape is {}: K = 2 x {} is not a multiple of 16, the NVFP4 "
+                                 "block size",
+                                 shape_str(w.shape), w.shape[1])};
+    }
+    plan.k = w.shape[1] * 2;
+    for (const std::string* name : {&plan.scale, &plan.scale2}) {
+      if (!f.contains(*name)) {
+        return Problem{ErrorCode::kNotFound, *name,
+                       fmt::format("not in the file, but NVFP4 weights '{}' (U8) need it",
+                                   printable(plan.weight))};
+      }
+    }
+    const SafetensorsTensorInfo& s = f.info(plan.scale);
+    if (s.dtype != "F8_E4M3") {
+      return Problem{ErrorCode::kIo, plan.scale,
+                     fmt::format("dtype is {}, but NVFP4 block scales must be F8_E4M3", s.dtype)};
+    }
+    const std::vector<std::int64_t> want{plan.n, plan.k / 16};
+    if (s.shape != want) {
+      return Problem{
+          ErrorCode::kIo, plan.scale,
+          fmt::format("shape is {}, but weights {} {} (N = {}, K = {}) need {}", shape_str(s.shape),
+                      w.dtype, shape_str(w.shape), plan.n, plan.k, shape_str(want))};
+    }
+    if (auto p = check_f32_scalar(f, plan.scale2, "NVFP4 tensor scale")) return p;
+  } else if (w.dtype == "BF16" || w.dtype == "F32") {
+    if (w.shape.size() != 2 || w.shape[0] == 0 || w.shape[1] == 0 || w.shape[1] % 16 != 0) {
+      return Problem{ErrorCode::kIo, plan.weight,
+                     fmt::format("shape is {}, but {} weights must be [N, K] with K a positive "
+                                 "multiple of 16",
+                                 shape_str(w.shape), w.dtype)};
+    }
+    plan.n = w.shape[0];
+    plan.k = w.shape[1];
+    for (const std::string* name : {&plan.scale, &plan.scale2}) {
+      if (f.contains(*name)) {
+        return Problem{ErrorCode::kIo, *name,
+                       fmt::format("is present, but weights '{}' are {}, not NVFP4 codes (U8)",
+                                   printable(plan.weight), w.dtype)};
+      }
+    }
+  } else {
+    return Problem{ErrorCode::kIo, plan.weight,
+                   fmt::format("dtype {} cannot be loaded as NVFP4: want U8 codes (with F8_E4M3 "
+                               "weight_scale and F32 weight_scale_2), BF16 or F32",
+                               w.dtype)};
+  }
+  const std::string input = fmt::format("{}.input_scale", layer);
+  if (f.contains(input)) {
+    if (auto p = check_f32_scalar(f, input, "input scale")) return p;
+    plan.input_scale = input;
+  }
+  return std::nullopt;
+}
+
+std::uint32_t le_u32(const std::byte* p) {
+  return std::to_integer<std::uint32_t>(p[0]) | std::to_integer<std::uint32_t>(p[1]) << 8 |
+         std::to_integer<std::uint32_t>(p[2]) << 16 | std::to_integer<std::uint32_t>(p[3]) << 24;
+}
+
+// A scalar F32 tensor's value, which must be finite and non-negative.
+float read_scale(const SafetensorsFile& f, const std::string& name) {
+  const float v = num::bits_f32(le_u32(f.bytes(name).data()));
+  if (!std::isfinite(v) || v < 0.0f) {
+    fail_tensor(ErrorCode::kIo, f.path(), name,
+                fmt::format("value {} is not a finite non-negative scale", v));
+  }
+  return v;
+}
+
+}  // namespace
+
+Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer) {
+  LayerPlan plan;
+  if (const auto p = plan_layer(file, layer, plan)) {
+    fail_tensor(p->code, file.path(), p->tensor, p->what);
+  }
+  Nvfp4Linear out;
+  out.source_dtype = file.info(plan.weight).dtype;
+  const auto n = plan.n, k = plan.k;
+  if (plan.nvfp4) {
+    HostQuantWeights& w = out.w;
+    w.format = WeightFormat::kNvfp4;
+    w.layout = WeightLayout::kRowMajor;
+    w.n = n;
+    w.k = k;
+    const auto codes = file.bytes(plan.weight);
+    const auto scales = file.bytes(plan.scale);
+    w.codes.resize(codes.size());
+    std::memcpy(w.codes.data(), codes.data(), codes.size());
+    w.scales.resize(scales.size());
+    std::memcpy(w.scales.data(), scales.data(), scales.size());
+    for (std::size_t i = 0; i < w.scales.size(); ++i) {
+      if ((w.scales[i] & 0x7Fu) == 0x7Fu) {
+        const auto idx = static_cast<std::int64_t>(i);
+        fail_tensor(ErrorCode::kIo, file.path(), plan.scale,
+                    fmt::format("block scale [{}, {}] is NaN (0x{:02X})", idx / (k / 16),
+                                idx % (k / 16), w.scales[i]));
+      }
+    }
+    w.tensor_scale = read_scale(file, plan.scale2);
+  } else {
+    const auto bytes = file.bytes(plan.weight);
+    const bool bf16 = out.source_dtype == "BF16";
+    std::vector<float> values(static_cast<std::size_t>(n * k));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const float v = bf16 ? num::bf16_to_f32(static_cast<std::uint16_t>(
+                                 std::to_integer<unsigned>(bytes[2 * i]) |
+                                 std::to_integer<unsigned>(bytes[2 * i + 1]) << 8))
+                           : num::bits_f32(le_u32(bytes.data() + 4 * i));
+      if (!std::isfinite(v)) {
+        const auto idx = static_cast<std::int64_t>(i);
+        fail_tensor(ErrorCode::kIo, file.path(), plan.weight,
+                    fmt::format("weight [{}, {}] = {} is not finite", idx / k, idx % k, v));
+      }
+      values[i] = v;
+    }
+    out.w = quantize_nvfp4(values, n, k);
+  }
+  if (!plan.input_scale.empty()) out.input_scale = read_scale(file, plan.input_scale);
+  return out;
+}
+
+std::vector<std::string> linear_layers(const SafetensorsFile& file) {
+  constexpr std::string_view kSuffix = ".weight";
+  std::vector<std::string> out;
+  for (const std::string& name : file.names()) {
+    if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) continue;
+    const std::string_view layer = std::string_view(name).substr(0, name.size() - kSuffix.size());
+    LayerPlan plan;
+    if (!plan_layer(file, layer, plan)) out.emplace_back(layer);
+  }
+  std::sort(out.begin(), out.end());  // "a" < "a.b", but "a.b.weight" < "a.weight"
+  return out;
+}
+
+}  // namespace metrale

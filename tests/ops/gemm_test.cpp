@@ -1,0 +1,326 @@
+// w4a16_gemm numerics on every backend (the contract of system.md §5): fresh random data over
+// many shapes (M from 1 to 4096, N and K that are no multiple of any tile), both formats, both
+// layouts, with and without bias, on every route (auto, forced decode, tiled and e4m3), checked
+// against the float64 reference with the tolerances derived in gemm_reference.h. Outputs are
+// poisoned first and the elements past C must stay poisoned. On the CPU backend the kernels use
+// the best instruction set of the processor; ctest runs this program again with
+// METRALE_CPU_ISA=avx2 and =portable (tests/CMakeLists.txt), GemmIsa says which one ran.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels/w4a16_cpu.h"
+#include "metrale/numerics.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
+#include "ops/gemm_reference.h"
+
+namespace metrale::testing::gemm {
+namespace {
+
+using ops::Activations;
+using ops::GemmRoute;
+
+constexpr std::array<std::int64_t, 11> kMs = {1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 257};
+constexpr std::array<std::int64_t, 8> kNs = {1, 7, 63, 65, 255, 257, 300, 1000};
+constexpr std::array<std::int64_t, 5> kNvfp4Ks = {16, 48, 80, 272, 1040};
+constexpr std::array<std::int64_t, 3> kMxfp4Ks = {32, 96, 288};
+
+// Multiply-adds per case at most: the largest K that keeps M·N·K under it is used, so the whole
+// suite stays well under a minute in a Debug build.
+constexpr std::int64_t kMacCap = 300'000;
+
+struct GemmCase {
+  WeightFormat format = WeightFormat::kNvfp4;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  std::int64_t m = 1, n = 1, k = 16;
+  bool bias = false;
+  GemmRoute route = GemmRoute::kAuto;
+  Activations activations = Activations::kExactBf16;
+
+  std::string str() const {
+    return fmt::format("{} {} M={} N={} K={} {} route {} {}", to_string(format),
+                       layout == WeightLayout::kRowMajor ? "row-major" : "transposed", m, n, k,
+                       bias ? "with bias" : "no bias", ops::to_string(route),
+                       activations == Activations::kExactBf16 ? "exact-bf16" : "allow-e4m3");
+  }
+};
+
+std::span<const std::int64_t> ks_of(WeightFormat f) {
+  return f == WeightFormat::kNvfp4 ? std::span<const std::int64_t>(kNvfp4Ks)
+                                   : std::span<const std::int64_t>(kMxfp4Ks);
+}
+
+// Every M of ms with every N of kNs; K, layout and bias rotate so that each K meets many M and
+// N, both layouts and both bias settings; K steps down while M·N·K is above kMacCap.
+std::vector<GemmCase> sweep(WeightFormat format, std::span<const std::int64_t> ms, GemmRoute route,
+                            Activations activations) {
+  const std::span<const std::int64_t> ks = ks_of(format);
+  std::vector<GemmCase> out;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    for (std::size_t j = 0; j < kNs.size(); ++j) {
+      GemmCase c;
+      c.format = format;
+      c.m = ms[i];
+      c.n = kNs[j];
+      std::size_t ki = (i + 2 * j) % ks.size();
+      while (ki > 0 && c.m * c.n * ks[ki] > kMacCap) --ki;
+      c.k = ks[ki];
+      c.layout = (i + j) % 2 ? WeightLayout::kTransposed : WeightLayout::kRowMajor;
+      c.bias = (i + j / 2) % 2 == 0;
+      c.route = route;
+      c.activations = activations;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+class GemmNumerics : public GemmBackendTest {
+ protected:
+  // Runs one case on fresh data and checks it; returns the route the op took.
+  GemmRoute run(const GemmCase& c) {
+    SCOPED_TRACE(c.str());
+    const std::vector<float> values = random_weight_values(gen(), c.n, c.k);
+    const HostQuantWeights row = quantize(c.format, values, c.n, c.k);
+    const ops::QuantWeights w =
+        upload_weights(c.layout == WeightLayout::kRowMajor ? row : with_layout(row, c.layout));
+    const std::vector<std::uint16_t> a =
+        random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
+    const std::vector<std::uint16_t> bias =
+        c.bias ? random_bias(gen(), c.n) : std::vector<std::uint16_t>{};
+    const auto mn = static_cast<std::size_t>(c.m * c.n);
+    const DevicePtr da = upload(a);
+    const DevicePtr dc = poisoned((mn + kTailElems) * 2);
+    const ops::GemmOptions options{c.activations, c.route, c.bias ? upload(bias) : DevicePtr{}};
+
+    const GemmRoute taken = ops::choose_route(b(), c.m, w, options);
+    ops::w4a16_gemm(b(), stream(), da, c.m, w, dc, options);
+    std::vector<std::uint16_t> out = read<std::uint16_t>(dc, mn + kTailElems);
+    EXPECT_EQ(std::count(out.begin() + static_cast<std::ptrdiff_t>(mn), out.end(), kPoisonBf16),
+              static_cast<std::ptrdiff_t>(kTailElems))
+        << "wrote past C";
+    out.resize(mn);
+
+    // The reference comes from the row-major host weights, whatever layout was uploaded.
+    const Reference exact = reference(a, c.m, row, bias, AMode::kBf16);
+    if (taken != GemmRoute::kE4m3) {
+      expect_close(compare(out, exact), kNormTol, "against the float64 reference");
+    } else {
+      const Reference aware = reference(a, c.m, row, bias, AMode::kE4m3);
+      expect_close(compare(out, aware), kNormTol, "against the e4m3-aware reference");
+      Reference mixed = aware;  // the exact values, with the e4m3 bound and the cast gap
+      mixed.value = exact.value;
+      const Comparison vs_exact = compare(out, mixed, /*add_cast_gap=*/true);
+      EXPECT_LE(vs_exact.worst, 1.0) << "against the exact-BF16 reference: " << vs_exact.str();
+      if (c.m * c.n >= kE4m3StatMinOutputs && c.m * c.k >= kE4m3StatMinActs) {
+        ++statistical_checks_;
+        EXPECT_LE(vs_exact.normalized, kE4m3VsExactTol)
+            << "against the exact-BF16 reference: " << vs_exact.str();
+      }
+    }
+    free_all();
+    return taken;
+  }
+
+  // Runs every case (each must take the route it forces).
+  void run_all(const std::vector<GemmCase>& cases) {
+    for (const GemmCase& c : cases) {
+      EXPECT_EQ(run(c), c.route) << c.str();
+      if (HasFatalFailure()) return;
+    }
+  }
+
+  // The route kAuto must take (system.md §5 and ops/gemm.h).
+  GemmRoute expected_auto(std::int64_t m, Activations activations) {
+    if (activations == Activations::kAllowE4m3 && m >= ops::kE4m3MinM &&
+        module_provides(b(), "gemm_e4m3")) {
+      return GemmRoute::kE4m3;
+    }
+    return m <= ops::kDecodeMaxM ? GemmRoute::kDecode : GemmRoute::kTiled;
+  }
+
+  int statistical_checks_ = 0;  // cases large enough for the e4m3-vs-exact normalized check
+
+  void skip_without(std::string_view entry) {
+    if (!module_provides(b(), entry)) {
+      GTEST_SKIP() << b().name() << "'s w4a16 module has no " << entry;
+    }
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(, GemmNumerics, ::testing::Values("cpu", "cuda"), backend_name);
+
+TEST_P(GemmNumerics, Nvfp4AutoRouteOverEveryShape) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  const auto cases = sweep(WeightFormat::kNvfp4, kMs, GemmRoute::kAuto, Activations::kExactBf16);
+  for (const GemmCase& c : cases) {
+    EXPECT_EQ(run(c), expected_auto(c.m, c.activations)) << c.str();
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(GemmNumerics, Mxfp4AutoRouteOverEveryShape) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  const auto cases = sweep(WeightFormat::kMxfp4, kMs, GemmRoute::kAuto, Activations::kExactBf16);
+  for (const GemmCase& c : cases) {
+    EXPECT_EQ(run(c), expected_auto(c.m, c.activations)) << c.str();
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The caller allows E4M3: from kE4m3MinM rows on, auto takes the e4m3 route (when the module
+// has it), below it the exact routes.
+TEST_P(GemmNumerics, AutoRouteWithE4m3AllowedOverEveryShape) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 7> ms = {1, 16, 17, 63, 64, 100, 257};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    for (const GemmCase& c : sweep(f, ms, GemmRoute::kAuto, Activations::kAllowE4m3)) {
+      EXPECT_EQ(run(c), expected_auto(c.m, c.activations)) << c.str();
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// A forced route is taken whatever M is: decode above kDecodeMaxM, tiled for a single row.
+TEST_P(GemmNumerics, ForcedDecodeOverEveryShape) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 8> ms = {1, 2, 3, 5, 8, 16, 17, 33};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    run_all(sweep(f, ms, GemmRoute::kDecode, Activations::kExactBf16));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(GemmNumerics, ForcedTiledOverEveryShape) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 7> ms = {1, 2, 3, 5, 17, 33, 100};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    run_all(sweep(f, ms, GemmRoute::kTiled, Activations::kExactBf16));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(GemmNumerics, ForcedE4m3OverEveryShape) {
+  skip_without("gemm_e4m3");
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 7> ms = {1, 3, 8, 17, 64, 100, 257};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    run_all(sweep(f, ms, GemmRoute::kE4m3, Activations::kAllowE4m3));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The e4m3 route against the exact-BF16 result, on shapes large enough for the statistical
+// tolerance kE4m3VsExactTol (gemm_reference.h) to apply.
+TEST_P(GemmNumerics, E4m3RouteStaysWithinTheCastErrorOfTheExactResult) {
+  skip_without("gemm_e4m3");
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  struct Mnk {
+    std::int64_t m, n, k;
+  };
+  int i = 0;
+  for (const Mnk s : {Mnk{64, 65, 96}, Mnk{257, 7, 32}, Mnk{100, 63, 48}, Mnk{17, 300, 272},
+                      Mnk{64, 255, 64}, Mnk{4096, 1, 16}}) {
+    for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+      GemmCase c;
+      c.format = f;
+      c.m = s.m;
+      c.n = s.n;
+      c.k = f == WeightFormat::kMxfp4 && s.k % 32 != 0 ? s.k + 16 : s.k;
+      c.layout = i % 2 ? WeightLayout::kTransposed : WeightLayout::kRowMajor;
+      c.bias = i % 3 == 0;
+      c.route = GemmRoute::kE4m3;
+      c.activations = Activations::kAllowE4m3;
+      ++i;
+      run(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_EQ(statistical_checks_, i) << "every case here is large enough for the normalized check";
+}
+
+// M = 4096 with small N and K, on every route.
+TEST_P(GemmNumerics, LargeMWithSmallNAndK) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  struct Nk {
+    std::int64_t n, k;
+  };
+  constexpr std::array<Nk, 3> nvfp4 = {{{1, 16}, {7, 48}, {65, 16}}};
+  constexpr std::array<Nk, 3> mxfp4 = {{{1, 32}, {7, 32}, {63, 32}}};
+  const bool has_e4m3 = module_provides(b(), "gemm_e4m3");
+  int i = 0;
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    for (const Nk nk : f == WeightFormat::kNvfp4 ? nvfp4 : mxfp4) {
+      for (const GemmRoute r :
+           {GemmRoute::kAuto, GemmRoute::kDecode, GemmRoute::kTiled, GemmRoute::kE4m3}) {
+        if (r == GemmRoute::kE4m3 && !has_e4m3) continue;
+        GemmCase c;
+        c.format = f;
+        c.m = 4096;
+        c.n = nk.n;
+        c.k = nk.k;
+        c.layout = i % 2 ? WeightLayout::kTransposed : WeightLayout::kRowMajor;
+        c.bias = i % 3 != 0;
+        c.route = r;
+        c.activations =
+            r == GemmRoute::kE4m3 || i % 2 ? Activations::kAllowE4m3 : Activations::kExactBf16;
+        ++i;
+        const GemmRoute taken = run(c);
+        EXPECT_EQ(taken, r == GemmRoute::kAuto ? expected_auto(c.m, c.activations) : r) << c.str();
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Activations at and beyond E4M3's ±448 on the e4m3 route: the cast saturates (448, 464 is the
+// midpoint to the would-be 480, BF16 values in the thousands), and the result still matches
+// the e4m3-aware reference tightly.
+TEST_P(GemmNumerics, E4m3RouteSaturatesLargeActivations) {
+  skip_without("gemm_e4m3");
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    const std::int64_t m = 64, n = 65, k = 96;
+    const HostQuantWeights row = quantize(f, random_weight_values(gen(), n, k), n, k);
+    std::vector<std::uint16_t> a =
+        random_activations(gen(), static_cast<std::size_t>(m * k), -10.0, 11.0);
+    for (std::size_t i = 0; i < a.size(); i += 7) {
+      constexpr std::array<float, 6> edge = {448.0f, -448.0f, 456.0f, 464.0f, -472.0f, 1.0e4f};
+      a[i] = num::f32_to_bf16(edge[(i / 7) % edge.size()]);
+    }
+    const ops::QuantWeights w = upload_weights(row);
+    const DevicePtr dc = poisoned(static_cast<std::size_t>(m * n) * 2);
+    ops::w4a16_gemm(b(), stream(), upload(a), m, w, dc,
+                    {Activations::kAllowE4m3, GemmRoute::kE4m3, DevicePtr{}});
+    const auto out = read<std::uint16_t>(dc, static_cast<std::size_t>(m * n));
+    expect_close(compare(out, reference(a, m, row, {}, AMode::kE4m3)), kNormTol,
+                 fmt::format("{} saturating e4m3 route", to_string(f)));
+    free_all();
+  }
+}
+
+// Which instruction set the CPU kernels use in this process (METRALE_CPU_ISA lowers it).
+TEST(GemmIsa, TheEnvironmentLowersTheInstructionSet) {
+  const cpu::w4a16::Isa isa = cpu::w4a16::best_isa();
+  const char* env = std::getenv("METRALE_CPU_ISA");
+  std::cout << "[ INFO     ] w4a16 CPU kernels use " << cpu::w4a16::to_string(isa)
+            << (env ? fmt::format(" (METRALE_CPU_ISA={})", env) : std::string()) << "\n";
+  if (env != nullptr && std::string_view(env) == "portable") {
+    EXPECT_EQ(isa, cpu::w4a16::Isa::kPortable);
+  }
+  if (env != nullptr && std::string_view(env) == "avx2") {
+    EXPECT_NE(isa, cpu::w4a16::Isa::kAvx512);
+  }
+}
+
+}  // namespace
+}  // namespace metrale::testing::gemm

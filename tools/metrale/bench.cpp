@@ -1,0 +1,372 @@
+// metrale bench: one transformer block's linear layers of a real model, on the best device
+// present, each result checked against a float64 reference before it is timed, timed against
+// roofs measured in the same run, and torn down to zero bytes at the end.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "commands.h"
+#include "metrale/error.h"
+#include "metrale/model_scope.h"
+#include "metrale/numerics.h"
+#include "metrale/op_cache.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/runtime.h"
+#include "metrale/safetensors.h"
+#include "metrale/weights.h"
+#include "roofline.h"
+
+namespace metrale::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Layer {
+  std::string name;
+  std::int64_t n = 0, k = 0;
+};
+
+struct ModelShape {
+  std::vector<Layer> layers;  // one block's linear layers
+  int blocks = 1;             // blocks in the whole model
+};
+
+// Llama-3: fused q/k/v (hidden + 2 × kv heads × 128), o, fused gate/up, down.
+ModelShape model_shape(const std::string& name) {
+  if (name == "llama3-8b") {
+    return {
+        {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}},
+        32};
+  }
+  if (name == "llama3-70b") {
+    return {
+        {{"qkv", 10240, 8192}, {"o", 8192, 8192}, {"gate_up", 57344, 8192}, {"down", 8192, 28672}},
+        80};
+  }
+  throw Error(ErrorCode::kInvalidArgument, "bench",
+              fmt::format("unknown model '{}' (llama3-8b or llama3-70b)", name));
+}
+
+// The weights of one layer as a model resource: allocated through the ledger with the managed
+// fallback policy, freed at teardown.
+class LayerWeights final : public ModelResource {
+ public:
+  LayerWeights(Backend& b, const HostQuantWeights& host, std::string label)
+      : label_(std::move(label)) {
+    w_.format = host.format;
+    w_.layout = host.layout;
+    w_.n = host.n;
+    w_.k = host.k;
+    w_.tensor_scale = host.tensor_scale;
+    w_.codes_bytes = host.codes.size();
+    w_.scales_bytes = host.scales.size();
+    w_.codes = alloc_weights(b, w_.codes_bytes);
+    try {
+      w_.scales = alloc_weights(b, w_.scales_bytes);
+      b.copy_h2d(w_.codes, host.codes.data(), w_.codes_bytes);
+      b.copy_h2d(w_.scales, host.scales.data(), w_.scales_bytes);
+    } catch (...) {
+      release(b);
+      throw;
+    }
+  }
+  std::string label() const override { return label_; }
+  void release(Backend& b) override {
+    const DevicePtr c = w_.codes, s = w_.scales;
+    w_.codes = w_.scales = DevicePtr{};
+    b.free(c);
+    b.free(s);
+  }
+  const ops::QuantWeights& weights() const { return w_; }
+
+ private:
+  std::string label_;
+  ops::QuantWeights w_;
+};
+
+// Random NVFP4 weights: random codes, block scales spread over a few octaves, a small tensor
+// scale, so outputs stay in a sane range for BF16.
+HostQuantWeights random_nvfp4(std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
+  HostQuantWeights w;
+  w.n = n;
+  w.k = k;
+  w.codes.resize(static_cast<std::size_t>(n * k / 2));
+  w.scales.resize(static_cast<std::size_t>(n * k / 16));
+  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
+    const std::uint64_t r = rng();
+    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
+  }
+  std::uniform_int_distribution<int> exp(4, 9), man(0, 7);
+  for (auto& s : w.scales) s = static_cast<std::uint8_t>((exp(rng) << 3) | man(rng));
+  w.tensor_scale = 1.0f / 64.0f;
+  return w;
+}
+
+struct Case {
+  std::string layer;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::string route;
+  double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Normalized error of a sample of outputs against the float64 reference.
+double sampled_error(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& c,
+                     const HostQuantWeights& w, std::int64_t m, std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
+  double num = 0, den = 0;
+  for (int s = 0; s < 96; ++s) {
+    const std::int64_t i = pick_m(rng), j = pick_n(rng);
+    double ref = 0;
+    for (std::int64_t kk = 0; kk < w.k; ++kk) {
+      ref += static_cast<double>(num::bf16_to_f32(a[i * w.k + kk])) * w.weight(j, kk);
+    }
+    const double got = num::bf16_to_f32(c[i * w.n + j]);
+    num += (got - ref) * (got - ref);
+    den += ref * ref;
+  }
+  return den > 0 ? std::sqrt(num / den) : INFINITY;
+}
+
+class Progress {
+ public:
+  Progress(bool on, std::size_t total) : on_(on), total_(total), t0_(Clock::now()) {}
+  void step(std::size_t done, const std::string& what) {
+    if (!on_) return;
+    const double el = std::chrono::duration<double>(Clock::now() - t0_).count();
+    const double eta =
+        done > 0 ? el / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
+    fmt::print(stderr, "\r\033[K[{}/{}] {} — {:.1f} s elapsed, ETA {:.0f} s", done + 1, total_,
+               what, el, eta);
+    std::fflush(stderr);
+  }
+  ~Progress() {
+    if (on_) fmt::print(stderr, "\r\033[K");
+  }
+
+ private:
+  bool on_;
+  std::size_t total_;
+  Clock::time_point t0_;
+};
+
+}  // namespace
+
+int run_bench(const CommonOptions& options, const BenchOptions& bench) {
+  constexpr double kTolerance = 1e-2;  // BF16 output rounding (≤ 2^-8) plus FP32 accumulation
+  std::string why;
+  std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
+  const bool gpu = backend->name() != "cpu";
+  ModelShape shape;
+  std::vector<HostQuantWeights> host;
+  if (!bench.weights.empty()) {
+    // Real weights: every NVFP4 (or BF16/F32, quantized on load) linear layer of the file.
+    const SafetensorsFile file = SafetensorsFile::open(bench.weights);
+    for (const std::string& name : linear_layers(file)) {
+      Nvfp4Linear l = load_nvfp4_linear(file, name);
+      shape.layers.push_back({name, l.w.n, l.w.k});
+      host.push_back(std::move(l.w));
+    }
+    if (shape.layers.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "bench",
+                  fmt::format("{} holds no linear layer metrale can load", bench.weights));
+    }
+  } else if (!bench.shapes.empty()) {
+    for (const auto& [n, k] : bench.shapes)
+      shape.layers.push_back({fmt::format("{}x{}", n, k), n, k});
+  } else {
+    shape = model_shape(bench.model);
+  }
+  std::vector<std::int64_t> ms = bench.ms;
+  if (ms.empty())
+    ms = gpu ? std::vector<std::int64_t>{1, 16, 4096} : std::vector<std::int64_t>{1, 16, 64};
+  for (std::int64_t m : ms) {
+    if (m < 1)
+      throw Error(ErrorCode::kInvalidArgument, "bench",
+                  fmt::format("M = {} must be at least 1", m));
+  }
+
+  const std::string backend_name(backend->name()), device = backend->device_name();
+  const LedgerProbe probe = backend->ledger_probe();
+  ModelScope scope(std::move(backend));
+  Backend& b = scope.backend();
+  const Roofline roof = measure_roofline(b);
+
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<const LayerWeights*> dev;
+  std::int64_t max_n = 0, max_k = 0;
+  for (std::size_t i = 0; i < shape.layers.size(); ++i) {
+    const Layer& l = shape.layers[i];
+    if (host.size() <= i) host.push_back(random_nvfp4(l.n, l.k, rng));
+    dev.push_back(&scope.add(std::make_unique<LayerWeights>(b, host[i], "weights " + l.name)));
+    max_n = std::max(max_n, l.n);
+    max_k = std::max(max_k, l.k);
+  }
+  const std::int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  const DevicePtr a =
+      scope.alloc_buffer("activations", static_cast<std::size_t>(max_m * max_k * 2));
+  const DevicePtr c = scope.alloc_buffer("outputs", static_cast<std::size_t>(max_m * max_n * 2));
+  std::vector<std::uint16_t> ha(static_cast<std::size_t>(max_m * max_k));
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (auto& x : ha) x = num::f32_to_bf16(unit(rng));
+  b.copy_h2d(a, ha.data(), ha.size() * 2);
+  const StreamHandle stream = gpu ? b.create_stream() : b.default_stream();
+
+  std::vector<Case> cases;
+  bool ok = true;
+  Progress progress(isatty(STDOUT_FILENO) && !options.json, ms.size() * shape.layers.size());
+  for (std::int64_t m : ms) {
+    for (std::size_t li = 0; li < shape.layers.size(); ++li) {
+      const Layer& l = shape.layers[li];
+      progress.step(cases.size(), fmt::format("{} M={}", l.name, m));
+      const ops::QuantWeights& w = dev[li]->weights();
+      std::vector<std::uint16_t> a_rows(ha.begin(), ha.begin() + m * l.k);
+      // A is [M, K] for this layer's K: the first M·K values of the activation buffer.
+      Case cs{l.name, m, l.n, l.k, std::string(ops::to_string(ops::choose_route(b, m, w)))};
+      b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
+      ops::w4a16_gemm(b, stream, a, m, w, c);
+      b.synchronize(stream);
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
+      b.copy_d2h(out.data(), c, out.size() * 2);
+      cs.error = sampled_error(a_rows, out, host[li], m, rng);
+      if (!(cs.error <= kTolerance)) {
+        ok = false;
+        cases.push_back(cs);
+        continue;
+      }
+      GraphHandle graph;
+      if (bench.graph) {
+        b.begin_capture(stream);
+        ops::w4a16_gemm(b, stream, a, m, w, c);
+        graph = b.end_capture(stream);
+      }
+      auto once = [&] {
+        const auto t0 = Clock::now();
+        if (bench.graph) {
+          b.launch_graph(graph, stream);
+        } else {
+          ops::w4a16_gemm(b, stream, a, m, w, c);
+        }
+        b.synchronize(stream);
+        return std::chrono::duration<double>(Clock::now() - t0).count();
+      };
+      const double first = once();  // warm-up, also sizes the repeat count
+      std::vector<double> t{first};
+      const int reps = first > 1.0 ? 2 : (first > 0.2 ? 4 : bench.repeats);
+      for (int r = 0; r < reps; ++r) t.push_back(once());
+      t.erase(t.begin());
+      if (bench.graph) b.destroy_graph(graph);
+      cs.seconds = median(t);
+      const double bytes = static_cast<double>(w.codes_bytes + w.scales_bytes) +
+                           static_cast<double>(m * l.k * 2 + m * l.n * 2);
+      cs.gbps = bytes / cs.seconds / 1e9;
+      cs.tflops = 2.0 * static_cast<double>(m * l.n * l.k) / cs.seconds / 1e12;
+      cs.pct_bw = 100.0 * bytes / cs.seconds / roof.bandwidth;
+      cs.pct_flops = roof.flops > 0 ? 100.0 * cs.tflops * 1e12 / roof.flops : 0;
+      cases.push_back(cs);
+    }
+  }
+  if (gpu) b.destroy_stream(stream);
+  const std::string report_before = b.alloc_report(5);
+  const TeardownReport td = scope.teardown();
+  const bool zero = probe.live_bytes() == 0 && td.failures.empty();
+  ok = ok && zero;
+
+  // Per block: the sum of its layers at each M, and the decode-step estimate for the model.
+  struct Block {
+    std::int64_t m;
+    double seconds;
+  };
+  std::vector<Block> blocks;
+  for (std::int64_t m : ms) {
+    double s = 0;
+    for (const Case& cs : cases) s += cs.m == m ? cs.seconds : 0;
+    blocks.push_back({m, s});
+  }
+
+  if (options.json) {
+    nlohmann::json doc{{"backend", backend_name},
+                       {"device", device},
+                       {"chosen", why},
+                       {"model", !bench.weights.empty() ? bench.weights
+                                 : bench.shapes.empty() ? bench.model
+                                                        : "custom"},
+                       {"graph", bench.graph},
+                       {"roofline",
+                        {{"bandwidth_GBps", roof.bandwidth / 1e9},
+                         {"bandwidth_of", roof.bandwidth_of},
+                         {"TFLOPs", roof.flops / 1e12},
+                         {"flops_of", roof.flops_of}}},
+                       {"live_bytes_after_teardown", probe.live_bytes()},
+                       {"passed", ok}};
+    for (const Case& cs : cases) {
+      doc["layers"].push_back({{"layer", cs.layer},
+                               {"M", cs.m},
+                               {"N", cs.n},
+                               {"K", cs.k},
+                               {"route", cs.route},
+                               {"ms", cs.seconds * 1e3},
+                               {"GBps", cs.gbps},
+                               {"TFLOPs", cs.tflops},
+                               {"pct_bandwidth", cs.pct_bw},
+                               {"pct_flops", cs.pct_flops},
+                               {"error", cs.error}});
+    }
+    for (const Block& bl : blocks) {
+      doc["blocks"].push_back(
+          {{"M", bl.m},
+           {"ms", bl.seconds * 1e3},
+           {"blocks", shape.blocks},
+           {"tokens_per_s", static_cast<double>(bl.m) / (bl.seconds * shape.blocks)}});
+    }
+    for (const auto& f : td.failures)
+      doc["teardown_failures"].push_back(f.label + ": " + f.message);
+    fmt::print("{}\n", doc.dump(2));
+    return ok ? 0 : 1;
+  }
+
+  const std::string what = !bench.weights.empty() ? bench.weights
+                           : bench.shapes.empty() ? bench.model
+                                                  : "custom shapes";
+  fmt::print("metrale bench: {} on {} ({})\n  backend {}\n", what, backend_name, device, why);
+  fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
+             roof.bandwidth_of,
+             roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)
+                            : roof.flops_of);
+  std::size_t width = 8;
+  for (const Layer& l : shape.layers) width = std::max(width, l.name.size());
+  fmt::print("\n{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8} {:>6} {:>8} {:>6}  {}\n", "layer", width,
+             "M", "N", "K", "route", "ms", "GB/s", "%bw", "TFLOP/s", "%peak", "check");
+  for (const Case& cs : cases) {
+    const bool pass = cs.error <= kTolerance;
+    fmt::print(
+        "{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9.3f} {:>8.1f} {:>5.0f}% {:>8.3f} {:>5.0f}%  {} (err "
+        "{:.1e})\n",
+        cs.layer, width, cs.m, cs.n, cs.k, cs.route, cs.seconds * 1e3, cs.gbps, cs.pct_bw,
+        cs.tflops, cs.pct_flops, pass ? "ok" : "WRONG", cs.error);
+  }
+  fmt::print("\n{:<{}} {:>5} {:>12} {:>22}\n", "block", width, "M", "ms", "model tokens/s");
+  for (const Block& bl : blocks) {
+    fmt::print("{:<{}} {:>5} {:>12.3f} {:>14.1f} ({} blocks)\n", "block", width, bl.m,
+               bl.seconds * 1e3, static_cast<double>(bl.m) / (bl.seconds * shape.blocks),
+               shape.blocks);
+  }
+  fmt::print("\nteardown: {} resource(s) released, {} swept, {} live bytes on the ledger{}\n",
+             td.released, td.swept, probe.live_bytes(), zero ? "" : " — FAILED");
+  if (!zero) {
+    fmt::print("{}", report_before);
+    for (const auto& f : td.failures) fmt::print("  {}: {}\n", f.label, f.message);
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace metrale::cli
