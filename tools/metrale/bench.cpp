@@ -120,15 +120,20 @@ double median(std::vector<double> v) {
 }
 
 // Normalized error of a sample of outputs against the float64 reference.
+// With e4m3_activations the reference rounds A to E4M3 first, as the e4m3 route does.
 double sampled_error(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& c,
-                     const HostQuantWeights& w, std::int64_t m, std::mt19937_64& rng) {
+                     const HostQuantWeights& w, std::int64_t m, bool e4m3_activations,
+                     std::mt19937_64& rng) {
   std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
   double num = 0, den = 0;
   for (int s = 0; s < 96; ++s) {
     const std::int64_t i = pick_m(rng), j = pick_n(rng);
     double ref = 0;
     for (std::int64_t kk = 0; kk < w.k; ++kk) {
-      ref += static_cast<double>(num::bf16_to_f32(a[i * w.k + kk])) * w.weight(j, kk);
+      const std::uint16_t x = a[i * w.k + kk];
+      const float av =
+          e4m3_activations ? num::e4m3_to_f32(num::bf16_to_e4m3(x)) : num::bf16_to_f32(x);
+      ref += static_cast<double>(av) * w.weight(j, kk);
     }
     const double got = num::bf16_to_f32(c[i * w.n + j]);
     num += (got - ref) * (got - ref);
@@ -220,6 +225,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   for (auto& x : ha) x = num::f32_to_bf16(unit(rng));
   b.copy_h2d(a, ha.data(), ha.size() * 2);
   const StreamHandle stream = gpu ? b.create_stream() : b.default_stream();
+  ops::GemmOptions gemm_options;
+  if (bench.allow_e4m3) gemm_options.activations = ops::Activations::kAllowE4m3;
 
   std::vector<Case> cases;
   bool ok = true;
@@ -231,13 +238,14 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       const ops::QuantWeights& w = dev[li]->weights();
       std::vector<std::uint16_t> a_rows(ha.begin(), ha.begin() + m * l.k);
       // A is [M, K] for this layer's K: the first M·K values of the activation buffer.
-      Case cs{l.name, m, l.n, l.k, std::string(ops::to_string(ops::choose_route(b, m, w)))};
+      Case cs{l.name, m, l.n, l.k,
+              std::string(ops::to_string(ops::choose_route(b, m, w, gemm_options)))};
       b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
-      ops::w4a16_gemm(b, stream, a, m, w, c);
+      ops::w4a16_gemm(b, stream, a, m, w, c, gemm_options);
       b.synchronize(stream);
       std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
       b.copy_d2h(out.data(), c, out.size() * 2);
-      cs.error = sampled_error(a_rows, out, host[li], m, rng);
+      cs.error = sampled_error(a_rows, out, host[li], m, cs.route == "e4m3", rng);
       if (!(cs.error <= kTolerance)) {
         ok = false;
         cases.push_back(cs);
@@ -246,7 +254,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       GraphHandle graph;
       if (bench.graph) {
         b.begin_capture(stream);
-        ops::w4a16_gemm(b, stream, a, m, w, c);
+        ops::w4a16_gemm(b, stream, a, m, w, c, gemm_options);
         graph = b.end_capture(stream);
       }
       auto once = [&] {
@@ -254,7 +262,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
         if (bench.graph) {
           b.launch_graph(graph, stream);
         } else {
-          ops::w4a16_gemm(b, stream, a, m, w, c);
+          ops::w4a16_gemm(b, stream, a, m, w, c, gemm_options);
         }
         b.synchronize(stream);
         return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -301,6 +309,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                  : bench.shapes.empty() ? bench.model
                                                         : "custom"},
                        {"graph", bench.graph},
+                       {"allow_e4m3", bench.allow_e4m3},
                        {"roofline",
                         {{"bandwidth_GBps", roof.bandwidth / 1e9},
                          {"bandwidth_of", roof.bandwidth_of},

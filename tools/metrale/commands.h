@@ -24,6 +24,7 @@ struct BenchOptions {
   std::string weights;           // a safetensors file: its linear layers instead of random ones
   std::vector<std::int64_t> ms;  // rows of A; empty: per device
   bool graph = false;            // replay each GEMM as a graph
+  bool allow_e4m3 = false;       // let GEMMs with M >= 64 cast A to E4M3 (the e4m3 route)
   int repeats = 7;               // timed runs after the warm-up
 };
 

@@ -181,6 +181,28 @@ class Checker {
     return fmt::format("M={} N={} K={}: ", m, n, k) + expect_close(out, ref, 8e-3);
   }
 
+  // The seed's cast over all 65,536 BF16 bit patterns against numerics.h's definition.
+  std::string cast_all() {
+    Backend& b = scope_.backend();
+    std::vector<std::uint16_t> in(65536);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint16_t>(i);
+    const DevicePtr din = scope_.alloc_buffer("cast in", in.size() * 2);
+    const DevicePtr dout = scope_.alloc_buffer("cast out", in.size());
+    b.copy_h2d(din, in.data(), in.size() * 2);
+    b.memset(dout, 0x5A, in.size());
+    ops::cast_bf16_to_e4m3(b, b.default_stream(), din, dout, static_cast<std::int64_t>(in.size()));
+    std::vector<std::uint8_t> out(in.size());
+    b.copy_d2h(out.data(), dout, out.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      if (out[i] != num::bf16_to_e4m3(in[i])) {
+        throw Error(ErrorCode::kInternal, "check",
+                    fmt::format("bf16 0x{:04x} cast to 0x{:02x}, expected 0x{:02x}", i, out[i],
+                                num::bf16_to_e4m3(in[i])));
+      }
+    }
+    return "65536 of 65536 BF16 patterns";
+  }
+
   std::string scratch() {
     Backend& b = scope_.backend();
     OpCache& c = b.op_cache();
@@ -229,6 +251,7 @@ int run_check(const CommonOptions& options) {
     c.run("axpy_f32 vs float64", [&] { return c.axpy(); });
     c.run("graph capture + replay", [&] { return c.graph(); });
     c.run("grow-only scratch", [&] { return c.scratch(); });
+    c.run("bf16 -> e4m3 cast, exhaustive", [&] { return c.cast_all(); });
     for (const auto route :
          {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled, ops::GemmRoute::kE4m3}) {
       for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
