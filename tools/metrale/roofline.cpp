@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -57,32 +59,66 @@ double cpu_read_bandwidth() {
   });
 }
 
-// 8 independent FMA chains of 8 lanes per thread: enough to fill two FMA pipes.
-[[gnu::target("avx2,fma")]] double fma_loop(std::int64_t iters) {
-  __m256 acc[8];
-  for (auto& a : acc) a = _mm256_set1_ps(1.0f);
-  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-  for (std::int64_t i = 0; i < iters; ++i) {
-    for (auto& a : acc) a = _mm256_fmadd_ps(a, x, y);
+// Twelve independent FMA chains per thread, enough to cover FMA latency on two pipes; named
+// variables so they stay in registers. Returns a value so the loop is not optimized away.
+#define METRALE_FMA_CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+[[gnu::target("avx512f,fma")]] float fma_loop_avx512(std::int64_t iters) {
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+#define DECL(i) __m512 a##i = _mm512_set1_ps(1.0f + 0.01f * (i));
+  METRALE_FMA_CHAINS(DECL)
+#undef DECL
+  for (std::int64_t n = 0; n < iters; ++n) {
+#define STEP(i) a##i = _mm512_fmadd_ps(a##i, x, y);
+    METRALE_FMA_CHAINS(STEP)
+#undef STEP
   }
-  __m256 s = acc[0];
-  for (int i = 1; i < 8; ++i) s = _mm256_add_ps(s, acc[i]);
+  __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+  METRALE_FMA_CHAINS(SUM)
+#undef SUM
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0];
+}
+
+[[gnu::target("avx2,fma")]] float fma_loop_avx2(std::int64_t iters) {
+  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+#define DECL(i) __m256 a##i = _mm256_set1_ps(1.0f + 0.01f * (i));
+  METRALE_FMA_CHAINS(DECL)
+#undef DECL
+  for (std::int64_t n = 0; n < iters; ++n) {
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, x, y);
+    METRALE_FMA_CHAINS(STEP)
+#undef STEP
+  }
+  __m256 s = _mm256_setzero_ps();
+#define SUM(i) s = _mm256_add_ps(s, a##i);
+  METRALE_FMA_CHAINS(SUM)
+#undef SUM
   float out[8];
   _mm256_storeu_ps(out, s);
   return out[0];
 }
 
-double cpu_fma_rate() {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+// FP32 FMA rate of every thread at once, with the widest vectors the processor has.
+double cpu_fma_rate(std::string* of) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+  *of = fmt::format("FP32 FMA ({}) on every thread", avx512 ? "AVX-512" : "AVX2");
   const unsigned threads = host_threads();
-  const std::int64_t iters = 20'000'000;
+  const std::int64_t iters = 10'000'000;
+  const double lanes = avx512 ? 16 : 8;
   return median_of(3, [&] {
     const auto t0 = Clock::now();
     std::vector<std::thread> pool;
-    std::vector<double> sink(threads);
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[t] = fma_loop(iters); });
+    std::vector<float> sink(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back(
+          [&, t] { sink[t] = avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters); });
+    }
     for (auto& th : pool) th.join();
-    return static_cast<double>(threads) * static_cast<double>(iters) * 8 * 8 * 2 /
+    return static_cast<double>(threads) * static_cast<double>(iters) * 12 * lanes * 2 /
            seconds_since(t0);
   });
 }
@@ -119,8 +155,7 @@ Roofline measure_roofline(Backend& backend) {
   if (backend.name() == "cpu") {
     r.bandwidth = cpu_read_bandwidth();
     r.bandwidth_of = "multi-threaded read of 512 MiB";
-    r.flops = cpu_fma_rate();
-    r.flops_of = "FP32 FMA (AVX2) on every thread";
+    r.flops = cpu_fma_rate(&r.flops_of);
   } else {
     r.bandwidth = device_copy_bandwidth(backend);
     r.bandwidth_of = "device-to-device copy of 1 GiB (read + write)";
