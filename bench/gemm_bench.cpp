@@ -7,48 +7,22 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "metrale/cpu_backend.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
+#include "roofline.h"
 
 namespace {
 
 using metrale::CpuBackend;
 
-// Bytes per second of a multi-threaded read of 1 GiB (median of 5), measured once.
+// Bytes per second of the machine's read roof (the CLI's measurement), measured once.
 double read_bandwidth() {
   static const double bw = [] {
-    const std::size_t words = (std::size_t{1} << 30) / 8;
-    std::vector<std::uint64_t> buf(words, 1);
-    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-    std::vector<double> rates;
-    for (int rep = 0; rep < 5; ++rep) {
-      std::vector<std::uint64_t> sums(threads, 0);
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<std::thread> pool;
-      for (unsigned t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] {
-          const std::size_t b = words * t / threads, e = words * (t + 1) / threads;
-          std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-          for (std::size_t i = b; i + 4 <= e; i += 4) {
-            s0 += buf[i];
-            s1 += buf[i + 1];
-            s2 += buf[i + 2];
-            s3 += buf[i + 3];
-          }
-          sums[t] = s0 + s1 + s2 + s3;
-        });
-      }
-      for (auto& th : pool) th.join();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      benchmark::DoNotOptimize(sums);
-      rates.push_back(static_cast<double>(words * 8) / s);
-    }
-    std::sort(rates.begin(), rates.end());
-    return rates[rates.size() / 2];
+    CpuBackend b;
+    return metrale::cli::measure_roofline(b).bandwidth;
   }();
   return bw;
 }

@@ -17,28 +17,21 @@
 #include <string>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
+#include "support/read_back.h"
 
 namespace metrale {
 namespace {
 
+using testing::expect_error;
 using ::testing::HasSubstr;
-
-template <class F>
-Error catch_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a metrale::Error";
-  return Error(ErrorCode::kInternal, "no-throw", "nothing was thrown");
-}
+using testing::read;
 
 template <class T>
 T* at(std::uint64_t address) {
@@ -145,13 +138,6 @@ CpuBackendOptions options(unsigned threads, bool with_core = false) {
   o.modules.push_back(test_module());
   o.threads = threads;
   return o;
-}
-
-template <class T>
-std::vector<T> read(Backend& b, DevicePtr p, std::size_t n) {
-  std::vector<T> out(n);
-  b.copy_d2h(out.data(), p, n * sizeof(T));
-  return out;
 }
 
 // A zeroed device array of n uint32.
@@ -262,7 +248,7 @@ TEST(CpuLaunch, BadLaunchShapesAreRejectedNamingTheKernelAndRunNothing) {
        "shared 232449 B: more dynamic shared memory than the 232448 B a block can have"},
   };
   for (const Case& c : cases) {
-    const Error e = catch_error(c.call);
+    const Error e = expect_error(c.call);
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << c.what;
     EXPECT_THAT(e.what(), HasSubstr("[launch] test::count grid")) << c.what;
     EXPECT_THAT(e.what(), HasSubstr(c.expect)) << c.what;
@@ -277,7 +263,7 @@ TEST(CpuLaunch, BadLaunchShapesAreRejectedNamingTheKernelAndRunNothing) {
 TEST(CpuLaunch, AnExceptionInsideAKernelIsADeviceFaultNamingTheLaunch) {
   CpuBackend b(options(4));
   const KernelHandle k = b.kernel("test", "throws");
-  const Error e = catch_error([&] {
+  const Error e = expect_error([&] {
     b.launch(k, Dim3{3, 2, 1}, Dim3{64}, 128, b.default_stream(), std::span<void*>{});
   });
   EXPECT_EQ(e.code(), ErrorCode::kDeviceFault);
@@ -293,7 +279,7 @@ TEST(CpuLaunch, AnExceptionInsideAKernelIsADeviceFaultNamingTheLaunch) {
   b.begin_capture(s);
   b.launch(k, Dim3{2}, Dim3{1}, 0, s, std::span<void*>{});
   const GraphHandle g = b.end_capture(s);
-  const Error replay = catch_error([&] { b.launch_graph(g, s); });
+  const Error replay = expect_error([&] { b.launch_graph(g, s); });
   EXPECT_EQ(replay.code(), ErrorCode::kDeviceFault);
   EXPECT_THAT(replay.what(), HasSubstr("test::throws grid (2, 1, 1)"));
   b.destroy_graph(g);
@@ -307,7 +293,7 @@ TEST(CpuLaunch, HandlesNotResolvedByThisBackendAreRejected) {
   const KernelHandle foreign = other.kernel("test", "count");
   const DevicePtr counts = zeros(b, 4);
   for (const KernelHandle h : {foreign, KernelHandle{}, KernelHandle{0x1234}}) {
-    const Error e = catch_error([&] { launch1(b, h, Dim3{1}, Dim3{1}, 0, counts); });
+    const Error e = expect_error([&] { launch1(b, h, Dim3{1}, Dim3{1}, 0, counts); });
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr(fmt::format("[launch] kernel 0x{:x} was not resolved by this "
                                                 "cpu backend",
@@ -328,12 +314,12 @@ TEST(CpuLookup, UnknownModulesAndFunctionsListWhatExists) {
   EXPECT_EQ(b.module("test")->kernels().size(), 6u);
   EXPECT_EQ(b.module("nope"), nullptr);
 
-  const Error mod = catch_error([&] { (void)b.kernel("nope", "count"); });
+  const Error mod = expect_error([&] { (void)b.kernel("nope", "count"); });
   EXPECT_EQ(mod.code(), ErrorCode::kNotFound);
   EXPECT_THAT(mod.what(), HasSubstr("[kernel] module 'nope' is not loaded on the cpu backend "
                                     "(loaded: core, w4a16, test); asked for nope::count from "
                                     "launch_test.cpp:"));
-  const Error fn = catch_error([&] { (void)b.kernel("test", "zzz"); });
+  const Error fn = expect_error([&] { (void)b.kernel("test", "zzz"); });
   EXPECT_EQ(fn.code(), ErrorCode::kNotFound);
   EXPECT_THAT(fn.what(), HasSubstr("[kernel] module 'test' has no kernel 'zzz' (it has: count, "
                                    "shape, shared, throws, echo, mix)"));
@@ -347,7 +333,7 @@ TEST(CpuLookup, DeniedLookupsFailAsNotFound) {
   CpuFaults faults;
   faults.deny_lookups = {"test::count"};
   b.set_faults(faults);
-  const Error e = catch_error([&] { (void)b.kernel("test", "count"); });
+  const Error e = expect_error([&] { (void)b.kernel("test", "count"); });
   EXPECT_EQ(e.code(), ErrorCode::kNotFound);
   EXPECT_THAT(e.what(), HasSubstr("[kernel] test::count (from launch_test.cpp:"));
   EXPECT_THAT(e.what(), HasSubstr("denied by fault injection"));
@@ -400,14 +386,14 @@ TEST(CpuLookup, PublishedMetadataIsRecordedAndAMalformedTileFailsTheLookup) {
   EXPECT_TRUE(b.kernel_casts_a_to_e4m3(count));
   const KernelHandle shape = b.kernel("test", "shape");
   EXPECT_FALSE(b.kernel_casts_a_to_e4m3(shape));
-  const Error none = catch_error([&] { (void)b.kernel_n_tile(shape); });
+  const Error none = expect_error([&] { (void)b.kernel_n_tile(shape); });
   EXPECT_EQ(none.code(), ErrorCode::kNotFound);
   EXPECT_THAT(none.what(), HasSubstr("[kernel_n_tile] test::shape publishes no N tile"));
-  const Error zero = catch_error([&] { (void)b.kernel_n_tile(b.kernel("bad", "zero")); });
+  const Error zero = expect_error([&] { (void)b.kernel_n_tile(b.kernel("bad", "zero")); });
   EXPECT_EQ(zero.code(), ErrorCode::kNotFound);
   EXPECT_THAT(zero.what(), HasSubstr("[kernel_n_tile] bad::zero publishes no N tile"));
 
-  const Error e = catch_error([&] { (void)b.kernel("bad", "k"); });
+  const Error e = expect_error([&] { (void)b.kernel("bad", "k"); });
   EXPECT_EQ(e.code(), ErrorCode::kDriver);
   EXPECT_THAT(e.what(), HasSubstr("[kernel] bad::k publishes k_n_tile as 2 byte(s); it must be a "
                                   "4-byte unsigned"));
@@ -437,7 +423,7 @@ TEST(CpuLaunch, LaunchTypedPacksArgumentsTheKernelReadsBack) {
   EXPECT_EQ(got.t.c, 3u);
   EXPECT_EQ(got.h, 0xBEEF);
   // A typed launch with the wrong number of arguments is rejected like an untyped one.
-  const Error e = catch_error([&] {
+  const Error e = expect_error([&] {
     b.launch_typed(k, Dim3{1}, Dim3{1}, 0, b.default_stream(), std::span(args).first(4));
   });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -447,7 +433,7 @@ TEST(CpuLaunch, LaunchTypedPacksArgumentsTheKernelReadsBack) {
   std::array wrong = args;
   wrong[1] = KernelArg::value(std::uint64_t{1});
   const Error size =
-      catch_error([&] { b.launch_typed(k, Dim3{1}, Dim3{1}, 0, b.default_stream(), wrong); });
+      expect_error([&] { b.launch_typed(k, Dim3{1}, Dim3{1}, 0, b.default_stream(), wrong); });
   EXPECT_EQ(size.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(size.what(),
               HasSubstr("test::echo parameter 1 is 4 byte(s), the argument given is 8"));
@@ -509,7 +495,7 @@ TEST(CpuLaunch, OneThreadAndFourThreadsGiveIdenticalResults) {
 TEST(CpuLaunch, AModuleGivenTwiceIsRejected) {
   CpuBackendOptions o = options(1);
   o.modules.push_back(test_module());
-  const Error e = catch_error([&] { CpuBackend b(std::move(o)); });
+  const Error e = expect_error([&] { CpuBackend b(std::move(o)); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[CpuBackend] module 'test' is given twice"));
 }

@@ -8,27 +8,20 @@
 #include <cstring>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "support/log_capture.h"
+#include "support/read_back.h"
 
 namespace metrale {
 namespace {
 
+using testing::expect_error;
 using ::testing::HasSubstr;
+using testing::read;
 
 // Runs f and returns the metrale::Error it throws; records a failure when it throws none.
-template <class F>
-Error catch_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a metrale::Error";
-  return Error(ErrorCode::kInternal, "no-throw", "nothing was thrown");
-}
-
 std::string hex(std::uint64_t address) {
   return fmt::format("0x{:x}", address);
 }
@@ -85,11 +78,11 @@ TEST(CpuMemory, AllocationsOfEveryKindAre256ByteAligned) {
 
 TEST(CpuMemory, ZeroByteAllocationIsRejectedNamingTheCaller) {
   CpuBackend b;
-  const Error e = catch_error([&] { b.alloc(0); });
+  const Error e = expect_error([&] { b.alloc(0); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[alloc] bytes = 0"));
   EXPECT_THAT(e.what(), HasSubstr("memory_test.cpp:"));
-  const Error p = catch_error([&] { b.alloc_pinned(0); });
+  const Error p = expect_error([&] { b.alloc_pinned(0); });
   EXPECT_EQ(p.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(p.what(), HasSubstr("[alloc_pinned]"));
   EXPECT_EQ(b.live_alloc_count(), 0u);
@@ -117,7 +110,7 @@ TEST(CpuMemory, HostToDeviceOverrunThrowsAndWritesNothing) {
   CpuBackend b;
   const DevicePtr a = filled(b, 64, 0x11);
   const std::vector<std::uint8_t> src(64, 0x99);
-  const Error e = catch_error([&] { b.copy_h2d(a.offset(32), src.data(), 64); });
+  const Error e = expect_error([&] { b.copy_h2d(a.offset(32), src.data(), 64); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[copy_h2d]"));
   EXPECT_THAT(e.what(), HasSubstr(hex(a.offset(32))));
@@ -125,7 +118,7 @@ TEST(CpuMemory, HostToDeviceOverrunThrowsAndWritesNothing) {
   expect_all(b, a, 64, 0x11);
 
   const StreamHandle s = b.create_stream();
-  const Error async = catch_error([&] { b.copy_h2d_async(a, src.data(), 65, s); });
+  const Error async = expect_error([&] { b.copy_h2d_async(a, src.data(), 65, s); });
   EXPECT_EQ(async.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(async.what(), HasSubstr("[copy_h2d]"));
   expect_all(b, a, 64, 0x11);
@@ -137,13 +130,13 @@ TEST(CpuMemory, DeviceToHostOverrunThrowsAndWritesNothing) {
   CpuBackend b;
   const DevicePtr a = filled(b, 64, 0x22);
   std::vector<std::uint8_t> dst(64, 0x77);
-  const Error e = catch_error([&] { b.copy_d2h(dst.data(), a.offset(8), 64); });
+  const Error e = expect_error([&] { b.copy_d2h(dst.data(), a.offset(8), 64); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[copy_d2h]"));
   EXPECT_THAT(e.what(), HasSubstr("source " + hex(a.offset(8))));
   EXPECT_EQ(dst, std::vector<std::uint8_t>(64, 0x77));
 
-  const Error null_dst = catch_error([&] { b.copy_d2h(nullptr, a, 4); });
+  const Error null_dst = expect_error([&] { b.copy_d2h(nullptr, a, 4); });
   EXPECT_EQ(null_dst.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(null_dst.what(), HasSubstr("[copy_d2h] destination is null"));
   b.free(a);
@@ -153,18 +146,18 @@ TEST(CpuMemory, DeviceToDeviceOverrunOfEitherSideThrowsAndWritesNothing) {
   CpuBackend b;
   const DevicePtr small = filled(b, 64, 0x33);
   const DevicePtr big = filled(b, 128, 0x44);
-  const Error dst_over = catch_error([&] { b.copy_d2d(small, big, 128); });
+  const Error dst_over = expect_error([&] { b.copy_d2d(small, big, 128); });
   EXPECT_EQ(dst_over.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(dst_over.what(), HasSubstr("[copy_d2d] destination " + hex(small)));
   expect_all(b, small, 64, 0x33);
 
-  const Error src_over = catch_error([&] { b.copy_d2d(big, small.offset(1), 64); });
+  const Error src_over = expect_error([&] { b.copy_d2d(big, small.offset(1), 64); });
   EXPECT_EQ(src_over.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(src_over.what(), HasSubstr("[copy_d2d] source " + hex(small.offset(1))));
   expect_all(b, big, 128, 0x44);
 
   const StreamHandle s = b.create_stream();
-  const Error async = catch_error([&] { b.copy_d2d_async(small, big, 65, s); });
+  const Error async = expect_error([&] { b.copy_d2d_async(small, big, 65, s); });
   EXPECT_EQ(async.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(async.what(), HasSubstr("[copy_d2d]"));
   expect_all(b, small, 64, 0x33);
@@ -176,14 +169,14 @@ TEST(CpuMemory, DeviceToDeviceOverrunOfEitherSideThrowsAndWritesNothing) {
 TEST(CpuMemory, MemsetOverrunThrowsAndWritesNothing) {
   CpuBackend b;
   const DevicePtr a = filled(b, 64, 0x55);
-  const Error e = catch_error([&] { b.memset(a, 0xFF, 65); });
+  const Error e = expect_error([&] { b.memset(a, 0xFF, 65); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[memset] destination " + hex(a)));
   EXPECT_THAT(e.what(), HasSubstr("by 1 bytes"));
   expect_all(b, a, 64, 0x55);
 
   const Error async =
-      catch_error([&] { b.memset_async(a.offset(60), 0xFF, 8, b.default_stream()); });
+      expect_error([&] { b.memset_async(a.offset(60), 0xFF, 8, b.default_stream()); });
   EXPECT_EQ(async.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(async.what(), HasSubstr("[memset] destination " + hex(a.offset(60))));
   expect_all(b, a, 64, 0x55);
@@ -210,17 +203,17 @@ TEST(CpuMemory, Copy2dCopiesRowsAndRejectsOverrunsWithoutWriting) {
   b.memset(d, 0xCC, 48);
   // Height 5 at pitch 12 needs 4 * 12 + 8 = 56 bytes of the 48-byte destination.
   const Error dst_over =
-      catch_error([&] { b.copy_2d_async(d, 12, s, 8, 8, 5, b.default_stream()); });
+      expect_error([&] { b.copy_2d_async(d, 12, s, 8, 8, 5, b.default_stream()); });
   EXPECT_EQ(dst_over.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(dst_over.what(), HasSubstr("[copy_2d] destination " + hex(d)));
   expect_all(b, d, 48, 0xCC);
   // Source rows of pitch 16 over 4 rows starting at byte 8 reach 8 + 48 + 12 > 64.
   const Error src_over =
-      catch_error([&] { b.copy_2d_async(d, 12, s.offset(8), 16, 12, 4, b.default_stream()); });
+      expect_error([&] { b.copy_2d_async(d, 12, s.offset(8), 16, 12, 4, b.default_stream()); });
   EXPECT_EQ(src_over.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(src_over.what(), HasSubstr("[copy_2d] source " + hex(s.offset(8))));
   expect_all(b, d, 48, 0xCC);
-  const Error wide = catch_error([&] { b.copy_2d_async(d, 4, s, 16, 8, 2, b.default_stream()); });
+  const Error wide = expect_error([&] { b.copy_2d_async(d, 4, s, 16, 8, 2, b.default_stream()); });
   EXPECT_EQ(wide.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(wide.what(), HasSubstr("[copy_2d] width 8 bytes exceeds a pitch"));
   expect_all(b, d, 48, 0xCC);
@@ -234,7 +227,7 @@ TEST(CpuMemory, PointersThatAreNoAllocationOfThisBackendAreRejected) {
   std::uint32_t on_stack = 0;
   const DevicePtr stack{reinterpret_cast<std::uintptr_t>(&on_stack)};
   const std::uint32_t one = 1;
-  const Error e = catch_error([&] { b.copy_h2d(stack, &one, sizeof one); });
+  const Error e = expect_error([&] { b.copy_h2d(stack, &one, sizeof one); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr("[copy_h2d] destination " + hex(stack)));
   EXPECT_THAT(e.what(), HasSubstr("is not inside any allocation of the cpu backend"));
@@ -243,11 +236,11 @@ TEST(CpuMemory, PointersThatAreNoAllocationOfThisBackendAreRejected) {
   // Memory of another backend is not this backend's.
   const DevicePtr foreign = other.alloc(64);
   other.memset(foreign, 0x5A, 64);
-  const Error f = catch_error([&] { b.memset(foreign, 0, 64); });
+  const Error f = expect_error([&] { b.memset(foreign, 0, 64); });
   EXPECT_EQ(f.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(f.what(), HasSubstr("[memset] destination " + hex(foreign)));
   expect_all(other, foreign, 64, 0x5A);
-  const Error ff = catch_error([&] { b.free(foreign); });
+  const Error ff = expect_error([&] { b.free(foreign); });
   EXPECT_EQ(ff.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(ff.what(), HasSubstr("[free] " + hex(foreign) + " is not a live allocation"));
   EXPECT_EQ(other.live_alloc_count(), 1u);
@@ -256,10 +249,10 @@ TEST(CpuMemory, PointersThatAreNoAllocationOfThisBackendAreRejected) {
   // A freed pointer is no allocation either, for copies and for a second free.
   const DevicePtr gone = b.alloc(32);
   b.free(gone);
-  const Error after = catch_error([&] { b.memset(gone, 0, 4); });
+  const Error after = expect_error([&] { b.memset(gone, 0, 4); });
   EXPECT_EQ(after.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(after.what(), HasSubstr("not inside any allocation"));
-  const Error twice = catch_error([&] { b.free(gone); });
+  const Error twice = expect_error([&] { b.free(gone); });
   EXPECT_EQ(twice.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(twice.what(), HasSubstr("never allocated here, or already freed"));
   EXPECT_NO_THROW(b.free(DevicePtr{}));
@@ -269,16 +262,16 @@ TEST(CpuMemory, PointersThatAreNoAllocationOfThisBackendAreRejected) {
 TEST(CpuMemory, InteriorAndMismatchedFreesAreRejectedAndLeaveTheAllocationLive) {
   CpuBackend b;
   const DevicePtr a = b.alloc(64);
-  const Error interior = catch_error([&] { b.free(a.offset(16)); });
+  const Error interior = expect_error([&] { b.free(a.offset(16)); });
   EXPECT_EQ(interior.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(interior.what(),
               HasSubstr("an interior pointer, 16 bytes into the allocation at " + hex(a)));
   void* h = b.alloc_pinned(64);
   const Error wrong_pinned =
-      catch_error([&] { b.free(DevicePtr{reinterpret_cast<std::uintptr_t>(h)}); });
+      expect_error([&] { b.free(DevicePtr{reinterpret_cast<std::uintptr_t>(h)}); });
   EXPECT_EQ(wrong_pinned.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(wrong_pinned.what(), HasSubstr("free it with free_pinned"));
-  const Error wrong_device = catch_error(
+  const Error wrong_device = expect_error(
       [&] { b.free_pinned(reinterpret_cast<void*>(static_cast<std::uintptr_t>(a.address()))); });
   EXPECT_EQ(wrong_device.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(wrong_device.what(), HasSubstr("[free_pinned]"));
@@ -304,21 +297,21 @@ TEST(CpuMemory, PinnedDeviceAddressCoversThePinnedBlockOnly) {
   const std::vector<std::uint8_t> got = read_bytes(b, d, 40);
   for (std::size_t i = 0; i < 40; ++i) EXPECT_EQ(got[i], 190 - i) << i;
 
-  const Error past_end = catch_error([&] { (void)b.pinned_device_address(h + 100); });
+  const Error past_end = expect_error([&] { (void)b.pinned_device_address(h + 100); });
   EXPECT_EQ(past_end.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(past_end.what(), HasSubstr("[pinned_device_address] " + hex(base + 100)));
   const void* device_as_host =
       reinterpret_cast<const void*>(static_cast<std::uintptr_t>(d.address()));
-  const Error not_pinned = catch_error([&] { (void)b.pinned_device_address(device_as_host); });
+  const Error not_pinned = expect_error([&] { (void)b.pinned_device_address(device_as_host); });
   EXPECT_EQ(not_pinned.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(not_pinned.what(), HasSubstr("is not inside a pinned host allocation"));
   int local = 0;
-  const Error stack = catch_error([&] { (void)b.pinned_device_address(&local); });
+  const Error stack = expect_error([&] { (void)b.pinned_device_address(&local); });
   EXPECT_EQ(stack.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(stack.what(), HasSubstr("[pinned_device_address]"));
 
   b.free_pinned(h);
-  const Error freed = catch_error([&] { (void)b.pinned_device_address(h); });
+  const Error freed = expect_error([&] { (void)b.pinned_device_address(h); });
   EXPECT_EQ(freed.code(), ErrorCode::kInvalidArgument);
   b.free(d);
 }
@@ -328,7 +321,7 @@ TEST(CpuMemory, DeviceAllocationCapGivesOutOfMemoryNamingTheSize) {
   CpuFaults faults;
   faults.max_device_alloc = 4096;
   b.set_faults(faults);
-  const Error e = catch_error([&] { b.alloc(8192); });
+  const Error e = expect_error([&] { b.alloc(8192); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
   EXPECT_THAT(e.what(), HasSubstr("[alloc] 8.0 KiB of device memory from memory_test.cpp:"));
   EXPECT_THAT(e.what(), HasSubstr("cap of 4.0 KiB"));
@@ -358,7 +351,7 @@ TEST(CpuMemory, FailAllocAtFailsExactlyTheNthAllocationOfAnyKind) {
   b.set_faults(faults);
   const DevicePtr first = b.alloc(16);
   const DevicePtr second = b.alloc_managed(16);
-  const Error e = catch_error([&] { b.alloc_pinned(16); });
+  const Error e = expect_error([&] { b.alloc_pinned(16); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
   EXPECT_THAT(e.what(), HasSubstr("[alloc_pinned] 16 B of pinned memory"));
   EXPECT_THAT(e.what(), HasSubstr("injected failure of allocation #3"));
@@ -374,7 +367,7 @@ TEST(CpuMemory, FailAllocAtFailsExactlyTheNthAllocationOfAnyKind) {
   // set_faults restarts the count.
   faults.fail_alloc_at = 1;
   b.set_faults(faults);
-  const Error again = catch_error([&] { b.alloc(16); });
+  const Error again = expect_error([&] { b.alloc(16); });
   EXPECT_EQ(again.code(), ErrorCode::kOutOfMemory);
   EXPECT_THAT(again.what(), HasSubstr("allocation #1"));
   const DevicePtr ok = b.alloc(16);
@@ -384,7 +377,7 @@ TEST(CpuMemory, FailAllocAtFailsExactlyTheNthAllocationOfAnyKind) {
 
 TEST(CpuMemory, AnImpossibleSizeIsOutOfMemoryWithNothingLeaked) {
   CpuBackend b;
-  const Error e = catch_error([&] { b.alloc(SIZE_MAX); });
+  const Error e = expect_error([&] { b.alloc(SIZE_MAX); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
   EXPECT_THAT(e.what(), HasSubstr("[alloc]"));
   EXPECT_EQ(b.live_bytes(), 0u);

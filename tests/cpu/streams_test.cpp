@@ -12,33 +12,19 @@
 #include <utility>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
+#include "support/read_back.h"
 
 namespace metrale {
 namespace {
 
+using testing::expect_error;
 using ::testing::HasSubstr;
-
-template <class F>
-Error catch_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a metrale::Error";
-  return Error(ErrorCode::kInternal, "no-throw", "nothing was thrown");
-}
-
-template <class T>
-std::vector<T> read(Backend& b, DevicePtr p, std::size_t n) {
-  std::vector<T> out(n);
-  b.copy_d2h(out.data(), p, n * sizeof(T));
-  return out;
-}
+using testing::read;
 
 template <class T>
 DevicePtr upload(Backend& b, const std::vector<T>& v) {
@@ -96,7 +82,7 @@ TEST(CpuStreams, EventsAreDoneOnceRecordedAndUnknownHandlesAreRejected) {
            {"[wait_event]", [&] { b.wait_event(s, e); }},
            {"[destroy_event]", [&] { b.destroy_event(e); }},
        }) {
-    const Error err = catch_error(call);
+    const Error err = expect_error(call);
     EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << api;
     EXPECT_THAT(err.what(), HasSubstr(api));
     EXPECT_THAT(err.what(), HasSubstr(fmt::format(
@@ -105,7 +91,7 @@ TEST(CpuStreams, EventsAreDoneOnceRecordedAndUnknownHandlesAreRejected) {
   // A live event recorded on a stream that is gone names the stream.
   const EventHandle live = b.create_event();
   b.destroy_stream(t);
-  const Error gone = catch_error([&] { b.record_event(live, t); });
+  const Error gone = expect_error([&] { b.record_event(live, t); });
   EXPECT_EQ(gone.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(gone.what(), HasSubstr(fmt::format("[record_event] stream 0x{:x} is not a live "
                                                  "stream",
@@ -145,7 +131,7 @@ TEST(CpuStreams, HandleCountsReturnToZeroAfterDestroying) {
 
 TEST(CpuStreams, DefaultStreamCannotBeDestroyedAndDeadStreamsAreRejected) {
   CpuBackend b;
-  const Error def = catch_error([&] { b.destroy_stream(b.default_stream()); });
+  const Error def = expect_error([&] { b.destroy_stream(b.default_stream()); });
   EXPECT_EQ(def.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(def.what(), HasSubstr("[destroy_stream] the backend's default stream"));
   // Still usable afterwards.
@@ -155,15 +141,15 @@ TEST(CpuStreams, DefaultStreamCannotBeDestroyedAndDeadStreamsAreRejected) {
 
   const StreamHandle s = b.create_stream();
   b.destroy_stream(s);
-  const Error twice = catch_error([&] { b.destroy_stream(s); });
+  const Error twice = expect_error([&] { b.destroy_stream(s); });
   EXPECT_EQ(twice.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(twice.what(), HasSubstr("[destroy_stream]"));
-  const Error use = catch_error([&] { b.memset_async(p, 1, 16, s); });
+  const Error use = expect_error([&] { b.memset_async(p, 1, 16, s); });
   EXPECT_EQ(use.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(use.what(),
               HasSubstr(fmt::format("[memset] stream 0x{:x} is not a live stream", s.value())));
   EXPECT_EQ(read<std::uint8_t>(b, p, 16), std::vector<std::uint8_t>(16, 9));
-  const Error sync = catch_error([&] { b.synchronize(s); });
+  const Error sync = expect_error([&] { b.synchronize(s); });
   EXPECT_EQ(sync.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(sync.what(), HasSubstr("[synchronize]"));
   b.free(p);
@@ -240,11 +226,11 @@ TEST(CpuGraphs, CaptureRecordsInsteadOfRunningAndReplaysEachLaunch) {
 
   b.destroy_graph(g);
   EXPECT_EQ(b.handle_counts().graphs, 0u);
-  const Error replay = catch_error([&] { b.launch_graph(g, f.s); });
+  const Error replay = expect_error([&] { b.launch_graph(g, f.s); });
   EXPECT_EQ(replay.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(replay.what(),
               HasSubstr(fmt::format("[launch_graph] graph 0x{:x} is not a live graph", g.value())));
-  const Error destroy = catch_error([&] { b.destroy_graph(g); });
+  const Error destroy = expect_error([&] { b.destroy_graph(g); });
   EXPECT_EQ(destroy.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(destroy.what(), HasSubstr("[destroy_graph]"));
   f.expect_y(2.0f);
@@ -284,16 +270,16 @@ TEST(CpuGraphs, SynchronizeInsideACaptureInvalidatesIt) {
   CpuBackend& b = f.b;
   b.begin_capture(f.s);
   b.memset_async(f.z, 0x5A, 64, f.s);
-  const Error sync = catch_error([&] { b.synchronize(f.s); });
+  const Error sync = expect_error([&] { b.synchronize(f.s); });
   EXPECT_EQ(sync.code(), ErrorCode::kCapture);
   EXPECT_THAT(sync.what(), HasSubstr("[synchronize]"));
   EXPECT_THAT(sync.what(), HasSubstr("invalidates it"));
   // Later work on the invalidated capture is refused, naming what spoiled it.
-  const Error more = catch_error([&] { b.memset_async(f.z, 0x00, 64, f.s); });
+  const Error more = expect_error([&] { b.memset_async(f.z, 0x00, 64, f.s); });
   EXPECT_EQ(more.code(), ErrorCode::kCapture);
   EXPECT_THAT(more.what(), HasSubstr("[memset]"));
   EXPECT_THAT(more.what(), HasSubstr("was invalidated by synchronize"));
-  const Error end = catch_error([&] { (void)b.end_capture(f.s); });
+  const Error end = expect_error([&] { (void)b.end_capture(f.s); });
   EXPECT_EQ(end.code(), ErrorCode::kCapture);
   EXPECT_THAT(end.what(), HasSubstr("[end_capture]"));
   EXPECT_THAT(end.what(), HasSubstr("was invalidated by synchronize"));
@@ -311,29 +297,29 @@ TEST(CpuGraphs, DeviceToHostCopyAndDeviceSyncInsideACaptureThrow) {
   CpuBackend& b = f.b;
   b.begin_capture(f.s);
   std::vector<std::uint32_t> host(100, 1u);
-  const Error d2h = catch_error([&] { b.copy_d2h_after(host.data(), f.src, 400, f.s); });
+  const Error d2h = expect_error([&] { b.copy_d2h_after(host.data(), f.src, 400, f.s); });
   EXPECT_EQ(d2h.code(), ErrorCode::kCapture);
   EXPECT_THAT(d2h.what(), HasSubstr("[copy_d2h]"));
   EXPECT_EQ(host, std::vector<std::uint32_t>(100, 1u));
-  const Error end = catch_error([&] { (void)b.end_capture(f.s); });
+  const Error end = expect_error([&] { (void)b.end_capture(f.s); });
   EXPECT_EQ(end.code(), ErrorCode::kCapture);
   EXPECT_THAT(end.what(), HasSubstr("invalidated by copy_d2h"));
 
   b.begin_capture(f.s);
-  const Error dev = catch_error([&] { b.synchronize_device(); });
+  const Error dev = expect_error([&] { b.synchronize_device(); });
   EXPECT_EQ(dev.code(), ErrorCode::kCapture);
   EXPECT_THAT(dev.what(), HasSubstr("[synchronize_device]"));
-  const Error end2 = catch_error([&] { (void)b.end_capture(f.s); });
+  const Error end2 = expect_error([&] { (void)b.end_capture(f.s); });
   EXPECT_EQ(end2.code(), ErrorCode::kCapture);
   EXPECT_THAT(end2.what(), HasSubstr("invalidated by synchronize_device"));
 
   // Blocking copies and memsets use the default stream: capturing it refuses them.
   b.begin_capture(b.default_stream());
-  const Error memset = catch_error([&] { b.memset(f.z, 0, 64); });
+  const Error memset = expect_error([&] { b.memset(f.z, 0, 64); });
   EXPECT_EQ(memset.code(), ErrorCode::kCapture);
   EXPECT_THAT(memset.what(), HasSubstr("[memset]"));
   const std::vector<std::uint8_t> bytes(64, 0xEE);
-  const Error h2d = catch_error([&] { b.copy_h2d(f.z, bytes.data(), 64); });
+  const Error h2d = expect_error([&] { b.copy_h2d(f.z, bytes.data(), 64); });
   EXPECT_EQ(h2d.code(), ErrorCode::kCapture);
   b.abort_capture(b.default_stream());
   EXPECT_EQ(read<std::uint8_t>(b, f.z, 64), std::vector<std::uint8_t>(64, 0x01));
@@ -347,7 +333,7 @@ TEST(CpuGraphs, AbortCaptureEndsItAndIsANoOpOtherwise) {
   b.abort_capture(f.s);
   EXPECT_FALSE(b.is_capturing(f.s));
   EXPECT_EQ(read<std::uint8_t>(b, f.z, 64), std::vector<std::uint8_t>(64, 0x01));
-  const Error end = catch_error([&] { (void)b.end_capture(f.s); });
+  const Error end = expect_error([&] { (void)b.end_capture(f.s); });
   EXPECT_EQ(end.code(), ErrorCode::kCapture);
   EXPECT_THAT(end.what(), HasSubstr("is not capturing"));
   // No-op when not capturing, and on handles that are no stream at all.
@@ -364,7 +350,7 @@ TEST(CpuGraphs, BeginCaptureTwiceThrowsAndKeepsTheFirstCapture) {
   CpuBackend& b = f.b;
   b.begin_capture(f.s);
   b.memset_async(f.z, 0x5A, 64, f.s);
-  const Error twice = catch_error([&] { b.begin_capture(f.s); });
+  const Error twice = expect_error([&] { b.begin_capture(f.s); });
   EXPECT_EQ(twice.code(), ErrorCode::kCapture);
   EXPECT_THAT(twice.what(), HasSubstr(fmt::format("[begin_capture] stream 0x{:x} is already "
                                                   "capturing",
@@ -382,16 +368,16 @@ TEST(CpuGraphs, KernelLookupsDuringACaptureThrowButMemoizedHitsWork) {
   const KernelHandle fill = b.op_cache().kernel(b, "core", "fill_u32");
   const std::size_t audit_before = b.lookup_audit().size();
   b.begin_capture(f.s);
-  const Error direct = catch_error([&] { (void)b.kernel("core", "axpy_f32"); });
+  const Error direct = expect_error([&] { (void)b.kernel("core", "axpy_f32"); });
   EXPECT_EQ(direct.code(), ErrorCode::kCapture);
   EXPECT_THAT(direct.what(), HasSubstr("[kernel] cannot resolve core::axpy_f32"));
   EXPECT_THAT(direct.what(), HasSubstr("streams_test.cpp:"));
   EXPECT_THAT(direct.what(), HasSubstr("before the capture"));
-  const Error miss = catch_error([&] { (void)b.op_cache().kernel(b, "core", "axpy_f32"); });
+  const Error miss = expect_error([&] { (void)b.op_cache().kernel(b, "core", "axpy_f32"); });
   EXPECT_EQ(miss.code(), ErrorCode::kCapture);
   EXPECT_THAT(miss.what(), HasSubstr("before the capture"));
   // An op whose kernel is not memoized fails the same way and records nothing.
-  const Error op = catch_error([&] { ops::axpy_f32(b, f.s, f.y, f.x, 1.0f, GraphFixture::n); });
+  const Error op = expect_error([&] { ops::axpy_f32(b, f.s, f.y, f.x, 1.0f, GraphFixture::n); });
   EXPECT_EQ(op.code(), ErrorCode::kCapture);
   // The memoized kernel is still served, and a fill op works inside the capture.
   EXPECT_EQ(b.op_cache().kernel(b, "core", "fill_u32"), fill);
@@ -424,7 +410,7 @@ TEST(CpuGraphs, ReplayAfterACapturedBufferIsFreedFailsWithoutWriting) {
   b.memset_async(doomed, 0x5A, 64, s);
   const GraphHandle g = b.end_capture(s);
   b.free(doomed);
-  const Error e = catch_error([&] { b.launch_graph(g, s); });
+  const Error e = expect_error([&] { b.launch_graph(g, s); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_THAT(e.what(), HasSubstr(fmt::format("[memset] destination 0x{:x} is not inside any "
                                               "allocation",
@@ -484,7 +470,7 @@ TEST(CpuGraphs, ACaptureOnAnotherStreamAlsoBlocksLookups) {
   CpuBackend b;
   const StreamHandle other = b.create_stream();
   b.begin_capture(other);
-  const Error e = catch_error([&] { (void)b.kernel("core", "fill_u32"); });
+  const Error e = expect_error([&] { (void)b.kernel("core", "fill_u32"); });
   EXPECT_EQ(e.code(), ErrorCode::kCapture);
   EXPECT_THAT(e.what(), HasSubstr(fmt::format("stream 0x{:x} is capturing", other.value())));
   b.abort_capture(other);

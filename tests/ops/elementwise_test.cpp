@@ -14,38 +14,24 @@
 #include <string>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
+#include "support/read_back.h"
 
 namespace metrale {
 namespace {
 
+using testing::expect_error;
 using ::testing::HasSubstr;
+using testing::read;
 
 constexpr std::uint32_t kPoison = 0xABABABABu;  // what memset(0xAB) leaves in a uint32
 constexpr std::size_t kTail = 37;               // elements past n that no op may touch
-
-template <class F>
-Error catch_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a metrale::Error";
-  return Error(ErrorCode::kInternal, "no-throw", "nothing was thrown");
-}
-
-template <class T>
-std::vector<T> read(Backend& b, DevicePtr p, std::size_t n) {
-  std::vector<T> out(n);
-  b.copy_d2h(out.data(), p, n * sizeof(T));
-  return out;
-}
 
 // n uint32 elements (plus the tail) filled with 0xAB bytes.
 DevicePtr poisoned(Backend& b, std::size_t n) {
@@ -184,15 +170,15 @@ TEST(FillU32, BadArgumentsThrowAndWriteNothing) {
   constexpr std::size_t n = 300;
   const DevicePtr out = poisoned(b, n);
   const StreamHandle s = b.default_stream();
-  expect_rejected_before_launch(b, catch_error([&] { ops::fill_u32(b, s, DevicePtr{}, n, 1u); }),
+  expect_rejected_before_launch(b, expect_error([&] { ops::fill_u32(b, s, DevicePtr{}, n, 1u); }),
                                 "fill_u32", "out is null");
   expect_rejected_before_launch(
-      b, catch_error([&] { ops::fill_u32(b, s, out.offset(2), n, 1u); }), "fill_u32",
+      b, expect_error([&] { ops::fill_u32(b, s, out.offset(2), n, 1u); }), "fill_u32",
       fmt::format("out = 0x{:x} is not 4-byte aligned", out.offset(2).address()));
-  expect_rejected_before_launch(b, catch_error([&] { ops::fill_u32(b, s, out, 0, 1u); }),
+  expect_rejected_before_launch(b, expect_error([&] { ops::fill_u32(b, s, out, 0, 1u); }),
                                 "fill_u32", "n = 0 is outside [1, 2^32 - 1]");
   expect_rejected_before_launch(
-      b, catch_error([&] { ops::fill_u32(b, s, out, std::size_t{1} << 32, 1u); }), "fill_u32",
+      b, expect_error([&] { ops::fill_u32(b, s, out, std::size_t{1} << 32, 1u); }), "fill_u32",
       "n = 4294967296 is outside [1, 2^32 - 1]");
   EXPECT_EQ(count_poisoned(read<std::uint32_t>(b, out, n + kTail)), n + kTail);
   b.free(out);
@@ -206,7 +192,7 @@ TEST(AxpyF32, BadArgumentsThrowAndWriteNothing) {
   const DevicePtr x = poisoned(b, n);
   const StreamHandle s = b.default_stream();
   auto axpy = [&](DevicePtr yy, DevicePtr xx, std::size_t nn) {
-    return catch_error([&] { ops::axpy_f32(b, s, yy, xx, 1.5f, nn); });
+    return expect_error([&] { ops::axpy_f32(b, s, yy, xx, 1.5f, nn); });
   };
   expect_rejected_before_launch(b, axpy(DevicePtr{}, x, n), "axpy_f32", "y is null");
   expect_rejected_before_launch(b, axpy(y, DevicePtr{}, n), "axpy_f32", "x is null");
@@ -296,7 +282,7 @@ TEST(GridSizing, AKernelPublishingNoTileMakesTheOpThrowWithNothingWritten) {
     CpuBackend b(narrow_core(tile));
     constexpr std::size_t n = 200;
     const DevicePtr out = poisoned(b, n);
-    const Error e = catch_error([&] { ops::fill_u32(b, b.default_stream(), out, n, 5u); });
+    const Error e = expect_error([&] { ops::fill_u32(b, b.default_stream(), out, n, 5u); });
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
     EXPECT_THAT(e.what(), HasSubstr("[kernel_n_tile] core::fill_u32 publishes no N tile"));
     EXPECT_THAT(e.what(), HasSubstr("cannot size its grid from an assumed width"));
@@ -309,7 +295,7 @@ TEST(GridSizing, AMissingKernelMakesTheOpThrowNotFound) {
   CpuBackend b(narrow_core(kNarrowTile));
   const DevicePtr y = poisoned(b, 10);
   const DevicePtr x = poisoned(b, 10);
-  const Error e = catch_error([&] { ops::axpy_f32(b, b.default_stream(), y, x, 1.0f, 10); });
+  const Error e = expect_error([&] { ops::axpy_f32(b, b.default_stream(), y, x, 1.0f, 10); });
   EXPECT_EQ(e.code(), ErrorCode::kNotFound);
   EXPECT_THAT(e.what(), HasSubstr("[kernel] module 'core' has no kernel 'axpy_f32'"));
   EXPECT_THAT(e.what(), HasSubstr("elementwise.cpp"));
