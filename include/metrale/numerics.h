@@ -97,8 +97,12 @@ METRALE_HD std::uint8_t bf16_to_e4m3(std::uint16_t h) {
 
 // E2M1 code (low 4 bits: sign, 2 exponent, 1 mantissa) to float: ±{0, .5, 1, 1.5, 2, 3, 4, 6}.
 METRALE_HD float e2m1_to_f32(std::uint8_t code) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float m = kMag[code & 7u];
+  // Built from the bits rather than a table: a local table indexed at run time lands in GPU
+  // local memory. c = (e1 e0 m): e = 0 gives 0 or 0.5; otherwise (1 + m/2) · 2^(e − 1).
+  const std::uint32_t c = code & 7u;
+  const std::uint32_t bits =
+      c < 2 ? (c ? 0x3F000000u : 0u) : (((c >> 1) + 126u) << 23) | ((c & 1u) << 22);
+  const float m = bits_f32(bits);
   return (code & 8u) ? -m : m;
 }
 
