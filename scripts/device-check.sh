@@ -12,12 +12,14 @@ build=build-device
 declare -a rows
 t0=$(date +%s)
 
-step() {  # step NAME COMMAND...: runs, logs to $out/NAME.log, records pass/fail and seconds
-  local name=$1
-  shift
-  local s=$(date +%s)
-  if "$@" >"$out/$name.log" 2>&1; then rows+=("$name|PASS|$(($(date +%s) - s))s")
-  else rows+=("$name|FAIL ($?)|$(($(date +%s) - s))s"); fi
+step() {  # step NAME LIMIT_S COMMAND...: runs under a time limit, logs to $out/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local s=$(date +%s) rc=0
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if ((rc == 0)); then rows+=("$name|PASS|$(($(date +%s) - s))s")
+  elif ((rc == 124)); then rows+=("$name|TIMEOUT|${limit}s")
+  else rows+=("$name|FAIL ($rc)|$(($(date +%s) - s))s"); fi
   tail -n 25 "$out/$name.log"
 }
 
@@ -28,15 +30,19 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
   export CPATH=/tmp/devdeps/usr/include${CPATH:+:$CPATH}
 fi
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
-step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
-step build cmake --build "$build" -j "$(nproc)"
-step info "$build/metrale" info
-step gpu-tests ctest --test-dir "$build" -L gpu --output-on-failure
-step other-tests ctest --test-dir "$build" -LE "gpu|nogpu" -j "$(nproc)" --output-on-failure
-step check-cuda "$build/metrale" check --backend cuda
-step bench-70b "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
-step bench-op-cache "$build/bench/bench_op_cache" --benchmark_min_time=0.2
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>/dev/null ||
+  echo "no nvidia-smi: no NVIDIA driver here" >"$out/gpu.txt"
+# Limits keep the whole run inside 8 minutes even when a step hangs.
+step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
+step build 180 cmake --build "$build" -j "$(nproc)"
+step info 20 "$build/metrale" info
+step gpu-tests 60 ctest --test-dir "$build" -L gpu --output-on-failure
+step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu" -j "$(nproc)" --output-on-failure
+step check-cuda 30 "$build/metrale" check --backend cuda
+# M = 4096 waits for the tensor-core prefill kernel of issue 5: the first w4a16 module re-reads A
+# for every column and would not finish. Add it back with that kernel.
+step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16
+step bench-op-cache 20 "$build/bench/bench_op_cache" --benchmark_min_time=0.2
 
 echo
 echo "== device-check summary ($(cat "$out/gpu.txt" 2>/dev/null | head -1)), $(($(date +%s) - t0))s =="

@@ -373,8 +373,8 @@ inline void build_panel(const Weights& w, std::int64_t n0, std::int64_t nc, std:
 // The register block of the tiled route: MR rows of A times the 64-column panel, accumulated in
 // ctile (MR rows of 64 floats).
 template <int MR>
-[[METRALE_TARGET_AVX512]] void tile_avx512(const float* panel, const std::uint16_t* a,
-                                           std::int64_t lda, std::int64_t kc, float* ctile) {
+[[METRALE_TARGET_AVX512]] void tile_avx512(const float* panel, const float* a, std::int64_t kc,
+                                           float* ctile) {
   __m512 acc[MR][4];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(ctile + r * kTileN + v * 16);
@@ -384,7 +384,7 @@ template <int MR>
                  w2 = _mm512_loadu_ps(prow + 32), w3 = _mm512_loadu_ps(prow + 48);
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
-      const __m512 av = _mm512_set1_ps(num::bf16_to_f32(a[r * lda + kk]));
+      const __m512 av = _mm512_set1_ps(a[r * kTileK + kk]);
       acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
       acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
@@ -397,8 +397,8 @@ template <int MR>
 
 // The same with AVX2: MR rows times one 16-column slice of the panel.
 template <int MR>
-[[METRALE_TARGET_AVX2]] void tile_avx2(const float* panel, const std::uint16_t* a, std::int64_t lda,
-                                       std::int64_t kc, float* ctile) {
+[[METRALE_TARGET_AVX2]] void tile_avx2(const float* panel, const float* a, std::int64_t kc,
+                                       float* ctile) {
   for (int col = 0; col < kTileN; col += 16) {
     __m256 acc[MR][2];
     for (int r = 0; r < MR; ++r)
@@ -408,7 +408,7 @@ template <int MR>
       const __m256 w0 = _mm256_loadu_ps(prow), w1 = _mm256_loadu_ps(prow + 8);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
-        const __m256 av = _mm256_set1_ps(num::bf16_to_f32(a[r * lda + kk]));
+        const __m256 av = _mm256_set1_ps(a[r * kTileK + kk]);
         acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
       }
@@ -420,12 +420,11 @@ template <int MR>
 
 // Portable register block: plain loops the compiler vectorizes for the baseline ISA.
 template <int MR>
-void tile_portable(const float* panel, const std::uint16_t* a, std::int64_t lda, std::int64_t kc,
-                   float* ctile) {
+void tile_portable(const float* panel, const float* a, std::int64_t kc, float* ctile) {
   for (std::int64_t kk = 0; kk < kc; ++kk) {
     const float* prow = panel + kk * kTileN;
     for (int r = 0; r < MR; ++r) {
-      const float av = num::bf16_to_f32(a[r * lda + kk]);
+      const float av = a[r * kTileK + kk];
       for (int j = 0; j < kTileN; ++j) ctile[r * kTileN + j] += av * prow[j];
     }
   }
@@ -434,33 +433,42 @@ void tile_portable(const float* panel, const std::uint16_t* a, std::int64_t lda,
 void tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
   const Weights w(p);
   const std::int64_t nc = n1 - n0;
-  thread_local std::vector<float> panel, ctile;
+  thread_local std::vector<float> panel, ctile, arows;
   panel.assign(kTileK * kTileN, 0.0f);
+  arows.assign(4 * kTileK, 0.0f);
   ctile.assign(static_cast<std::size_t>(p.m) * kTileN, 0.0f);
   const std::uint16_t* a = at<const std::uint16_t>(p.a);
   for (std::int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
     const std::int64_t kc = std::min(kTileK, p.k - k0);
     build_panel(w, n0, nc, k0, kc, panel.data());
+    // Rows of A for one register block, converted to FP32 once and reused by all 64 columns
+    // (broadcast from memory in the micro-kernel instead of converted per multiply).
+    auto stage = [&](std::int64_t m0, int rows) {
+      for (int r = 0; r < rows; ++r) {
+        const std::uint16_t* src = a + (m0 + r) * p.k + k0;
+        for (std::int64_t kk = 0; kk < kc; ++kk) arows[r * kTileK + kk] = num::bf16_to_f32(src[kk]);
+      }
+    };
     std::int64_t m0 = 0;
     for (; m0 + 4 <= p.m; m0 += 4) {
-      const std::uint16_t* ar = a + m0 * p.k + k0;
+      stage(m0, 4);
       float* cr = ctile.data() + m0 * kTileN;
       if (isa == Isa::kAvx512)
-        tile_avx512<4>(panel.data(), ar, p.k, kc, cr);
+        tile_avx512<4>(panel.data(), arows.data(), kc, cr);
       else if (isa == Isa::kAvx2)
-        tile_avx2<4>(panel.data(), ar, p.k, kc, cr);
+        tile_avx2<4>(panel.data(), arows.data(), kc, cr);
       else
-        tile_portable<4>(panel.data(), ar, p.k, kc, cr);
+        tile_portable<4>(panel.data(), arows.data(), kc, cr);
     }
     for (; m0 < p.m; ++m0) {
-      const std::uint16_t* ar = a + m0 * p.k + k0;
+      stage(m0, 1);
       float* cr = ctile.data() + m0 * kTileN;
       if (isa == Isa::kAvx512)
-        tile_avx512<1>(panel.data(), ar, p.k, kc, cr);
+        tile_avx512<1>(panel.data(), arows.data(), kc, cr);
       else if (isa == Isa::kAvx2)
-        tile_avx2<1>(panel.data(), ar, p.k, kc, cr);
+        tile_avx2<1>(panel.data(), arows.data(), kc, cr);
       else
-        tile_portable<1>(panel.data(), ar, p.k, kc, cr);
+        tile_portable<1>(panel.data(), arows.data(), kc, cr);
     }
   }
   for (std::int64_t m = 0; m < p.m; ++m) {
