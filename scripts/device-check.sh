@@ -48,5 +48,5 @@ echo
 echo "== device-check summary ($(cat "$out/gpu.txt" 2>/dev/null | head -1)), $(($(date +%s) - t0))s =="
 printf '%-16s %-10s %s\n' step result time
 for r in "${rows[@]}"; do IFS='|' read -r a b c <<<"$r"; printf '%-16s %-10s %s\n' "$a" "$b" "$c"; done
-skipped=$(grep -c "Skipped" "$out/gpu-tests.log" 2>/dev/null || true)
+skipped=$(grep -c "\*\*\*Skipped" "$out/gpu-tests.log" 2>/dev/null || true)
 echo "gpu tests skipped: ${skipped:-0} (a skip means no usable GPU: see $out/gpu-tests.log)"
