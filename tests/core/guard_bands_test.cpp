@@ -13,20 +13,14 @@
 
 #include "metrale/cpu_backend.h"
 #include "support/log_capture.h"
+#include "support/random.h"
 
 namespace metrale {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen{std::random_device{}()};
-  return gen;
-}
-
-std::size_t random_size(std::size_t lo, std::size_t hi) {
-  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng());
-}
+using testing::random_size;
+using testing::rng;
 
 unsigned char* host(DevicePtr p) {
   return reinterpret_cast<unsigned char*>(static_cast<std::uintptr_t>(p.address()));

@@ -9,15 +9,12 @@
 #include <vector>
 
 #include "metrale/kernel_args.h"
+#include "support/random.h"
 
 namespace metrale {
 namespace {
 
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen{std::random_device{}()};
-  return gen;
-}
-
+using testing::rng;
 template <std::size_t N>
 std::array<std::uint8_t, N> random_bytes() {
   std::array<std::uint8_t, N> out{};

@@ -19,6 +19,7 @@
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "support/log_capture.h"
+#include "support/random.h"
 
 namespace metrale {
 namespace {
@@ -26,15 +27,8 @@ namespace {
 using testing::expect_error;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen{std::random_device{}()};
-  return gen;
-}
-
-std::size_t random_size(std::size_t lo, std::size_t hi) {
-  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng());
-}
+using testing::random_size;
+using testing::rng;
 
 constexpr std::size_t kMiB = 1024 * 1024;
 

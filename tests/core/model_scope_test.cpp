@@ -18,6 +18,7 @@
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "support/log_capture.h"
+#include "support/random.h"
 
 namespace metrale {
 namespace {
@@ -26,15 +27,8 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using testing::expect_error;
 using ::testing::HasSubstr;
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen{std::random_device{}()};
-  return gen;
-}
-
-std::size_t random_size(std::size_t lo, std::size_t hi) {
-  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng());
-}
+using testing::random_size;
+using testing::rng;
 
 std::unique_ptr<Backend> make_backend() {
   return std::make_unique<CpuBackend>(CpuBackendOptions{builtin_host_modules(), 1});

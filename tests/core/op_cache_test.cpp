@@ -23,6 +23,7 @@
 #include "metrale/error.h"
 #include "metrale/host_module.h"
 #include "support/log_capture.h"
+#include "support/random.h"
 
 namespace metrale {
 namespace {
@@ -30,15 +31,8 @@ namespace {
 using testing::expect_error;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 gen{std::random_device{}()};
-  return gen;
-}
-
-std::size_t random_size(std::size_t lo, std::size_t hi) {
-  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng());
-}
+using testing::random_size;
+using testing::rng;
 
 CpuBackendOptions one_thread(std::vector<HostModule> modules = builtin_host_modules()) {
   return CpuBackendOptions{std::move(modules), 1};
