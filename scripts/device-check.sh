@@ -36,7 +36,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
 step build 180 cmake --build "$build" -j "$(nproc)"
 step info 20 "$build/metrale" info
-step gpu-tests 60 ctest --test-dir "$build" -L gpu --output-on-failure
+step gpu-tests 60 ctest --test-dir "$build" -L gpu -E GpuSoak --output-on-failure
+# 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the
+# driver's free memory after cycle 1 (tests/gpu/soak_test.cpp); its own step, for its own limit.
+step gpu-soak 120 env METRALE_GPU_SOAK_CYCLES=200 "$build/tests/gpu_tests" --gtest_filter='GpuSoak.*'
 step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu" -j "$(nproc)" --output-on-failure
 step check-cuda 30 "$build/metrale" check --backend cuda
 # M = 4096 waits for the tensor-core prefill kernel of issue 5: the first w4a16 module re-reads A
@@ -50,3 +53,5 @@ printf '%-16s %-10s %s\n' step result time
 for r in "${rows[@]}"; do IFS='|' read -r a b c <<<"$r"; printf '%-16s %-10s %s\n' "$a" "$b" "$c"; done
 skipped=$(grep -c "\*\*\*Skipped" "$out/gpu-tests.log" 2>/dev/null || true)
 echo "gpu tests skipped: ${skipped:-0} (a skip means no usable GPU: see $out/gpu-tests.log)"
+grep -h "^soak gpu" "$out/gpu-soak.log" 2>/dev/null ||
+  echo "gpu soak: no figures (skipped or failed: see $out/gpu-soak.log)"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Every test, from a fresh checkout: formatting, the warnings-as-errors build and its tests
-# (build/), then the whole suite again under AddressSanitizer + UBSan (build-asan/).
+# Every test, from a fresh checkout: formatting; the warnings-as-errors build and its tests
+# (build/); the whole suite again under AddressSanitizer + UBSan (build-asan/); the concurrency
+# tests under ThreadSanitizer (build-tsan/); and each libFuzzer target for FUZZ_SECONDS (default
+# 60) on its committed corpus, after replaying every kept crash input (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,3 +17,9 @@ ctest --preset ci -j "$jobs"
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+cmake --preset tsan
+cmake --build --preset tsan -j "$jobs"
+ctest --preset tsan -j "$jobs"
+
+scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

@@ -88,6 +88,11 @@ class Backend {
   void free_pinned(void* host);
   // The device address through which kernels read the pinned host pointer (interior allowed).
   virtual DevicePtr pinned_device_address(const void* host) const = 0;
+  // Throws Error(kInvalidArgument) "[api] <what> ..." unless [ptr, ptr + bytes) lies inside one
+  // live allocation of this backend. Ops check every range a kernel will touch with it before
+  // they launch anything. Optional: the default accepts anything (a backend that cannot tell).
+  virtual void check_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                           std::uint64_t bytes) const;
 
   // ---- copies (bytes == 0 is a no-op; ranges must lie inside one allocation) ----
   // Blocking host-to-device copy.

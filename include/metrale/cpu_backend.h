@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "metrale/backend.h"
@@ -20,6 +22,13 @@ struct CpuFaults {
   std::size_t max_device_alloc = SIZE_MAX;  // device allocations above this fail (OOM)
   std::uint64_t fail_alloc_at = 0;          // the Nth allocation (1-based, any kind) fails; 0: none
   std::vector<std::string> deny_lookups;    // "module::function" lookups that fail as not found
+  // The Nth fallible call (1-based over every call CpuBackend::fault_call_names() lists, counted
+  // from set_faults) fails before it does anything, with Error "[cpu] <call>: injected failure
+  // (call #N)": kOutOfMemory for allocations, kDriver otherwise. 0: none.
+  std::uint64_t fail_call_at = 0;
+  // Keep the name of every fallible call for fault_calls(). Off by default: the list grows with
+  // every call, which only a fault-injection sweep wants.
+  bool record_calls = false;
 };
 
 struct CpuBackendOptions {
@@ -33,8 +42,15 @@ class CpuBackend final : public Backend {
   // Sweeps the ledger (warning about anything left), then frees streams, events and graphs.
   ~CpuBackend() override;
 
-  // Replaces the injected faults (and restarts the allocation count used by fail_alloc_at).
+  // Replaces the injected faults (and restarts the counts used by fail_alloc_at, fail_call_at).
   void set_faults(CpuFaults faults);
+  // Fallible calls made since set_faults (or construction): the positions fail_call_at can name.
+  std::uint64_t fault_call_count() const;
+  // The name of each of those calls in order ("alloc", "launch", ...); empty unless record_calls.
+  std::vector<std::string> fault_calls() const;
+  // Every name a fallible call can have. Releases (free, destroy_*) are not among them: on the
+  // CPU they fail only for a handle that is not live, which is the caller's error, not a fault.
+  static std::span<const std::string_view> fault_call_names() noexcept;
   // Names of the loaded modules, in load order.
   std::vector<std::string> module_names() const;
   // The loaded module of that name, or null.
@@ -48,6 +64,10 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   std::string device_name() const override;
   DevicePtr pinned_device_address(const void* host) const override;
+  // Kernels write host memory directly, so a range outside the allocations would corrupt the
+  // process: every op's ranges are checked against the block table, as copies are.
+  void check_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                   std::uint64_t bytes) const override;
 
   void copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) override;
   void copy_d2h(void* dst, DevicePtr src, std::size_t bytes) override;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -76,6 +77,10 @@ class GuardBands {
   void set_fill(DevicePtr ptr, std::uint8_t fill);
   // A copy of the live bands, by creation index.
   std::vector<GuardBand> bands() const;
+  // Calls visit(band) for each live band by creation index while holding the registry's lock,
+  // so no band's allocation can be freed meanwhile (free forgets the band before the raw free,
+  // and that waits for the lock). visit may change band.fill; it must not call back in here.
+  void visit(const std::function<void(GuardBand&)>& visit);
 
  private:
   mutable std::mutex mu_;

@@ -87,6 +87,8 @@ class LedgerProbe {
   std::size_t live_count() const { return ledger_->live_count(); }
   // Counters now.
   AllocStats stats() const { return ledger_->stats(); }
+  // The live entry that starts at ptr, if any (tests check a pointer is still owned).
+  std::optional<LedgerEntry> find(DevicePtr ptr) const { return ledger_->find(ptr); }
   // The report, as AllocationLedger::report.
   std::string report(std::size_t top_n = 10, double min_mb = 0.0) const {
     return ledger_->report(top_n, min_mb);

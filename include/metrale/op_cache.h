@@ -41,14 +41,16 @@ class OpCache final : public ModelResource {
 
   // The handle of module::function: backend.kernel() once per key (concurrent first requests
   // wait for that one lookup), a read under a shared lock after that. Lookup failures are not
-  // memoized: every waiter gets the error, and a later call asks the backend again.
+  // memoized: every waiter gets the error, and a later call asks the backend again. After
+  // release() it throws Error(kState) and asks the backend nothing.
   KernelHandle kernel(Backend& backend, std::string_view module, std::string_view function,
                       std::source_location loc = std::source_location::current());
 
   // A scratch buffer of at least bytes, memoized under tag. Grow-only: a request that fits
   // returns the stored pointer; a larger one allocates anew and drops the old pointer from the
   // cache without freeing it (it stays on the backend's ledger until the sweep, because work
-  // already queued may still read it). bytes == 0 is an error.
+  // already queued may still read it). bytes == 0 is an error. After release() it throws
+  // Error(kState) and allocates nothing: a released cache hands out no pointer, stale or new.
   DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                     std::source_location loc = std::source_location::current());
 
@@ -82,9 +84,13 @@ class OpCache final : public ModelResource {
 
   // ModelResource: "op scratch".
   std::string label() const override { return "op scratch"; }
-  // Takes the scratch map out first (so a second release does nothing and no later lookup
-  // finds a freed pointer), frees every pointer even after a failure, rethrows the first error.
+  // Closes the cache (later kernel() and scratch() calls throw kState), takes the scratch map
+  // out (so a second release does nothing and no lookup finds a freed pointer), frees every
+  // pointer even after a failure, rethrows the first error. Pointers handed out before stay
+  // the caller's problem: ModelScope::teardown releases only once no ModelScope::Use is alive.
   void release(Backend& backend) override;
+  // Whether release() has run.
+  bool released() const noexcept { return released_.load(std::memory_order_acquire); }
 
  private:
   struct KernelKey {
@@ -158,6 +164,9 @@ class OpCache final : public ModelResource {
   std::unordered_map<std::string, std::uint32_t> counters_;
 
   std::atomic<bool> fell_back_{false};
+  // Set by release() while holding kernels_mu_ and scratch_mu_, so a miss or a scratch request
+  // that checks it under its lock either finishes before the release or sees it.
+  std::atomic<bool> released_{false};
 };
 
 }  // namespace metrale

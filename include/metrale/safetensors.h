@@ -34,8 +34,8 @@ struct SafetensorsTensorInfo {
   std::int64_t elements() const;
 };
 
-// A safetensors file mapped read-only. Move-only; the map is released when the object goes
-// (views from bytes() die with it).
+// A safetensors file mapped read-only (or copied, from_bytes). Move-only; the map or copy is
+// released when the object goes (views from bytes() die with it).
 class SafetensorsFile {
  public:
   // Maps `path` and validates it: the header length (within the file, at most 100 MiB), the JSON
@@ -46,6 +46,10 @@ class SafetensorsFile {
   // reference reader does. Throws Error(kIo) naming the file and tensor; nothing stays mapped or
   // open when it throws.
   static SafetensorsFile open(const std::string& path);
+  // The same reader over a file's content already in memory: copies `bytes` (so they may go
+  // once this returns) and validates them exactly as open() does; `name` stands for the path in
+  // path() and in messages. Throws Error(kIo).
+  static SafetensorsFile from_bytes(std::string name, std::span<const std::byte> bytes);
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
@@ -53,7 +57,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   ~SafetensorsFile();
 
-  // The path it was opened with.
+  // The path it was opened with (from_bytes: its name).
   const std::string& path() const noexcept { return path_; }
   // Tensor names, sorted.
   std::vector<std::string> names() const;
@@ -70,11 +74,14 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   void release() noexcept;
+  // Validates the whole file at base[0, size) (mapped or owned by *this) and fills the tables.
+  void parse(const unsigned char* base, std::uint64_t size);
 
   std::string path_;
   void* map_ = nullptr;
   std::size_t map_size_ = 0;
-  const std::byte* data_ = nullptr;  // the data section, inside the map
+  std::vector<std::byte> owned_;     // from_bytes' copy (a vector's buffer survives its moves)
+  const std::byte* data_ = nullptr;  // the data section, inside the map or the copy
   std::map<std::string, SafetensorsTensorInfo, std::less<>> tensors_;
   std::map<std::string, std::string, std::less<>> metadata_;
 };

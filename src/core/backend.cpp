@@ -184,10 +184,15 @@ std::string Backend::describe_unknown_pointer(DevicePtr) const {
 
 void Backend::check_args(KernelHandle, std::span<const KernelArg>) {}
 
+void Backend::check_range(std::string_view, std::string_view, DevicePtr, std::uint64_t) const {}
+
+// Both walk the bands under the registry's lock: reading or filling a pad from a copied list
+// raced with free() on another thread, which could free the allocation between the copy and
+// the read (a use after free found by the concurrency tests). Frees wait for the scan instead.
 std::size_t Backend::scan_redzones() {
   std::size_t violated = 0;
   std::vector<std::uint8_t> pad;
-  for (const GuardBand& band : guards_.bands()) {
+  guards_.visit([&](GuardBand& band) {
     pad.resize(band.pad_bytes);
     raw_read(band.pad(), pad.data(), pad.size());
     if (const auto v = check_guard_band(band, pad)) {
@@ -195,16 +200,15 @@ std::size_t Backend::scan_redzones() {
       raw_fill(band.pad(), band.fill, band.pad_bytes);
       ++violated;
     }
-  }
+  });
   return violated;
 }
 
 void Backend::poison_redzones(std::size_t lo, std::size_t hi) {
-  for (const GuardBand& band : guards_.bands()) {
-    const std::uint8_t fill = (band.index >= lo && band.index < hi) ? kGuardFill : 0x00;
-    raw_fill(band.pad(), fill, band.pad_bytes);
-    guards_.set_fill(band.ptr, fill);
-  }
+  guards_.visit([&](GuardBand& band) {
+    band.fill = (band.index >= lo && band.index < hi) ? kGuardFill : 0x00;
+    raw_fill(band.pad(), band.fill, band.pad_bytes);
+  });
 }
 
 }  // namespace metrale

@@ -121,4 +121,14 @@ std::vector<GuardBand> GuardBands::bands() const {
   return out;
 }
 
+void GuardBands::visit(const std::function<void(GuardBand&)>& visit) {
+  std::lock_guard lock(mu_);
+  std::vector<GuardBand*> order;
+  order.reserve(bands_.size());
+  for (auto& [_, b] : bands_) order.push_back(&b);
+  std::sort(order.begin(), order.end(),
+            [](const GuardBand* a, const GuardBand* b) { return a->index < b->index; });
+  for (GuardBand* b : order) visit(*b);
+}
+
 }  // namespace metrale

@@ -97,8 +97,23 @@ std::size_t OpCache::ShapeHash::operator()(
   return static_cast<std::size_t>(h);
 }
 
+namespace {
+
+Error released_error(std::string_view api, std::string_view what) {
+  return Error(ErrorCode::kState, api,
+               fmt::format("{}: the op cache was released with its model (teardown); nothing is "
+                           "handed out after that",
+                           what));
+}
+
+}  // namespace
+
 KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::string_view function,
                              std::source_location loc) {
+  // One load of a flag that is written once: the hit path stays within its budget.
+  if (released_.load(std::memory_order_acquire)) {
+    throw released_error("kernel", fmt::format("{}::{}", module, function));
+  }
   // The hit path: no lock, one probe sequence in the published snapshot.
   const std::uint64_t h = key_hash(module, function);
   if (const Snapshot* snap = snapshot_.load(std::memory_order_acquire)) {
@@ -122,6 +137,10 @@ KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::str
   std::shared_future<KernelHandle> in_flight;
   {
     std::unique_lock lock(kernels_mu_);
+    // Checked again under the lock release() takes: a miss never reaches the backend after it.
+    if (released_.load(std::memory_order_relaxed)) {
+      throw released_error("kernel", fmt::format("{}::{}", module, function));
+    }
     const auto [it, inserted] =
         kernels_.try_emplace(KernelKey{std::string(module), std::string(function)});
     if (!inserted) {
@@ -182,17 +201,23 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
   const std::string key(tag);
   {
     std::lock_guard lock(scratch_mu_);
+    if (released_.load(std::memory_order_relaxed)) {
+      throw released_error("scratch", fmt::format("tag '{}'", tag));
+    }
     const auto it = scratch_.find(key);
     if (it != scratch_.end() && it->second.bytes >= bytes) return it->second.ptr;
   }
   // Allocate outside the lock (never hold a lock across a driver call), then install unless
-  // another thread installed a buffer that fits meanwhile.
+  // another thread installed a buffer that fits meanwhile, or the cache was released meanwhile
+  // (then nobody would ever free it but the sweep).
   const DevicePtr fresh = backend.alloc(bytes, loc);
   std::optional<DevicePtr> winner;
+  bool closed = false;
   {
     std::lock_guard lock(scratch_mu_);
-    Scratch& slot = scratch_[key];
-    if (slot.ptr && slot.bytes >= bytes) {
+    if (released_.load(std::memory_order_relaxed)) {
+      closed = true;
+    } else if (Scratch& slot = scratch_[key]; slot.ptr && slot.bytes >= bytes) {
       winner = slot.ptr;
     } else {
       // The replaced pointer is dropped, not freed: work queued before this call may still
@@ -200,11 +225,9 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
       slot = Scratch{fresh, bytes};
     }
   }
-  if (winner) {
-    backend.free(fresh);
-    return *winner;
-  }
-  return fresh;
+  if (closed || winner) backend.free(fresh);
+  if (closed) throw released_error("scratch", fmt::format("tag '{}'", tag));
+  return winner ? *winner : fresh;
 }
 
 void OpCache::record_n_tile(KernelHandle kernel, std::uint32_t n_tile) {
@@ -262,7 +285,11 @@ std::string OpCache::summary() const {
 void OpCache::release(Backend& backend) {
   std::unordered_map<std::string, Scratch> taken;
   {
-    std::lock_guard lock(scratch_mu_);
+    // Both locks, so a miss in kernel() and a request in scratch() that check the flag under
+    // theirs either finish first or see it. This is the only place that holds both.
+    std::unique_lock kernels_lock(kernels_mu_);
+    std::lock_guard scratch_lock(scratch_mu_);
+    released_.store(true, std::memory_order_release);
     taken.swap(scratch_);
   }
   std::optional<Error> first;

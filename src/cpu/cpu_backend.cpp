@@ -35,6 +35,27 @@ struct StreamState {
   std::vector<Work> recorded;
 };
 
+// Every fallible primitive (CpuBackend::fault_call_names). Each counts as one numbered call for
+// CpuFaults::fail_call_at and fails, when chosen, before it does anything. Releases are left out:
+// on the CPU they fail only for a handle that is not live, which is the caller's error.
+constexpr std::string_view kFaultCalls[] = {
+    "alloc",        "alloc_managed", "alloc_pinned",  "create_stream",      "create_event",
+    "record_event", "wait_event",    "synchronize",   "synchronize_device", "event_synchronize",
+    "kernel",       "launch",        "copy_h2d",      "copy_d2h",           "copy_d2d",
+    "copy_2d",      "memset",        "begin_capture", "end_capture",        "launch_graph",
+};
+
+std::string_view alloc_call(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kManaged:
+      return "alloc_managed";
+    case MemoryKind::kPinnedHost:
+      return "alloc_pinned";
+    default:
+      return "alloc";
+  }
+}
+
 std::string dim_str(Dim3 d) {
   return fmt::format("({}, {}, {})", d.x, d.y, d.z);
 }
@@ -62,9 +83,24 @@ struct CpuBackend::Impl {
   cpu::HostMemory memory;
   OpCache cache;
 
-  std::mutex faults_mu;
+  mutable std::mutex faults_mu;
   CpuFaults faults;
   std::uint64_t alloc_calls = 0;
+  std::uint64_t fault_calls = 0;
+  std::vector<std::string_view> call_log;  // names from kFaultCalls, when faults.record_calls
+
+  // Counts one fallible call (call is one of kFaultCalls) and throws when it is the one chosen
+  // to fail. Every primitive calls this before any side effect, so a failure leaves nothing
+  // half-done.
+  void fault_point(std::string_view call) {
+    std::lock_guard lock(faults_mu);
+    const std::uint64_t n = ++fault_calls;
+    if (faults.record_calls) call_log.push_back(call);
+    if (faults.fail_call_at != n) return;
+    const bool alloc = call.starts_with("alloc");
+    throw Error(alloc ? ErrorCode::kOutOfMemory : ErrorCode::kDriver, "cpu",
+                fmt::format("{}: injected failure (call #{})", call, n));
+  }
 
   mutable std::mutex mu;  // streams, events, graphs, kernels
   std::unordered_map<std::uint64_t, StreamState> streams{{kDefaultStream, StreamState{}}};
@@ -171,6 +207,22 @@ void CpuBackend::set_faults(CpuFaults faults) {
   std::lock_guard lock(impl_->faults_mu);
   impl_->faults = std::move(faults);
   impl_->alloc_calls = 0;
+  impl_->fault_calls = 0;
+  impl_->call_log.clear();
+}
+
+std::uint64_t CpuBackend::fault_call_count() const {
+  std::lock_guard lock(impl_->faults_mu);
+  return impl_->fault_calls;
+}
+
+std::vector<std::string> CpuBackend::fault_calls() const {
+  std::lock_guard lock(impl_->faults_mu);
+  return {impl_->call_log.begin(), impl_->call_log.end()};
+}
+
+std::span<const std::string_view> CpuBackend::fault_call_names() noexcept {
+  return kFaultCalls;
 }
 
 std::vector<std::string> CpuBackend::module_names() const {
@@ -211,9 +263,15 @@ DevicePtr CpuBackend::pinned_device_address(const void* host) const {
   return DevicePtr{addr};
 }
 
+void CpuBackend::check_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                             std::uint64_t bytes) const {
+  impl_->memory.check_range(api, what, ptr.address(), bytes);
+}
+
 // ---- memory primitives ----
 
 DevicePtr CpuBackend::raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) {
+  impl_->fault_point(alloc_call(kind));
   {
     std::lock_guard lock(impl_->faults_mu);
     const std::uint64_t n = ++impl_->alloc_calls;
@@ -294,6 +352,7 @@ void CpuBackend::copy_d2d(DevicePtr dst, DevicePtr src, std::size_t bytes) {
 void CpuBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t bytes,
                                 StreamHandle stream) {
   if (bytes == 0) return;
+  impl_->fault_point("copy_h2d");
   if (src == nullptr) throw Error(ErrorCode::kInvalidArgument, "copy_h2d", "source is null");
   impl_->memory.check_range("copy_h2d", "destination", dst.address(), bytes);
   // Work re-checks its range when it runs, so a replayed graph whose buffer was freed fails
@@ -307,6 +366,7 @@ void CpuBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t byte
 void CpuBackend::copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                                 StreamHandle stream) {
   if (bytes == 0) return;
+  impl_->fault_point("copy_d2d");
   auto check = [this, dst, src, bytes] {
     impl_->memory.check_range("copy_d2d", "destination", dst.address(), bytes);
     impl_->memory.check_range("copy_d2d", "source", src.address(), bytes);
@@ -321,6 +381,7 @@ void CpuBackend::copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
 void CpuBackend::copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
   impl_->forbid_capture("copy_d2h", stream);
   if (bytes == 0) return;
+  impl_->fault_point("copy_d2h");
   if (dst == nullptr) throw Error(ErrorCode::kInvalidArgument, "copy_d2h", "destination is null");
   impl_->memory.check_range("copy_d2h", "source", src.address(), bytes);
   std::memcpy(dst, host(src), bytes);
@@ -330,6 +391,7 @@ void CpuBackend::copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr s
                                std::size_t src_pitch, std::size_t width_bytes, std::size_t height,
                                StreamHandle stream) {
   if (width_bytes == 0 || height == 0) return;
+  impl_->fault_point("copy_2d");
   if (width_bytes > dst_pitch || width_bytes > src_pitch) {
     throw Error(ErrorCode::kInvalidArgument, "copy_2d",
                 fmt::format("width {} bytes exceeds a pitch (dst {}, src {})", width_bytes,
@@ -358,6 +420,7 @@ void CpuBackend::memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) {
 void CpuBackend::memset_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
                               StreamHandle stream) {
   if (bytes == 0) return;
+  impl_->fault_point("memset");
   impl_->memory.check_range("memset", "destination", dst.address(), bytes);
   impl_->submit("memset", stream, [this, dst, value, bytes] {
     impl_->memory.check_range("memset", "destination", dst.address(), bytes);
@@ -369,6 +432,7 @@ void CpuBackend::memset_async(DevicePtr dst, std::uint8_t value, std::size_t byt
 
 void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
                         StreamHandle stream, std::span<void*> params) {
+  impl_->fault_point("launch");
   const HostKernel& k = impl_->kernel_of("launch", kernel);
   const std::string name = kernel_name(kernel);
   auto bad = [&](std::string what) {
@@ -418,6 +482,7 @@ StreamHandle CpuBackend::default_stream() {
 }
 
 StreamHandle CpuBackend::create_stream() {
+  impl_->fault_point("create_stream");
   std::lock_guard lock(impl_->mu);
   const std::uint64_t id = impl_->next_id++;
   impl_->streams.emplace(id, StreamState{});
@@ -438,10 +503,12 @@ void CpuBackend::destroy_stream(StreamHandle stream) {
 }
 
 void CpuBackend::synchronize(StreamHandle stream) {
+  impl_->fault_point("synchronize");
   impl_->forbid_capture("synchronize", stream);
 }
 
 void CpuBackend::synchronize_device() {
+  impl_->fault_point("synchronize_device");
   std::vector<std::uint64_t> ids;
   {
     std::lock_guard lock(impl_->mu);
@@ -458,6 +525,7 @@ void CpuBackend::synchronize_device() {
 }
 
 EventHandle CpuBackend::create_event() {
+  impl_->fault_point("create_event");
   std::lock_guard lock(impl_->mu);
   const std::uint64_t id = impl_->next_id++;
   impl_->events.insert(id);
@@ -477,6 +545,7 @@ void CpuBackend::destroy_event(EventHandle event) {
 }
 
 void CpuBackend::record_event(EventHandle event, StreamHandle stream) {
+  impl_->fault_point("record_event");
   {
     std::lock_guard lock(impl_->mu);
     if (!impl_->events.contains(event.value())) throw unknown_event("record_event", event);
@@ -486,6 +555,7 @@ void CpuBackend::record_event(EventHandle event, StreamHandle stream) {
 }
 
 void CpuBackend::wait_event(StreamHandle stream, EventHandle event) {
+  impl_->fault_point("wait_event");
   {
     std::lock_guard lock(impl_->mu);
     if (!impl_->events.contains(event.value())) throw unknown_event("wait_event", event);
@@ -494,6 +564,7 @@ void CpuBackend::wait_event(StreamHandle stream, EventHandle event) {
 }
 
 void CpuBackend::event_synchronize(EventHandle event) {
+  impl_->fault_point("event_synchronize");
   std::lock_guard lock(impl_->mu);
   if (!impl_->events.contains(event.value())) throw unknown_event("event_synchronize", event);
 }
@@ -507,6 +578,7 @@ EventStatus CpuBackend::event_query(EventHandle event) {
 // ---- graphs ----
 
 void CpuBackend::begin_capture(StreamHandle stream) {
+  impl_->fault_point("begin_capture");
   std::lock_guard lock(impl_->mu);
   StreamState& st = impl_->stream_locked("begin_capture", stream);
   if (st.capturing) {
@@ -517,7 +589,10 @@ void CpuBackend::begin_capture(StreamHandle stream) {
   st.capturing = true;
 }
 
+// An injected failure leaves the stream capturing, as a failed cuStreamEndCapture may: error
+// paths end it with abort_capture.
 GraphHandle CpuBackend::end_capture(StreamHandle stream) {
+  impl_->fault_point("end_capture");
   std::lock_guard lock(impl_->mu);
   StreamState& st = impl_->stream_locked("end_capture", stream);
   if (!st.capturing) {
@@ -538,6 +613,7 @@ GraphHandle CpuBackend::end_capture(StreamHandle stream) {
 }
 
 void CpuBackend::launch_graph(GraphHandle graph, StreamHandle stream) {
+  impl_->fault_point("launch_graph");
   std::shared_ptr<const std::vector<Work>> work;
   {
     std::lock_guard lock(impl_->mu);
@@ -616,6 +692,7 @@ OpCache& CpuBackend::op_cache() {
 
 KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::string_view function,
                                         const CallSite& site) {
+  impl_->fault_point("kernel");
   const std::string full = fmt::format("{}::{}", module_name, function);
   {
     std::lock_guard lock(impl_->mu);

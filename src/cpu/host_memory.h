@@ -14,7 +14,9 @@
 
 namespace metrale::cpu {
 
-inline constexpr std::size_t kHostAlignment = 256;  // matches cuMemAlloc's guarantee
+inline constexpr std::size_t kHostAlignment = 256;              // matches cuMemAlloc's guarantee
+inline constexpr std::size_t kHugePage = std::size_t{2} << 20;  // x86-64 transparent huge page
+inline constexpr std::size_t kHugeBlockMin = std::size_t{8} << 20;  // blocks this large use them
 
 class HostMemory {
  public:

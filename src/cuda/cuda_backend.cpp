@@ -207,12 +207,14 @@ void CudaBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t byt
   }
   enter("copy_h2d");
   const CUstream s = stream_of("copy_h2d", stream);
-  check("copy_h2d", "cuMemcpyHtoDAsync", host_->api().cuMemcpyHtoDAsync(dptr(dst), src, bytes, s));
   // From pinned memory the DMA reads after we return; wait so the caller may reuse src.
-  // Inside a capture the copy is only recorded, and a wait would invalidate the capture.
-  if (is_pinned(src, bytes) && !is_capturing(stream)) {
-    check("copy_h2d", "cuStreamSynchronize", host_->api().cuStreamSynchronize(s));
-  }
+  // Inside a capture the copy is only recorded, and a wait would invalidate the capture. The
+  // question is asked strictly, and before the copy is queued: a failed query that counted as
+  // "capturing" skipped the wait silently (found by the fault sweep), and asked afterwards it
+  // would leave a copy queued behind an error.
+  const bool wait = is_pinned(src, bytes) && !capture_active("copy_h2d", stream);
+  check("copy_h2d", "cuMemcpyHtoDAsync", host_->api().cuMemcpyHtoDAsync(dptr(dst), src, bytes, s));
+  if (wait) check("copy_h2d", "cuStreamSynchronize", host_->api().cuStreamSynchronize(s));
 }
 
 void CudaBackend::copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
@@ -499,15 +501,23 @@ bool CudaBackend::is_capturing(StreamHandle stream) {
   return s != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-bool CudaBackend::any_capturing() {
+bool CudaBackend::capture_active(std::string_view api, StreamHandle stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUstream cu = stream_of(api, stream);
+  host_->bind_quietly();
+  check(api, "cuStreamIsCapturing", host_->api().cuStreamIsCapturing(cu, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+bool CudaBackend::any_capturing(std::string_view api) {
   std::vector<std::uint64_t> streams;
   {
     std::lock_guard lock(mu_);
     streams.assign(streams_.begin(), streams_.end());
   }
-  if (is_capturing(default_stream())) return true;
+  if (capture_active(api, default_stream())) return true;
   return std::any_of(streams.begin(), streams.end(),
-                     [&](std::uint64_t s) { return is_capturing(StreamHandle{s}); });
+                     [&](std::uint64_t s) { return capture_active(api, StreamHandle{s}); });
 }
 
 // ---- kernels ----
@@ -557,8 +567,9 @@ KernelHandle CudaBackend::resolve_kernel(std::string_view module, std::string_vi
   enter("kernel");
   const std::string full = fmt::format("{}::{}", module, function);
   // Reading a module global copies device memory to the host: inside a capture that would be
-  // recorded (or break the capture) instead of happening now.
-  if (any_capturing()) {
+  // recorded (or break the capture) instead of happening now. A failed query is an error naming
+  // it, not "a stream is capturing" (which the fault sweep found blaming the caller).
+  if (any_capturing("kernel")) {
     throw Error(ErrorCode::kCapture, "kernel",
                 fmt::format("cannot resolve {} (from {}) while a stream is capturing: resolve "
                             "kernels before the capture begins",

@@ -114,8 +114,11 @@ class CudaBackend final : public Backend {
   void check(std::string_view api, std::string_view call, CUresult status) const {
     if (status != CUDA_SUCCESS) fail(api, call, status);
   }
-  // Whether any stream this backend knows is capturing (a failed query counts as capturing).
-  bool any_capturing();
+  // Whether stream is capturing; unlike is_capturing, a failed query throws Error naming
+  // cuStreamIsCapturing under api, for callers whose next step depends on the answer.
+  bool capture_active(std::string_view api, StreamHandle stream);
+  // Whether any stream this backend knows is capturing; a failed query throws (capture_active).
+  bool any_capturing(std::string_view api);
   // Whether [host, host + bytes) lies inside pinned memory of this backend.
   bool is_pinned(const void* host, std::size_t bytes) const;
   // Reads a published global of a module (nullopt when absent); throws when unreadable.

@@ -69,9 +69,12 @@ std::optional<Target> Target::parse(std::string_view text) {
     t.arch_specific = true;
     text.remove_suffix(1);
   }
+  // Digits only, no leading zero: "sm_090" is not a spelling of sm_90 (str() must give back
+  // the text parsed, or a target list would print differently from what was built).
+  if (text.size() < 2 || text.front() == '0') return std::nullopt;
   int number = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
-  if (ec != std::errc{} || end != text.data() + text.size() || number < 10 || text.size() < 2) {
+  if (ec != std::errc{} || end != text.data() + text.size() || number < 10) {
     return std::nullopt;
   }
   t.major = number / 10;

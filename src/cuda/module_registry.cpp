@@ -90,7 +90,9 @@ void ModuleRegistry::unload_all(bool throw_first) {
     const CUresult s = host_->api().cuModuleUnload(l.handle);
     if (s == CUDA_SUCCESS || is_context_gone(s)) continue;
     const std::string what = describe_status(&host_->api(), s);
-    log::warn("cuda: unloading module {} failed: {}", l.module->name, what);
+    // The entry point is named, as every driver failure is: "failed" alone does not say which
+    // call refused (the fault sweep found this warning naming none).
+    log::warn("cuda: unloading module {} failed: cuModuleUnload: {}", l.module->name, what);
     if (!first) {
       first = Error(ErrorCode::kDriver, "release_registry",
                     fmt::format("cuModuleUnload({}) failed: {}", l.module->name, what));

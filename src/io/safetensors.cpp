@@ -176,6 +176,14 @@ void check_header_utf8(std::string_view path, std::string_view header) {
   }
 }
 
+// Every file has at least the 8-byte header length.
+void check_file_size(std::string_view path, std::uint64_t size) {
+  if (size < 8) {
+    fail_file(ErrorCode::kIo, path,
+              fmt::format("the file is {} bytes, too short for the 8-byte header length", size));
+  }
+}
+
 }  // namespace
 
 std::int64_t SafetensorsTensorInfo::elements() const {
@@ -190,6 +198,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
     : path_(std::move(other.path_)),
       map_(std::exchange(other.map_, nullptr)),
       map_size_(std::exchange(other.map_size_, 0)),
+      owned_(std::move(other.owned_)),
       data_(std::exchange(other.data_, nullptr)),
       tensors_(std::move(other.tensors_)),
       metadata_(std::move(other.metadata_)) {}
@@ -200,6 +209,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
     path_ = std::move(other.path_);
     map_ = std::exchange(other.map_, nullptr);
     map_size_ = std::exchange(other.map_size_, 0);
+    owned_ = std::move(other.owned_);
     data_ = std::exchange(other.data_, nullptr);
     tensors_ = std::move(other.tensors_);
     metadata_ = std::move(other.metadata_);
@@ -215,6 +225,7 @@ void SafetensorsFile::release() noexcept {
   if (map_ != nullptr) ::munmap(map_, map_size_);
   map_ = nullptr;
   map_size_ = 0;
+  std::vector<std::byte>().swap(owned_);
   data_ = nullptr;
   tensors_.clear();
   metadata_.clear();
@@ -238,10 +249,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     }
     if (!S_ISREG(st.st_mode)) fail_file(ErrorCode::kIo, path, "not a regular file");
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < 8) {
-      fail_file(ErrorCode::kIo, path,
-                fmt::format("the file is {} bytes, too short for the 8-byte header length", size));
-    }
+    check_file_size(path, size);  // before mmap, which refuses an empty file
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       fail_file(ErrorCode::kIo, path, fmt::format("cannot map: {}", std::strerror(errno)));
@@ -249,24 +257,37 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     f.map_ = p;
     f.map_size_ = size;
   }
+  f.parse(static_cast<const unsigned char*>(f.map_), f.map_size_);
+  return f;
+}
 
-  const auto* base = static_cast<const unsigned char*>(f.map_);
+SafetensorsFile SafetensorsFile::from_bytes(std::string name, std::span<const std::byte> bytes) {
+  SafetensorsFile f;
+  f.path_ = std::move(name);
+  check_file_size(f.path_, bytes.size());
+  f.owned_.assign(bytes.begin(), bytes.end());
+  f.parse(reinterpret_cast<const unsigned char*>(f.owned_.data()), f.owned_.size());
+  return f;
+}
+
+void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
+  const std::string& path = path_;  // for messages
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
-  const std::uint64_t after_len = f.map_size_ - 8;
+  const std::uint64_t after_len = size - 8;
   if (header_len > kMaxHeaderBytes) {
     fail_file(ErrorCode::kIo, path,
               fmt::format("header length {} is over the limit of {} bytes (100 MiB)", header_len,
                           kMaxHeaderBytes));
   }
   if (header_len > after_len) {
-    fail_file(ErrorCode::kIo, path,
-              fmt::format("header length {} runs past the end of the file ({} bytes)", header_len,
-                          f.map_size_));
+    fail_file(
+        ErrorCode::kIo, path,
+        fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, size));
   }
   const std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
   const std::uint64_t data_size = after_len - header_len;
-  f.data_ = static_cast<const std::byte*>(f.map_) + 8 + header_len;
+  data_ = reinterpret_cast<const std::byte*>(base) + 8 + header_len;
 
   check_header_utf8(path, header);
 
@@ -324,7 +345,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                     fmt::format("__metadata__ '{}' is a JSON {}, not a string", printable(key),
                                 json_type(value)));
         }
-        f.metadata_.emplace(key, value.get<std::string>());
+        metadata_.emplace(key, value.get<std::string>());
       }
       continue;
     }
@@ -383,14 +404,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     }
     info.offset = begin;
     info.bytes = nbytes;
-    f.tensors_.emplace(name, std::move(info));
+    tensors_.emplace(name, std::move(info));
   }
 
   // The tensors must tile the data section: sorted by offset, each starts where the one before
   // ends, and the last ends at the end of the file (the reference reader's rule).
   std::vector<const std::pair<const std::string, SafetensorsTensorInfo>*> order;
-  order.reserve(f.tensors_.size());
-  for (const auto& t : f.tensors_) order.push_back(&t);
+  order.reserve(tensors_.size());
+  for (const auto& t : tensors_) order.push_back(&t);
   std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
     return std::pair(a->second.offset, a->second.bytes) <
            std::pair(b->second.offset, b->second.bytes);
@@ -425,7 +446,6 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                             "bytes after it belong to no tensor",
                             covered, data_size));
   }
-  return f;
 }
 
 std::vector<std::string> SafetensorsFile::names() const {

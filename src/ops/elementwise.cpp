@@ -40,6 +40,7 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
               std::uint32_t value) {
   check_buffer("fill_u32", "out", out);
   check_count("fill_u32", n);
+  backend.check_range("fill_u32", "out", out, std::uint64_t{n} * 4);
   const KernelHandle k = backend.op_cache().kernel(backend, "core", "fill_u32");
   const std::array args{KernelArg::buffer(out), KernelArg::value(value),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
@@ -57,6 +58,8 @@ void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, f
                 fmt::format("x = 0x{:x} and y = 0x{:x} overlap over {} bytes", x.address(),
                             y.address(), bytes));
   }
+  backend.check_range("axpy_f32", "y", y, bytes);
+  backend.check_range("axpy_f32", "x", x, bytes);
   const KernelHandle k = backend.op_cache().kernel(backend, "core", "axpy_f32");
   const std::array args{KernelArg::buffer(y), KernelArg::buffer(x), KernelArg::value(a),
                         KernelArg::value(static_cast<std::uint32_t>(n))};

@@ -66,6 +66,20 @@ void check_no_overlap(std::string_view api, const Range& out, std::initializer_l
   }
 }
 
+// a × b × c bytes; Error(kInvalidArgument) when that does not fit 64 bits. No buffer holds that
+// much, and a size that wrapped around would pass the range checks (fuzz_gemm_args found N × K
+// overflowing int64 here; M × N × 2 and M × K × 2 wrapped the same way in uint64).
+std::uint64_t bytes_of(std::string_view api, std::string_view what, std::uint64_t a,
+                       std::uint64_t b, std::uint64_t c) {
+  std::uint64_t ab = 0, abc = 0;
+  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("{} would be {} x {} x {} bytes, more than 64 bits can count", what, a, b, c));
+  }
+  return abc;
+}
+
 void check_weights(std::string_view api, const QuantWeights& w) {
   const int group = group_size(w.format);
   if (w.n < 1 || w.k < 1) {
@@ -79,8 +93,9 @@ void check_weights(std::string_view api, const QuantWeights& w) {
   }
   check_pointer(api, "weight codes", w.codes);
   check_pointer(api, "weight scales", w.scales);
-  const auto codes = static_cast<std::size_t>(w.n * w.k / 2);
-  const auto scales = static_cast<std::size_t>(w.n * (w.k / group));
+  const auto un = static_cast<std::uint64_t>(w.n), uk = static_cast<std::uint64_t>(w.k);
+  const std::uint64_t codes = bytes_of(api, "the weights", un, uk, 1) / 2;  // [N, K/2]
+  const std::uint64_t scales = un * (uk / static_cast<std::uint64_t>(group));
   if (w.codes_bytes != codes) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weight codes are {} bytes; {} {}x{} needs {} ([N, K/2])",
@@ -195,11 +210,20 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
   if (options.bias) check_pointer(api, "bias", options.bias);
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
-  check_no_overlap(api, Range{"C", c.address(), um * un * 2},
-                   {Range{"A", a.address(), um * uk * 2},
-                    Range{"weight codes", w.codes.address(), w.codes_bytes},
-                    Range{"weight scales", w.scales.address(), w.scales_bytes},
-                    Range{"bias", options.bias.address(), options.bias ? un * 2 : 0}});
+  const std::uint64_t a_bytes = bytes_of(api, "A", um, uk, 2),
+                      c_bytes = bytes_of(api, "C", um, un, 2);
+  check_no_overlap(
+      api, Range{"C", c.address(), c_bytes},
+      {Range{"A", a.address(), a_bytes}, Range{"weight codes", w.codes.address(), w.codes_bytes},
+       Range{"weight scales", w.scales.address(), w.scales_bytes},
+       Range{"bias", options.bias.address(), options.bias ? un * 2 : 0}});
+  // The kernels read and write these ranges without bounds; a backend that knows its
+  // allocations refuses any that lies outside one.
+  backend.check_range(api, "A", a, a_bytes);
+  backend.check_range(api, "weight codes", w.codes, w.codes_bytes);
+  backend.check_range(api, "weight scales", w.scales, w.scales_bytes);
+  if (options.bias) backend.check_range(api, "bias", options.bias, un * 2);
+  backend.check_range(api, "C", c, c_bytes);
 
   const Plan p = plan(backend, m, options);
   GemmParams params;
@@ -246,13 +270,42 @@ void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, Devi
   check_pointer(api, "out", out);
   const auto n = static_cast<std::uint64_t>(count);
   check_no_overlap(api, Range{"out", out.address(), n}, {Range{"in", in.address(), n * 2}});
+  backend.check_range(api, "in", in, n * 2);
+  backend.check_range(api, "out", out, n);
   const KernelHandle k = backend.op_cache().kernel(backend, kModule, "bf16_to_fp8");
   const CastParams params{in.address(), out.address(), count, 0, 0};
   backend.launch_typed(k, grid_over(backend, k, count), Dim3{kBlockThreads}, 0, stream,
                        std::array{KernelArg::value(params)});
 }
 
+namespace {
+// Frees p on an error path: a failure is logged, never thrown, so the error being handled is the
+// one the caller sees.
+void free_quietly(Backend& backend, DevicePtr p) noexcept {
+  try {
+    backend.free(p);
+  } catch (const std::exception& e) {
+    log::warn("{}: freeing 0x{:x} after an error failed too: {}", backend.name(), p.address(),
+              e.what());
+  }
+}
+}  // namespace
+
 QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w) {
+  // The buffers live in locals until everything succeeded. The catch block must not read them
+  // from the returned object: GCC 12 at -O2 drops that object's member initializers on the path
+  // that throws, and the fault sweep (tests/reliability) caught this block freeing stack garbage.
+  const DevicePtr codes = backend.alloc(w.codes.size());
+  DevicePtr scales;
+  try {
+    scales = backend.alloc(w.scales.size());
+    backend.copy_h2d(codes, w.codes.data(), w.codes.size());
+    backend.copy_h2d(scales, w.scales.data(), w.scales.size());
+  } catch (...) {
+    free_quietly(backend, codes);
+    free_quietly(backend, scales);
+    throw;
+  }
   QuantWeights d;
   d.format = w.format;
   d.layout = w.layout;
@@ -261,23 +314,22 @@ QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w) {
   d.tensor_scale = w.tensor_scale;
   d.codes_bytes = w.codes.size();
   d.scales_bytes = w.scales.size();
-  d.codes = backend.alloc(d.codes_bytes);
-  try {
-    d.scales = backend.alloc(d.scales_bytes);
-    backend.copy_h2d(d.codes, w.codes.data(), d.codes_bytes);
-    backend.copy_h2d(d.scales, w.scales.data(), d.scales_bytes);
-  } catch (...) {
-    backend.free(d.codes);
-    backend.free(d.scales);
-    throw;
-  }
+  d.codes = codes;
+  d.scales = scales;
   return d;
 }
 
+// Frees both buffers even when the first free fails (a refused free must not leave the other
+// buffer to the ledger sweep), then throws the first failure.
 void free_weights(Backend& backend, QuantWeights& w) {
   const DevicePtr codes = w.codes, scales = w.scales;
   w.codes = w.scales = DevicePtr{};
-  backend.free(codes);
+  try {
+    backend.free(codes);
+  } catch (...) {
+    free_quietly(backend, scales);
+    throw;
+  }
   backend.free(scales);
 }
 

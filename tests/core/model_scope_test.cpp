@@ -6,10 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -295,6 +298,157 @@ TEST(ModelScope, AFailedAllocBufferAddsNoResource) {
   const TeardownReport r = scope.teardown();
   EXPECT_TRUE(r.clean());
   EXPECT_EQ(r.released, 1u);  // only the op scratch
+}
+
+// ---- uses: work that may race teardown ----
+
+// Calls use() until it is refused (teardown began on another thread) and returns that error;
+// fails the test if it is still accepted after ten seconds.
+Error wait_until_refused(ModelScope& scope) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      ModelScope::Use probe = scope.use();
+    } catch (const Error& e) {
+      return e;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ADD_FAILURE() << "use() was still accepted ten seconds after teardown began";
+  return Error(ErrorCode::kInternal, "test", "never refused");
+}
+
+TEST(ModelScopeUse, AUseGivesTheBackendAndCountsUntilItEnds) {
+  ModelScope scope(make_backend());
+  EXPECT_EQ(scope.live_uses(), 0u);
+  ModelScope::Use a = scope.use();
+  EXPECT_TRUE(a);
+  EXPECT_EQ(&a.backend(), &scope.backend());
+  ModelScope::Use b = scope.use();
+  EXPECT_EQ(scope.live_uses(), 2u);
+  ModelScope::Use moved = std::move(b);  // a move hands the claim over, it does not add one
+  EXPECT_FALSE(b);                       // NOLINT(bugprone-use-after-move): the point
+  EXPECT_EQ(scope.live_uses(), 2u);
+  moved = std::move(a);  // ends moved's own claim, takes a's
+  EXPECT_EQ(scope.live_uses(), 1u);
+  moved.reset();
+  moved.reset();  // a second reset does nothing
+  EXPECT_EQ(scope.live_uses(), 0u);
+  const Error e = expect_error([&] { moved.backend(); });
+  EXPECT_EQ(e.code(), ErrorCode::kState);
+  EXPECT_THAT(e.what(), HasSubstr("[ModelScope::Use] this use has ended"));
+  EXPECT_TRUE(scope.teardown().clean());
+}
+
+TEST(ModelScopeUse, UseAfterTeardownIsAStateErrorNamingTheCall) {
+  ModelScope scope(make_backend());
+  scope.teardown();
+  const Error e = expect_error([&] { scope.use(); });
+  EXPECT_EQ(e.code(), ErrorCode::kState);
+  EXPECT_THAT(e.what(), HasSubstr("[ModelScope::use] the model was torn down"));
+  EXPECT_EQ(scope.live_uses(), 0u);
+}
+
+TEST(ModelScopeUse, TeardownWaitsForLiveUsesAndRefusesNewWork) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<Recorder>("weights", journal));
+  const LedgerProbe probe = scope.backend().ledger_probe();
+  ModelScope::Use use = scope.use();
+  Backend& b = use.backend();
+  const DevicePtr act = b.op_cache().scratch(b, "act", random_size(1, 4096));
+
+  std::atomic<bool> returned{false};
+  TeardownReport report;
+  std::thread closer([&] {
+    report = scope.teardown();
+    returned = true;
+  });
+  const Error refused = wait_until_refused(scope);
+  EXPECT_EQ(refused.code(), ErrorCode::kState);
+  EXPECT_THAT(refused.what(), HasSubstr("[ModelScope::use] the model is being torn down"));
+  const Error late = expect_error([&] { scope.add(std::make_unique<Recorder>("late", journal)); });
+  EXPECT_EQ(late.code(), ErrorCode::kState);
+  EXPECT_EQ(expect_error([&] { scope.alloc_buffer("late", 16); }).code(), ErrorCode::kState);
+  EXPECT_EQ(expect_error([&] { scope.backend(); }).code(), ErrorCode::kState);
+
+  // Teardown has begun but waits for this use: nothing is released, the backend still works.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(returned);
+  EXPECT_FALSE(scope.torn_down());
+  EXPECT_TRUE(journal.order.empty());
+  EXPECT_EQ(b.op_cache().scratch(b, "act", 1), act);
+  const DevicePtr p = b.alloc(64);
+  b.memset(p, 0x5A, 64);
+  b.free(p);
+  EXPECT_TRUE(probe.find(act));
+
+  use.reset();
+  closer.join();
+  EXPECT_TRUE(returned);
+  EXPECT_TRUE(scope.torn_down());
+  EXPECT_THAT(journal.order, ElementsAre("weights"));
+  EXPECT_TRUE(report.clean());
+  EXPECT_EQ(report.released, 2u);
+  EXPECT_FALSE(probe.find(act));
+  EXPECT_EQ(probe.live_bytes(), 0u);
+}
+
+TEST(ModelScopeUse, TeardownOnAThreadHoldingAUseIsRefusedAndChangesNothing) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<Recorder>("weights", journal));
+  ModelScope::Use use = scope.use();
+  const Error e = expect_error([&] { scope.teardown(); });
+  EXPECT_EQ(e.code(), ErrorCode::kState);
+  EXPECT_THAT(e.what(), HasSubstr("[teardown] this thread holds 1 use(s) of the model"));
+  EXPECT_FALSE(scope.torn_down());
+  EXPECT_TRUE(journal.order.empty());
+  // The model is still open: new uses are accepted.
+  EXPECT_EQ(&scope.use().backend(), &use.backend());
+  use.reset();
+  EXPECT_TRUE(scope.teardown().clean());
+  EXPECT_THAT(journal.order, ElementsAre("weights"));
+}
+
+TEST(ModelScopeUse, ConcurrentTeardownsReleaseOnceAndBothReturnWhenItIsDone) {
+  Journal journal;
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<Recorder>("weights", journal));
+  ModelScope::Use use = scope.use();  // holds the first teardown while the second arrives
+  TeardownReport reports[2];
+  std::atomic<int> returned{0};
+  std::vector<std::thread> closers;
+  for (TeardownReport& r : reports) {
+    closers.emplace_back([&] {
+      r = scope.teardown();
+      ++returned;
+    });
+  }
+  wait_until_refused(scope);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(returned, 0);
+  use.reset();
+  for (std::thread& t : closers) t.join();
+  EXPECT_EQ(returned, 2);
+  EXPECT_EQ(reports[0].released + reports[1].released, 2u);  // the recorder and the op scratch
+  EXPECT_TRUE(reports[0].released == 0 || reports[1].released == 0);
+  EXPECT_THAT(journal.order, ElementsAre("weights"));
+}
+
+TEST(ModelScopeUse, AResourceCannotTakeAUseWhileItIsReleased) {
+  // A release that tried to start work on its own model would wait for itself; it is refused.
+  struct SelfUser final : ModelResource {
+    ModelScope* scope = nullptr;
+    std::string label() const override { return "self user"; }
+    void release(Backend&) override { scope->use(); }
+  };
+  ModelScope scope(make_backend());
+  scope.add(std::make_unique<SelfUser>()).scope = &scope;
+  const TeardownReport r = scope.teardown();
+  ASSERT_EQ(r.failures.size(), 1u);
+  EXPECT_EQ(r.failures[0].label, "self user");
+  EXPECT_THAT(r.failures[0].message, HasSubstr("[ModelScope::use] the model is being torn down"));
 }
 
 TEST(DeviceBufferResource, ReleaseFreesOnce) {

@@ -313,12 +313,43 @@ TEST(OpCache, ReleaseAfterAFailingFreeFreesTheRestAndRethrowsTheFirstError) {
   EXPECT_EQ(logs.lines().size(), 2u);
   EXPECT_EQ(backend.alloc_stats().free_count, before.free_count);
 
-  // The cache is usable afterwards and never hands back a freed pointer.
-  cache.scratch(backend, "tag0", 16);
-  EXPECT_EQ(backend.live_alloc_count(), 1u);
-  EXPECT_EQ(cache.scratch_count(), 1u);
+  // The cache is closed afterwards: it never hands back a freed pointer, nor allocates anew.
+  const Error late = expect_error([&] { cache.scratch(backend, "tag0", 16); });
+  EXPECT_EQ(late.code(), ErrorCode::kState);
+  EXPECT_EQ(backend.live_alloc_count(), 0u);
+  EXPECT_EQ(cache.scratch_count(), 0u);
+}
+
+TEST(OpCache, AfterReleaseKernelAndScratchAreStateErrorsAndReachNothing) {
+  CpuBackend backend(one_thread());
+  OpCache cache;
+  const KernelHandle fill = cache.kernel(backend, "core", "fill_u32");
+  ASSERT_TRUE(fill);
+  const std::size_t bytes = random_size(1, 4096);
+  cache.scratch(backend, "act", bytes);
+  EXPECT_FALSE(cache.released());
   cache.release(backend);
-  EXPECT_EQ(backend.live_bytes(), 0u);
+  EXPECT_TRUE(cache.released());
+  const AllocStats before = backend.alloc_stats();
+
+  // A memoized key (the lock-free hit path) and a new one (the miss path) both refuse.
+  for (const char* fn : {"fill_u32", "axpy_f32"}) {
+    const Error e = expect_error([&] { cache.kernel(backend, "core", fn); });
+    EXPECT_EQ(e.code(), ErrorCode::kState) << fn;
+    EXPECT_THAT(e.what(),
+                HasSubstr(fmt::format("[kernel] core::{}: the op cache was released", fn)));
+  }
+  EXPECT_EQ(backend.lookup_audit().size(), 1u);  // the backend was not asked again
+  // A request the freed buffer would have fitted, and one that would have grown it.
+  for (const std::size_t want : {std::size_t{1}, bytes + 1}) {
+    const Error e = expect_error([&] { cache.scratch(backend, "act", want); });
+    EXPECT_EQ(e.code(), ErrorCode::kState) << want;
+    EXPECT_THAT(e.what(), HasSubstr("[scratch] tag 'act': the op cache was released"));
+  }
+  EXPECT_EQ(backend.alloc_stats().allocation_count, before.allocation_count);
+  EXPECT_EQ(backend.live_alloc_count(), 0u);
+  cache.release(backend);  // still a no-op
+  EXPECT_EQ(backend.alloc_stats().free_count, before.free_count);
 }
 
 TEST(OpCache, ReleaseWithOneFailureRethrowsItsError) {

@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -278,6 +280,55 @@ TEST(SafetensorsFile, NothingStaysMappedOrOpen) {
     (void)testing::expect_error([&] { (void)SafetensorsFile::open(path); });
     EXPECT_FALSE(mapped_or_open(path)) << name;
   }
+}
+
+// ---- in memory (from_bytes) ----
+
+std::vector<std::byte> file_bytes(std::string_view name) {
+  const auto b = read_bin(name);
+  std::vector<std::byte> out(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) out[i] = std::byte{b[i]};
+  return out;
+}
+
+TEST(SafetensorsFromBytes, ReadsWhatOpenReadsFromItsOwnCopy) {
+  const auto mapped = SafetensorsFile::open(path_of("model.safetensors"));
+  std::vector<std::byte> bytes = file_bytes("model.safetensors");
+  const auto f = SafetensorsFile::from_bytes("in-memory model", bytes);
+  std::fill(bytes.begin(), bytes.end(), std::byte{0xFF});  // the caller's buffer may change
+  bytes = {};                                              // or go
+  EXPECT_EQ(f.path(), "in-memory model");
+  EXPECT_EQ(f.names(), mapped.names());
+  EXPECT_EQ(f.metadata(), mapped.metadata());
+  for (const std::string& name : f.names()) {
+    EXPECT_EQ(as_u8(f.bytes(name)), as_u8(mapped.bytes(name))) << name;
+  }
+  EXPECT_EQ(linear_layers(f), linear_layers(mapped));
+  EXPECT_EQ(load_nvfp4_linear(f, kDown).w.codes, read_bin("down_proj.codes.bin"));
+}
+
+TEST(SafetensorsFromBytes, MovesKeepTheCopyAlive) {
+  auto a = SafetensorsFile::from_bytes("a", file_bytes("model.safetensors"));
+  SafetensorsFile b = std::move(a);
+  auto c = SafetensorsFile::from_bytes("c", file_bytes("empty.safetensors"));
+  c = std::move(b);
+  EXPECT_EQ(as_u8(c.bytes(kDown + ".weight")), read_bin("down_proj.codes.bin"));
+  EXPECT_EQ(c.path(), "a");
+}
+
+TEST(SafetensorsFromBytes, MalformedBytesFailAsTheFileDoes) {
+  for (const char* name :
+       {"tiny.safetensors", "truncated.safetensors", "header_past_end.safetensors",
+        "invalid_json.safetensors", "overlap.safetensors", "trailing.safetensors"}) {
+    const std::string path = path_of(name);
+    const Error from_file = testing::expect_error([&] { (void)SafetensorsFile::open(path); });
+    const Error from_memory =
+        testing::expect_error([&] { (void)SafetensorsFile::from_bytes(path, file_bytes(name)); });
+    EXPECT_EQ(from_memory.code(), ErrorCode::kIo) << name;
+    EXPECT_STREQ(from_memory.what(), from_file.what()) << name;
+  }
+  const Error e = testing::expect_error([] { (void)SafetensorsFile::from_bytes("none", {}); });
+  EXPECT_THAT(e.what(), StartsWith("[safetensors] none: the file is 0 bytes, too short"));
 }
 
 // ---- malformed files ----

@@ -524,13 +524,40 @@ TEST(CudaExec, AFailedCaptureQueryCountsAsCapturing) {
                  CUDA_ERROR_UNKNOWN);
   EXPECT_TRUE(b.is_capturing(s));
   EXPECT_FALSE(b.is_capturing(s));
-  // Which makes a kernel lookup refuse rather than risk a capture.
+  // A kernel lookup, which must know, refuses rather than risk a capture, naming the failed
+  // query rather than blaming a capture that may not exist.
   rig.fd.fail_at("cuStreamIsCapturing", rig.fd.calls("cuStreamIsCapturing") + 1,
                  CUDA_ERROR_UNKNOWN);
-  EXPECT_EQ(expect_error([&] { b.kernel("core", "fill_u32"); }).code(), ErrorCode::kCapture);
+  const Error lookup = expect_error([&] { b.kernel("core", "fill_u32"); });
+  EXPECT_EQ(lookup.code(), ErrorCode::kDriver);
+  EXPECT_THAT(lookup.what(), HasSubstr("[kernel] cuStreamIsCapturing failed: CUDA_ERROR_UNKNOWN"));
   EXPECT_EQ(expect_error([&] { b.is_capturing(StreamHandle{0xBAD0}); }).code(),
             ErrorCode::kInvalidArgument);
   b.destroy_stream(s);
+}
+
+// A copy from pinned memory must know whether to wait before the caller reuses the source, so a
+// failed query is an error naming it, asked before anything is queued (found by the fault sweep
+// of tests/reliability: counting it as capturing skipped the wait silently).
+TEST(CudaExec, APinnedCopyWhoseCaptureQueryFailsQueuesNothing) {
+  Rig rig;
+  CudaBackend& b = rig.b();
+  const DevicePtr d = b.alloc(64);
+  void* src = b.alloc_pinned(64);
+  const auto copies = rig.fd.calls("cuMemcpyHtoDAsync");
+  rig.fd.fail_at("cuStreamIsCapturing", rig.fd.calls("cuStreamIsCapturing") + 1,
+                 CUDA_ERROR_UNKNOWN);
+  const Error e = expect_error([&] { b.copy_h2d_async(d, src, 64, b.default_stream()); });
+  EXPECT_EQ(e.code(), ErrorCode::kDriver);
+  EXPECT_THAT(e.what(), HasSubstr("[copy_h2d] cuStreamIsCapturing failed"));
+  EXPECT_EQ(rig.fd.calls("cuMemcpyHtoDAsync"), copies);
+  // Asked successfully, the copy is queued and waited for.
+  const auto syncs = rig.fd.calls("cuStreamSynchronize");
+  b.copy_h2d_async(d, src, 64, b.default_stream());
+  EXPECT_EQ(rig.fd.calls("cuMemcpyHtoDAsync"), copies + 1);
+  EXPECT_EQ(rig.fd.calls("cuStreamSynchronize"), syncs + 1);
+  b.free_pinned(src);
+  b.free(d);
 }
 
 // ---- memory queries ----

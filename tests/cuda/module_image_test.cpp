@@ -43,7 +43,8 @@ TEST(Target, ParsesMachineCodeAndPtxTargets) {
   EXPECT_FALSE(c80->arch_specific);
   EXPECT_EQ(c80->str(), "compute_80");
   EXPECT_EQ(Target::parse("sm_100")->major, 10);
-  for (const char* bad : {"", "sm_", "sm_9", "sm_x0", "lto_90", "compute_90ab", "sm_-90"}) {
+  for (const char* bad :
+       {"", "sm_", "sm_9", "sm_x0", "lto_90", "compute_90ab", "sm_-90", "sm_090", "compute_0800"}) {
     EXPECT_FALSE(Target::parse(bad)) << bad;
   }
 }

@@ -508,6 +508,35 @@ TEST_P(GemmArgs, NullPointers) {
   expect_untouched();
 }
 
+// Sizes are computed without overflow: N x K past 2^63 was signed overflow (fuzz_gemm_args), and
+// a wrapped M x N x 2 would pass the range checks.
+TEST_P(GemmArgs, ShapesWhoseByteSizesOverflowAreRefused) {
+  const ops::GemmOptions none{};
+  ops::QuantWeights w = w_;
+  w.n = std::int64_t{1} << 40;
+  w.k = std::int64_t{1} << 40;
+  expect_rejected(a_, kM, w, c_, none, {"the weights would be", "more than 64 bits"});
+  expect_rejected(a_, std::int64_t{1} << 62, w_, c_, none, {"A would be", "more than 64 bits"});
+  expect_untouched();
+}
+
+// Kernels write host memory directly on the CPU, so ranges outside the allocations are refused
+// before anything runs (fuzz_gemm_args found fill_u32 and w4a16_gemm writing past them).
+TEST_P(GemmArgs, RangesOutsideAnAllocationOnTheCpu) {
+  if (b().name() != "cpu") GTEST_SKIP() << "only the cpu backend checks ranges against its blocks";
+  const ops::GemmOptions none{};
+  const DevicePtr short_c = poisoned(kM * kN * 2 - 2);
+  expect_rejected(a_, kM, w_, short_c, none, {"C 0x", "overruns the allocation", "by 2 bytes"});
+  expect_rejected(arena_.offset(5 * kSlot - 16), kM, w_, c_, none, {"A 0x", "overruns"});
+  const DevicePtr freed = b().alloc(kM * kN * 2);
+  b().free(freed);
+  expect_rejected(a_, kM, w_, freed, none, {"C 0x", "is not inside any allocation"});
+  std::vector<std::byte> host(kM * kN * 2 + 16);
+  const DevicePtr foreign{(reinterpret_cast<std::uintptr_t>(host.data()) + 15) / 16 * 16};
+  expect_rejected(a_, kM, w_, foreign, none, {"C 0x", "is not inside any allocation"});
+  expect_untouched();
+}
+
 TEST_P(GemmArgs, MisalignedPointers) {
   const ops::GemmOptions none{};
   for (const std::uint64_t off : {2u, 8u}) {

@@ -1,14 +1,21 @@
 #include "roofline.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
+
+#if METRALE_HAVE_CUDA
+#include "cuda/blas_roof.h"
+#endif
 
 namespace metrale::cli {
 namespace {
@@ -32,8 +39,16 @@ unsigned host_threads() {
 }
 
 double cpu_read_bandwidth() {
-  const std::size_t words = (std::size_t{512} << 20) / 8;  // 512 MiB: far beyond any cache
-  std::vector<std::uint64_t> buf(words, 1);
+  const std::size_t bytes = std::size_t{512} << 20;  // far beyond any cache
+  const std::size_t words = bytes / 8;
+  // On 2 MiB transparent huge pages, as the CPU backend allocates weights: with 4 KiB pages the
+  // read would pay page walks a kernel reading weights does not, and the roof would be low.
+  std::unique_ptr<std::uint64_t, decltype(&std::free)> owner(
+      static_cast<std::uint64_t*>(std::aligned_alloc(std::size_t{2} << 20, bytes)), &std::free);
+  if (!owner) return 0;
+  ::madvise(owner.get(), bytes, MADV_HUGEPAGE);
+  std::uint64_t* buf = owner.get();
+  std::fill(buf, buf + words, std::uint64_t{1});
   const unsigned threads = host_threads();
   return median_of(5, [&] {
     std::vector<std::uint64_t> sums(threads);
@@ -154,12 +169,18 @@ Roofline measure_roofline(Backend& backend) {
   Roofline r;
   if (backend.name() == "cpu") {
     r.bandwidth = cpu_read_bandwidth();
-    r.bandwidth_of = "multi-threaded read of 512 MiB";
+    r.bandwidth_of = "multi-threaded read of 512 MiB on huge pages";
     r.flops = cpu_fma_rate(&r.flops_of);
   } else {
     r.bandwidth = device_copy_bandwidth(backend);
     r.bandwidth_of = "device-to-device copy of 1 GiB (read + write)";
-    r.flops_of = "not measured (BF16 through cuBLASLt is not wired yet)";
+#if METRALE_HAVE_CUDA
+    const cuda::Bf16Rate rate = cuda::measure_bf16_gemm_rate(backend);
+    r.flops = rate.flops;
+    r.flops_of = rate.what;
+#else
+    r.flops_of = "not measured (built without the CUDA backend)";
+#endif
   }
   return r;
 }

@@ -16,8 +16,9 @@ struct Roofline {
 };
 
 // CPU: a multi-threaded read of a buffer larger than the caches, and FP32 FMAs in registers on
-// every thread. CUDA: a device-to-device copy (bytes read + written); the BF16 tensor-core rate
-// needs cuBLASLt, which is not wired yet, so flops is 0 there.
+// every thread. CUDA: a device-to-device copy (bytes read + written) and cuBLASLt's BF16 GEMM
+// rate (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot
+// be loaded or run).
 Roofline measure_roofline(Backend& backend);
 
 }  // namespace metrale::cli

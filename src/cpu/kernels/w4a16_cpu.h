@@ -9,12 +9,12 @@
 
 namespace metrale::cpu::w4a16 {
 
-// Instruction sets the kernels can use, best first.
-enum class Isa { kAvx512, kAvx2, kPortable };
-// The best set this processor supports (METRALE_CPU_ISA=avx2|portable lowers it, for tests and
-// benchmarks).
+// Instruction sets the kernels can use, best first (kAvx512Bf16 adds AVX512-BF16).
+enum class Isa { kAvx512Bf16, kAvx512, kAvx2, kPortable };
+// The best set this processor supports (METRALE_CPU_ISA=avx512|avx2|portable lowers it, for
+// tests and benchmarks).
 Isa best_isa() noexcept;
-// "avx512", "avx2", "portable".
+// "avx512_bf16", "avx512", "avx2", "portable".
 const char* to_string(Isa isa) noexcept;
 
 // C[:, n0:n1] for the decode route (weights streamed once per block, M rows reuse each load).

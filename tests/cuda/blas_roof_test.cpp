@@ -1,0 +1,36 @@
+// The CUDA compute roof (src/cuda/blas_roof.h) where it cannot be measured: it answers with a
+// reason instead of throwing, before it loads cuBLASLt or allocates anything. (The measured path
+// needs a GPU: scripts/device-check.sh reaches it through `metrale bench --backend cuda`.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "cuda/blas_roof.h"
+#include "metrale/cpu_backend.h"
+
+namespace metrale::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(BlasRoof, ANonCudaBackendGetsAReasonAndNothingIsAllocated) {
+  CpuBackend backend(CpuBackendOptions{.threads = 1});
+  const Bf16Rate r = measure_bf16_gemm_rate(backend, 64);
+  EXPECT_EQ(r.flops, 0.0);
+  EXPECT_EQ(r.what, "not measured: the cpu backend is not a CUDA device");
+  EXPECT_EQ(backend.alloc_stats().allocation_count, 0u);
+  EXPECT_EQ(backend.live_bytes(), 0u);
+  EXPECT_EQ(backend.live_alloc_count(), 0u);
+}
+
+TEST(BlasRoof, ASizeThatIsNoMultipleOf16IsRefusedBeforeAnythingIsLoaded) {
+  CpuBackend backend(CpuBackendOptions{.threads = 1});
+  for (const int n : {0, -16, 10}) {
+    const Bf16Rate r = measure_bf16_gemm_rate(backend, n);
+    EXPECT_EQ(r.flops, 0.0);
+    EXPECT_THAT(r.what, HasSubstr("is not a positive multiple of 16")) << n;
+  }
+  EXPECT_EQ(backend.live_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace metrale::cuda

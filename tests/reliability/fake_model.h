@@ -1,0 +1,117 @@
+// The lifecycle's backend on the fake CUDA driver: fake "core" and "w4a16" modules whose kernel
+// bodies really compute (the w4a16 ones through the CPU backend's host kernels, which take the
+// same GemmParams and CastParams; fake device memory is host memory at the same address), and a
+// factory that discovers the driver, builds host and registry, and gives the backend sole
+// ownership of them, so dropping the backend drops everything the model had in the driver.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cpu/kernels/w4a16_cpu.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_host.h"
+#include "cuda/cuda_rig.h"
+#include "cuda/fake_driver.h"
+#include "cuda/module_registry.h"
+#include "metrale/gemm_params.h"
+#include "metrale/kernel_args.h"
+
+namespace metrale::testing::reliability {
+
+namespace fake = metrale::cuda::testing;
+
+// Output columns (or elements, or weight rows) per block of each w4a16 entry. Deliberately
+// unlike the CPU module's: a grid sized from anything but the published tile leaves a tail
+// unwritten, which the lifecycle's poisoned outputs catch.
+inline constexpr std::uint32_t kDecodeTile = 8, kTiledTile = 16, kE4m3Tile = 32;
+inline constexpr std::uint32_t kCastTile = 512, kDequantTile = 4;
+
+// A fake entry taking one P by value whose body runs f(p, begin, end) per block of `tile`
+// over total(p) items: exactly the items the launched grid covers.
+template <class P, class F, class Total>
+fake::FakeFunction tiled_entry(std::uint32_t tile, F f, Total total) {
+  fake::FakeFunction fn;
+  fn.param_sizes = {sizeof(P)};
+  fn.body = [tile, f, total](const fake::FakeLaunch& l) {
+    const auto p = read_param<P>(l.params, 0);
+    for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
+      const std::int64_t begin = bx * tile, end = std::min<std::int64_t>(total(p), begin + tile);
+      if (begin < end) f(p, begin, end);
+    }
+  };
+  return fn;
+}
+
+// "w4a16" with the entries, tiles and _a_e4m3 flags the ops expect.
+inline fake::ModuleSpec w4a16_module() {
+  namespace k = metrale::cpu::w4a16;
+  const auto cols = [](const GemmParams& p) { return p.n; };
+  const auto count = [](const CastParams& p) { return p.count; };
+  fake::ModuleSpec m;
+  m.name = "w4a16";
+  auto& f = m.fake.functions;
+  f["gemm_decode"] = tiled_entry<GemmParams>(
+      kDecodeTile,
+      [](const GemmParams& p, std::int64_t a, std::int64_t b) {
+        k::gemm_decode(p, a, b, k::best_isa());
+      },
+      cols);
+  f["gemm_tiled"] = tiled_entry<GemmParams>(
+      kTiledTile,
+      [](const GemmParams& p, std::int64_t a, std::int64_t b) {
+        k::gemm_tiled(p, a, b, k::best_isa());
+      },
+      cols);
+  f["gemm_e4m3"] = tiled_entry<GemmParams>(kE4m3Tile, k::gemm_e4m3, cols);
+  f["bf16_to_fp8"] = tiled_entry<CastParams>(kCastTile, k::cast_bf16_to_e4m3, count);
+  f["dequant_e4m3"] = tiled_entry<CastParams>(kDequantTile, k::dequant_e4m3, count);
+  m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
+      .publish_u32("gemm_tiled_n_tile", kTiledTile)
+      .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
+      .publish_u32("bf16_to_fp8_n_tile", kCastTile)
+      .publish_u32("dequant_e4m3_n_tile", kDequantTile)
+      // Exact-BF16 routes say so; the e4m3 route says it casts A.
+      .publish_u32("gemm_decode_a_e4m3", 0)
+      .publish_u32("gemm_tiled_a_e4m3", 0)
+      .publish_u32("gemm_e4m3_a_e4m3", 1);
+  m.entries = {"bf16_to_fp8", "dequant_e4m3", "gemm_decode", "gemm_tiled", "gemm_e4m3"};
+  return m;
+}
+
+// A fake driver with the model's modules registered (one per process, like a real driver).
+struct FakeProcess {
+  fake::FakeDriver fd;
+  fake::ModuleSet modules;
+
+  FakeProcess() {
+    for (const fake::ModuleSpec& m : {fake::core_module(), w4a16_module()}) {
+      fd.add_module(m.name, m.fake);
+      modules.add(m);
+    }
+  }
+
+  // Discovery (cuInit, cuDriverGetVersion) → host → registry → backend → require_kernels.
+  std::unique_ptr<Backend> make_backend() {
+    const cuda::DriverApi& api = fd.api();
+    if (const CUresult s = api.cuInit(0); s != CUDA_SUCCESS) {
+      cuda::throw_status(&api, "cuda", "cuInit", s);
+    }
+    int version = 0;
+    if (const CUresult s = api.cuDriverGetVersion(&version); s != CUDA_SUCCESS) {
+      cuda::throw_status(&api, "cuda", "cuDriverGetVersion", s);
+    }
+    auto host = cuda::CudaHost::create(api, 0, version);
+    auto registry = cuda::ModuleRegistry::load(host, modules.span());
+    auto backend = std::make_unique<cuda::CudaBackend>(std::move(host), std::move(registry));
+    backend->set_guard_bands(GuardBandConfig{});
+    backend->set_debug_sync(false);
+    backend->require_kernels();
+    return backend;
+  }
+};
+
+}  // namespace metrale::testing::reliability
