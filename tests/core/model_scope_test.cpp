@@ -19,6 +19,7 @@
 #include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
+#include "metrale/model_resources.h"
 #include "metrale/op_cache.h"
 #include "support/log_capture.h"
 #include "support/random.h"
@@ -91,6 +92,44 @@ TEST(ModelScope, TeardownReleasesNewestFirst) {
   EXPECT_EQ(report.live_bytes_after, 0u);
   EXPECT_TRUE(report.clean());
   EXPECT_TRUE(scope.torn_down());
+}
+
+// The handle resources of model_resources.h give each handle back once: the CPU backend's
+// streams, events and graphs go to zero, a second release is a no-op (a second destroy would
+// throw), and teardown releases what is left (the pinned buffer) cleanly, to zero bytes.
+TEST(ModelResources, HandlesAreGivenBackOnce) {
+  auto owned = std::make_unique<CpuBackend>(CpuBackendOptions{builtin_host_modules(), 1});
+  CpuBackend& cpu = *owned;
+  ModelScope scope(std::move(owned));
+  Backend& b = scope.backend();
+  auto& pinned = scope.add(
+      std::make_unique<PinnedBufferResource>("staging", b.alloc_pinned(random_size(1, 4096))));
+  auto& stream = scope.add(std::make_unique<StreamResource>("stream", b.create_stream()));
+  auto& event = scope.add(std::make_unique<EventResource>("event", b.create_event()));
+  b.begin_capture(stream.get());
+  auto& graph = scope.add(std::make_unique<GraphResource>("graph", b.end_capture(stream.get())));
+  EXPECT_EQ(stream.label(), "stream");
+  EXPECT_NE(pinned.get(), nullptr);
+  EXPECT_EQ(cpu.handle_counts().streams, 1u);
+  EXPECT_EQ(cpu.handle_counts().events, 1u);
+  EXPECT_EQ(cpu.handle_counts().graphs, 1u);
+  for (ModelResource* r : {static_cast<ModelResource*>(&graph), static_cast<ModelResource*>(&event),
+                           static_cast<ModelResource*>(&stream)}) {
+    r->release(b);
+    r->release(b);
+  }
+  EXPECT_FALSE(graph.get());
+  EXPECT_FALSE(event.get());
+  EXPECT_FALSE(stream.get());
+  EXPECT_EQ(cpu.handle_counts().streams, 0u);
+  EXPECT_EQ(cpu.handle_counts().events, 0u);
+  EXPECT_EQ(cpu.handle_counts().graphs, 0u);
+  EXPECT_GT(b.live_bytes(), 0u);  // the pinned buffer
+  const LedgerProbe probe = b.ledger_probe();
+  const TeardownReport report = scope.teardown();
+  EXPECT_TRUE(report.clean()) << (report.failures.empty() ? "" : report.failures[0].message);
+  EXPECT_EQ(report.released, 5u);  // the four resources and the op scratch
+  EXPECT_EQ(probe.live_bytes(), 0u);
 }
 
 TEST(ModelScope, TeardownTriesEveryResourceAndReportsEachFailure) {

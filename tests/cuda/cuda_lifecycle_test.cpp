@@ -12,6 +12,7 @@
 
 #include "cuda/cuda_rig.h"
 #include "metrale/error.h"
+#include "metrale/model_resources.h"
 #include "metrale/model_scope.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
@@ -22,45 +23,6 @@ namespace metrale::cuda::testing {
 namespace {
 
 using metrale::testing::LogCapture;
-
-// Model resources a loader would define for what is not device memory.
-class PinnedResource final : public ModelResource {
- public:
-  explicit PinnedResource(void* p) : p_(p) {}
-  std::string label() const override { return "staging"; }
-  void release(Backend& b) override { b.free_pinned(std::exchange(p_, nullptr)); }
-  void* p_;
-};
-
-class StreamResource final : public ModelResource {
- public:
-  explicit StreamResource(StreamHandle s) : s_(s) {}
-  std::string label() const override { return "stream"; }
-  void release(Backend& b) override {
-    if (s_) b.destroy_stream(std::exchange(s_, StreamHandle{}));
-  }
-  StreamHandle s_;
-};
-
-class EventResource final : public ModelResource {
- public:
-  explicit EventResource(EventHandle e) : e_(e) {}
-  std::string label() const override { return "event"; }
-  void release(Backend& b) override {
-    if (e_) b.destroy_event(std::exchange(e_, EventHandle{}));
-  }
-  EventHandle e_;
-};
-
-class GraphResource final : public ModelResource {
- public:
-  explicit GraphResource(GraphHandle g) : g_(g) {}
-  std::string label() const override { return "decode graph"; }
-  void release(Backend& b) override {
-    if (g_) b.destroy_graph(std::exchange(g_, GraphHandle{}));
-  }
-  GraphHandle g_;
-};
 
 TEST(CudaLifecycle, AWholeModelTearsDownToZeroAndTheDriverHoldsNothing) {
   Rig rig({.make_backend = false});
@@ -77,13 +39,16 @@ TEST(CudaLifecycle, AWholeModelTearsDownToZeroAndTheDriverHoldsNothing) {
   const DevicePtr kv = scope.alloc_buffer("kv cache", 16 * 1024);
   const DevicePtr scratch = b.op_cache().scratch(b, "activations", 4096);
   auto* staging = static_cast<float*>(b.alloc_pinned(4096));
-  scope.add(std::make_unique<PinnedResource>(staging));
-  const StreamHandle s = scope.add(std::make_unique<StreamResource>(b.create_stream())).s_;
-  const EventHandle ev = scope.add(std::make_unique<EventResource>(b.create_event())).e_;
+  scope.add(std::make_unique<PinnedBufferResource>("staging", staging));
+  const StreamHandle s =
+      scope.add(std::make_unique<StreamResource>("stream", b.create_stream())).get();
+  const EventHandle ev =
+      scope.add(std::make_unique<EventResource>("event", b.create_event())).get();
   b.begin_capture(s);
   ops::fill_u32(b, s, scratch, 1024, 3u);
   ops::axpy_f32(b, s, kv, weights, 2.0f, 1024);
-  const GraphHandle g = scope.add(std::make_unique<GraphResource>(b.end_capture(s))).g_;
+  const GraphHandle g =
+      scope.add(std::make_unique<GraphResource>("decode graph", b.end_capture(s))).get();
 
   // Run it once.
   for (int i = 0; i < 1024; ++i) staging[i] = 1.5f;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "metrale/model_resources.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
@@ -43,56 +44,6 @@ class WeightsResource final : public ModelResource {
 
  private:
   ops::QuantWeights w_;
-};
-
-class PinnedResource final : public ModelResource {
- public:
-  explicit PinnedResource(void* p) : p_(p) {}
-  std::string label() const override { return "staging"; }
-  void release(Backend& b) override { b.free_pinned(std::exchange(p_, nullptr)); }
-  std::byte* get() const { return static_cast<std::byte*>(p_); }
-
- private:
-  void* p_;
-};
-
-class StreamResource final : public ModelResource {
- public:
-  explicit StreamResource(StreamHandle s) : s_(s) {}
-  std::string label() const override { return "stream"; }
-  void release(Backend& b) override {
-    if (s_) b.destroy_stream(std::exchange(s_, StreamHandle{}));
-  }
-  StreamHandle get() const { return s_; }
-
- private:
-  StreamHandle s_;
-};
-
-class EventResource final : public ModelResource {
- public:
-  explicit EventResource(EventHandle e) : e_(e) {}
-  std::string label() const override { return "event"; }
-  void release(Backend& b) override {
-    if (e_) b.destroy_event(std::exchange(e_, EventHandle{}));
-  }
-  EventHandle get() const { return e_; }
-
- private:
-  EventHandle e_;
-};
-
-class GraphResource final : public ModelResource {
- public:
-  explicit GraphResource(GraphHandle g) : g_(g) {}
-  std::string label() const override { return "graph"; }
-  void release(Backend& b) override {
-    if (g_) b.destroy_graph(std::exchange(g_, GraphHandle{}));
-  }
-  GraphHandle get() const { return g_; }
-
- private:
-  GraphHandle g_;
 };
 
 // Added first, so released after everything but the op scratch: counts what is still alive.
@@ -276,8 +227,10 @@ void run_model(ModelScope& scope, const Shapes& sh, std::mt19937_64& gen) {
   const std::size_t off_scales = round_up(w2.codes.size());
   const std::size_t off_a = off_scales + round_up(w2.scales.size());
   const std::size_t off_x = off_a + round_up(a_elems * 2);
-  std::byte* staging =
-      scope.add(std::make_unique<PinnedResource>(b.alloc_pinned(off_x + sh.elems * 4))).get();
+  auto* staging = static_cast<std::byte*>(scope
+                                              .add(std::make_unique<PinnedBufferResource>(
+                                                  "staging", b.alloc_pinned(off_x + sh.elems * 4)))
+                                              .get());
   ops::QuantWeights d_w2;
   d_w2.format = w2.format;
   d_w2.layout = w2.layout;
@@ -291,8 +244,9 @@ void run_model(ModelScope& scope, const Shapes& sh, std::mt19937_64& gen) {
   d_w2.scales = alloc_weights(b, d_w2.scales_bytes);
   scope.add(std::make_unique<DeviceBufferResource>("mxfp4 scales", d_w2.scales));
 
-  md.s = scope.add(std::make_unique<StreamResource>(b.create_stream())).get();
-  const EventHandle ev = scope.add(std::make_unique<EventResource>(b.create_event())).get();
+  md.s = scope.add(std::make_unique<StreamResource>("stream", b.create_stream())).get();
+  const EventHandle ev =
+      scope.add(std::make_unique<EventResource>("event", b.create_event())).get();
 
   std::memcpy(staging, w2.codes.data(), w2.codes.size());
   std::memcpy(staging + off_scales, w2.scales.data(), w2.scales.size());
@@ -346,7 +300,7 @@ void run_model(ModelScope& scope, const Shapes& sh, std::mt19937_64& gen) {
   try {
     run_elementwise(md);
     for (const GemmCase& g : gemms) run_gemm(md, g);
-    graph = scope.add(std::make_unique<GraphResource>(b.end_capture(md.s))).get();
+    graph = scope.add(std::make_unique<GraphResource>("graph", b.end_capture(md.s))).get();
   } catch (...) {
     b.abort_capture(md.s);  // error paths end the capture (a no-op when end_capture did)
     throw;
