@@ -413,17 +413,26 @@ template <int MB>
   // A as BF16, chunk-major (chunk c of row m at (c * MB + m) * 64: its even-k values, then its
   // odd-k values), so the rows one chunk needs share cache lines instead of sitting K * 2 bytes
   // apart in one L1 set. Rows past M are zero.
+  // Staged with two permutes per 64 values: a scalar split cost up to a fifth of a block's time
+  // at K = 28672 (it runs once per block of columns).
   thread_local std::vector<std::uint16_t> staged;
-  staged.assign(static_cast<std::size_t>(chunks * MB * kChunk), 0);
+  staged.resize(static_cast<std::size_t>(chunks * MB * kChunk));
   const auto* a16 = at<const std::uint16_t>(p.a);
-  for (std::int64_t m = 0; m < p.m; ++m) {
+  const __m512i even_idx =
+      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
+                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd_idx = _mm512_add_epi16(even_idx, _mm512_set1_epi16(1));
+  for (std::int64_t m = 0; m < MB; ++m) {
     for (std::int64_t c = 0; c < chunks; ++c) {
       std::uint16_t* dst = &staged[static_cast<std::size_t>((c * MB + m) * kChunk)];
-      const std::uint16_t* src = a16 + m * p.k + c * kChunk;
-      for (int i = 0; i < kChunk / 2; ++i) {
-        dst[i] = src[2 * i];
-        dst[kChunk / 2 + i] = src[2 * i + 1];
+      if (m >= p.m) {
+        std::memset(dst, 0, kChunk * 2);
+        continue;
       }
+      const std::uint16_t* src = a16 + m * p.k + c * kChunk;
+      const __m512i lo = _mm512_loadu_si512(src), hi = _mm512_loadu_si512(src + 32);
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(lo, even_idx, hi));
+      _mm512_storeu_si512(dst + kChunk / 2, _mm512_permutex2var_epi16(lo, odd_idx, hi));
     }
   }
   const std::uint16_t* a = staged.data();
@@ -732,6 +741,11 @@ void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa)
 }
 
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  // With BF16 dot products the decode kernel's register tile (16 rows of A against each decoded
+  // 64-weight chunk) is itself the better tiled kernel: 4x the FP32 panel kernel at M = 64, whose
+  // scalar panel build dominates (docs/PERF.md). The weights stream once per 16 rows, which at
+  // these rates is compute-bound, not memory-bound.
+  if (isa == Isa::kAvx512Bf16 && !(p.flags & kGemmTransposed)) return decode_avx512bf16(p, n0, n1);
   tiled(p, n0, n1, isa);
 }
 

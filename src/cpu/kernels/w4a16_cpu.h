@@ -19,7 +19,8 @@ const char* to_string(Isa isa) noexcept;
 
 // C[:, n0:n1] for the decode route (weights streamed once per block, M rows reuse each load).
 void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
-// C[:, n0:n1] for the tiled route (dequantized weight panels reused across rows of A).
+// C[:, n0:n1] for the tiled route (dequantized weights reused across rows of A: FP32 panels, or
+// with AVX-512 BF16 the decode kernel's 16-row register tiles).
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
 // C[:, n0:n1] for the E4M3 route: E4M3 A and W, exact products, FP32 sums per K-group, FP32
 // group scales.
