@@ -88,9 +88,11 @@ class Backend {
   void free_pinned(void* host);
   // The device address through which kernels read the pinned host pointer (interior allowed).
   virtual DevicePtr pinned_device_address(const void* host) const = 0;
-  // Throws Error(kInvalidArgument) "[api] <what> ..." unless [ptr, ptr + bytes) lies inside one
+  // Throws Error(kInvalidArgument) "[api] <what> ..." when [ptr, ptr + bytes) is not inside one
   // live allocation of this backend. Ops check every range a kernel will touch with it before
-  // they launch anything. Optional: the default accepts anything (a backend that cannot tell).
+  // they launch anything. The default judges by the ledger: a range starting inside an
+  // allocation must end inside it; a pointer into none is accepted (memory from elsewhere). The
+  // CPU backend, which owns all memory its kernels can reach, refuses those too.
   virtual void check_range(std::string_view api, std::string_view what, DevicePtr ptr,
                            std::uint64_t bytes) const;
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,6 +55,8 @@ class AllocationLedger {
 
   // The entry whose allocation starts at ptr, if any.
   std::optional<LedgerEntry> find(DevicePtr ptr) const;
+  // The entry whose [ptr, ptr + bytes) holds address (interior pointers too), if any.
+  std::optional<LedgerEntry> containing(std::uint64_t address) const;
   // Sum of the sizes of live entries.
   std::size_t live_bytes() const;
   // Number of live entries.
@@ -71,7 +74,7 @@ class AllocationLedger {
 
  private:
   mutable std::mutex mu_;
-  std::unordered_map<std::uint64_t, LedgerEntry> live_;
+  std::map<std::uint64_t, LedgerEntry> live_;  // ordered: containing() finds interior pointers
   AllocStats stats_;
 };
 

@@ -184,7 +184,23 @@ std::string Backend::describe_unknown_pointer(DevicePtr) const {
 
 void Backend::check_args(KernelHandle, std::span<const KernelArg>) {}
 
-void Backend::check_range(std::string_view, std::string_view, DevicePtr, std::uint64_t) const {}
+// What the ledger can tell: a range that starts inside one of this backend's allocations must
+// end inside it. A pointer into no allocation is let through: it may be memory the caller got
+// elsewhere (another library's allocator), which only the driver can judge.
+void Backend::check_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                          std::uint64_t bytes) const {
+  if (!ptr || bytes == 0) return;
+  const std::optional<LedgerEntry> e = ledger_->containing(ptr.address());
+  if (!e) return;
+  const std::uint64_t offset = ptr.address() - e->ptr.address();
+  if (bytes > e->bytes - offset) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} 0x{:x} + {} bytes overruns the allocation at 0x{:x} ({} bytes, "
+                            "from {}) by {} bytes",
+                            what, ptr.address(), bytes, e->ptr.address(), e->bytes, e->site.str(),
+                            bytes - (e->bytes - offset)));
+  }
+}
 
 // Both walk the bands under the registry's lock: reading or filling a pad from a copied list
 // raced with free() on another thread, which could free the allocation between the copy and

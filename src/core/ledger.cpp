@@ -70,6 +70,15 @@ std::optional<LedgerEntry> AllocationLedger::find(DevicePtr ptr) const {
   return it->second;
 }
 
+std::optional<LedgerEntry> AllocationLedger::containing(std::uint64_t address) const {
+  std::lock_guard lock(mu_);
+  auto it = live_.upper_bound(address);
+  if (it == live_.begin()) return std::nullopt;
+  --it;
+  if (address - it->first < it->second.bytes) return it->second;
+  return std::nullopt;
+}
+
 std::size_t AllocationLedger::live_bytes() const {
   std::lock_guard lock(mu_);
   return stats_.current_bytes;

@@ -71,6 +71,25 @@ TEST(AllocationLedger, RecordTakeFindAndLiveTotals) {
   EXPECT_EQ(ledger.live_count(), 1u);
 }
 
+// containing() finds the allocation around any address inside it, and none at its end, in a
+// gap, before the first or after the last one.
+TEST(AllocationLedger, ContainingFindsInteriorAddresses) {
+  AllocationLedger ledger;
+  ledger.record(entry(0x1000, 0x100, "a.cpp", 1));
+  ledger.record(entry(0x2000, 0x10, "b.cpp", 2));
+  for (const std::uint64_t a : {0x1000ull, 0x1001ull, 0x10FFull}) {
+    const auto e = ledger.containing(a);
+    ASSERT_TRUE(e.has_value()) << a;
+    EXPECT_EQ(e->ptr.address(), 0x1000u);
+  }
+  EXPECT_EQ(ledger.containing(0x200F)->ptr.address(), 0x2000u);
+  for (const std::uint64_t a : {0x0FFFull, 0x1100ull, 0x1800ull, 0x2010ull, 0ull}) {
+    EXPECT_FALSE(ledger.containing(a).has_value()) << a;
+  }
+  ledger.take(DevicePtr{0x1000});
+  EXPECT_FALSE(ledger.containing(0x1001).has_value());
+}
+
 TEST(AllocationLedger, StatsCountCurrentPeakAllocatedFreedAndFailures) {
   AllocationLedger ledger;
   const std::size_t a = random_size(1, 1000), b = random_size(1, 1000), c = random_size(1, 1000);

@@ -141,6 +141,37 @@ TEST(CudaOps, BadArgumentsLaunchNothingAndLookNothingUp) {
   b.free(out);
 }
 
+// A range that starts inside one of the backend's allocations must end inside it (on a GPU the
+// overrun would be an illegal address, a fault that kills the context); the ledger says so
+// before anything is looked up or launched. Memory the backend did not allocate (another
+// allocator's) cannot be judged from the ledger and is left to the driver.
+TEST(CudaOps, ARangeOverrunningAnAllocationLaunchesNothing) {
+  Rig rig;
+  CudaBackend& b = rig.b();
+  const DevicePtr out = b.alloc(64);  // 16 elements
+  const Error e = expect_error([&] { ops::fill_u32(b, StreamHandle{}, out, 17, 1u); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("[fill_u32] out"));
+  EXPECT_THAT(e.what(), HasSubstr("+ 68 bytes overruns the allocation"));
+  EXPECT_THAT(e.what(), HasSubstr("by 4 bytes"));
+  const Error interior =
+      expect_error([&] { ops::fill_u32(b, StreamHandle{}, out.offset(48), 5, 1u); });
+  EXPECT_THAT(interior.what(), HasSubstr("by 4 bytes"));
+  EXPECT_TRUE(rig.fd.launches().empty());
+  EXPECT_EQ(b.op_cache().kernel_count(), 0u);
+
+  // Exactly the allocation is fine, and so is memory the backend never saw.
+  ops::fill_u32(b, StreamHandle{}, out, 16, 7u);
+  CUdeviceptr foreign = 0;
+  ASSERT_EQ(rig.table.cuMemAlloc(&foreign, 256), CUDA_SUCCESS);
+  ops::fill_u32(b, StreamHandle{}, DevicePtr{foreign}, 64, 7u);
+  b.synchronize(StreamHandle{});
+  EXPECT_EQ(rig.fd.launches().size(), 2u);
+  EXPECT_EQ(host_view<std::uint32_t>(DevicePtr{foreign})[63], 7u);
+  EXPECT_EQ(rig.table.cuMemFree(foreign), CUDA_SUCCESS);
+  b.free(out);
+}
+
 TEST(CudaOps, AnOpCapturedIntoAGraphReplaysWithItsOwnArguments) {
   Rig rig;
   CudaBackend& b = rig.b();
