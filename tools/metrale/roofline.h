@@ -15,10 +15,11 @@ struct Roofline {
   std::string flops_of;
 };
 
-// CPU: a multi-threaded read of a buffer larger than the caches, and FP32 FMAs in registers on
-// every thread. CUDA: a device-to-device copy (bytes read + written) and cuBLASLt's BF16 GEMM
-// rate (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot
-// be loaded or run).
+// CPU: a multi-threaded read of a buffer larger than the caches (on huge pages), and FP32 FMAs
+// (BF16 dot products on AVX-512 BF16 processors, as the kernels use) in registers on every thread.
+// CUDA: a device-to-device copy (bytes read + written) and cuBLASLt's BF16 GEMM rate
+// (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot be loaded
+// or run).
 Roofline measure_roofline(Backend& backend);
 
 }  // namespace metrale::cli
