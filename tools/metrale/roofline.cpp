@@ -137,44 +137,35 @@ double cpu_read_bandwidth() {
   return out[0];
 }
 
-// FP32 FMA rate of every thread at once, with the widest vectors the processor has.
-double cpu_fma_rate(std::string* of) {
-  // Where the GEMM kernels use BF16 dot products, they are the roof (each does twice the
-  // multiply-adds of an FP32 FMA; an FP32 roof would read above 100%).
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
-    *of = "BF16 dot products (AVX-512 BF16) on every thread";
-    const unsigned threads = host_threads();
-    const std::int64_t iters = 10'000'000;
-    return median_of(3, [&] {
-      const auto t0 = Clock::now();
-      std::vector<std::thread> pool;
-      std::vector<float> sink(threads);
-      for (unsigned t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] { sink[t] = bf16_dot_loop(iters); });
-      }
-      for (auto& th : pool) th.join();
-      return static_cast<double>(threads) * static_cast<double>(iters) * 12 * 16 * 2 * 2 /
-             seconds_since(t0);
-    });
-  }
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-  *of = fmt::format("FP32 FMA ({}) on every thread", avx512 ? "AVX-512" : "AVX2");
+// FLOP per second of loop (12 chains of one vector instruction, flops_per_step each per chain)
+// run on every thread at once; median of 3.
+double rate_on_every_thread(float (*loop)(std::int64_t), double flops_per_step) {
   const unsigned threads = host_threads();
   const std::int64_t iters = 10'000'000;
-  const double lanes = avx512 ? 16 : 8;
   return median_of(3, [&] {
     const auto t0 = Clock::now();
     std::vector<std::thread> pool;
     std::vector<float> sink(threads);
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back(
-          [&, t] { sink[t] = avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters); });
-    }
+    for (unsigned t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[t] = loop(iters); });
     for (auto& th : pool) th.join();
-    return static_cast<double>(threads) * static_cast<double>(iters) * 12 * lanes * 2 /
+    return static_cast<double>(threads) * static_cast<double>(iters) * 12 * flops_per_step /
            seconds_since(t0);
   });
+}
+
+// The compute rate of every thread at once: BF16 dot products where the GEMM kernels use them
+// (each does twice the multiply-adds of an FP32 FMA; an FP32 roof would read above 100%), else
+// FP32 FMAs with the widest vectors the processor has.
+double cpu_fma_rate(std::string* of) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
+    *of = "BF16 dot products (AVX-512 BF16) on every thread";
+    return rate_on_every_thread(bf16_dot_loop, 16 * 2 * 2);  // 16 lanes, 2 products, mul + add
+  }
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+  *of = fmt::format("FP32 FMA ({}) on every thread", avx512 ? "AVX-512" : "AVX2");
+  return avx512 ? rate_on_every_thread(fma_loop_avx512, 16 * 2)
+                : rate_on_every_thread(fma_loop_avx2, 8 * 2);
 }
 
 double device_copy_bandwidth(Backend& b) {

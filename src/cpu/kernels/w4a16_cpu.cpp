@@ -367,8 +367,9 @@ template <DecodeKind K>
 // (4 chunks) with an E4M3 -> FP16 bit move and vcvtph2ps instead of table loads.
 // Eight vector operations per 64 weights, against about twenty in the FP32 kernel.
 
-#define METRALE_TARGET_AVX512BF16 \
-  gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
+// Lambdas take the target through __attribute__, the functions through [[gnu::target]].
+#define METRALE_AVX512BF16_FEATURES "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"
+#define METRALE_TARGET_AVX512BF16 gnu::target(METRALE_AVX512BF16_FEATURES)
 
 // BF16 bits of E2M1 value i & 15, twice: the permute reads 5 index bits, and bit 4 of a
 // low-nibble index is the neighbouring nibble's, which the second copy makes harmless.
@@ -449,8 +450,8 @@ template <int MB>
 
   // NC columns at a time: with one or two rows of A, each loaded activation then serves two
   // columns, halving the A traffic (which matters once A no longer fits in L1; see below).
-  auto columns = [&]<int NC>(std::int64_t n) __attribute__((
-      always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"))) {
+  auto columns = [&]<int NC>(std::int64_t n)
+      __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
     constexpr int PC = std::max(1, P / NC);  // accumulators per (column, row)
     const std::uint8_t* codes[NC];
     const std::uint8_t* scales[NC];
@@ -464,8 +465,8 @@ template <int MB>
     }
     // One chunk of each column: decode once, then two dot products and a scaled accumulation
     // per row.
-    auto step = [&](std::int64_t c, int q, const __m512* scale) __attribute__((
-        always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"))) {
+    auto step = [&](std::int64_t c, int q, const __m512* scale)
+        __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
       __m512bh even[NC], odd[NC];
       for (int j = 0; j < NC; ++j) {
         // 32 bytes a chunk: the cache line 2 KiB ahead is requested every other chunk.
