@@ -8,6 +8,9 @@ set(METRALE_CUDA_MODULE_TABLE "" CACHE INTERNAL "")
 function(metrale_cuda_module)
   cmake_parse_arguments(M "" "NAME;SOURCE" "ENTRIES;GENCODE" ${ARGN})
   set(fatbin ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}.fatbin)
+  # The headers beside the source (.cuh) are part of every module's translation unit.
+  get_filename_component(kernel_dir ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} DIRECTORY)
+  file(GLOB kernel_headers CONFIGURE_DEPENDS ${kernel_dir}/*.cuh)
   set(embed ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}_image.cpp)
   set(gencode_flags "")
   set(targets "")
@@ -23,6 +26,7 @@ function(metrale_cuda_module)
             -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
             ${PROJECT_SOURCE_DIR}/include/metrale/gemm_params.h
+            ${PROJECT_SOURCE_DIR}/include/metrale/tile_math.h ${kernel_headers}
     COMMENT "nvcc: module ${M_NAME} (${M_GENCODE})" VERBATIM)
   list(JOIN targets ", " targets_list)
   set(entries "")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: build for sm_90a (plus the other embedded targets), run the
-# gpu-labelled tests, the rest of the suite, `metrale check --backend cuda`,
-# `metrale bench --model llama3-70b` and the benchmarks, then print a summary table last. A
-# 450 s budget (DEVICE_CHECK_BUDGET_S) keeps it inside 8 minutes whatever a step does.
+# gpu-labelled tests, the GEMM numerics suite on the CUDA backend, the GPU GEMM benchmark with its
+# peers (cuBLASLt in the same binary, torch from bench/gemm_peers.py), `metrale check --backend
+# cuda`, `metrale bench --model llama3-70b`, the GPU soak and the rest of the suite, then print a
+# summary table last. A 450 s budget (DEVICE_CHECK_BUDGET_S) keeps it inside 8 minutes whatever
+# a step does.
 # Packages: where .devdeps/ holds the .debs from scripts/device-deps.sh, they are unpacked into
 # /tmp/devdeps first (the device machine has no package registry).
 set -uo pipefail
@@ -47,10 +49,14 @@ step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DM
 step build 180 cmake --build "$build" -j "$(nproc)"
 step info 20 "$build/metrale" info
 step gpu-tests 60 ctest --test-dir "$build" -L gpu -E GpuSoak --output-on-failure
+# The numerics suite of part 1, unchanged, on the CUDA backend (its "/cuda" instances).
+step numerics-cuda 90 "$build/tests/ops_tests" --gtest_filter='*/cuda' --gtest_brief=1
+# Every Llama-3 shape at M = 1, 16, 4096 against the copy bandwidth and cuBLASLt BF16 measured
+# in the same run; then torch's peers on the same shapes (a line saying why where torch is absent).
+step bench-gemm-gpu 120 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
+step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 step check-cuda 30 "$build/metrale" check --backend cuda
-# M = 4096 waits for the tensor-core prefill kernel of issue 5: the first w4a16 module re-reads A
-# for every column and would not finish. Add it back with that kernel.
-step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16
+step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the
 # driver's free memory after cycle 1 (tests/gpu/soak_test.cpp); its own step, for its own limit.
 step gpu-soak 90 env METRALE_GPU_SOAK_CYCLES=200 "$build/tests/gpu_tests" --gtest_filter='GpuSoak.*'
@@ -65,3 +71,4 @@ skipped=$(grep -c "\*\*\*Skipped" "$out/gpu-tests.log" 2>/dev/null || true)
 echo "gpu tests skipped: ${skipped:-0} (a skip means no usable GPU: see $out/gpu-tests.log)"
 grep -h "^soak gpu" "$out/gpu-soak.log" 2>/dev/null ||
   echo "gpu soak: no figures (skipped or failed: see $out/gpu-soak.log)"
+python3 scripts/gpu_summary.py "$out/gemm.jsonl" "$out/peers.jsonl" 2>&1 || true

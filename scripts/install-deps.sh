@@ -31,3 +31,11 @@ if ! python3 -c "import safetensors, numpy" 2>/dev/null; then
   python3 -m pip install -q safetensors numpy ||
     python3 -m pip install -q --user --break-system-packages safetensors numpy
 fi
+
+# cuobjdump and nvdisasm (NVIDIA's PyPI wheels; the toolkit here ships neither): the offline
+# fatbin test reads the kernels' published symbols and their SASS with them.
+if ! python3 -c "import nvidia, os, sys; p = list(nvidia.__path__)[0]; sys.exit(not any(os.path.exists(os.path.join(p, d, 'bin', 'nvdisasm')) for d in os.listdir(p)))" 2>/dev/null; then
+  echo "install-deps: installing nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm for $(command -v python3)"
+  python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+    python3 -m pip install -q --user --break-system-packages nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+fi

@@ -22,6 +22,12 @@ struct GemmParams {
   std::int64_t m = 0, n = 0, k = 0;
   float tensor_scale = 1.0f;
   std::uint32_t flags = 0;
+  // Split-K (kernels that publish <entry>_split_k): grid z has `splits` slices of k_per_split
+  // K each, which write FP32 partials [splits, M, N] to `workspace` for gemm_split_reduce.
+  // splits = 1: no split, workspace unused, the kernel writes C itself.
+  std::uint64_t workspace = 0;
+  std::int64_t splits = 1;
+  std::int64_t k_per_split = 0;
 };
 
 // Arguments of bf16_to_fp8 (the seed's cast) and dequant_e4m3.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
 #define METRALE_HD __host__ __device__ __forceinline__
 #else
 #define METRALE_HD inline
@@ -151,6 +152,67 @@ inline constexpr int kMxfp4Group = 32;  // K elements per E8M0 block scale
 METRALE_HD std::uint8_t packed_code(const std::uint8_t* row, std::int64_t k) {
   const std::uint8_t byte = row[k >> 1];
   return (k & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
+}
+
+// ---- packed conversions of the GPU kernels (one code path, host-tested) ----
+
+// Byte i of the result is byte ((s >> 4i) & 7) of the 8 bytes y:x (x is bytes 0-3): CUDA's
+// __byte_perm (one PRMT) on the device, the same selection on the host.
+METRALE_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const std::uint64_t v = (std::uint64_t{y} << 32) | x;
+  std::uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned at = 8u * ((s >> (4 * i)) & 7u);
+    r |= static_cast<std::uint32_t>((v >> at) & 0xFFu) << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// Four E2M1 codes, the nibbles of w (lowest first), as four BF16 values in two words (element 0
+// in the low half of *p01, element 2 in the low half of *p23). Exact. The high and low bytes of
+// the 8 magnitudes' BF16 patterns are tables of 8 bytes that two byte permutes index with the
+// codes' low 3 bits; two more interleave them, and the sign bits are moved up: a few
+// instructions per 4 values on a GPU, against ~8 per value through e2m1_to_f32 and a conversion.
+METRALE_HD void e2m1x4_to_bf16(std::uint32_t w, std::uint32_t* p01, std::uint32_t* p23) {
+  // BF16 of ±{0, .5, 1, 1.5, 2, 3, 4, 6}: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0.
+  constexpr std::uint32_t kHigh03 = 0x3F3F3F00u, kHigh47 = 0x40404040u;
+  constexpr std::uint32_t kLow03 = 0xC0800000u, kLow47 = 0xC0804000u;
+  const std::uint32_t sel = w & 0x7777u;
+  const std::uint32_t high = byte_perm(kHigh03, kHigh47, sel);
+  const std::uint32_t low = byte_perm(kLow03, kLow47, sel);
+  *p01 = byte_perm(low, high, 0x5140u) | ((w & 0x8u) << 12) | ((w & 0x80u) << 24);
+  *p23 = byte_perm(low, high, 0x7362u) | ((w & 0x800u) << 4) | ((w & 0x8000u) << 16);
+}
+
+// A BF16 pair times a BF16 pair, element by element, rounded to nearest even (one HMUL2 on the
+// device). The kernels multiply E2M1 values by block scales, where the product is exact.
+METRALE_HD std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  const __nv_bfloat162 r = __hmul2(x, y);
+  std::uint32_t out;
+  std::memcpy(&out, &r, 4);
+  return out;
+#else
+  const auto half = [](std::uint32_t v, int i) {
+    return bf16_to_f32(static_cast<std::uint16_t>(v >> (16 * i)));
+  };
+  return std::uint32_t{f32_to_bf16(half(a, 0) * half(b, 0))} |
+         std::uint32_t{f32_to_bf16(half(a, 1) * half(b, 1))} << 16;
+#endif
+}
+
+// A block scale as the BF16 pair (s, s) the kernels multiply code pairs by; exact for every
+// E4M3 scale (3 mantissa bits) and every E8M0 scale in BF16's range.
+METRALE_HD std::uint32_t bf16_pair_of(float scale) {
+  const std::uint32_t b = f32_to_bf16(scale);
+  return b | (b << 16);
 }
 
 }  // namespace metrale::num

@@ -33,6 +33,13 @@ constexpr std::uint64_t fnv1a64(std::string_view bytes) noexcept {
   return h;
 }
 
+// What a kernel publishes about its launch besides its N tile; 0 where it publishes nothing.
+struct KernelLaunchMeta {
+  std::uint32_t m_tile = 0;      // <function>_m_tile: rows of M per block in grid y (0: grid y 1)
+  std::uint32_t smem_bytes = 0;  // <function>_smem_bytes: dynamic shared memory per block
+  std::uint32_t split_k = 0;     // <function>_split_k: K per split-K unit (0: no split-K)
+};
+
 class OpCache final : public ModelResource {
  public:
   OpCache() = default;
@@ -62,6 +69,10 @@ class OpCache final : public ModelResource {
   void record_a_e4m3(KernelHandle kernel);
   // Whether kernel was recorded as casting A to E4M3.
   bool a_e4m3(KernelHandle kernel) const;
+  // Records the launch metadata kernel publishes; a later value replaces it.
+  void record_launch_meta(KernelHandle kernel, const KernelLaunchMeta& meta);
+  // The recorded launch metadata (all 0 when the kernel publishes none).
+  KernelLaunchMeta launch_meta(KernelHandle kernel) const;
 
   // Whether a loader latched the managed-memory fallback on this backend.
   bool alloc_fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
@@ -156,6 +167,7 @@ class OpCache final : public ModelResource {
   mutable std::shared_mutex meta_mu_;
   std::unordered_map<KernelHandle, std::uint32_t> n_tiles_;
   std::unordered_set<KernelHandle> a_e4m3_;
+  std::unordered_map<KernelHandle, KernelLaunchMeta> launch_meta_;
 
   std::mutex gates_mu_;
   std::unordered_set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>,

@@ -251,6 +251,17 @@ bool OpCache::a_e4m3(KernelHandle kernel) const {
   return a_e4m3_.contains(kernel);
 }
 
+void OpCache::record_launch_meta(KernelHandle kernel, const KernelLaunchMeta& meta) {
+  std::unique_lock lock(meta_mu_);
+  launch_meta_[kernel] = meta;
+}
+
+KernelLaunchMeta OpCache::launch_meta(KernelHandle kernel) const {
+  std::shared_lock lock(meta_mu_);
+  const auto it = launch_meta_.find(kernel);
+  return it == launch_meta_.end() ? KernelLaunchMeta{} : it->second;
+}
+
 bool OpCache::first_n(std::string_view key, std::uint32_t n) {
   std::lock_guard lock(gates_mu_);
   auto it = counters_.find(std::string(key));

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/log.h"
+#include "core/published.h"
 #include "cpu/host_memory.h"
 #include "cpu/thread_pool.h"
 #include "metrale/error.h"
@@ -729,23 +730,12 @@ KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::strin
                             module_name, function, fmt::join(have, ", "), site.str()));
   }
   const KernelHandle h{reinterpret_cast<std::uintptr_t>(k)};
-  // Published metadata, read the way the CUDA backend reads module globals.
-  const std::string tile_symbol = fmt::format("{}_n_tile", function);
-  if (const auto* bytes = m->find_symbol(tile_symbol)) {
-    if (bytes->size() != sizeof(std::uint32_t)) {
-      throw Error(ErrorCode::kDriver, "kernel",
-                  fmt::format("{} publishes {} as {} byte(s); it must be a 4-byte unsigned", full,
-                              tile_symbol, bytes->size()));
-    }
-    std::uint32_t tile = 0;
-    std::memcpy(&tile, bytes->data(), sizeof tile);
-    op_cache().record_n_tile(h, tile);
-  }
-  if (const auto* bytes = m->find_symbol(fmt::format("{}_a_e4m3", function))) {
-    if (std::any_of(bytes->begin(), bytes->end(), [](std::byte b) { return b != std::byte{0}; })) {
-      op_cache().record_a_e4m3(h);
-    }
-  }
+  // Published metadata, read by the same rules as the CUDA backend's module globals.
+  record_published(op_cache(), h, full, function,
+                   [&](const std::string& symbol) -> std::optional<std::vector<std::byte>> {
+                     if (const auto* bytes = m->find_symbol(symbol)) return *bytes;
+                     return std::nullopt;
+                   });
   std::lock_guard lock(impl_->mu);
   impl_->kernel_names.emplace(h.value(), full);
   return h;

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -124,28 +125,34 @@ std::vector<std::uint16_t> random_bf16(std::size_t count) {
   return v;
 }
 
-double measure(const LtApi& lt, Backend& backend, int n) {
+// Seconds per C[M, N] = A[M, K] · W[N, K]ᵀ (BF16, row-major), the w4a16 GEMM's shape.
+double measure(const LtApi& lt, Backend& backend, int m, int n, int k) {
   Session s{lt, backend, nullptr, nullptr, {nullptr, nullptr, nullptr}, nullptr, {}};
   backend.bind_to_thread();
-  const auto elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-  const std::vector<std::uint16_t> host = random_bf16(elems);
-  const DevicePtr a = s.alloc(elems * 2), b = s.alloc(elems * 2), c = s.alloc(elems * 2);
+  const auto um = static_cast<std::size_t>(m), un = static_cast<std::size_t>(n),
+             uk = static_cast<std::size_t>(k);
+  const std::vector<std::uint16_t> host = random_bf16(std::max(um, un) * uk);
+  const DevicePtr a = s.alloc(um * uk * 2), b = s.alloc(un * uk * 2), c = s.alloc(um * un * 2);
   constexpr std::size_t kWorkspace = std::size_t{64} << 20;
   const DevicePtr ws = s.alloc(kWorkspace);
-  backend.copy_h2d(a, host.data(), elems * 2);
-  backend.copy_h2d(b, host.data(), elems * 2);
+  backend.copy_h2d(a, host.data(), um * uk * 2);
+  backend.copy_h2d(b, host.data(), un * uk * 2);
 
   check(lt.create(&s.handle), "cublasLtCreate");
   check(lt.desc_create(&s.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  // C = Aᵀ·B, column-major: the "TN" form cuBLASLt's fastest BF16 kernels take.
+  // Column-major, the "TN" form cuBLASLt's fastest BF16 kernels take: Cᵀ [N, M] = Wᵀᵀ · Aᵀ,
+  // with W as a K x N column-major matrix (transposed) and A as K x M. Cᵀ column-major is C
+  // row-major.
   const cublasOperation_t trans = CUBLAS_OP_T;
   check(lt.desc_set(s.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)),
         "cublasLtMatmulDescSetAttribute(TRANSA)");
-  for (auto*& l : s.layout) {
-    check(lt.layout_create(&l, CUDA_R_16BF, static_cast<std::uint64_t>(n),
-                           static_cast<std::uint64_t>(n), n),
-          "cublasLtMatrixLayoutCreate");
-  }
+  const auto u64 = [](int v) { return static_cast<std::uint64_t>(v); };
+  check(lt.layout_create(&s.layout[0], CUDA_R_16BF, u64(k), u64(n), k),
+        "cublasLtMatrixLayoutCreate(W)");
+  check(lt.layout_create(&s.layout[1], CUDA_R_16BF, u64(k), u64(m), k),
+        "cublasLtMatrixLayoutCreate(A)");
+  check(lt.layout_create(&s.layout[2], CUDA_R_16BF, u64(n), u64(m), n),
+        "cublasLtMatrixLayoutCreate(C)");
   check(lt.pref_create(&s.pref), "cublasLtMatmulPreferenceCreate");
   const std::uint64_t ws_bytes = kWorkspace;
   check(lt.pref_set(s.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)),
@@ -166,7 +173,7 @@ double measure(const LtApi& lt, Backend& backend, int n) {
   // The legacy stream 0, synchronized through the backend (cuCtxSynchronize).
   const auto run = [&] {
     check(
-        lt.matmul(s.handle, s.desc, &alpha, ptr(a), s.layout[0], ptr(b), s.layout[1], &beta, ptr(c),
+        lt.matmul(s.handle, s.desc, &alpha, ptr(b), s.layout[0], ptr(a), s.layout[1], &beta, ptr(c),
                   s.layout[2], ptr(c), s.layout[2], &best.algo, ptr(ws), kWorkspace, nullptr),
         "cublasLtMatmul");
   };
@@ -178,15 +185,19 @@ double measure(const LtApi& lt, Backend& backend, int n) {
   backend.synchronize_device();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return 2.0 * n * static_cast<double>(n) * n * kIters / seconds;
+  return seconds / kIters;
 }
 
 }  // namespace
 
 Bf16Rate measure_bf16_gemm_rate(Backend& backend, int n) {
+  return measure_bf16_gemm(backend, n, n, n);
+}
+
+Bf16Rate measure_bf16_gemm(Backend& backend, int m, int n, int k) {
   Bf16Rate r;
-  if (n <= 0 || n % 16 != 0) {
-    r.what = fmt::format("not measured: n = {} is not a positive multiple of 16", n);
+  if (m <= 0 || n <= 0 || k <= 0 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0) {
+    r.what = fmt::format("not measured: {}x{}x{} is not made of positive multiples of 16", m, n, k);
     return r;
   }
   if (backend.name() != "cuda") {
@@ -200,8 +211,9 @@ Bf16Rate measure_bf16_gemm_rate(Backend& backend, int n) {
     return r;
   }
   try {
-    r.flops = measure(*lt, backend, n);
-    r.what = fmt::format("cuBLASLt BF16 GEMM {}x{}x{}, FP32 accumulation", n, n, n);
+    r.seconds = measure(*lt, backend, m, n, k);
+    r.flops = 2.0 * m * static_cast<double>(n) * k / r.seconds;
+    r.what = fmt::format("cuBLASLt BF16 GEMM {}x{}x{}, FP32 accumulation", m, n, k);
   } catch (const Error& e) {
     r.flops = 0;
     r.what = fmt::format("not measured: {}", e.what());

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/log.h"
+#include "core/published.h"
 #include "metrale/error.h"
 
 namespace metrale::cuda {
@@ -592,21 +593,8 @@ KernelHandle CudaBackend::resolve_kernel(std::string_view module, std::string_vi
   check("kernel", fmt::format("cuModuleGetFunction({})", full), s);
   const KernelHandle h{reinterpret_cast<std::uintptr_t>(fn)};
 
-  if (const auto tile = read_global(m->handle, fname + "_n_tile", full)) {
-    if (tile->size() != sizeof(std::uint32_t)) {
-      throw Error(ErrorCode::kDriver, "kernel",
-                  fmt::format("{} publishes {}_n_tile as {} byte(s); it must be a 4-byte unsigned",
-                              full, fname, tile->size()));
-    }
-    std::uint32_t v = 0;
-    std::memcpy(&v, tile->data(), sizeof v);
-    op_cache().record_n_tile(h, v);
-  }
-  if (const auto flag = read_global(m->handle, fname + "_a_e4m3", full)) {
-    if (std::any_of(flag->begin(), flag->end(), [](std::byte b) { return b != std::byte{0}; })) {
-      op_cache().record_a_e4m3(h);
-    }
-  }
+  record_published(op_cache(), h, full, fname,
+                   [&](const std::string& symbol) { return read_global(m->handle, symbol, full); });
   std::lock_guard lock(mu_);
   kernels_.try_emplace(h.value(), KernelInfo{full, 0});
   return h;

@@ -11,6 +11,7 @@
 #include "metrale/error.h"
 #include "metrale/gemm_params.h"
 #include "metrale/op_cache.h"
+#include "metrale/tile_math.h"
 
 namespace metrale::ops {
 namespace {
@@ -18,6 +19,10 @@ namespace {
 constexpr std::string_view kModule = "w4a16";
 constexpr std::uint32_t kBlockThreads = 256;
 constexpr std::uint64_t kAlign = 16;  // vector loads on every backend
+// Split-K: enough blocks for two per SM, and at most this many K slices (each slice adds an
+// M x N FP32 plane to the workspace and to the reduction's reads).
+constexpr std::int64_t kBlocksPerSm = 2;
+constexpr std::int64_t kMaxSplits = 16;
 
 // METRALE_GEMM_SHAPE_LOG=1 adds one info line per (route, M, N, K) with its FLOP count.
 bool shape_log_enabled() {
@@ -116,6 +121,7 @@ void check_weights(std::string_view api, const QuantWeights& w) {
 struct Plan {
   GemmRoute route = GemmRoute::kAuto;
   KernelHandle gemm, cast, dequant;
+  KernelHandle reduce;  // gemm_split_reduce, where the GEMM kernel can split K
 };
 
 bool module_has(Backend& backend, const char* entry) {
@@ -148,6 +154,9 @@ Plan plan(Backend& backend, std::int64_t m, const GemmOptions& options) {
   Plan p;
   p.route = route;
   p.gemm = cache.kernel(backend, kModule, entry_of(route));
+  if (cache.launch_meta(p.gemm).split_k != 0) {
+    p.reduce = cache.kernel(backend, kModule, "gemm_split_reduce");
+  }
   if (route == GemmRoute::kE4m3) {
     p.cast = cache.kernel(backend, kModule, "bf16_to_fp8");
     p.dequant = cache.kernel(backend, kModule, "dequant_e4m3");
@@ -161,9 +170,47 @@ Plan plan(Backend& backend, std::int64_t m, const GemmOptions& options) {
   return p;
 }
 
+// ceil(count / tile) as a grid dimension; Error(kInvalidArgument) past what a launch can hold.
+std::uint32_t blocks_of(std::string_view api, std::string_view what, std::int64_t count,
+                        std::uint64_t tile, std::uint64_t limit) {
+  const std::uint64_t blocks = (static_cast<std::uint64_t>(count) + tile - 1) / tile;
+  if (blocks > limit) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} = {} needs {} blocks of {}; one launch holds at most {}", what,
+                            count, blocks, tile, limit));
+  }
+  return static_cast<std::uint32_t>(blocks);
+}
+
 Dim3 grid_over(Backend& backend, KernelHandle k, std::int64_t columns) {
-  const std::uint64_t tile = backend.kernel_n_tile(k);
-  return Dim3{static_cast<std::uint32_t>((static_cast<std::uint64_t>(columns) + tile - 1) / tile)};
+  return Dim3{blocks_of("launch", "the grid", columns, backend.kernel_n_tile(k), 0x7FFFFFFFu)};
+}
+
+// One GEMM launch, sized from what its kernel publishes alone: grid x over N by the N tile,
+// grid y over M by the M tile (where published), grid z over K slices (where it can split K and
+// N x M alone leaves SMs idle), and its dynamic shared memory.
+struct GemmLaunch {
+  Dim3 grid;
+  std::uint32_t smem = 0;
+  tiles::SplitK split;
+};
+
+GemmLaunch launch_of(Backend& backend, KernelHandle k, std::int64_t m, std::int64_t n,
+                     std::int64_t kk) {
+  constexpr std::string_view api = "w4a16_gemm";
+  const KernelLaunchMeta meta = backend.op_cache().launch_meta(k);
+  GemmLaunch l;
+  l.grid.x = blocks_of(api, "N", n, backend.kernel_n_tile(k), 0x7FFFFFFFu);
+  l.grid.y = meta.m_tile != 0 ? blocks_of(api, "M", m, meta.m_tile, 0xFFFFu) : 1;
+  l.smem = meta.smem_bytes;
+  l.split = tiles::SplitK{1, kk};
+  if (meta.split_k != 0) {
+    const auto blocks = static_cast<std::int64_t>(l.grid.x) * l.grid.y;
+    const auto target = kBlocksPerSm * static_cast<std::int64_t>(backend.sm_count());
+    l.split = tiles::plan_split_k(kk, meta.split_k, blocks, target, kMaxSplits);
+  }
+  l.grid.z = static_cast<std::uint32_t>(l.split.splits);
+  return l;
 }
 
 void log_route(Backend& backend, GemmRoute route, std::int64_t m, std::int64_t n, std::int64_t k) {
@@ -240,6 +287,18 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
                  (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
                  (options.bias ? kGemmBias : 0u);
 
+  const GemmLaunch l = launch_of(backend, p.gemm, m, w.n, w.k);
+  params.splits = l.split.splits;
+  params.k_per_split = l.split.k_per_split;
+  if (l.split.splits > 1) {
+    // FP32 partials [splits, M, N], summed in slice order by gemm_split_reduce: the result does
+    // not depend on which slice finishes first.
+    const std::uint64_t bytes =
+        bytes_of(api, "the split-K workspace", static_cast<std::uint64_t>(l.split.splits) * um, un,
+                 sizeof(float));
+    params.workspace = backend.op_cache().scratch(backend, "gemm_split_k", bytes).address();
+  }
+
   if (p.route == GemmRoute::kE4m3) {
     // The seed's scratch tag for the cast activations, and one for the E4M3 weights.
     OpCache& cache = backend.op_cache();
@@ -255,8 +314,12 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
     params.codes = w8.address();
   }
   log_route(backend, p.route, m, w.n, w.k);
-  backend.launch_typed(p.gemm, grid_over(backend, p.gemm, w.n), Dim3{kBlockThreads}, 0, stream,
+  backend.launch_typed(p.gemm, l.grid, Dim3{kBlockThreads}, l.smem, stream,
                        std::array{KernelArg::value(params)});
+  if (l.split.splits > 1) {
+    backend.launch_typed(p.reduce, grid_over(backend, p.reduce, m * w.n), Dim3{kBlockThreads}, 0,
+                         stream, std::array{KernelArg::value(params)});
+  }
 }
 
 void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,

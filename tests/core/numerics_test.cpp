@@ -321,5 +321,56 @@ TEST(NumericsConstants, GroupsAndMax) {
   EXPECT_EQ(num::kE4m3Max, 448.0f);
 }
 
+// ---- the GPU kernels' packed conversions (numerics.h), on the host ----
+
+TEST(BytePerm, SelectsBytesOfTheEightAsCudaDocuments) {
+  const std::uint32_t x = 0x03020100u, y = 0x07060504u;
+  EXPECT_EQ(num::byte_perm(x, y, 0x3210u), x);
+  EXPECT_EQ(num::byte_perm(x, y, 0x7654u), y);
+  EXPECT_EQ(num::byte_perm(x, y, 0x5140u), 0x05010400u);
+  EXPECT_EQ(num::byte_perm(x, y, 0x0000u), 0x00000000u);
+  EXPECT_EQ(num::byte_perm(x, y, 0x7777u), 0x07070707u);
+  // Only the low 3 bits of a selector nibble choose (the kernels mask the 4th to 0).
+  EXPECT_EQ(num::byte_perm(x, y, 0x0123u), 0x00010203u);
+}
+
+TEST(E2m1x4ToBf16, EveryFourCodeWordGivesTheFourExactValues) {
+  for (std::uint32_t w = 0; w < 0x10000u; ++w) {
+    std::uint32_t p01 = 0, p23 = 0;
+    num::e2m1x4_to_bf16(w, &p01, &p23);
+    const std::uint32_t got[4] = {p01 & 0xFFFFu, p01 >> 16, p23 & 0xFFFFu, p23 >> 16};
+    for (int i = 0; i < 4; ++i) {
+      const auto code = static_cast<std::uint8_t>((w >> (4 * i)) & 0xFu);
+      const std::uint16_t want = num::f32_to_bf16(num::e2m1_to_f32(code));
+      ASSERT_EQ(got[i], want) << "word 0x" << std::hex << w << " element " << i;
+    }
+  }
+}
+
+TEST(Bf16x2Mul, ScaledCodesAreExactForEveryScaleCode) {
+  // What the kernels do: (E2M1 pair) x (scale pair), against the float product.
+  for (std::uint32_t w = 0; w < 0x100u; ++w) {
+    std::uint32_t p01 = 0, p23 = 0;
+    num::e2m1x4_to_bf16(w, &p01, &p23);
+    for (int s = 0; s < 256; ++s) {
+      for (const bool mx : {false, true}) {
+        const float scale = mx ? num::e8m0_to_f32(static_cast<std::uint8_t>(s))
+                               : num::e4m3_to_f32(static_cast<std::uint8_t>(s));
+        if (scale != scale) continue;  // NaN scales: NaN in, NaN out, checked below
+        const std::uint32_t r = num::bf16x2_mul(p01, num::bf16_pair_of(scale));
+        for (int i = 0; i < 2; ++i) {
+          const float want =
+              num::e2m1_to_f32(static_cast<std::uint8_t>((w >> (4 * i)) & 0xFu)) * scale;
+          ASSERT_EQ(num::bf16_to_f32(static_cast<std::uint16_t>(r >> (16 * i))), want)
+              << "codes 0x" << std::hex << w << " scale code " << s << (mx ? " e8m0" : " e4m3");
+        }
+      }
+    }
+  }
+  const std::uint32_t nan = num::bf16x2_mul(0x3F803F80u, num::bf16_pair_of(num::e4m3_to_f32(0x7F)));
+  EXPECT_NE(num::bf16_to_f32(static_cast<std::uint16_t>(nan)),
+            num::bf16_to_f32(static_cast<std::uint16_t>(nan)));
+}
+
 }  // namespace
 }  // namespace metrale

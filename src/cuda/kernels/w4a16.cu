@@ -1,147 +1,154 @@
-// Module "w4a16" on the GPU, a first version written for correctness, not speed: one warp per
-// output column for the GEMM routes, the block scales applied per K-group in FP32, the same
-// per-element math as the CPU (numerics.h). It has NOT run on a GPU yet (docs/GPU.md); the
-// Hopper kernels of issue 5 (16-byte loads, split-K, wgmma) replace it. Device code only.
+// Module "w4a16" on the GPU: the seed's BF16 → E4M3 cast, the E4M3 dequantization of the
+// weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor cores on every target;
+// the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh, e4m3_sm90.cuh) and on the
+// correctness-first warp-per-column kernel elsewhere (simple.cuh). Each entry publishes the
+// launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile (grid y; 0 = one
+// block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per split-K
+// unit; 0 = no split) and _a_e4m3. The op code sizes every launch from these alone.
 #include <cstdint>
 
+#include "decode.cuh"
+#include "e4m3_sm90.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/numerics.h"
+#include "metrale/tile_math.h"
+#include "ptx.cuh"
+#include "simple.cuh"
+#include "tiled_sm90.cuh"
 
 namespace {
 
-constexpr unsigned kThreads = 256;
-constexpr unsigned kWarps = kThreads / 32;
-constexpr unsigned kCastPerThread = 16;
-constexpr int kRowsPerPass = 16;  // rows of A each warp keeps in registers
-
+namespace tl = metrale::tiles;
+namespace num = metrale::num;
+namespace k = metrale::kernels;
 using metrale::CastParams;
 using metrale::GemmParams;
-namespace num = metrale::num;
 
-__device__ __forceinline__ std::uint8_t code_at(const std::uint8_t* codes, std::int64_t n_total,
-                                                std::int64_t k_total, bool transposed,
-                                                std::int64_t n, std::int64_t k) {
-  const std::uint8_t byte =
-      transposed ? codes[(k >> 1) * n_total + n] : codes[n * (k_total / 2) + (k >> 1)];
-  return (k & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
-}
+constexpr unsigned kThreads = 256;
+constexpr unsigned kCastPerThread = 16;       // two 16-byte loads of BF16
+constexpr unsigned kDequantRowsPerBlock = 8;  // a warp per row
+constexpr unsigned kReducePerBlock = kThreads;
 
-__device__ __forceinline__ float scale_at(const GemmParams& p, std::int64_t n, std::int64_t g) {
-  const bool mx = p.flags & metrale::kGemmMxfp4;
-  const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
-  const auto* s = reinterpret_cast<const std::uint8_t*>(p.scales);
-  const std::uint8_t v = (p.flags & metrale::kGemmTransposed) ? s[g * p.n + n] : s[n * groups + g];
-  return mx ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-__device__ __forceinline__ void store(const GemmParams& p, std::int64_t m, std::int64_t n,
-                                      float sum) {
-  float v = sum * p.tensor_scale;
-  if (p.flags & metrale::kGemmBias) {
-    v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
-  }
-  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
-}
-
-// C[:, n] for the warp's column n. E4M3 selects the e4m3 route's operands: A as E4M3 bytes and
-// the weights as E4M3 bytes [N, K]; otherwise A is BF16 and the weights packed E2M1.
-template <bool E4M3>
-__device__ void column(const GemmParams& p, std::int64_t n, unsigned lane) {
-  const bool mx = p.flags & metrale::kGemmMxfp4;
-  const bool transposed = p.flags & metrale::kGemmTransposed;
-  const int group = mx ? num::kMxfp4Group : num::kNvfp4Group;
-  const std::int64_t groups = p.k / group;
-  const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
-  for (std::int64_t m0 = 0; m0 < p.m; m0 += kRowsPerPass) {
-    const int rows = static_cast<int>(p.m - m0 < kRowsPerPass ? p.m - m0 : kRowsPerPass);
-    float acc[kRowsPerPass];
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) acc[i] = 0.0f;
-    for (std::int64_t g = lane; g < groups; g += 32) {
-      float part[kRowsPerPass];
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) part[i] = 0.0f;
-      for (int kk = 0; kk < group; ++kk) {
-        const std::int64_t k = g * group + kk;
-        const float w = E4M3 ? num::e4m3_to_f32(codes[n * p.k + k])
-                             : num::e2m1_to_f32(code_at(codes, p.n, p.k, transposed, n, k));
-#pragma unroll
-        for (int i = 0; i < kRowsPerPass; ++i) {
-          if (i < rows) {
-            const std::int64_t at = (m0 + i) * p.k + k;
-            const float a = E4M3
-                                ? num::e4m3_to_f32(reinterpret_cast<const std::uint8_t*>(p.a)[at])
-                                : num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.a)[at]);
-            part[i] += w * a;
-          }
-        }
-      }
-      const float s = scale_at(p, n, g);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) acc[i] += part[i] * s;
-    }
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      const float total = warp_sum(acc[i]);
-      if (i < rows && lane == 0) store(p, m0 + i, n, total);
-    }
-  }
-}
+#if defined(METRALE_HAVE_WGMMA)
+constexpr std::uint32_t kTiledN = tl::kTiledNTile, kTiledM = tl::kTiledMTile,
+                        kTiledSmem = tl::kTiledSmemBytes;
+constexpr std::uint32_t kE4m3N = tl::kE4m3NTile, kE4m3M = tl::kE4m3MTile,
+                        kE4m3Smem = tl::kE4m3SmemBytes;
+#else
+constexpr std::uint32_t kTiledN = k::simple::kWarps, kTiledM = 0, kTiledSmem = 0;
+constexpr std::uint32_t kE4m3N = k::simple::kWarps, kE4m3M = 0, kE4m3Smem = 0;
+#endif
 
 }  // namespace
 
 extern "C" {
 
-// Published metadata: what one block covers (read at lookup with cuModuleGetGlobal).
+// Published metadata (read at lookup with cuModuleGetGlobal; checked offline against the code by
+// tests/offline/fatbin_offline_test.cpp).
 __device__ std::uint32_t bf16_to_fp8_n_tile = kThreads * kCastPerThread;  // elements
-__device__ std::uint32_t dequant_e4m3_n_tile = kWarps;                    // weight rows
-__device__ std::uint32_t gemm_decode_n_tile = kWarps;                     // output columns
-__device__ std::uint32_t gemm_tiled_n_tile = kWarps;
-__device__ std::uint32_t gemm_e4m3_n_tile = kWarps;
+__device__ std::uint32_t dequant_e4m3_n_tile = kDequantRowsPerBlock;      // weight rows
+__device__ std::uint32_t gemm_split_reduce_n_tile = kReducePerBlock;      // outputs of M x N
+__device__ std::uint32_t gemm_decode_n_tile = tl::kDecodeNTile;
+__device__ std::uint32_t gemm_decode_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_decode_a_e4m3 = 0;
+__device__ std::uint32_t gemm_tiled_n_tile = kTiledN;
+__device__ std::uint32_t gemm_tiled_m_tile = kTiledM;
+__device__ std::uint32_t gemm_tiled_smem_bytes = kTiledSmem;
+__device__ std::uint32_t gemm_tiled_a_e4m3 = 0;
+__device__ std::uint32_t gemm_e4m3_n_tile = kE4m3N;
+__device__ std::uint32_t gemm_e4m3_m_tile = kE4m3M;
+__device__ std::uint32_t gemm_e4m3_smem_bytes = kE4m3Smem;
+__device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
 
-// The seed's cast: BF16 to E4M3, round to nearest even, saturating, no scale.
+// The seed's cast: BF16 to E4M3, round to nearest even, saturating, no scale. Each thread reads
+// 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count that is not a multiple
+// of 16 goes element by element. in and out are 16-byte aligned (the op checks).
 __global__ void __launch_bounds__(kThreads) bf16_to_fp8(CastParams p) {
   const auto* in = reinterpret_cast<const std::uint16_t*>(p.in);
   auto* out = reinterpret_cast<std::uint8_t*>(p.out);
-  const std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kThreads * kCastPerThread;
+  const std::int64_t i0 =
+      (static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kCastPerThread;
+  if (i0 + kCastPerThread <= static_cast<std::uint64_t>(p.count)) {
+    const uint4 lo = metrale::ptx::ldg16(in + i0), hi = metrale::ptx::ldg16(in + i0 + 8);
+    const std::uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    std::uint32_t o[4];
 #pragma unroll
-  for (unsigned j = 0; j < kCastPerThread; ++j) {
-    const std::int64_t i = base + j * kThreads + threadIdx.x;
-    if (i < p.count) out[i] = num::bf16_to_e4m3(in[i]);
+    for (int q = 0; q < 4; ++q) {
+      const std::uint32_t a = w[2 * q], b = w[2 * q + 1];
+      o[q] = std::uint32_t{num::bf16_to_e4m3(static_cast<std::uint16_t>(a & 0xFFFF))} |
+             std::uint32_t{num::bf16_to_e4m3(static_cast<std::uint16_t>(a >> 16))} << 8 |
+             std::uint32_t{num::bf16_to_e4m3(static_cast<std::uint16_t>(b & 0xFFFF))} << 16 |
+             std::uint32_t{num::bf16_to_e4m3(static_cast<std::uint16_t>(b >> 16))} << 24;
+    }
+    *reinterpret_cast<uint4*>(out + i0) = make_uint4(o[0], o[1], o[2], o[3]);
+    return;
+  }
+  for (std::int64_t i = i0; i < p.count && i < i0 + kCastPerThread; ++i) {
+    out[i] = num::bf16_to_e4m3(in[i]);
   }
 }
 
-// Rows of packed E2M1 codes as E4M3 bytes [N, K] (every E2M1 value is exact in E4M3).
+// Rows of packed E2M1 codes as E4M3 bytes [N, K] (every E2M1 value is exact in E4M3): a warp per
+// row; each lane turns 8 code bytes into 16 E4M3 bytes (rows are K/2 bytes, a multiple of 8).
 __global__ void __launch_bounds__(kThreads) dequant_e4m3(CastParams p) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const std::int64_t row =
+      static_cast<std::int64_t>(blockIdx.x) * kDequantRowsPerBlock + threadIdx.x / 32;
   if (row >= p.count) return;
   const auto* codes = reinterpret_cast<const std::uint8_t*>(p.in);
-  auto* out = reinterpret_cast<std::uint8_t*>(p.out);
-  const bool transposed = p.flags & metrale::kGemmTransposed;
-  for (std::int64_t k = threadIdx.x % 32; k < p.k; k += 32) {
-    out[row * p.k + k] =
-        num::f32_to_e4m3(num::e2m1_to_f32(code_at(codes, p.count, p.k, transposed, row, k)));
+  auto* out = reinterpret_cast<std::uint8_t*>(p.out) + row * p.k;
+  const unsigned lane = threadIdx.x % 32;
+  if (p.flags & metrale::kGemmTransposed) {
+    for (std::int64_t kk = lane; kk < p.k; kk += 32) {
+      out[kk] = num::f32_to_e4m3(
+          num::e2m1_to_f32(k::simple::code_at(codes, p.count, p.k, true, row, kk)));
+    }
+    return;
+  }
+  const std::uint8_t* src = codes + row * (p.k / 2);
+  for (std::int64_t kk = 16 * lane; kk < p.k; kk += 16 * 32) {
+    const uint2 v = metrale::ptx::ldg8(src + kk / 2);
+    std::uint32_t o[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const std::uint32_t w = (q < 2 ? v.x : v.y) >> (16 * (q % 2));
+      std::uint32_t r = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const auto c = static_cast<std::uint8_t>((w >> (4 * j)) & 0xF);
+        r |= std::uint32_t{num::f32_to_e4m3(num::e2m1_to_f32(c))} << (8 * j);
+      }
+      o[q] = r;
+    }
+    *reinterpret_cast<uint4*>(out + kk) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
-__global__ void __launch_bounds__(kThreads) gemm_decode(GemmParams p) {
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (n < p.n) column<false>(p, n, threadIdx.x % 32);
+__global__ void __launch_bounds__(tl::kDecodeThreads) gemm_decode(GemmParams p) {
+  k::decode_block(p);
 }
 
-__global__ void __launch_bounds__(kThreads) gemm_tiled(GemmParams p) {
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (n < p.n) column<false>(p, n, threadIdx.x % 32);
+__global__ void __launch_bounds__(kThreads) gemm_split_reduce(GemmParams p) {
+  k::split_reduce(p, static_cast<std::int64_t>(blockIdx.x) * kReducePerBlock + threadIdx.x);
 }
 
-__global__ void __launch_bounds__(kThreads) gemm_e4m3(GemmParams p) {
-  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (n < p.n) column<true>(p, n, threadIdx.x % 32);
+__global__ void __launch_bounds__(kThreads, 1) gemm_tiled(GemmParams p) {
+#if defined(METRALE_HAVE_WGMMA)
+  k::tiled_block_sm90(p);
+#else
+  const std::int64_t n =
+      static_cast<std::int64_t>(blockIdx.x) * k::simple::kWarps + threadIdx.x / 32;
+  if (n < p.n) k::simple::column<false>(p, n, threadIdx.x % 32);
+#endif
+}
+
+__global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
+#if defined(METRALE_HAVE_WGMMA)
+  k::e4m3_block_sm90(p);
+#else
+  const std::int64_t n =
+      static_cast<std::int64_t>(blockIdx.x) * k::simple::kWarps + threadIdx.x / 32;
+  if (n < p.n) k::simple::column<true>(p, n, threadIdx.x % 32);
+#endif
 }
 
 }  // extern "C"

@@ -1,0 +1,236 @@
+// w4a16_gemm on a CUDA GPU next to the device's own figures measured in the same run: its
+// device-to-device copy bandwidth (bytes read + written, measured first) and cuBLASLt's BF16 GEMM
+// on the same shape (for M >= 64). Each case is checked on sampled outputs against a float64
+// reference before it is timed, then timed as a CUDA graph of R back-to-back GEMMs so that the
+// host's launch rate does not hide the kernel's time. Output: a table, and with --json FILE one
+// JSON object per case (scripts/device-check.sh reads it for its summary). Method: docs/PERF.md.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/blas_roof.h"
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+#include "metrale/op_cache.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
+#include "metrale/runtime.h"
+
+namespace {
+
+using namespace metrale;
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  std::int64_t n, k;
+};
+
+// Llama-3 8B and 70B linear layers (N x K), issue 5's shapes.
+constexpr Shape kShapes[] = {{"8b.qkv", 6144, 4096},       {"8b.o", 4096, 4096},
+                             {"8b.gate_up", 28672, 4096},  {"8b.down", 4096, 14336},
+                             {"70b.qkv", 10240, 8192},     {"70b.o", 8192, 8192},
+                             {"70b.gate_up", 57344, 8192}, {"70b.down", 8192, 28672}};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Seconds per call of `op` (which queues work on `stream`), timed as replays of a graph of `reps`
+// calls: the median of 5 replays after one warm-up, divided by reps.
+template <class Op>
+double time_graph(Backend& b, StreamHandle stream, int reps, Op op) {
+  b.begin_capture(stream);
+  for (int r = 0; r < reps; ++r) op();
+  const GraphHandle g = b.end_capture(stream);
+  b.launch_graph(g, stream);
+  b.synchronize(stream);
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    b.launch_graph(g, stream);
+    b.synchronize(stream);
+    t.push_back(seconds_since(t0));
+  }
+  b.destroy_graph(g);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] / reps;
+}
+
+// Calls that fill about 20 ms of GPU time, from one synchronized call's time.
+int reps_for(Backend& b, StreamHandle stream, const auto& op) {
+  op();
+  b.synchronize(stream);
+  const auto t0 = Clock::now();
+  op();
+  b.synchronize(stream);
+  const double once = seconds_since(t0);
+  return std::clamp(static_cast<int>(0.02 / once), 1, 200);
+}
+
+// Random NVFP4 weights made directly as codes and scales (quantizing 470 M floats on the host
+// would take longer than the benchmark): scale codes 0x28..0x37 (2^-2 .. ~1.9).
+HostQuantWeights random_weights(std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
+  HostQuantWeights w;
+  w.n = n;
+  w.k = k;
+  w.tensor_scale = 0.01f;
+  w.codes.resize(static_cast<std::size_t>(n * k / 2));
+  w.scales.resize(static_cast<std::size_t>(n * k / num::kNvfp4Group));
+  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
+    const std::uint64_t r = rng();
+    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
+  }
+  for (auto& s : w.scales) s = static_cast<std::uint8_t>(0x28 + rng() % 16);
+  return w;
+}
+
+// Normalized error of 64 sampled outputs against float64.
+double sampled_error(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& c,
+                     const HostQuantWeights& w, std::int64_t m, std::mt19937_64& rng) {
+  double err2 = 0, ref2 = 0;
+  for (int s = 0; s < 64; ++s) {
+    const auto i = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
+    const auto j = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w.n));
+    double ref = 0;
+    for (std::int64_t k = 0; k < w.k; ++k) {
+      ref += double{num::bf16_to_f32(a[static_cast<std::size_t>(i * w.k + k)])} * w.weight(j, k);
+    }
+    const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * w.n + j)]);
+    err2 += (got - ref) * (got - ref);
+    ref2 += ref * ref;
+  }
+  return std::sqrt(err2 / ref2);
+}
+
+struct Args {
+  std::vector<std::int64_t> ms = {1, 2, 4, 8, 16, 32, 64, 128, 512, 4096};
+  std::string json;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    if (s == "--quick") {
+      a.ms = {1, 16, 4096};
+    } else if (s == "--json" && i + 1 < argc) {
+      a.json = argv[++i];
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, "gemm_gpu_bench",
+                  fmt::format("unknown argument '{}' (use --quick, --json FILE)", s));
+    }
+  }
+  return a;
+}
+
+int run(const Args& args) {
+  auto backend = create_backend("cuda");
+  Backend& b = *backend;
+  const StreamHandle stream = b.create_stream();
+  std::mt19937_64 rng(std::random_device{}());
+
+  // The copy roof: 1 GiB device to device, bytes read + written.
+  constexpr std::size_t kCopy = std::size_t{1} << 30;
+  const DevicePtr src = b.alloc(kCopy), dst = b.alloc(kCopy);
+  b.memset(src, 0x5A, kCopy);
+  const double copy_s =
+      time_graph(b, stream, 4, [&] { b.copy_d2d_async(dst, src, kCopy, stream); });
+  const double copy_bw = 2.0 * static_cast<double>(kCopy) / copy_s;
+  b.free(src);
+  b.free(dst);
+  fmt::print("device: {}; copy bandwidth {:.0f} GB/s (1 GiB device to device, read + write)\n",
+             b.device_name(), copy_bw / 1e9);
+  fmt::print("{:<12} {:>5} {:<7} {:>10} {:>9} {:>7} {:>9} {:>10} {:>9}\n", "shape", "M", "route",
+             "us", "GB/s", "%copy", "TFLOP/s", "cuBLAS us", "x cuBLAS");
+
+  std::ofstream json;
+  if (!args.json.empty()) json.open(args.json);
+  const std::int64_t max_m = *std::max_element(args.ms.begin(), args.ms.end());
+  bool ok = true;
+  for (const Shape& sh : kShapes) {
+    const HostQuantWeights hw = random_weights(sh.n, sh.k, rng);
+    ops::QuantWeights w = ops::upload_weights(b, hw);
+    std::vector<std::uint16_t> ha(static_cast<std::size_t>(max_m * sh.k));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& x : ha) x = num::f32_to_bf16(u(rng));
+    const DevicePtr a = b.alloc(ha.size() * 2);
+    const DevicePtr c = b.alloc(static_cast<std::size_t>(max_m * sh.n) * 2);
+    b.copy_h2d(a, ha.data(), ha.size() * 2);
+    for (const std::int64_t m : args.ms) {
+      // The exact-BF16 route for every M; the E4M3 route too where auto would take it.
+      for (const bool e4m3 : {false, true}) {
+        if (e4m3 && m < ops::kE4m3MinM) continue;
+        ops::GemmOptions opt;
+        if (e4m3) opt.activations = ops::Activations::kAllowE4m3;
+        const auto gemm = [&] { ops::w4a16_gemm(b, stream, a, m, w, c, opt); };
+        b.memset(c, 0xFF, static_cast<std::size_t>(m * sh.n) * 2);
+        gemm();
+        b.synchronize(stream);
+        std::vector<std::uint16_t> out(static_cast<std::size_t>(m * sh.n));
+        b.copy_d2h(out.data(), c, out.size() * 2);
+        const double err = sampled_error(ha, out, hw, m, rng);
+        // The E4M3 cast moves each activation by up to 2^-4 (gemm_reference.h: ~0.04 normalized).
+        const double tol = e4m3 ? 0.06 : 8e-3;
+        const std::string route(ops::to_string(ops::choose_route(b, m, w, opt)));
+        nlohmann::json row = {{"shape", sh.name}, {"m", m},         {"n", sh.n},
+                              {"k", sh.k},        {"route", route}, {"error", err}};
+        if (!(err <= tol)) {
+          ok = false;
+          fmt::print("{:<12} {:>5} {:<7} WRONG: sampled normalized error {:.3g}\n", sh.name, m,
+                     route, err);
+          row["ok"] = false;
+          if (json) json << row.dump() << "\n";
+          continue;
+        }
+        const double s = time_graph(b, stream, reps_for(b, stream, gemm), gemm);
+        const double bytes = static_cast<double>(w.codes_bytes + w.scales_bytes) +
+                             2.0 * static_cast<double>(m * sh.k + m * sh.n);
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(sh.n * sh.k);
+        double blas_s = 0;
+        if (m >= 64 && m % 16 == 0) {
+          blas_s = cuda::measure_bf16_gemm(b, static_cast<int>(m), static_cast<int>(sh.n),
+                                           static_cast<int>(sh.k))
+                       .seconds;
+        }
+        fmt::print("{:<12} {:>5} {:<7} {:>10.1f} {:>9.0f} {:>6.1f}% {:>9.1f} {:>10} {:>9}\n",
+                   sh.name, m, route, s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / copy_bw,
+                   flops / s / 1e12, blas_s > 0 ? fmt::format("{:.1f}", blas_s * 1e6) : "-",
+                   blas_s > 0 ? fmt::format("{:.2f}", blas_s / s) : "-");
+        row["ok"] = true;
+        row["us"] = s * 1e6;
+        row["pct_copy"] = 100.0 * bytes / s / copy_bw;
+        row["tflops"] = flops / s / 1e12;
+        row["cublas_us"] = blas_s * 1e6;
+        if (json) json << row.dump() << "\n";
+      }
+    }
+    b.free(c);
+    b.free(a);
+    ops::free_weights(b, w);
+  }
+  b.destroy_stream(stream);
+  b.op_cache().release(b);
+  fmt::print("live bytes at the end: {}\n", b.live_bytes());
+  return ok && b.live_bytes() == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gemm_gpu_bench: {}\n", e.what());
+    return 2;
+  }
+}

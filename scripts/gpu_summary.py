@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The GEMM goals of issue 5, from one device-check run: bench_gemm_gpu's JSON lines (ours, with
+the copy bandwidth and cuBLASLt measured in the same run) and bench/gemm_peers.py's (torch).
+
+usage: gpu_summary.py OURS.jsonl [PEERS.jsonl]
+Prints a short table: decode share of the copy bandwidth, M = 1 on 8192 x 28672 against torch's
+BF16 matmul, M = 4096 against cuBLASLt BF16, and every peer as a ratio (peer time / our time, so
+above 1 means we are faster).
+"""
+import json
+import sys
+
+
+def load(path):
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    rows.append(json.loads(line))
+    except OSError as e:
+        print(f"gpu_summary: cannot read {path}: {e}")
+    return rows
+
+
+def main():
+    ours = [r for r in load(sys.argv[1]) if r.get("ok")]
+    peers = load(sys.argv[2]) if len(sys.argv) > 2 else []
+    wrong = [r for r in load(sys.argv[1]) if r.get("ok") is False]
+    if not ours:
+        print("gemm: no measured case (see the bench-gemm-gpu log)")
+        return 1
+    exact = {(r["shape"], r["m"]): r for r in ours if r["route"] != "e4m3"}
+    e4m3 = {(r["shape"], r["m"]): r for r in ours if r["route"] == "e4m3"}
+
+    decode = [r for r in exact.values() if r["m"] <= 16]
+    if decode:
+        worst = min(decode, key=lambda r: r["pct_copy"])
+        print(f"decode M<=16: {min(r['pct_copy'] for r in decode):.1f}%..."
+              f"{max(r['pct_copy'] for r in decode):.1f}% of copy bandwidth "
+              f"(worst {worst['shape']} M={worst['m']}; goal >= 90%)")
+    big = exact.get(("70b.down", 1))
+    bf16 = [p for p in peers if p.get("peer") == "torch.bf16_matmul" and p.get("shape") == "70b.down"
+            and p.get("m") == 1 and "us" in p]
+    if big and bf16:
+        print(f"M=1 8192x28672: {bf16[0]['us'] / big['us']:.2f}x torch BF16 matmul (goal >= 3.6x)")
+    else:
+        print("M=1 8192x28672 vs torch BF16: not measured (no torch or no case)")
+    for route, table in (("tiled", exact), ("e4m3", e4m3)):
+        prefill = [r for r in table.values() if r["m"] == 4096 and r.get("cublas_us", 0) > 0]
+        if prefill:
+            ratios = [r["cublas_us"] / r["us"] for r in prefill]
+            print(f"M=4096 {route}: {min(ratios):.2f}x...{max(ratios):.2f}x cuBLASLt BF16 speed "
+                  f"(goal > 1x), {max(r['tflops'] for r in prefill):.0f} TFLOP/s best")
+    names = sorted({p["peer"] for p in peers if "shape" in p})
+    for name in names:
+        # FP8 peers against our E4M3 route where it ran, the rest against the exact route.
+        table = e4m3 if "scaled_mm" in name and e4m3 else exact
+        ratios = []
+        for p in peers:
+            if p.get("peer") == name and "us" in p and (p["shape"], p["m"]) in table:
+                ratios.append((p["m"], p["us"] / table[(p["shape"], p["m"])]["us"]))
+        errors = [p for p in peers if p.get("peer") == name and "error" in p]
+        if ratios:
+            by_m = {}
+            for m, r in ratios:
+                by_m.setdefault(m, []).append(r)
+            cells = ", ".join(f"M={m}: {min(v):.2f}-{max(v):.2f}x" for m, v in sorted(by_m.items()))
+            print(f"vs {name}: {cells}")
+        elif errors:
+            print(f"vs {name}: not run ({errors[0]['error'][:80]})")
+    if wrong:
+        print(f"WRONG RESULTS: {len(wrong)} case(s), e.g. {wrong[0]}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+// The decode GEMM (small M) on tensor cores, sm_80 and later: C^T = W · A^T with the weights as
+// the 16-row MMA operand, so M <= 8 fills one n8 tile and M <= 16 two. Each block owns 32
+// output columns; its 8 warps take interleaved 128-K blocks and their partial sums meet in
+// shared memory in a fixed order. Per K block a lane loads one 16-byte run of codes for each of
+// its 4 weight rows and dequantizes in registers: the E4M3/E8M0 block scale is folded into the
+// BF16 weight, which is exact (an E2M1 value has 2 significant bits, a scale at most 4). Grid z
+// splits K; each slice writes FP32 partials that gemm_split_reduce sums in slice order.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "metrale/gemm_params.h"
+#include "metrale/numerics.h"
+#include "metrale/tile_math.h"
+#include "ptx.cuh"
+
+namespace metrale::kernels {
+
+namespace num = metrale::num;
+namespace tl = metrale::tiles;
+
+// Weights of one warp's K block: 4 rows (g, g + 8, g + 16, g + 24) of 32 codes with their two
+// group scales (equal for MXFP4). Double-buffered: the next block's are loaded from HBM while
+// this one multiplies.
+struct DecodeCodes {
+  uint4 codes[4];
+  std::uint64_t scale_bits;  // byte 2r + h: row r's scale code for half h (0: zero weights)
+  std::uint32_t live;        // bit 2r + h: that half lies inside N and K
+};
+
+// Activations of one warp's K block: MT rows of 32 (L2-resident, loaded just before use).
+template <int MT>
+struct DecodeActs {
+  uint4 act[MT][4];
+};
+
+// 32 codes of weight row n from k0 (a multiple of 32), of which `valid` (0, 16 or 32) lie in K;
+// the rest read as code 0.
+__device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int64_t n,
+                                                   std::int64_t k0, int valid) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (n >= p.n || valid == 0) return v;
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
+  if (p.flags & kGemmTransposed) {
+    // Codes [K/2, N]: a byte per row of the packed matrix. Correct, not tuned. Unrolled with
+    // constant indices so the words stay in registers (an indexed array would live in local
+    // memory).
+    std::uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (2 * i < valid) w[i / 4] |= std::uint32_t{codes[(k0 / 2 + i) * p.n + n]} << (8 * (i % 4));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  const std::uint8_t* src = codes + n * (p.k / 2) + k0 / 2;
+  // A row is K/2 bytes, a multiple of 8; a 16-byte load needs rows of a multiple of 16.
+  if (valid == 32 && (p.k / 2) % 16 == 0) return ptx::ldg16(src);
+  const uint2 lo = ptx::ldg8(src);
+  v.x = lo.x;
+  v.y = lo.y;
+  if (valid == 32) {
+    const uint2 hi = ptx::ldg8(src + 8);
+    v.z = hi.x;
+    v.w = hi.y;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float decode_scale(const GemmParams& p, std::int64_t n, std::int64_t g) {
+  const bool mx = p.flags & kGemmMxfp4;
+  const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
+  const auto* s = reinterpret_cast<const std::uint8_t*>(p.scales);
+  const std::uint8_t v = (p.flags & kGemmTransposed) ? s[g * p.n + n] : s[n * groups + g];
+  return mx ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
+}
+
+// The number of lane t's 32 K from kb that lie before k_end: 0, 16 or 32 (K is a multiple of
+// 16).
+__device__ __forceinline__ int decode_valid(std::int64_t kb, std::int64_t k_end, int t) {
+  const std::int64_t left = k_end - (kb + 32 * t);
+  return left >= 32 ? 32 : (left > 0 ? static_cast<int>(left) : 0);
+}
+
+// Lane (g, t)'s weights of the K block at kb, for the 32 rows from n0. Outside [k_begin, k_end)
+// or N the codes read as 0 with a zero scale, so a NaN scale outside K cannot leak in.
+__device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmParams& p,
+                                                    std::int64_t n0, std::int64_t kb,
+                                                    std::int64_t k_end, int g, int t) {
+  const std::int64_t k0 = kb + 32 * t;
+  const int valid = decode_valid(kb, k_end, t);
+  const bool mx = p.flags & kGemmMxfp4;
+  const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales);
+  const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
+  const std::int64_t g0 = mx ? k0 / 32 : k0 / 16;
+  f.scale_bits = 0;
+  f.live = 0;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const std::int64_t n = n0 + g + 8 * r;
+    f.codes[r] = decode_load_codes(p, n, k0, valid);
+    if (n >= p.n || valid == 0) continue;
+    const bool tr = p.flags & kGemmTransposed;
+    const std::uint32_t s0 = tr ? sc[g0 * p.n + n] : sc[n * groups + g0];
+    const std::uint32_t s1 =
+        mx ? s0 : (valid == 32 ? (tr ? sc[(g0 + 1) * p.n + n] : sc[n * groups + g0 + 1]) : 0u);
+    f.scale_bits |= std::uint64_t{s0 | s1 << 8} << (16 * r);
+    f.live |= (valid == 32 ? 3u : 1u) << (2 * r);
+  }
+}
+
+// The FP32 scale of row r, half h of a lane's weights (0 where it lies outside N or K).
+__device__ __forceinline__ float decode_scale_of(const GemmParams& p, const DecodeCodes& f, int r,
+                                                 int h) {
+  if (!((f.live >> (2 * r + h)) & 1u)) return 0.0f;
+  const auto v = static_cast<std::uint8_t>(f.scale_bits >> (8 * (2 * r + h)));
+  return (p.flags & kGemmMxfp4) ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
+}
+
+// Lane (g, t)'s activations of the K block at kb: rows m0 + 8 mt + g, zero outside M and K.
+template <int MT>
+__device__ __forceinline__ void decode_load_acts(DecodeActs<MT>& f, const GemmParams& p,
+                                                 std::int64_t m0, std::int64_t kb,
+                                                 std::int64_t k_end, int g, int t) {
+  const std::int64_t k0 = kb + 32 * t;
+  const int valid = decode_valid(kb, k_end, t);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const std::int64_t m = m0 + 8 * mt + g;
+    const auto* row = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k + k0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const bool in = m < p.m && 8 * c < valid;
+      f.act[mt][c] = in ? ptx::ldg16(row + 8 * c) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Word i of v, by selects: an index unknown at compile time into an array would put the array
+// in local memory.
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ std::uint32_t byte_of(const uint4& v, int i) {
+  return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu;
+}
+__device__ __forceinline__ uint4 chunk_of(const uint4 (&v)[4], int i) {
+  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+}
+
+// The 8 MMA steps of one K block into acc[row tile][activation tile].
+// Four codes (j = 0..3 of one step) of a row, times its scale pair, as the two A-fragment
+// registers (j = 0, 1) and (j = 2, 3): exact products (numerics.h, host-tested).
+__device__ __forceinline__ void decode_quad(std::uint32_t codes16, std::uint32_t scale_pair,
+                                            std::uint32_t* r01, std::uint32_t* r23) {
+  std::uint32_t p01, p23;
+  num::e2m1x4_to_bf16(codes16, &p01, &p23);
+  *r01 = num::bf16x2_mul(p01, scale_pair);
+  *r23 = num::bf16x2_mul(p23, scale_pair);
+}
+
+// The 8 MMA steps of one K block into acc[row tile][activation tile].
+template <int MT>
+__device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][MT][4],
+                                           const DecodeCodes& f, const DecodeActs<MT>& x4) {
+  // Each row's two scales as BF16 pairs, once per K block.
+  std::uint32_t sp[4][2];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sp[r][h] = num::bf16_pair_of(decode_scale_of(p, f, r, h));
+  }
+  // Two steps at a time: fully unrolled, the compiler hoists every conversion ahead of the MMAs
+  // and runs out of registers.
+#pragma unroll 2
+  for (int s = 0; s < 8; ++s) {
+    // The lane's bytes for j = 0, 1 and j = 2, 3 of step s, its activation words for the same,
+    // and the scale group: the index math host tests check (tile_math.h).
+    const int byte01 = tl::decode_code_byte(s, 0), byte23 = tl::decode_code_byte(s, 2);
+    const int word01 = tl::decode_act_word(s, 0), word23 = tl::decode_act_word(s, 2);
+    const bool second = tl::decode_group(s) != 0;
+#pragma unroll
+    for (int rt = 0; rt < 2; ++rt) {
+      const uint4& lo_row = f.codes[2 * rt];      // row g (+16 rt)
+      const uint4& hi_row = f.codes[2 * rt + 1];  // row g + 8 (+16 rt)
+      const std::uint32_t lo_codes = byte_of(lo_row, byte01) | byte_of(lo_row, byte23) << 8;
+      const std::uint32_t hi_codes = byte_of(hi_row, byte01) | byte_of(hi_row, byte23) << 8;
+      // Fragment registers: (row g, j = 0,1), (row g + 8, j = 0,1), (g, j = 2,3), (g + 8, 2,3).
+      std::uint32_t a[4];
+      decode_quad(lo_codes, second ? sp[2 * rt][1] : sp[2 * rt][0], &a[0], &a[2]);
+      decode_quad(hi_codes, second ? sp[2 * rt + 1][1] : sp[2 * rt + 1][0], &a[1], &a[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4 x01 = chunk_of(x4.act[mt], word01 / 4), x23 = chunk_of(x4.act[mt], word23 / 4);
+        ptx::mma_bf16_16816(acc[rt][mt], a, word_of(x01, word01 % 4), word_of(x23, word23 % 4));
+      }
+    }
+  }
+}
+
+// Writes one output: the final BF16 (tensor scale, bias) or, when K is split, the FP32 partial.
+__device__ __forceinline__ void store_output(const GemmParams& p, std::int64_t m, std::int64_t n,
+                                             float sum) {
+  if (p.splits > 1) {
+    reinterpret_cast<float*>(p.workspace)[(blockIdx.z * p.m + m) * p.n + n] = sum;
+    return;
+  }
+  float v = sum * p.tensor_scale;
+  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
+  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+}
+
+// Outputs (m, n) and (m, n + 1) of a fragment's column pair: one 4-byte store where both lie in
+// C and the pair is 4-byte aligned (not split-K partials: those go through store_output).
+__device__ __forceinline__ void store_pair(const GemmParams& p, std::int64_t m, std::int64_t n,
+                                           float v0, float v1) {
+  if (m >= p.m || n >= p.n) return;
+  const std::int64_t at = m * p.n + n;
+  if (n + 1 >= p.n || (at & 1) != 0 || p.splits > 1) {
+    store_output(p, m, n, v0);
+    if (n + 1 < p.n) store_output(p, m, n + 1, v1);
+    return;
+  }
+  float a = v0 * p.tensor_scale, b = v1 * p.tensor_scale;
+  if (p.flags & kGemmBias) {
+    const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
+    a += num::bf16_to_f32(bias[n]);
+    b += num::bf16_to_f32(bias[n + 1]);
+  }
+  reinterpret_cast<std::uint32_t*>(p.out)[at / 2] =
+      std::uint32_t{num::f32_to_bf16(a)} | std::uint32_t{num::f32_to_bf16(b)} << 16;
+}
+
+// Rows m0 .. m0 + 8 MT - 1 of the block's 32 columns over K slice [k_begin, k_end).
+template <int MT>
+__device__ void decode_rows(const GemmParams& p, std::int64_t n0, std::int64_t m0,
+                            std::int64_t k_begin, std::int64_t k_end,
+                            float (*red)[tl::kDecodeNTile][tl::kDecodeMaxM]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  float acc[2][MT][4] = {};
+  std::int64_t kb = k_begin + std::int64_t{warp} * tl::kDecodeKBlock;
+  constexpr std::int64_t kStride = std::int64_t{tl::kDecodeWarps} * tl::kDecodeKBlock;
+  if (kb < k_end) {
+    DecodeCodes cur;
+    decode_load_weights(cur, p, n0, kb, k_end, g, t);
+#pragma unroll 1
+    for (; kb < k_end; kb += kStride) {
+      // The next block's weights are in flight while this one multiplies.
+      DecodeCodes next;
+      if (kb + kStride < k_end) decode_load_weights(next, p, n0, kb + kStride, k_end, g, t);
+      DecodeActs<MT> acts;
+      decode_load_acts(acts, p, m0, kb, k_end, g, t);
+      decode_mma<MT>(p, acc, cur, acts);
+      cur = next;
+    }
+  }
+#pragma unroll
+  for (int rt = 0; rt < 2; ++rt) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        red[warp][16 * rt + tl::mma_acc_row(lane, i)][8 * mt + tl::mma_acc_col(lane, i)] =
+            acc[rt][mt][i];
+      }
+    }
+  }
+  __syncthreads();
+  // Consecutive threads take consecutive columns, so the stores coalesce; warps are summed in
+  // index order, so the result does not depend on timing.
+  for (int o = threadIdx.x; o < tl::kDecodeNTile * 8 * MT; o += tl::kDecodeThreads) {
+    const int nl = o % tl::kDecodeNTile, ml = o / tl::kDecodeNTile;
+    const std::int64_t n = n0 + nl, m = m0 + ml;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < tl::kDecodeWarps; ++w) sum += red[w][nl][ml];
+    if (n < p.n && m < p.m) store_output(p, m, n, sum);
+  }
+  __syncthreads();  // red is reused by the next rows
+}
+
+__device__ void decode_block(const GemmParams& p) {
+  __shared__ float red[tl::kDecodeWarps][tl::kDecodeNTile][tl::kDecodeMaxM];
+  const std::int64_t n0 = std::int64_t{blockIdx.x} * tl::kDecodeNTile;
+  std::int64_t k_begin = 0, k_end = p.k;
+  if (p.splits > 1) tl::split_k_range(p.k, p.k_per_split, blockIdx.z, &k_begin, &k_end);
+  // M beyond 16 (a caller forcing this route) repeats the weights once per 16 rows.
+  for (std::int64_t m0 = 0; m0 < p.m; m0 += tl::kDecodeMaxM) {
+    if (p.m - m0 <= 8) {
+      decode_rows<1>(p, n0, m0, k_begin, k_end, red);
+    } else {
+      decode_rows<2>(p, n0, m0, k_begin, k_end, red);
+    }
+  }
+}
+
+// C = Σ_z partial[z] in slice order, then tensor scale, bias and one rounding to BF16.
+__device__ void split_reduce(const GemmParams& p, std::int64_t i) {
+  if (i >= p.m * p.n) return;
+  const auto* ws = reinterpret_cast<const float*>(p.workspace);
+  const std::int64_t plane = p.m * p.n;
+  float sum = 0.0f;
+  for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
+  const std::int64_t n = i % p.n;
+  float v = sum * p.tensor_scale;
+  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
+  reinterpret_cast<std::uint16_t*>(p.out)[i] = num::f32_to_bf16(v);
+}
+
+}  // namespace metrale::kernels

@@ -1,0 +1,116 @@
+// Thin wrappers over the PTX the w4a16 kernels use: read-only 16-byte loads, cp.async, the
+// m16n8k16 BF16 MMA (sm_80+), and on sm_90a the wgmma family (BF16 and E4M3) with its fences.
+// Device code only; each wrapper is one instruction or one fixed sequence.
+#pragma once
+
+#include <cstdint>
+
+namespace metrale::ptx {
+
+// 16 bytes through the read-only (non-coherent) path; the kernels never write what they read.
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 8 bytes through the read-only path.
+__device__ __forceinline__ uint2 ldg8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Copies 16 bytes global → shared without registers; src_bytes < 16 zero-fills the rest (0 for
+// a row or K chunk outside the matrix).
+__device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// D += A · B for one m16n8k16 tile: A row-major BF16 (4 registers), B column-major BF16
+// (2 registers), D FP32 (4 registers).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define METRALE_HAVE_WGMMA 1
+
+// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
+// async proxy that wgmma reads through; issued before the barrier that publishes a stage.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across an in-flight wgmma.
+__device__ __forceinline__ void fence_regs(float& r) {
+  asm volatile("" : "+f"(r)::"memory");
+}
+
+#define METRALE_ACC8(i)                                                                           \
+  "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// D (64x128 FP32 per warpgroup) = A · B (+ D when accumulate): BF16 operands in shared memory,
+// both K-major, 16 K.
+__device__ __forceinline__ void wgmma_bf16_m64n128k16(float (&d)[64], std::uint64_t desc_a,
+                                                      std::uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : METRALE_ACC8(0), METRALE_ACC8(8), METRALE_ACC8(16), METRALE_ACC8(24), METRALE_ACC8(32),
+        METRALE_ACC8(40), METRALE_ACC8(48), METRALE_ACC8(56)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D (64x64 FP32 per warpgroup) = A · B (+ D when accumulate): E4M3 operands in shared memory,
+// both K-major, 32 K.
+__device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], std::uint64_t desc_a,
+                                                     std::uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : METRALE_ACC8(0), METRALE_ACC8(8), METRALE_ACC8(16), METRALE_ACC8(24)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+#undef METRALE_ACC8
+#endif  // sm_90a
+
+}  // namespace metrale::ptx

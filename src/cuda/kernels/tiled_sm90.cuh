@@ -1,0 +1,173 @@
+// The prefill GEMM on Hopper tensor cores (wgmma, HGMMA in SASS), sm_90a only. A block computes
+// a 128x128 tile of C with two warpgroups of 64 rows each. Per 64-K stage, A arrives by cp.async
+// into a 128-byte-swizzled K-major tile; the weights' codes are loaded into registers while the
+// previous stage multiplies, dequantized with the block scale folded into the BF16 value (exact)
+// and stored into the same swizzled layout, so wgmma reads both operands straight from shared
+// memory. Four stages, as CUTLASS's multistage wgmma mainloop: while stage k multiplies, the MMAs
+// of k - 1 may still run, the weights of k + 1 (loaded during k - 1) are dequantized into shared
+// memory, and the loads of k + 2 are in flight.
+#pragma once
+
+#include <cstdint>
+
+#include "decode.cuh"  // decode_load_codes, decode_scale, decode_quad, store_pair
+#include "metrale/gemm_params.h"
+#include "metrale/tile_math.h"
+#include "ptx.cuh"
+
+namespace metrale::kernels {
+
+#if defined(METRALE_HAVE_WGMMA)
+
+// The codes (32, half a stage row) and two group scales one thread dequantizes per stage.
+struct TiledCodes {
+  uint4 codes;
+  float scale[2];
+};
+
+__device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
+                                                 std::int64_t k0) {
+  const std::int64_t left = p.k - k0;
+  const int valid = left >= 32 ? 32 : (left > 0 ? static_cast<int>(left) : 0);
+  c.codes = decode_load_codes(p, n, k0, valid);
+  const bool live = n < p.n && valid > 0;
+  if (p.flags & kGemmMxfp4) {
+    const float s = live ? decode_scale(p, n, k0 / 32) : 0.0f;
+    c.scale[0] = s;
+    c.scale[1] = valid == 32 ? s : 0.0f;
+  } else {
+    c.scale[0] = live ? decode_scale(p, n, k0 / 16) : 0.0f;
+    c.scale[1] = live && valid == 32 ? decode_scale(p, n, k0 / 16 + 1) : 0.0f;
+  }
+}
+
+// 32 BF16 weights (4 chunks of 16 bytes) into row `row`, chunks 4 half .. 4 half + 3.
+__device__ __forceinline__ void tiled_store_codes(unsigned char* tile, int row, int half,
+                                                  const TiledCodes& c) {
+  const std::uint32_t pair[2] = {num::bf16_pair_of(c.scale[0]), num::bf16_pair_of(c.scale[1])};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const std::uint32_t w = word_of(c.codes, q);  // 8 codes; a group is 16
+    uint4 v;
+    decode_quad(w & 0xFFFF, pair[q / 2], &v.x, &v.y);
+    decode_quad(w >> 16, pair[q / 2], &v.z, &v.w);
+    const std::uint32_t at = tiles::swizzle128(static_cast<std::uint32_t>(row),
+                                               static_cast<std::uint32_t>((4 * half + q) * 16));
+    *reinterpret_cast<uint4*>(tile + at) = v;
+  }
+}
+
+// cp.async of A's 128 x 64 stage tile: 1024 chunks of 8 BF16, 4 per thread; rows past M and K
+// past the end are zero-filled.
+__device__ __forceinline__ void tiled_load_a(const GemmParams& p, std::uint32_t tile,
+                                             std::int64_t m_block, std::int64_t k0) {
+  const auto* a = reinterpret_cast<const std::uint16_t*>(p.a);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = threadIdx.x + tiles::kTiledThreads * i;
+    const int row = c / 8, ch = c % 8;
+    const std::int64_t m = m_block + row, k = k0 + 8 * ch;
+    const bool in = m < p.m && k < p.k;  // K is a multiple of 16: a chunk is all in or all out
+    ptx::cp_async16(tile + tiles::swizzle128(static_cast<std::uint32_t>(row),
+                                             static_cast<std::uint32_t>(16 * ch)),
+                    in ? a + m * p.k + k : a, in ? 16 : 0);
+  }
+}
+
+__device__ void tiled_block_sm90(const GemmParams& p) {
+  namespace tl = metrale::tiles;
+  extern __shared__ unsigned char smem_raw[];
+  // wgmma's swizzle is a function of the address: stages start on 1024-byte boundaries.
+  const std::uint32_t raw = ptx::smem_addr(smem_raw);
+  const std::uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* const smem = smem_raw + (base - raw);
+  constexpr std::uint32_t kABytes = tl::kTiledMTile * 128u;
+  const auto a_tile = [&](int s) { return base + s * tl::kTiledStageBytes; };
+  const auto b_tile = [&](int s) { return smem + s * tl::kTiledStageBytes + kABytes; };
+  const auto b_addr = [&](int s) { return base + s * tl::kTiledStageBytes + kABytes; };
+
+  const int wg = threadIdx.x / 128, wtid = threadIdx.x % 128;
+  const std::int64_t m_block = std::int64_t{blockIdx.y} * tl::kTiledMTile;
+  const std::int64_t n_block = std::int64_t{blockIdx.x} * tl::kTiledNTile;
+  const int b_row = threadIdx.x / 2, b_half = threadIdx.x % 2;
+  const std::int64_t k_tiles = (p.k + tl::kTiledKStage - 1) / tl::kTiledKStage;
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+  // Stage s's loads: A by cp.async (one commit group per stage, empty past K so the group count
+  // stays uniform), the codes into registers.
+  const auto load = [&](std::int64_t kt, TiledCodes& codes) {
+    if (kt < k_tiles) {
+      const std::int64_t k0 = kt * tl::kTiledKStage;
+      tiled_load_a(p, a_tile(static_cast<int>(kt % tl::kTiledStages)), m_block, k0);
+      tiled_load_codes(codes, p, n_block + b_row, k0 + 32 * b_half);
+    }
+    ptx::cp_async_commit();
+  };
+  const auto store = [&](std::int64_t kt, const TiledCodes& codes) {
+    if (kt < k_tiles) {
+      tiled_store_codes(b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes);
+    }
+  };
+
+  static_assert(tl::kTiledPrefetch == 2 && tl::kTiledStages >= tl::kTiledPrefetch + 2);
+  // One iteration: multiply stage kt, store the weights of kt + 1 (`ready`, loaded during the
+  // previous iteration) and start the loads of kt + 2 into `fill`.
+  const auto step = [&](std::int64_t kt, const TiledCodes& ready, TiledCodes& fill) {
+    // Stage kt's A has landed (one group, kt + 1's, may still be in flight) and its weights were
+    // stored last iteration; the fence and barrier hand both to the async proxy.
+    ptx::cp_async_wait<tl::kTiledPrefetch - 1>();
+    ptx::fence_proxy_async();
+    __syncthreads();
+    // Safe to overwrite stage kt + 2 = kt - 2 (mod 4): every warpgroup waited for its MMAs of
+    // kt - 2 before this barrier.
+    load(kt + 2, fill);
+
+    const int cs = static_cast<int>(kt % tl::kTiledStages);
+    const std::uint32_t a_wg = a_tile(cs) + static_cast<std::uint32_t>(wg) * 64u * 128u;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < tl::kTiledKStage / 16; ++kk) {
+      // 16 K of BF16 is 32 bytes along the swizzled row.
+      ptx::wgmma_bf16_m64n128k16(acc, tl::wgmma_desc_sw128(a_wg + 32u * kk),
+                                 tl::wgmma_desc_sw128(b_addr(cs) + 32u * kk), 1);
+    }
+    ptx::wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+    // Stage kt + 1's weights while the MMAs run; its buffer was last read by the MMAs of
+    // kt - 3, long finished.
+    store(kt + 1, ready);
+    ptx::wgmma_wait<1>();  // the MMAs of kt - 1 are done; kt's may continue
+  };
+
+  // Two register sets trade roles every iteration (unrolled by two, so no copy waits on a load).
+  TiledCodes even, odd;
+  load(0, even);
+  store(0, even);
+  load(1, odd);
+#pragma unroll 1
+  for (std::int64_t kt = 0; kt < k_tiles; kt += 2) {
+    step(kt, odd, even);  // stores kt + 1 (odd), loads kt + 2 into even
+    if (kt + 1 < k_tiles) step(kt + 1, even, odd);
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+
+    // Columns 2t, 2t + 1 of each 8-wide slice are one register pair: packed BF16 stores.
+#pragma unroll
+  for (int i = 0; i < 64; i += 2) {
+    const std::int64_t m = m_block + 64 * wg + tl::wgmma_acc_row(wtid, i);
+    const std::int64_t n = n_block + tl::wgmma_acc_col(wtid, i);
+    store_pair(p, m, n, acc[i], acc[i + 1]);
+  }
+}
+
+#endif  // METRALE_HAVE_WGMMA
+
+}  // namespace metrale::kernels

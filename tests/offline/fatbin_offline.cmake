@@ -1,0 +1,41 @@
+# cuda.fatbin_offline: reads the built fatbins with cuobjdump, no GPU needed (what it checks is
+# in fatbin_offline_test.cpp). Included by tests/CMakeLists.txt inside if(METRALE_WITH_CUDA).
+#
+# The toolkit here ships neither cuobjdump nor nvdisasm: scripts/install-deps.sh installs them
+# from NVIDIA's PyPI wheels under <site-packages>/nvidia/<cuXX>/bin, so ask python3 where that is.
+execute_process(
+  COMMAND python3 -c "import nvidia, os; p = list(nvidia.__path__)[0]; print(';'.join(os.path.join(p, d, 'bin') for d in sorted(os.listdir(p))))"
+  OUTPUT_VARIABLE metrale_nvidia_wheel_bins OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+find_program(METRALE_CUOBJDUMP cuobjdump HINTS ${metrale_nvidia_wheel_bins} ${CUDAToolkit_BIN_DIR})
+find_program(METRALE_NVDISASM nvdisasm HINTS ${metrale_nvidia_wheel_bins} ${CUDAToolkit_BIN_DIR})
+
+# Missing tools never drop the test: it is still built and registered, and fails with the fix.
+set(fatbin_offline_cuobjdump "${METRALE_CUOBJDUMP}")
+set(fatbin_offline_nvdisasm "${METRALE_NVDISASM}")
+if(NOT METRALE_CUOBJDUMP OR NOT METRALE_NVDISASM)
+  message(WARNING "cuobjdump or nvdisasm not found: cuda.fatbin_offline will fail until "
+    "scripts/install-deps.sh is run and cmake is re-run")
+  if(NOT METRALE_CUOBJDUMP)
+    set(fatbin_offline_cuobjdump "")
+  endif()
+  if(NOT METRALE_NVDISASM)
+    set(fatbin_offline_nvdisasm "")
+  endif()
+endif()
+
+# Not linked to metrale (the test reads no library code), but built after it, so the fatbins the
+# library embeds are fresh when the test runs.
+add_executable(fatbin_offline_test ${CMAKE_CURRENT_LIST_DIR}/fatbin_offline_test.cpp)
+target_include_directories(fatbin_offline_test PRIVATE ${PROJECT_SOURCE_DIR}/include)
+target_link_libraries(fatbin_offline_test PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
+target_compile_features(fatbin_offline_test PRIVATE cxx_std_20)
+target_compile_definitions(fatbin_offline_test PRIVATE
+  METRALE_CUOBJDUMP="${fatbin_offline_cuobjdump}"
+  METRALE_NVDISASM="${fatbin_offline_nvdisasm}"
+  METRALE_CORE_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/core.fatbin"
+  METRALE_W4A16_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/w4a16.fatbin")
+metrale_warnings(fatbin_offline_test)
+add_dependencies(fatbin_offline_test metrale)
+
+add_test(NAME cuda.fatbin_offline COMMAND fatbin_offline_test)
+set_tests_properties(cuda.fatbin_offline PROPERTIES LABELS cuda TIMEOUT 300)

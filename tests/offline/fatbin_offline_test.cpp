@@ -1,0 +1,431 @@
+// Checks the built CUDA fatbins with cuobjdump, no GPU: published launch shapes, tensor-core SASS,
+// and no stack or local memory in any kernel of any target.
+#include <elf.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "metrale/tile_math.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace tl = metrale::tiles;
+
+// ---- what the kernel sources say (the expectations) ----
+
+// The machine-code targets of every module (src/CMakeLists.txt); compute_80 is PTX only.
+const std::vector<std::string> kTargets = {"sm_80", "sm_89", "sm_90a"};
+
+// Constants private to w4a16.cu (its anonymous namespace, so not includable): restated here.
+constexpr std::uint32_t kW4a16Threads = 256;
+constexpr std::uint32_t kCastPerThread = 16;
+constexpr std::uint32_t kDequantRowsPerBlock = 8;
+constexpr std::uint32_t kSimpleWarps = 256 / 32;  // simple.cuh: the fallback's warps per block
+// Likewise core.cu's.
+constexpr std::uint32_t kCoreThreads = 256;
+
+using Published = std::map<std::string, std::uint32_t>;
+
+constexpr std::uint32_t u32(int v) {
+  return static_cast<std::uint32_t>(v);
+}
+
+Published w4a16_published(const std::string& target) {
+  // The tiled and E4M3 routes run wgmma on sm_90a only; elsewhere the warp-per-column fallback.
+  const bool wgmma = target == "sm_90a";
+  return {
+      {"bf16_to_fp8_n_tile", kW4a16Threads * kCastPerThread},
+      {"dequant_e4m3_n_tile", kDequantRowsPerBlock},
+      {"gemm_split_reduce_n_tile", kW4a16Threads},
+      {"gemm_decode_n_tile", u32(tl::kDecodeNTile)},
+      {"gemm_decode_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_decode_a_e4m3", 0},
+      {"gemm_tiled_n_tile", wgmma ? u32(tl::kTiledNTile) : kSimpleWarps},
+      {"gemm_tiled_m_tile", wgmma ? u32(tl::kTiledMTile) : 0},
+      {"gemm_tiled_smem_bytes", wgmma ? u32(tl::kTiledSmemBytes) : 0},
+      {"gemm_tiled_a_e4m3", 0},
+      {"gemm_e4m3_n_tile", wgmma ? u32(tl::kE4m3NTile) : kSimpleWarps},
+      {"gemm_e4m3_m_tile", wgmma ? u32(tl::kE4m3MTile) : 0},
+      {"gemm_e4m3_smem_bytes", wgmma ? u32(tl::kE4m3SmemBytes) : 0},
+      {"gemm_e4m3_a_e4m3", 1},
+  };
+}
+
+Published core_published(const std::string&) {
+  return {{"fill_u32_n_tile", kCoreThreads}, {"axpy_f32_n_tile", kCoreThreads * 4}};
+}
+
+struct Module {
+  std::string name;
+  std::string fatbin;
+  std::set<std::string> entries;  // every __global__ of the source
+  Published (*published)(const std::string& target);
+};
+
+const std::vector<Module>& modules() {
+  static const std::vector<Module> all = {
+      {"core", METRALE_CORE_FATBIN, {"fill_u32", "axpy_f32"}, core_published},
+      {"w4a16",
+       METRALE_W4A16_FATBIN,
+       {"bf16_to_fp8", "dequant_e4m3", "gemm_split_reduce", "gemm_decode", "gemm_tiled",
+        "gemm_e4m3"},
+       w4a16_published},
+  };
+  return all;
+}
+
+const Module& module_named(const std::string& name) {
+  for (const auto& m : modules()) {
+    if (m.name == name) return m;
+  }
+  throw std::runtime_error("no module " + name);
+}
+
+// ---- running cuobjdump ----
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Ran {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Ran run(const std::string& command) {
+  Ran r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[65536];
+  std::size_t got = 0;
+  while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+// cuobjdump prints SASS through nvdisasm, which it looks for on PATH.
+std::string cuobjdump(const std::string& args) {
+  const std::string nvdisasm_dir = fs::path(METRALE_NVDISASM).parent_path().string();
+  return "PATH=" + quoted(nvdisasm_dir) + ":\"$PATH\" " + quoted(METRALE_CUOBJDUMP) + " " + args;
+}
+
+// ---- the ELF64 of a cubin ----
+
+struct Section {
+  std::string name;
+  std::uint32_t type = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+};
+
+struct Symbol {
+  std::string name;
+  std::uint64_t value = 0;
+  std::uint64_t size = 0;
+  unsigned type = 0;
+  unsigned other = 0;
+  std::uint16_t section = 0;
+};
+
+// st_other bit that marks a kernel entry (what cuModuleGetFunction can find) in a CUDA ELF.
+constexpr unsigned kStoCudaEntry = 0x10;
+
+struct Cubin {
+  std::string target;
+  std::vector<unsigned char> bytes;
+  std::vector<Section> sections;
+  std::vector<Symbol> symbols;
+};
+
+template <typename T>
+T read_at(const std::vector<unsigned char>& bytes, std::uint64_t offset) {
+  if (offset > bytes.size() || bytes.size() - offset < sizeof(T)) {
+    throw std::runtime_error(fmt::format("ELF read of {} bytes at {} past the end ({} bytes)",
+                                         sizeof(T), offset, bytes.size()));
+  }
+  T v;
+  std::memcpy(&v, bytes.data() + offset, sizeof(T));
+  return v;
+}
+
+std::string string_at(const std::vector<unsigned char>& bytes, const Section& table,
+                      std::uint64_t index) {
+  if (index >= table.size || table.offset + table.size > bytes.size()) {
+    throw std::runtime_error("ELF string index outside its table");
+  }
+  const auto* begin = reinterpret_cast<const char*>(bytes.data() + table.offset + index);
+  return std::string(begin, strnlen(begin, table.size - index));
+}
+
+Cubin parse_cubin(std::string target, std::vector<unsigned char> bytes) {
+  Cubin c{std::move(target), std::move(bytes), {}, {}};
+  const auto eh = read_at<Elf64_Ehdr>(c.bytes, 0);
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_shentsize != sizeof(Elf64_Shdr)) {
+    throw std::runtime_error("not a little-endian ELF64 with 64-byte section headers");
+  }
+  std::vector<Elf64_Shdr> headers;
+  for (std::uint64_t i = 0; i < eh.e_shnum; ++i) {
+    headers.push_back(read_at<Elf64_Shdr>(c.bytes, eh.e_shoff + i * sizeof(Elf64_Shdr)));
+  }
+  const auto raw = [](const Elf64_Shdr& h) {
+    return Section{"", h.sh_type, h.sh_offset, h.sh_size};
+  };
+  if (eh.e_shstrndx >= headers.size()) throw std::runtime_error("no section name table");
+  const Section names = raw(headers[eh.e_shstrndx]);
+  for (const auto& h : headers) {
+    Section s = raw(h);
+    s.name = string_at(c.bytes, names, h.sh_name);
+    c.sections.push_back(s);
+  }
+  for (const auto& h : headers) {
+    if (h.sh_type != SHT_SYMTAB) continue;
+    if (h.sh_link >= headers.size()) throw std::runtime_error("symbol table without strings");
+    const Section strings = raw(headers[h.sh_link]);
+    for (std::uint64_t off = 0; off + sizeof(Elf64_Sym) <= h.sh_size; off += sizeof(Elf64_Sym)) {
+      const auto sym = read_at<Elf64_Sym>(c.bytes, h.sh_offset + off);
+      c.symbols.push_back({string_at(c.bytes, strings, sym.st_name), sym.st_value, sym.st_size,
+                           ELF64_ST_TYPE(sym.st_info), sym.st_other, sym.st_shndx});
+    }
+  }
+  return c;
+}
+
+// The kernel entries of a cubin.
+std::set<std::string> entries_of(const Cubin& c) {
+  std::set<std::string> out;
+  for (const auto& s : c.symbols) {
+    if (s.type == STT_FUNC && (s.other & kStoCudaEntry) != 0) out.insert(s.name);
+  }
+  return out;
+}
+
+// Every cubin of a fatbin, extracted once per process.
+const std::vector<Cubin>& cubins_of(const Module& m) {
+  static std::map<std::string, std::vector<Cubin>> cache;
+  if (auto it = cache.find(m.name); it != cache.end()) return it->second;
+  std::string dir_template = (fs::temp_directory_path() / "metrale-fatbin-XXXXXX").string();
+  if (mkdtemp(dir_template.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const fs::path dir = dir_template;
+  const Ran r =
+      run("cd " + quoted(dir.string()) + " && " + cuobjdump("-xelf all " + quoted(m.fatbin)));
+  std::vector<Cubin> out;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    // cuobjdump names them <module>.<n>.<target>.cubin.
+    const std::string name = f.path().filename().string();
+    if (!name.ends_with(".cubin")) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(".cubin"));
+    std::ifstream in(f.path(), std::ios::binary);
+    std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in), {}};
+    out.push_back(parse_cubin(stem.substr(stem.rfind('.') + 1), std::move(bytes)));
+  }
+  fs::remove_all(dir);
+  if (r.status != 0 || out.empty()) {
+    throw std::runtime_error(fmt::format("cuobjdump -xelf all {} failed (status {}):\n{}", m.fatbin,
+                                         r.status, r.output));
+  }
+  return cache.emplace(m.name, std::move(out)).first->second;
+}
+
+// The opcodes of a SASS listing whose base name (before the first '.') is `mnemonic`, e.g. HMMA
+// for HMMA.16816.F32.BF16; a guard predicate (@P0) may precede the opcode.
+int count_opcode(const std::string& sass, const std::string& mnemonic) {
+  int n = 0;
+  std::size_t pos = 0;
+  while (pos < sass.size()) {
+    const std::size_t eol = std::min(sass.find('\n', pos), sass.size());
+    const std::string line = sass.substr(pos, eol - pos);
+    pos = eol + 1;
+    // Instruction lines start with their address: /*0120*/ OPCODE ...
+    const std::size_t addr = line.find("/*");
+    const std::size_t close = line.find("*/");
+    if (addr == std::string::npos || close == std::string::npos ||
+        line.find_first_not_of(" \t") != addr) {
+      continue;
+    }
+    std::size_t t = line.find_first_not_of(" \t", close + 2);
+    if (t != std::string::npos && line[t] == '@')
+      t = line.find_first_not_of(" \t", line.find(' ', t));
+    if (t == std::string::npos) continue;
+    const std::string opcode = line.substr(t, line.find_first_of(" ;.", t) - t);
+    if (opcode == mnemonic) ++n;
+  }
+  return n;
+}
+
+class FatbinOffline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(METRALE_CUOBJDUMP).empty() || std::string(METRALE_NVDISASM).empty()) {
+      FAIL() << "cuobjdump or nvdisasm was not found when cmake ran: run scripts/install-deps.sh "
+                "(it installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), then re-run cmake";
+    }
+    for (const char* tool : {METRALE_CUOBJDUMP, METRALE_NVDISASM}) {
+      ASSERT_TRUE(fs::exists(tool)) << tool << " is gone: run scripts/install-deps.sh";
+    }
+    for (const auto& m : modules()) {
+      ASSERT_TRUE(fs::exists(m.fatbin)) << m.fatbin << " is missing: build the metrale target";
+    }
+  }
+};
+
+// Every module carries a cubin per target and the compute_80 PTX that newer GPUs JIT-compile;
+// the other checks loop over these cubins, so a lost target must fail here, not pass vacuously.
+TEST_F(FatbinOffline, EveryModuleCarriesEveryTarget) {
+  for (const auto& m : modules()) {
+    std::multiset<std::string> found;
+    for (const auto& c : cubins_of(m)) found.insert(c.target);
+    EXPECT_EQ(found, std::multiset<std::string>(kTargets.begin(), kTargets.end()))
+        << "module " << m.name;
+    const Ran ptx = run(cuobjdump("-lptx " + quoted(m.fatbin)));
+    EXPECT_NE(ptx.output.find(".sm_80.ptx"), std::string::npos)
+        << "module " << m.name << " has no compute_80 PTX:\n"
+        << ptx.output;
+  }
+}
+
+// The op code sizes every launch from the published globals alone, so each must hold what the
+// code of that target uses, and every entry must publish its grid tile.
+TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
+  for (const auto& m : modules()) {
+    for (const auto& c : cubins_of(m)) {
+      SCOPED_TRACE(fmt::format("module {}, {}", m.name, c.target));
+      EXPECT_EQ(entries_of(c), m.entries) << "the kernel entries differ from the test's list";
+      const Published expected = m.published(c.target);
+      Published seen;
+      for (const auto& s : c.symbols) {
+        if (s.type != STT_OBJECT || s.section == SHN_UNDEF || s.section >= c.sections.size()) {
+          continue;
+        }
+        // Published names are <entry>_<field>; other device globals are not ours to check.
+        bool ours = false;
+        for (const auto& e : m.entries) ours = ours || s.name.starts_with(e + "_");
+        if (!ours) continue;
+        const Section& sec = c.sections[s.section];
+        EXPECT_TRUE(sec.name.starts_with(".nv.global")) << s.name << " lives in " << sec.name;
+        EXPECT_EQ(s.size, 4u) << s.name << " is not a std::uint32_t";
+        if (s.size != 4 || s.value + 4 > sec.size) {
+          ADD_FAILURE() << s.name << " at " << s.value << " does not fit in " << sec.name;
+          continue;
+        }
+        // Zero-initialised globals go to .nv.global, which has no bytes in the file.
+        seen[s.name] =
+            sec.type == SHT_NOBITS ? 0 : read_at<std::uint32_t>(c.bytes, sec.offset + s.value);
+      }
+      for (const auto& [name, want] : expected) {
+        const auto it = seen.find(name);
+        if (it == seen.end()) {
+          ADD_FAILURE() << name << " is not published";
+          continue;
+        }
+        EXPECT_EQ(it->second, want) << name << " (published) differs from the code's constant";
+      }
+      for (const auto& [name, value] : seen) {
+        EXPECT_TRUE(expected.contains(name)) << name << " = " << value << " has no expectation";
+      }
+      for (const auto& e : m.entries) {
+        const auto it = seen.find(e + "_n_tile");
+        EXPECT_TRUE(it != seen.end() && it->second != 0) << e << "_n_tile is missing or zero";
+      }
+    }
+  }
+}
+
+// The tensor-core routes really compiled to tensor-core instructions on the targets meant for
+// them (a lost #if or arch macro would silently fall back to the slow kernels).
+TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
+  struct Want {
+    std::string target, function, opcode;
+  };
+  const std::vector<Want> wants = {
+      {"sm_90a", "gemm_tiled", "HGMMA"}, {"sm_90a", "gemm_e4m3", "QGMMA"},
+      {"sm_80", "gemm_decode", "HMMA"},  {"sm_89", "gemm_decode", "HMMA"},
+      {"sm_90a", "gemm_decode", "HMMA"},
+  };
+  const Module& w4a16 = module_named("w4a16");
+  for (const auto& w : wants) {
+    const Ran r = run(
+        cuobjdump("-sass -arch " + w.target + " -fun " + w.function + " " + quoted(w4a16.fatbin)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    // An unknown -fun or -arch still exits 0, with an empty listing.
+    ASSERT_NE(r.output.find("Function : " + w.function + "\n"), std::string::npos)
+        << "no SASS for " << w.function << " on " << w.target << ":\n"
+        << r.output.substr(0, 2000);
+    const int n = count_opcode(r.output, w.opcode);
+    std::printf("%-7s %-12s %-6s x%d\n", w.target.c_str(), w.function.c_str(), w.opcode.c_str(), n);
+    EXPECT_GT(n, 0) << w.function << " on " << w.target << " has no " << w.opcode;
+  }
+}
+
+// No kernel of any target spills to or allocates local memory (STACK and LOCAL both 0); the
+// table records the register and shared-memory use in the ctest log.
+TEST_F(FatbinOffline, NoStackOrLocalMemory) {
+  std::printf("%-7s %-6s %-18s %5s %7s\n", "target", "module", "function", "REG", "SHARED");
+  for (const auto& m : modules()) {
+    const Ran r = run(cuobjdump("-res-usage " + quoted(m.fatbin)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    // Sections: "Fatbin elf code:" (then "arch = sm_XX") or "Fatbin ptx code:" (no usage), each
+    // function as " Function NAME:" followed by a line of KEY:VALUE pairs.
+    std::map<std::string, std::set<std::string>> functions;  // per target
+    std::string target, function;
+    bool elf = false;
+    std::size_t pos = 0;
+    while (pos < r.output.size()) {
+      const std::size_t eol = std::min(r.output.find('\n', pos), r.output.size());
+      const std::string line = r.output.substr(pos, eol - pos);
+      pos = eol + 1;
+      if (line.starts_with("Fatbin ")) {
+        elf = line.starts_with("Fatbin elf code");
+        target.clear();
+      } else if (line.starts_with("arch = ")) {
+        target = line.substr(7);
+      } else if (elf && line.starts_with(" Function ") && line.ends_with(":")) {
+        function = line.substr(10, line.size() - 11);
+      } else if (elf && !function.empty() && line.find("REG:") != std::string::npos) {
+        std::map<std::string, long> usage;
+        std::size_t p = 0;
+        while ((p = line.find_first_not_of(' ', p)) != std::string::npos) {
+          const std::size_t end = std::min(line.find(' ', p), line.size());
+          const std::string kv = line.substr(p, end - p);
+          if (const auto colon = kv.rfind(':'); colon != std::string::npos) {
+            usage[kv.substr(0, colon)] = std::strtol(kv.c_str() + colon + 1, nullptr, 10);
+          }
+          p = end;
+        }
+        functions[target].insert(function);
+        std::printf("%-7s %-6s %-18s %5ld %7ld\n", target.c_str(), m.name.c_str(), function.c_str(),
+                    usage.contains("REG") ? usage["REG"] : -1L,
+                    usage.contains("SHARED") ? usage["SHARED"] : -1L);
+        for (const char* key : {"STACK", "LOCAL"}) {
+          EXPECT_TRUE(usage.contains(key) && usage[key] == 0)
+              << m.name << " " << function << " on " << target << ": " << key
+              << " is not 0 (spills or a local array):" << line;
+        }
+        function.clear();
+      }
+    }
+    for (const auto& t : kTargets) {
+      EXPECT_EQ(functions[t], m.entries) << "resource usage of module " << m.name << " on " << t;
+    }
+  }
+}
+
+}  // namespace
