@@ -296,14 +296,19 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
     const std::uint64_t bytes =
         bytes_of(api, "the split-K workspace", static_cast<std::uint64_t>(l.split.splits) * um, un,
                  sizeof(float));
-    params.workspace = backend.op_cache().scratch(backend, "gemm_split_k", bytes).address();
+    params.workspace =
+        backend.op_cache()
+            .scratch(backend, gemm_scratch_tag(backend, stream, "gemm_split_k"), bytes)
+            .address();
   }
 
   if (p.route == GemmRoute::kE4m3) {
     // The seed's scratch tag for the cast activations, and one for the E4M3 weights.
     OpCache& cache = backend.op_cache();
-    const DevicePtr a8 = cache.scratch(backend, "fp8_activation", um * uk);
-    const DevicePtr w8 = cache.scratch(backend, "fp8_weights", un * uk);
+    const DevicePtr a8 =
+        cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_activation"), um * uk);
+    const DevicePtr w8 =
+        cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_weights"), un * uk);
     const CastParams cast{a.address(), a8.address(), m * w.k, 0, 0};
     backend.launch_typed(p.cast, grid_over(backend, p.cast, m * w.k), Dim3{kBlockThreads}, 0,
                          stream, std::array{KernelArg::value(cast)});
@@ -320,6 +325,11 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
     backend.launch_typed(p.reduce, grid_over(backend, p.reduce, m * w.n), Dim3{kBlockThreads}, 0,
                          stream, std::array{KernelArg::value(params)});
   }
+}
+
+std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_view base) {
+  if (stream == backend.default_stream()) return std::string(base);
+  return fmt::format("{}@{:x}", base, stream.value());
 }
 
 void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,

@@ -334,10 +334,11 @@ class GemmScratch : public GemmBackendTest {
     expect_close(compare(read<std::uint16_t>(dc, m * n), reference(a, m, row, {}, AMode::kE4m3)),
                  kNormTol, "e4m3 route");
   }
-  // Whether the cache holds tag with at least bytes (asking allocates nothing if so).
-  bool holds(std::string_view tag, std::size_t bytes) {
+  // Whether the cache holds the GEMM's scratch `base` for the fixture's stream with at least
+  // bytes (asking allocates nothing if so).
+  bool holds(std::string_view base, std::size_t bytes) {
     const std::size_t n0 = b().alloc_stats().allocation_count;
-    b().op_cache().scratch(b(), tag, bytes);
+    b().op_cache().scratch(b(), ops::gemm_scratch_tag(b(), stream(), base), bytes);
     return b().alloc_stats().allocation_count == n0;
   }
   std::size_t before_ = 0, allocated_ = 0;
@@ -370,6 +371,41 @@ TEST_P(GemmScratch, E4m3RouteUsesTheFp8ActivationAndFp8WeightsTags) {
   EXPECT_EQ(allocated_, 1u) << "larger N·K";
   EXPECT_TRUE(holds("fp8_weights", 130 * 96));
   EXPECT_EQ(cache.scratch_count(), 2u);
+}
+
+TEST_P(GemmScratch, TagsAreTheSeedsOnTheDefaultStreamAndPerStreamElsewhere) {
+  EXPECT_EQ(ops::gemm_scratch_tag(b(), b().default_stream(), "fp8_activation"), "fp8_activation");
+  const std::string mine = ops::gemm_scratch_tag(b(), stream(), "fp8_activation");
+  EXPECT_NE(mine, "fp8_activation");
+  const StreamHandle other = b().create_stream();
+  EXPECT_NE(ops::gemm_scratch_tag(b(), other, "fp8_activation"), mine);
+  b().destroy_stream(other);
+}
+
+// GEMMs queued on two streams at once must not cast into one buffer: each stream gets its own
+// scratch, and both results are right.
+TEST_P(GemmScratch, TwoStreamsNeverShareScratch) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  const std::int64_t m = 64, n = 48, k = 96;
+  const StreamHandle s2 = b().create_stream();
+  const HostQuantWeights row =
+      quantize(WeightFormat::kNvfp4, random_weight_values(gen(), n, k), n, k);
+  const ops::QuantWeights w = upload_weights(row);
+  const std::vector<std::uint16_t> a1 = random_activations(gen(), m * k),
+                                   a2 = random_activations(gen(), m * k);
+  const DevicePtr d1 = upload(a1), d2 = upload(a2), c1 = poisoned(m * n * 2),
+                  c2 = poisoned(m * n * 2);
+  const ops::GemmOptions e4m3{Activations::kAllowE4m3, GemmRoute::kE4m3, DevicePtr{}};
+  ops::w4a16_gemm(b(), stream(), d1, m, w, c1, e4m3);
+  ops::w4a16_gemm(b(), s2, d2, m, w, c2, e4m3);
+  b().synchronize(stream());
+  b().synchronize(s2);
+  EXPECT_EQ(b().op_cache().scratch_count(), 4u) << "two buffers per stream";
+  expect_close(compare(read<std::uint16_t>(c1, m * n), reference(a1, m, row, {}, AMode::kE4m3)),
+               kNormTol, "stream 1");
+  expect_close(compare(read<std::uint16_t>(c2, m * n), reference(a2, m, row, {}, AMode::kE4m3)),
+               kNormTol, "stream 2");
+  b().destroy_stream(s2);
 }
 
 TEST_P(GemmScratch, ExactRoutesAllocateNothing) {

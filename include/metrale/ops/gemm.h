@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "metrale/backend.h"
@@ -57,9 +58,15 @@ GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
                        const GemmOptions& options = {});
 
 // C[M, N] (BF16, row-major) = A[M, K] (BF16, row-major) · dequant(W)ᵀ (+ bias), queued on
-// stream. A, C and the weight buffers 16-byte aligned; C overlaps no input.
+// stream. A, C and the weight buffers 16-byte aligned; C overlaps no input. Scratch (the E4M3
+// route's cast operands, split-K partials) comes from the OpCache under gemm_scratch_tag.
 void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options = {});
+
+// The OpCache tag under which w4a16_gemm keeps scratch `base` ("fp8_activation", "fp8_weights",
+// "gemm_split_k") for work queued on `stream`: base itself on the backend's default stream,
+// "base@<stream>" on any other, so GEMMs on two streams never share a buffer.
+std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_view base);
 
 // out[i] (E4M3) = RNE-saturating cast of in[i] (BF16), no scale; the seed's bf16_to_fp8.
 void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
