@@ -48,8 +48,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
 step build 180 cmake --build "$build" -j "$(nproc)"
 step info 20 "$build/metrale" info
-step gpu-tests 60 ctest --test-dir "$build" -L gpu -E GpuSoak --output-on-failure
-# The numerics suite of part 1, unchanged, on the CUDA backend (its "/cuda" instances).
+step gpu-tests 60 ctest --test-dir "$build" -L gpu -E "GpuSoak|gpu.ops_numerics_suite" --output-on-failure
+# The numerics suite of part 1, unchanged, on the CUDA backend (its "/cuda" instances; ctest
+# gpu.ops_numerics_suite), with its own limit.
 step numerics-cuda 90 "$build/tests/ops_tests" --gtest_filter='*/cuda' --gtest_brief=1
 # Every Llama-3 shape at M = 1, 16, 4096 against the copy bandwidth and cuBLASLt BF16 measured
 # in the same run; then torch's peers on the same shapes (a line saying why where torch is absent).

@@ -16,6 +16,7 @@
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/runtime.h"
+#include "metrale/tile_math.h"
 
 namespace metrale {
 namespace {
@@ -58,6 +59,35 @@ TEST(Gpu, PublishedTilesComeFromTheEmbeddedModule) {
   Backend& b = model->backend();
   EXPECT_EQ(b.kernel_n_tile(b.op_cache().kernel(b, "core", "fill_u32")), 256u);
   EXPECT_EQ(b.kernel_n_tile(b.op_cache().kernel(b, "core", "axpy_f32")), 1024u);
+}
+
+// The driver picked the w4a16 code for this device: on Hopper the wgmma kernels (their tiles from
+// tile_math.h), elsewhere the fallback, never a mix.
+TEST(Gpu, W4a16PublishesTheLaunchShapesOfTheCodeTheDriverLoaded) {
+  REQUIRE_GPU(model);
+  Backend& b = model->backend();
+  const KernelHandle tiled = b.op_cache().kernel(b, "w4a16", "gemm_tiled");
+  const KernelHandle e4m3 = b.op_cache().kernel(b, "w4a16", "gemm_e4m3");
+  const KernelHandle decode = b.op_cache().kernel(b, "w4a16", "gemm_decode");
+  const KernelLaunchMeta t = b.op_cache().launch_meta(tiled), e = b.op_cache().launch_meta(e4m3);
+  const bool hopper = b.kernel_n_tile(tiled) == tiles::kTiledNTile;
+  const std::string name = b.device_name();
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) {
+    EXPECT_TRUE(hopper) << name << " did not load the sm_90a code";
+  }
+  if (hopper) {
+    EXPECT_EQ(t.m_tile, std::uint32_t{tiles::kTiledMTile});
+    EXPECT_EQ(t.smem_bytes, std::uint32_t{tiles::kTiledSmemBytes});
+    EXPECT_EQ(b.kernel_n_tile(e4m3), std::uint32_t{tiles::kE4m3NTile});
+    EXPECT_EQ(e.m_tile, std::uint32_t{tiles::kE4m3MTile});
+    EXPECT_EQ(e.smem_bytes, std::uint32_t{tiles::kE4m3SmemBytes});
+  } else {
+    EXPECT_EQ(t.m_tile, 0u);
+    EXPECT_EQ(t.smem_bytes, 0u);
+    EXPECT_EQ(e.m_tile, 0u);
+  }
+  EXPECT_EQ(b.kernel_n_tile(decode), std::uint32_t{tiles::kDecodeNTile});
+  EXPECT_EQ(b.op_cache().launch_meta(decode).split_k, std::uint32_t{tiles::kDecodeSplitUnit});
 }
 
 TEST(Gpu, ElementwiseOpsMatchTheCpuBackend) {
