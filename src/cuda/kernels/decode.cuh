@@ -22,8 +22,8 @@ namespace num = metrale::num;
 namespace tl = metrale::tiles;
 
 // Weights of one warp's K block: 4 rows (g, g + 8, g + 16, g + 24) of 32 codes with their two
-// group scales (equal for MXFP4). Double-buffered: the next block's are loaded from HBM while
-// this one multiplies.
+// group scales (equal for MXFP4). Three of these rotate: two K blocks load from HBM while the
+// third multiplies.
 struct DecodeCodes {
   uint4 codes[4];
   std::uint64_t scale_bits;  // byte 2r + h: row r's scale code for half h (0: zero weights)
@@ -242,19 +242,24 @@ __device__ void decode_rows(const GemmParams& p, std::int64_t n0, std::int64_t m
   float acc[2][MT][4] = {};
   std::int64_t kb = k_begin + std::int64_t{warp} * tl::kDecodeKBlock;
   constexpr std::int64_t kStride = std::int64_t{tl::kDecodeWarps} * tl::kDecodeKBlock;
-  if (kb < k_end) {
-    DecodeCodes cur;
-    decode_load_weights(cur, p, n0, kb, k_end, g, t);
+  // Three register sets of weights in rotation: while one K block multiplies, the next two are
+  // in flight from HBM (about 4 KiB per warp). Unrolled by three so the sets trade roles by
+  // name: a register copy would wait for the load it copies.
+  const auto step = [&](std::int64_t at, const DecodeCodes& ready, DecodeCodes& fill) {
+    const std::int64_t ahead = at + 2 * kStride;
+    if (ahead < k_end) decode_load_weights(fill, p, n0, ahead, k_end, g, t);
+    DecodeActs<MT> acts;
+    decode_load_acts(acts, p, m0, at, k_end, g, t);
+    decode_mma<MT>(p, acc, ready, acts);
+  };
+  DecodeCodes w0, w1, w2;
+  if (kb < k_end) decode_load_weights(w0, p, n0, kb, k_end, g, t);
+  if (kb + kStride < k_end) decode_load_weights(w1, p, n0, kb + kStride, k_end, g, t);
 #pragma unroll 1
-    for (; kb < k_end; kb += kStride) {
-      // The next block's weights are in flight while this one multiplies.
-      DecodeCodes next;
-      if (kb + kStride < k_end) decode_load_weights(next, p, n0, kb + kStride, k_end, g, t);
-      DecodeActs<MT> acts;
-      decode_load_acts(acts, p, m0, kb, k_end, g, t);
-      decode_mma<MT>(p, acc, cur, acts);
-      cur = next;
-    }
+  for (; kb < k_end; kb += 3 * kStride) {
+    step(kb, w0, w2);
+    if (kb + kStride < k_end) step(kb + kStride, w1, w0);
+    if (kb + 2 * kStride < k_end) step(kb + 2 * kStride, w2, w1);
   }
 #pragma unroll
   for (int rt = 0; rt < 2; ++rt) {

@@ -3,9 +3,9 @@
 // A8 and W8 are E4M3 [M, K] and [N, K] (bf16_to_fp8 and dequant_e4m3 wrote them); the block
 // scales stay out of the FP8 values because E4M3 cannot hold a scaled E2M1 value exactly. An
 // FP8 MMA sums 32 K, a scale group is 16: each group's 16 bytes sit in a 32-byte slot whose
-// upper half is zero, so one MMA sums exactly one group into a fresh FP32 tile, which is scaled
-// per column and added to the accumulator. That costs half the FP8 rate; it is what exact
-// per-16 scales on an FP8 MMA cost.
+// upper half is zero, so one MMA sums exactly one group into a fresh FP32 tile (a stage's four
+// are issued together), which is scaled per column and added to the accumulator. That costs half
+// the FP8 rate; it is what exact per-16 scales on an FP8 MMA cost.
 #pragma once
 
 #include <cstdint>
@@ -79,9 +79,15 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
     scales(s)[row * kGroups + q] = in ? decode_scale(p, n, (k / tl::kE4m3Group) / group_div) : 0.0f;
   };
 
-  float acc[32], part[32];
+  // The accumulator, and one fresh tile per group of the stage: the stage's four MMAs are issued
+  // together and waited for once.
+  float acc[32], part[kGroups][32];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = part[i] = 0.0f;
+  for (int i = 0; i < 32; ++i) {
+    acc[i] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) part[q][i] = 0.0f;
+  }
 
 #pragma unroll
   for (int s = 0; s < tl::kE4m3Stages - 1; ++s) {
@@ -103,17 +109,25 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
     const std::uint32_t a_wg =
         a_addr(cs) + static_cast<std::uint32_t>(wg) * 64u * tl::kE4m3RowBytes;
     const float* sc = scales(cs);
-#pragma unroll 1
+#pragma unroll
     for (int q = 0; q < kGroups; ++q) {
-      ptx::wgmma_fence();
-      ptx::wgmma_e4m3_m64n64k32(part, tl::wgmma_desc_sw128(a_wg + 32u * q),
+#pragma unroll
+      for (int i = 0; i < 32; ++i) ptx::fence_regs(part[q][i]);
+    }
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
+      ptx::wgmma_e4m3_m64n64k32(part[q], tl::wgmma_desc_sw128(a_wg + 32u * q),
                                 tl::wgmma_desc_sw128(b_addr(cs) + 32u * q), 0);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int q = 0; q < kGroups; ++q) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        ptx::fence_regs(part[i]);
-        acc[i] += part[i] * sc[tl::wgmma_acc_col(wtid, i) * kGroups + q];
+        ptx::fence_regs(part[q][i]);
+        acc[i] += part[q][i] * sc[tl::wgmma_acc_col(wtid, i) * kGroups + q];
       }
     }
   }
