@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "epilogue.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/numerics.h"
 #include "metrale/tile_math.h"
@@ -26,8 +27,7 @@ namespace tl = metrale::tiles;
 // third multiplies.
 struct DecodeCodes {
   uint4 codes[4];
-  std::uint64_t scale_bits;  // byte 2r + h: row r's scale code for half h (0: zero weights)
-  std::uint32_t live;        // bit 2r + h: that half lies inside N and K
+  std::uint32_t scale[4];  // each row's raw scale codes (load_scales_raw)
 };
 
 // Activations of one warp's K block: MT rows of 32 (L2-resident, loaded just before use).
@@ -68,11 +68,43 @@ __device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int
   return v;
 }
 
-__device__ __forceinline__ float decode_scale(const GemmParams& p, std::int64_t n, std::int64_t g) {
+// Where the block scale of row n, group g sits, in either layout.
+__device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::int64_t n,
+                                                    std::int64_t g) {
   const bool mx = p.flags & kGemmMxfp4;
   const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
-  const auto* s = reinterpret_cast<const std::uint8_t*>(p.scales);
-  const std::uint8_t v = (p.flags & kGemmTransposed) ? s[g * p.n + n] : s[n * groups + g];
+  return (p.flags & kGemmTransposed) ? g * p.n + n : n * groups + g;
+}
+
+// The raw scale codes of row n for the 32 K from k0 (a multiple of 32), `valid` of them inside
+// K: the first 16's in byte 0, the second 16's in byte 1 (MXFP4: byte 0 covers all 32); 0 where
+// outside N or K (the codes there are 0 too, and code 0 is a finite scale in both formats, so
+// nothing outside K can turn a sum into NaN). Predicated loads into a zeroed register: a select
+// after a load would wait for it. The usual case, both NVFP4 scales in one aligned 16-bit load,
+// takes no arithmetic, so nothing waits on the load until the scales are used.
+__device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, std::int64_t n,
+                                                         std::int64_t k0, int valid) {
+  const bool mx = p.flags & kGemmMxfp4, tr = p.flags & kGemmTransposed;
+  const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales);
+  const std::int64_t g0 = mx ? k0 / 32 : k0 / 16;
+  std::uint32_t v = 0;
+  if (n < p.n && valid > 0) {
+    const std::int64_t at = scale_index(p, n, g0);
+    if (mx || valid == 16) {
+      v = sc[at];
+    } else if (!tr && at % 2 == 0) {
+      v = *reinterpret_cast<const std::uint16_t*>(sc + at);
+    } else {
+      v = sc[at] | std::uint32_t{sc[tr ? at + p.n : at + 1]} << 8;
+    }
+  }
+  return v;
+}
+
+// Scale h (0: the first 16 K, 1: the second) of raw codes from load_scales_raw, as FP32.
+__device__ __forceinline__ float scale_of_raw(const GemmParams& p, std::uint32_t raw, int h) {
+  const bool mx = p.flags & kGemmMxfp4;
+  const auto v = static_cast<std::uint8_t>(h && !mx ? raw >> 8 : raw);
   return mx ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
 }
 
@@ -90,32 +122,12 @@ __device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmPa
                                                     std::int64_t k_end, int g, int t) {
   const std::int64_t k0 = kb + 32 * t;
   const int valid = decode_valid(kb, k_end, t);
-  const bool mx = p.flags & kGemmMxfp4;
-  const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales);
-  const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
-  const std::int64_t g0 = mx ? k0 / 32 : k0 / 16;
-  f.scale_bits = 0;
-  f.live = 0;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const std::int64_t n = n0 + g + 8 * r;
     f.codes[r] = decode_load_codes(p, n, k0, valid);
-    if (n >= p.n || valid == 0) continue;
-    const bool tr = p.flags & kGemmTransposed;
-    const std::uint32_t s0 = tr ? sc[g0 * p.n + n] : sc[n * groups + g0];
-    const std::uint32_t s1 =
-        mx ? s0 : (valid == 32 ? (tr ? sc[(g0 + 1) * p.n + n] : sc[n * groups + g0 + 1]) : 0u);
-    f.scale_bits |= std::uint64_t{s0 | s1 << 8} << (16 * r);
-    f.live |= (valid == 32 ? 3u : 1u) << (2 * r);
+    f.scale[r] = load_scales_raw(p, n, k0, valid);
   }
-}
-
-// The FP32 scale of row r, half h of a lane's weights (0 where it lies outside N or K).
-__device__ __forceinline__ float decode_scale_of(const GemmParams& p, const DecodeCodes& f, int r,
-                                                 int h) {
-  if (!((f.live >> (2 * r + h)) & 1u)) return 0.0f;
-  const auto v = static_cast<std::uint8_t>(f.scale_bits >> (8 * (2 * r + h)));
-  return (p.flags & kGemmMxfp4) ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
 }
 
 // Lane (g, t)'s activations of the K block at kb: rows m0 + 8 mt + g, zero outside M and K.
@@ -169,7 +181,7 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sp[r][h] = num::bf16_pair_of(decode_scale_of(p, f, r, h));
+    for (int h = 0; h < 2; ++h) sp[r][h] = num::bf16_pair_of(scale_of_raw(p, f.scale[r], h));
   }
   // Two steps at a time: fully unrolled, the compiler hoists every conversion ahead of the MMAs
   // and runs out of registers.
@@ -197,39 +209,6 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
       }
     }
   }
-}
-
-// Writes one output: the final BF16 (tensor scale, bias) or, when K is split, the FP32 partial.
-__device__ __forceinline__ void store_output(const GemmParams& p, std::int64_t m, std::int64_t n,
-                                             float sum) {
-  if (p.splits > 1) {
-    reinterpret_cast<float*>(p.workspace)[(blockIdx.z * p.m + m) * p.n + n] = sum;
-    return;
-  }
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
-  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
-}
-
-// Outputs (m, n) and (m, n + 1) of a fragment's column pair: one 4-byte store where both lie in
-// C and the pair is 4-byte aligned (not split-K partials: those go through store_output).
-__device__ __forceinline__ void store_pair(const GemmParams& p, std::int64_t m, std::int64_t n,
-                                           float v0, float v1) {
-  if (m >= p.m || n >= p.n) return;
-  const std::int64_t at = m * p.n + n;
-  if (n + 1 >= p.n || (at & 1) != 0 || p.splits > 1) {
-    store_output(p, m, n, v0);
-    if (n + 1 < p.n) store_output(p, m, n + 1, v1);
-    return;
-  }
-  float a = v0 * p.tensor_scale, b = v1 * p.tensor_scale;
-  if (p.flags & kGemmBias) {
-    const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
-    a += num::bf16_to_f32(bias[n]);
-    b += num::bf16_to_f32(bias[n + 1]);
-  }
-  reinterpret_cast<std::uint32_t*>(p.out)[at / 2] =
-      std::uint32_t{num::f32_to_bf16(a)} | std::uint32_t{num::f32_to_bf16(b)} << 16;
 }
 
 // Rows m0 .. m0 + 8 MT - 1 of the block's 32 columns over K slice [k_begin, k_end).

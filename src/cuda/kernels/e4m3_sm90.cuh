@@ -10,7 +10,8 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // decode_scale, store_pair
+#include "decode.cuh"  // scale_index
+#include "epilogue.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/tile_math.h"
 #include "ptx.cuh"
@@ -59,7 +60,10 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
 
   // One stage: A's 128 x 4 group chunks (2 a thread), W's 64 x 4 (1 a thread), and the 64 x 4
   // scales as FP32 (1 a thread). Chunks past M, N or K are zero, their scales 0.
-  const auto load_stage = [&](int s, std::int64_t kt) {
+  // Returns the thread's raw scale code for the stage (0 outside N and K: a finite scale of an
+  // all-zero tile); store_scale writes it as FP32 once the MMAs are issued, so nothing waits on
+  // that load before them.
+  const auto load_stage = [&](int s, std::int64_t kt) -> std::uint32_t {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int c = threadIdx.x + tl::kE4m3Threads * i;
@@ -76,7 +80,15 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
     ptx::cp_async16(b_addr(s) + tl::swizzle128(static_cast<std::uint32_t>(row),
                                                static_cast<std::uint32_t>(32 * q)),
                     in ? w8 + n * p.k + k : w8, in ? 16 : 0);
-    scales(s)[row * kGroups + q] = in ? decode_scale(p, n, (k / tl::kE4m3Group) / group_div) : 0.0f;
+    std::uint32_t raw = 0;
+    if (in)
+      raw = reinterpret_cast<const std::uint8_t*>(
+          p.scales)[scale_index(p, n, (k / tl::kE4m3Group) / group_div)];
+    return raw;
+  };
+  const auto store_scale = [&](int s, std::uint32_t raw) {
+    const auto v = static_cast<std::uint8_t>(raw);
+    scales(s)[threadIdx.x] = (p.flags & kGemmMxfp4) ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
   };
 
   // The accumulator, and one fresh tile per group of the stage: the stage's four MMAs are issued
@@ -91,7 +103,7 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
 
 #pragma unroll
   for (int s = 0; s < tl::kE4m3Stages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < k_tiles) store_scale(s, load_stage(s, s));
     ptx::cp_async_commit();
   }
 
@@ -102,7 +114,9 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
     __syncthreads();
 
     const std::int64_t next = kt + tl::kE4m3Stages - 1;
-    if (next < k_tiles) load_stage(static_cast<int>(next % tl::kE4m3Stages), next);
+    const int ns = static_cast<int>(next % tl::kE4m3Stages);
+    std::uint32_t next_scale = 0;
+    if (next < k_tiles) next_scale = load_stage(ns, next);
     ptx::cp_async_commit();
 
     const int cs = static_cast<int>(kt % tl::kE4m3Stages);
@@ -121,6 +135,8 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
                                 tl::wgmma_desc_sw128(b_addr(cs) + 32u * q), 0);
     }
     ptx::wgmma_commit();
+    // Stage next's scales: its buffer was last read before this iteration's barrier.
+    if (next < k_tiles) store_scale(ns, next_scale);
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
@@ -132,13 +148,7 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
     }
   }
 
-  // Columns 2t, 2t + 1 of each 8-wide slice are one register pair: packed BF16 stores.
-#pragma unroll
-  for (int i = 0; i < 32; i += 2) {
-    const std::int64_t m = m_block + 64 * wg + tl::wgmma_acc_row(wtid, i);
-    const std::int64_t n = n_block + tl::wgmma_acc_col(wtid, i);
-    store_pair(p, m, n, acc[i], acc[i + 1]);
-  }
+  store_wgmma_acc(p, acc, m_block + 64 * wg, n_block, wtid);
 }
 
 #endif  // METRALE_HAVE_WGMMA

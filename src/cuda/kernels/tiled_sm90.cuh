@@ -10,7 +10,8 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // decode_load_codes, decode_scale, decode_quad, store_pair
+#include "decode.cuh"  // decode_load_codes, load_scales_raw, decode_quad
+#include "epilogue.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/tile_math.h"
 #include "ptx.cuh"
@@ -19,10 +20,11 @@ namespace metrale::kernels {
 
 #if defined(METRALE_HAVE_WGMMA)
 
-// The codes (32, half a stage row) and two group scales one thread dequantizes per stage.
+// The codes (32, half a stage row) and raw scales (load_scales_raw) one thread dequantizes per
+// stage; converted only when stored, an iteration after the loads.
 struct TiledCodes {
   uint4 codes;
-  float scale[2];
+  std::uint32_t scales;
 };
 
 __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
@@ -30,21 +32,14 @@ __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams
   const std::int64_t left = p.k - k0;
   const int valid = left >= 32 ? 32 : (left > 0 ? static_cast<int>(left) : 0);
   c.codes = decode_load_codes(p, n, k0, valid);
-  const bool live = n < p.n && valid > 0;
-  if (p.flags & kGemmMxfp4) {
-    const float s = live ? decode_scale(p, n, k0 / 32) : 0.0f;
-    c.scale[0] = s;
-    c.scale[1] = valid == 32 ? s : 0.0f;
-  } else {
-    c.scale[0] = live ? decode_scale(p, n, k0 / 16) : 0.0f;
-    c.scale[1] = live && valid == 32 ? decode_scale(p, n, k0 / 16 + 1) : 0.0f;
-  }
+  c.scales = load_scales_raw(p, n, k0, valid);
 }
 
 // 32 BF16 weights (4 chunks of 16 bytes) into row `row`, chunks 4 half .. 4 half + 3.
-__device__ __forceinline__ void tiled_store_codes(unsigned char* tile, int row, int half,
-                                                  const TiledCodes& c) {
-  const std::uint32_t pair[2] = {num::bf16_pair_of(c.scale[0]), num::bf16_pair_of(c.scale[1])};
+__device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned char* tile, int row,
+                                                  int half, const TiledCodes& c) {
+  const std::uint32_t pair[2] = {num::bf16_pair_of(scale_of_raw(p, c.scales, 0)),
+                                 num::bf16_pair_of(scale_of_raw(p, c.scales, 1))};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const std::uint32_t w = word_of(c.codes, q);  // 8 codes; a group is 16
@@ -108,7 +103,7 @@ __device__ void tiled_block_sm90(const GemmParams& p) {
   };
   const auto store = [&](std::int64_t kt, const TiledCodes& codes) {
     if (kt < k_tiles) {
-      tiled_store_codes(b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes);
+      tiled_store_codes(p, b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes);
     }
   };
 
@@ -159,13 +154,7 @@ __device__ void tiled_block_sm90(const GemmParams& p) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
 
-    // Columns 2t, 2t + 1 of each 8-wide slice are one register pair: packed BF16 stores.
-#pragma unroll
-  for (int i = 0; i < 64; i += 2) {
-    const std::int64_t m = m_block + 64 * wg + tl::wgmma_acc_row(wtid, i);
-    const std::int64_t n = n_block + tl::wgmma_acc_col(wtid, i);
-    store_pair(p, m, n, acc[i], acc[i + 1]);
-  }
+  store_wgmma_acc(p, acc, m_block + 64 * wg, n_block, wtid);
 }
 
 #endif  // METRALE_HAVE_WGMMA
