@@ -116,7 +116,7 @@ __device__ __forceinline__ int decode_valid(std::int64_t kb, std::int64_t k_end,
 }
 
 // Lane (g, t)'s weights of the K block at kb, for the 32 rows from n0. Outside [k_begin, k_end)
-// or N the codes read as 0 with a zero scale, so a NaN scale outside K cannot leak in.
+// or N the codes and the scale codes read as 0, so a NaN scale outside K cannot leak in.
 __device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmParams& p,
                                                     std::int64_t n0, std::int64_t kb,
                                                     std::int64_t k_end, int g, int t) {
@@ -161,7 +161,6 @@ __device__ __forceinline__ uint4 chunk_of(const uint4 (&v)[4], int i) {
   return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
 }
 
-// The 8 MMA steps of one K block into acc[row tile][activation tile].
 // Four codes (j = 0..3 of one step) of a row, times its scale pair, as the two A-fragment
 // registers (j = 0, 1) and (j = 2, 3): exact products (numerics.h, host-tested).
 __device__ __forceinline__ void decode_quad(std::uint32_t codes16, std::uint32_t scale_pair,
