@@ -42,6 +42,14 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
   export CPATH=/tmp/devdeps/usr/include${CPATH:+:$CPATH}
 fi
 
+# The cuobjdump and nvdisasm wheels (scripts/device-deps.sh), unpacked onto PATH for the
+# offline fatbin test.
+if compgen -G ".devdeps/wheels/*.whl" >/dev/null; then
+  for w in .devdeps/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/devdeps/wheels; done
+  for b in /tmp/devdeps/wheels/nvidia/*/bin; do chmod +x "$b"/*; PATH="$b:$PATH"; done
+  export PATH
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>/dev/null ||
   echo "no nvidia-smi: no NVIDIA driver here" >"$out/gpu.txt"
 # Most important first, so a slow build leaves the budget to the GPU checks, not to the rest.

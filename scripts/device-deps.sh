@@ -10,3 +10,7 @@ cd .devdeps
 apt-get download libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev \
   libbenchmark-dev libbenchmark1debian >/dev/null
 ls -1 *.deb
+# cuobjdump and nvdisasm (NVIDIA's PyPI wheels, ~5.5 MB): ctest cuda.fatbin_offline reads the
+# fatbins with them, and the device machine's toolkit may lack them as this one's does.
+python3 -m pip download -q --no-deps -d wheels nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+ls -1 wheels/*.whl
