@@ -364,6 +364,18 @@ void free_quietly(Backend& backend, DevicePtr p) noexcept {
 }
 }  // namespace
 
+QuantWeights describe_weights(const HostQuantWeights& w) {
+  QuantWeights d;
+  d.format = w.format;
+  d.layout = w.layout;
+  d.n = w.n;
+  d.k = w.k;
+  d.tensor_scale = w.tensor_scale;
+  d.codes_bytes = w.codes.size();
+  d.scales_bytes = w.scales.size();
+  return d;
+}
+
 QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w) {
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from the returned object: GCC 12 at -O2 drops that object's member initializers on the path
@@ -379,14 +391,7 @@ QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w) {
     free_quietly(backend, scales);
     throw;
   }
-  QuantWeights d;
-  d.format = w.format;
-  d.layout = w.layout;
-  d.n = w.n;
-  d.k = w.k;
-  d.tensor_scale = w.tensor_scale;
-  d.codes_bytes = w.codes.size();
-  d.scales_bytes = w.scales.size();
+  QuantWeights d = describe_weights(w);
   d.codes = codes;
   d.scales = scales;
   return d;

@@ -231,14 +231,7 @@ void run_model(ModelScope& scope, const Shapes& sh, std::mt19937_64& gen) {
                                               .add(std::make_unique<PinnedBufferResource>(
                                                   "staging", b.alloc_pinned(off_x + sh.elems * 4)))
                                               .get());
-  ops::QuantWeights d_w2;
-  d_w2.format = w2.format;
-  d_w2.layout = w2.layout;
-  d_w2.n = w2.n;
-  d_w2.k = w2.k;
-  d_w2.tensor_scale = w2.tensor_scale;
-  d_w2.codes_bytes = w2.codes.size();
-  d_w2.scales_bytes = w2.scales.size();
+  ops::QuantWeights d_w2 = ops::describe_weights(w2);
   d_w2.codes = alloc_weights(b, d_w2.codes_bytes);
   scope.add(std::make_unique<DeviceBufferResource>("mxfp4 codes", d_w2.codes));
   d_w2.scales = alloc_weights(b, d_w2.scales_bytes);

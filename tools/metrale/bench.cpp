@@ -20,6 +20,7 @@
 #include "metrale/safetensors.h"
 #include "metrale/weights.h"
 #include "roofline.h"
+#include "sampled_check.h"
 
 namespace metrale::cli {
 namespace {
@@ -57,14 +58,7 @@ ModelShape model_shape(const std::string& name) {
 class LayerWeights final : public ModelResource {
  public:
   LayerWeights(Backend& b, const HostQuantWeights& host, std::string label)
-      : label_(std::move(label)) {
-    w_.format = host.format;
-    w_.layout = host.layout;
-    w_.n = host.n;
-    w_.k = host.k;
-    w_.tensor_scale = host.tensor_scale;
-    w_.codes_bytes = host.codes.size();
-    w_.scales_bytes = host.scales.size();
+      : label_(std::move(label)), w_(ops::describe_weights(host)) {
     w_.codes = alloc_weights(b, w_.codes_bytes);
     try {
       w_.scales = alloc_weights(b, w_.scales_bytes);
@@ -117,29 +111,6 @@ struct Case {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// Normalized error of a sample of outputs against the float64 reference.
-// With e4m3_activations the reference rounds A to E4M3 first, as the e4m3 route does.
-double sampled_error(const std::vector<std::uint16_t>& a, const std::vector<std::uint16_t>& c,
-                     const HostQuantWeights& w, std::int64_t m, bool e4m3_activations,
-                     std::mt19937_64& rng) {
-  std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
-  double num = 0, den = 0;
-  for (int s = 0; s < 96; ++s) {
-    const std::int64_t i = pick_m(rng), j = pick_n(rng);
-    double ref = 0;
-    for (std::int64_t kk = 0; kk < w.k; ++kk) {
-      const std::uint16_t x = a[i * w.k + kk];
-      const float av =
-          e4m3_activations ? num::e4m3_to_f32(num::bf16_to_e4m3(x)) : num::bf16_to_f32(x);
-      ref += static_cast<double>(av) * w.weight(j, kk);
-    }
-    const double got = num::bf16_to_f32(c[i * w.n + j]);
-    num += (got - ref) * (got - ref);
-    den += ref * ref;
-  }
-  return den > 0 ? std::sqrt(num / den) : INFINITY;
 }
 
 class Progress {

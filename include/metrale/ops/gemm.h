@@ -25,6 +25,9 @@ struct QuantWeights {
   float tensor_scale = 1.0f;
 };
 
+// The device description of host weights: format, layout, shape, tensor scale and buffer sizes,
+// with no buffers yet (for loaders that allocate the buffers their own way).
+QuantWeights describe_weights(const HostQuantWeights& w);
 // Copies host weights to new allocations on backend (freed with free_weights).
 QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w);
 // Frees what upload_weights allocated.

@@ -286,10 +286,8 @@ __device__ void split_reduce(const GemmParams& p, std::int64_t i) {
   const std::int64_t plane = p.m * p.n;
   float sum = 0.0f;
   for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
-  const std::int64_t n = i % p.n;
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
-  reinterpret_cast<std::uint16_t*>(p.out)[i] = num::f32_to_bf16(v);
+  reinterpret_cast<std::uint16_t*>(p.out)[i] =
+      static_cast<std::uint16_t>(final_bf16(p, i % p.n, sum));
 }
 
 }  // namespace metrale::kernels

@@ -12,16 +12,23 @@ namespace metrale::kernels {
 
 namespace num = metrale::num;
 
-// Writes one output: the final BF16 (tensor scale, bias) or, when K is split, the FP32 partial.
+// Output column n's final BF16 from its FP32 sum: tensor scale, bias, one rounding.
+__device__ __forceinline__ std::uint32_t final_bf16(const GemmParams& p, std::int64_t n,
+                                                    float sum) {
+  float v = sum * p.tensor_scale;
+  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
+  return num::f32_to_bf16(v);
+}
+
+// Writes one output: the final BF16 or, when K is split, the FP32 partial.
 __device__ __forceinline__ void store_output(const GemmParams& p, std::int64_t m, std::int64_t n,
                                              float sum) {
   if (p.splits > 1) {
     reinterpret_cast<float*>(p.workspace)[(blockIdx.z * p.m + m) * p.n + n] = sum;
     return;
   }
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
-  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] =
+      static_cast<std::uint16_t>(final_bf16(p, n, sum));
 }
 
 // Outputs (m, n) and (m, n + 1) of a fragment's column pair: one 4-byte store where both lie in
@@ -35,14 +42,8 @@ __device__ __forceinline__ void store_pair(const GemmParams& p, std::int64_t m, 
     if (n + 1 < p.n) store_output(p, m, n + 1, v1);
     return;
   }
-  float a = v0 * p.tensor_scale, b = v1 * p.tensor_scale;
-  if (p.flags & kGemmBias) {
-    const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
-    a += num::bf16_to_f32(bias[n]);
-    b += num::bf16_to_f32(bias[n + 1]);
-  }
-  reinterpret_cast<std::uint32_t*>(p.out)[at / 2] =
-      std::uint32_t{num::f32_to_bf16(a)} | std::uint32_t{num::f32_to_bf16(b)} << 16;
+  reinterpret_cast<std::uint32_t*>(p.out)[at / 2] = final_bf16(p, n, v0) | final_bf16(p, n + 1, v1)
+                                                                               << 16;
 }
 
 // A warpgroup's m64nN accumulator (Regs = N / 2 registers, as wgmma leaves them) into C rows from

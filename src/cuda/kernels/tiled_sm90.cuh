@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // decode_load_codes, load_scales_raw, decode_quad
+#include "decode.cuh"  // decode_load_codes, load_scales_raw, decode_valid, decode_quad
 #include "epilogue.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/tile_math.h"
@@ -29,8 +29,7 @@ struct TiledCodes {
 
 __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
                                                  std::int64_t k0) {
-  const std::int64_t left = p.k - k0;
-  const int valid = left >= 32 ? 32 : (left > 0 ? static_cast<int>(left) : 0);
+  const int valid = decode_valid(k0, p.k, 0);
   c.codes = decode_load_codes(p, n, k0, valid);
   c.scales = load_scales_raw(p, n, k0, valid);
 }
