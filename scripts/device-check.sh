@@ -6,7 +6,11 @@
 # summary table last. A 450 s budget (DEVICE_CHECK_BUDGET_S) keeps it inside 8 minutes whatever
 # a step does.
 # Packages: where .devdeps/ holds the .debs from scripts/device-deps.sh, they are unpacked into
-# /tmp/devdeps first (the device machine has no package registry).
+# /tmp/devdeps first (the device machine has no package registry). Where .devdeps/build-device
+# holds a build made by `scripts/device-deps.sh --prebuild` and its programs start here, it is
+# used as it is, which saves the minute or two of device time a build costs; else it builds here.
+# Every log, the JSON results and the summary come back as $OUT/device-check.tgz (the device tool
+# returns at most 8 files), the summary also as $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/device-check}
@@ -53,31 +57,81 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>/dev/null ||
   echo "no nvidia-smi: no NVIDIA driver here" >"$out/gpu.txt"
 # Most important first, so a slow build leaves the budget to the GPU checks, not to the rest.
-step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
-step build 180 cmake --build "$build" -j "$(nproc)"
+# cuBLASLt (the BF16 roof) from the toolkit or from PyTorch's wheels, where the loader lacks it.
+if ! ldconfig -p 2>/dev/null | grep -q libcublasLt; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in os.listdir(p)))' 2>/dev/null); do
+    compgen -G "$d/libcublasLt.so*" >/dev/null && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+fi
+prebuilt=no
+if [[ -x .devdeps/build-device/metrale ]]; then
+  rm -rf "$build" && cp -a .devdeps/build-device "$build"
+  # ctest's files name the directory the build was configured in: point it here.
+  src=$(cat .devdeps/build-device/.source-dir)
+  if [[ "$src" != "$PWD" && ! -e "$src" ]]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+  "$build/metrale" --help >/dev/null 2>"$out/prebuilt.log" && prebuilt=yes
+fi
+if [[ $prebuilt == yes ]]; then
+  rows+=("build|PREBUILT|carried")
+else
+  rm -rf "$build"
+  step configure 60 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMETRALE_CUDA=ON
+  step build 180 cmake --build "$build" -j "$(nproc)"
+fi
 step info 20 "$build/metrale" info
-step gpu-tests 60 ctest --test-dir "$build" -L gpu -E "GpuSoak|gpu.ops_numerics_suite" --output-on-failure
+step gpu-tests 60 "$build/tests/gpu_tests" --gtest_filter=-GpuSoak.*
+# Each route forced over a few shapes against the CPU backend, case by case: which rows and
+# columns are wrong or unwritten, and the inputs of every wrong case in probe.bin for offline study.
+step probe 60 "$build/bench/bench_gemm_gpu_probe" --dump "$out"
 # The numerics suite of part 1, unchanged, on the CUDA backend (its "/cuda" instances; ctest
 # gpu.ops_numerics_suite), with its own limit.
-step numerics-cuda 90 "$build/tests/ops_tests" --gtest_filter='*/cuda' --gtest_brief=1
+step numerics-cuda 90 "$build/tests/ops_tests" --gtest_filter='*/cuda'
+# A failure there: the first failing test again under compute-sanitizer's memcheck, which names
+# an out-of-bounds or misaligned access by kernel and address.
+first_failed=$(grep -m1 -oP '^\[  FAILED  \] \K\S+/cuda' "$out/numerics-cuda.log" 2>/dev/null || true)
+if [[ -n "$first_failed" ]] && command -v compute-sanitizer >/dev/null; then
+  step memcheck 60 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$build/tests/ops_tests" --gtest_filter="$first_failed"
+fi
 # Every Llama-3 shape at M = 1, 16, 4096 against the copy bandwidth and cuBLASLt BF16 measured
-# in the same run; then torch's peers on the same shapes (a line saying why where torch is absent).
+# in the same run.
 step bench-gemm-gpu 120 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
-step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 step check-cuda 30 "$build/metrale" check --backend cuda
 step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
+# torch's peers on the same shapes (a line saying why where torch is absent).
+step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the
 # driver's free memory after cycle 1 (tests/gpu/soak_test.cpp); its own step, for its own limit.
 step gpu-soak 90 env METRALE_GPU_SOAK_CYCLES=200 "$build/tests/gpu_tests" --gtest_filter='GpuSoak.*'
-step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu" -j "$(nproc)" --output-on-failure
+# The rest of the suite; not the two tests that run nvcc or a CMake install (minutes, and the
+# same here as on the CPU machine).
+# A carried build also skips cuda.fatbin_offline: it names the disassemblers by their paths on
+# the machine that built it, and it read these very fatbins there.
+skip="kernels_do_not_spill"
+[[ $prebuilt == yes ]] && skip+="|cuda.fatbin_offline"
+step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu|install" -E "$skip" \
+  -j "$(nproc)" --output-on-failure
 step bench-op-cache 20 "$build/bench/bench_op_cache" --benchmark_min_time=0.2
+# Where time is left: Nsight Compute on the decode and tiled kernels of the 70B down layer
+# (DRAM throughput and stall reasons; clocks left as they are).
+if command -v ncu >/dev/null; then
+  sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats"
+  sections+=" --section LaunchStats --section Occupancy"
+  step ncu 60 sh -c "for m in 1 4096; do ncu --clock-control none $sections -k regex:gemm_ -c 2 \
+    $build/metrale bench --backend cuda --shapes 8192x28672 --m \$m --repeats 1; done"
+fi
 
+{
 echo
 echo "== device-check summary ($(cat "$out/gpu.txt" 2>/dev/null | head -1)), $(($(date +%s) - t0))s =="
 printf '%-16s %-10s %s\n' step result time
 for r in "${rows[@]}"; do IFS='|' read -r a b c <<<"$r"; printf '%-16s %-10s %s\n' "$a" "$b" "$c"; done
-skipped=$(grep -c "\*\*\*Skipped" "$out/gpu-tests.log" 2>/dev/null || true)
+skipped=$(grep -m1 -oP '^\[  SKIPPED \] \K\d+(?= tests?,)' "$out/gpu-tests.log" 2>/dev/null || true)
 echo "gpu tests skipped: ${skipped:-0} (a skip means no usable GPU: see $out/gpu-tests.log)"
 grep -h "^soak gpu" "$out/gpu-soak.log" 2>/dev/null ||
   echo "gpu soak: no figures (skipped or failed: see $out/gpu-soak.log)"
 python3 scripts/gpu_summary.py "$out/gemm.jsonl" "$out/peers.jsonl" 2>&1 || true
+} 2>&1 | tee /tmp/device-check-summary.txt
+tar czf /tmp/device-check.tgz -C "$out" . && rm -rf "${out:?}"/* &&
+  mv /tmp/device-check.tgz "$out/" && cp /tmp/device-check-summary.txt "$out/summary.txt"

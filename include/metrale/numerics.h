@@ -184,8 +184,12 @@ METRALE_HD void e2m1x4_to_bf16(std::uint32_t w, std::uint32_t* p01, std::uint32_
   const std::uint32_t sel = w & 0x7777u;
   const std::uint32_t high = byte_perm(kHigh03, kHigh47, sel);
   const std::uint32_t low = byte_perm(kLow03, kLow47, sel);
-  *p01 = byte_perm(low, high, 0x5140u) | ((w & 0x8u) << 12) | ((w & 0x80u) << 24);
-  *p23 = byte_perm(low, high, 0x7362u) | ((w & 0x800u) << 4) | ((w & 0x8000u) << 16);
+  // The four sign bits (3, 7, 11, 15) to bits 15 and 31 of each pair by one multiply each (two
+  // shifts at once): the other bits the products set lie outside 0x80008000, and the only two
+  // that meet (bit 27 of the first, bit 19 of the second) carry into a bit that is masked too.
+  const std::uint32_t signs = w & 0x8888u;
+  *p01 = byte_perm(low, high, 0x5140u) | ((signs * 0x01001000u) & 0x80008000u);
+  *p23 = byte_perm(low, high, 0x7362u) | ((signs * 0x00010010u) & 0x80008000u);
 }
 
 // A BF16 pair times a BF16 pair, element by element, rounded to nearest even (one HMUL2 on the

@@ -54,10 +54,11 @@ class OpCache final : public ModelResource {
                       std::source_location loc = std::source_location::current());
 
   // A scratch buffer of at least bytes, memoized under tag. Grow-only: a request that fits
-  // returns the stored pointer; a larger one allocates anew and drops the old pointer from the
-  // cache without freeing it (it stays on the backend's ledger until the sweep, because work
-  // already queued may still read it). bytes == 0 is an error. After release() it throws
-  // Error(kState) and allocates nothing: a released cache hands out no pointer, stale or new.
+  // returns the stored pointer; a larger one allocates anew and retires the old buffer without
+  // freeing it (work already queued may still read it): it stays on the ledger, under the call
+  // site that asked for it, until release() frees it with the rest. bytes == 0 is an error. After
+  // release() it throws Error(kState) and allocates nothing: a released cache hands out no pointer,
+  // stale or new.
   DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                     std::source_location loc = std::source_location::current());
 
@@ -90,6 +91,8 @@ class OpCache final : public ModelResource {
   std::size_t kernel_count() const;
   // Number of scratch tags holding a buffer.
   std::size_t scratch_count() const;
+  // Number of buffers retired by a larger request and not yet freed (by release()).
+  std::size_t retired_scratch_count() const;
   // "OpCache{kernels: K, scratch: S}", for debug logs.
   std::string summary() const;
 
@@ -163,6 +166,7 @@ class OpCache final : public ModelResource {
 
   mutable std::mutex scratch_mu_;
   std::unordered_map<std::string, Scratch> scratch_;
+  std::vector<Scratch> retired_;  // replaced by a larger buffer; freed by release()
 
   mutable std::shared_mutex meta_mu_;
   std::unordered_map<KernelHandle, std::uint32_t> n_tiles_;

@@ -220,8 +220,9 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
     } else if (Scratch& slot = scratch_[key]; slot.ptr && slot.bytes >= bytes) {
       winner = slot.ptr;
     } else {
-      // The replaced pointer is dropped, not freed: work queued before this call may still
-      // read it. It stays on the ledger until the sweep.
+      // The replaced buffer is retired, not freed: work queued before this call may still
+      // read it. release() frees it once the model's work is done.
+      if (slot.ptr) retired_.push_back(slot);
       slot = Scratch{fresh, bytes};
     }
   }
@@ -289,6 +290,11 @@ std::size_t OpCache::scratch_count() const {
   return scratch_.size();
 }
 
+std::size_t OpCache::retired_scratch_count() const {
+  std::lock_guard lock(scratch_mu_);
+  return retired_.size();
+}
+
 std::string OpCache::summary() const {
   return fmt::format("OpCache{{kernels: {}, scratch: {}}}", kernel_count(), scratch_count());
 }
@@ -302,6 +308,10 @@ void OpCache::release(Backend& backend) {
     std::lock_guard scratch_lock(scratch_mu_);
     released_.store(true, std::memory_order_release);
     taken.swap(scratch_);
+    for (std::size_t i = 0; i < retired_.size(); ++i) {
+      taken.emplace(fmt::format("retired #{}", i), retired_[i]);
+    }
+    retired_.clear();
   }
   std::optional<Error> first;
   std::string first_other;

@@ -68,7 +68,10 @@ TEST(DecodeFragments, BytesWordsAndGroupsPointAtTheElement) {
     }
     // j = 0, 1 share a byte and a word; so do j = 2, 3; and the next pair is the next one.
     EXPECT_EQ(decode_code_byte(s, 1), decode_code_byte(s, 0));
+    // The kernel reads j = 0..3 as one aligned half-word.
+    EXPECT_EQ(decode_code_byte(s, 0) % 2, 0);
     EXPECT_EQ(decode_code_byte(s, 2), decode_code_byte(s, 0) + 1);
+    EXPECT_EQ(decode_code_byte(s, 3), decode_code_byte(s, 2));
     EXPECT_EQ(decode_act_word(s, 3), decode_act_word(s, 2));
   }
 }

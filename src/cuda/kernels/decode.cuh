@@ -37,13 +37,15 @@ struct DecodeActs {
 };
 
 // 32 codes of weight row n from k0 (a multiple of 32), of which `valid` (0, 16 or 32) lie in K;
-// the rest read as code 0.
+// the rest read as code 0. The layout is a template parameter so that the row-major loop
+// carries none of the transposed path's byte loads (registers and instructions).
+template <bool kTr>
 __device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int64_t n,
                                                    std::int64_t k0, int valid) {
   uint4 v = make_uint4(0, 0, 0, 0);
   if (n >= p.n || valid == 0) return v;
   const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
-  if (p.flags & kGemmTransposed) {
+  if constexpr (kTr) {
     // Codes [K/2, N]: a byte per row of the packed matrix. Correct, not tuned. Unrolled with
     // constant indices so the words stay in registers (an indexed array would live in local
     // memory).
@@ -70,10 +72,14 @@ __device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int
 
 // Where the block scale of row n, group g sits, in either layout.
 __device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::int64_t n,
-                                                    std::int64_t g) {
+                                                    std::int64_t g, bool tr) {
   const bool mx = p.flags & kGemmMxfp4;
   const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
-  return (p.flags & kGemmTransposed) ? g * p.n + n : n * groups + g;
+  return tr ? g * p.n + n : n * groups + g;
+}
+__device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::int64_t n,
+                                                    std::int64_t g) {
+  return scale_index(p, n, g, p.flags & kGemmTransposed);
 }
 
 // The raw scale codes of row n for the 32 K from k0 (a multiple of 32), `valid` of them inside
@@ -82,14 +88,15 @@ __device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::in
 // nothing outside K can turn a sum into NaN). Predicated loads into a zeroed register: a select
 // after a load would wait for it. The usual case, both NVFP4 scales in one aligned 16-bit load,
 // takes no arithmetic, so nothing waits on the load until the scales are used.
+template <bool kTr>
 __device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, std::int64_t n,
                                                          std::int64_t k0, int valid) {
-  const bool mx = p.flags & kGemmMxfp4, tr = p.flags & kGemmTransposed;
+  const bool mx = p.flags & kGemmMxfp4, tr = kTr;
   const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales);
   const std::int64_t g0 = mx ? k0 / 32 : k0 / 16;
   std::uint32_t v = 0;
   if (n < p.n && valid > 0) {
-    const std::int64_t at = scale_index(p, n, g0);
+    const std::int64_t at = scale_index(p, n, g0, tr);
     if (mx || valid == 16) {
       v = sc[at];
     } else if (!tr && at % 2 == 0) {
@@ -99,6 +106,18 @@ __device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, st
     }
   }
   return v;
+}
+
+// The same two with the layout read from p at run time (the tiled kernel's staging).
+__device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int64_t n,
+                                                   std::int64_t k0, int valid) {
+  return (p.flags & kGemmTransposed) ? decode_load_codes<true>(p, n, k0, valid)
+                                     : decode_load_codes<false>(p, n, k0, valid);
+}
+__device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, std::int64_t n,
+                                                         std::int64_t k0, int valid) {
+  return (p.flags & kGemmTransposed) ? load_scales_raw<true>(p, n, k0, valid)
+                                     : load_scales_raw<false>(p, n, k0, valid);
 }
 
 // Scale h (0: the first 16 K, 1: the second) of raw codes from load_scales_raw, as FP32.
@@ -117,16 +136,38 @@ __device__ __forceinline__ int decode_valid(std::int64_t kb, std::int64_t k_end,
 
 // Lane (g, t)'s weights of the K block at kb, for the 32 rows from n0. Outside [k_begin, k_end)
 // or N the codes and the scale codes read as 0, so a NaN scale outside K cannot leak in.
+// `interior`: the block's 32 rows lie inside N, this K block inside the slice, and K is a
+// multiple of 32 (16-byte code runs, even NVFP4 scale pairs), so the row-major loads need no
+// checks at all: two loads per row, as the HBM stream wants.
+template <bool kTr>
 __device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmParams& p,
                                                     std::int64_t n0, std::int64_t kb,
-                                                    std::int64_t k_end, int g, int t) {
+                                                    std::int64_t k_end, int g, int t,
+                                                    bool interior) {
   const std::int64_t k0 = kb + 32 * t;
+  if constexpr (!kTr) {
+    if (interior) {
+      const bool mx = p.flags & kGemmMxfp4;
+      const std::int64_t row_bytes = p.k / 2, groups = mx ? p.k / 32 : p.k / 16;
+      const std::int64_t n = n0 + g, g0 = mx ? k0 / 32 : k0 / 16;
+      const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes) + n * row_bytes + k0 / 2;
+      const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales) + n * groups + g0;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        f.codes[r] = ptx::ldg16(codes + 8 * r * row_bytes);
+        f.scale[r] =
+            mx ? std::uint32_t{__ldg(sc + 8 * r * groups)}
+               : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc + 8 * r * groups))};
+      }
+      return;
+    }
+  }
   const int valid = decode_valid(kb, k_end, t);
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const std::int64_t n = n0 + g + 8 * r;
-    f.codes[r] = decode_load_codes(p, n, k0, valid);
-    f.scale[r] = load_scales_raw(p, n, k0, valid);
+    f.codes[r] = decode_load_codes<kTr>(p, n, k0, valid);
+    f.scale[r] = load_scales_raw<kTr>(p, n, k0, valid);
   }
 }
 
@@ -154,8 +195,8 @@ __device__ __forceinline__ void decode_load_acts(DecodeActs<MT>& f, const GemmPa
 __device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-__device__ __forceinline__ std::uint32_t byte_of(const uint4& v, int i) {
-  return (word_of(v, i / 4) >> (8 * (i % 4))) & 0xFFu;
+__device__ __forceinline__ std::uint32_t halfword_of(const uint4& v, int i) {
+  return (word_of(v, i / 2) >> (16 * (i % 2))) & 0xFFFFu;
 }
 __device__ __forceinline__ uint4 chunk_of(const uint4 (&v)[4], int i) {
   return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
@@ -174,29 +215,39 @@ __device__ __forceinline__ void decode_quad(std::uint32_t codes16, std::uint32_t
 // The 8 MMA steps of one K block into acc[row tile][activation tile].
 template <int MT>
 __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][MT][4],
-                                           const DecodeCodes& f, const DecodeActs<MT>& x4) {
-  // Each row's two scales as BF16 pairs, once per K block.
+                                           const DecodeCodes& f, const DecodeActs<MT>& x4,
+                                           const std::uint32_t* scale_pairs) {
+  // Each row's two scales as BF16 pairs, once per K block, from the block's table (a shared
+  // load instead of a conversion's two dozen instructions).
+  const bool mx = p.flags & kGemmMxfp4;
   std::uint32_t sp[4][2];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sp[r][h] = num::bf16_pair_of(scale_of_raw(p, f.scale[r], h));
+    for (int h = 0; h < 2; ++h) {
+      sp[r][h] = scale_pairs[(h && !mx ? f.scale[r] >> 8 : f.scale[r]) & 0xFFu];
+    }
   }
-  // Two steps at a time: fully unrolled, the compiler hoists every conversion ahead of the MMAs
-  // and runs out of registers.
-#pragma unroll 2
+  // Fully unrolled, so every byte, word and scale index below is a constant and selects
+  // nothing at run time (unrolled by 2 instead, each index was a chain of compares and selects,
+  // most of the kernel's instructions: an H200 run at 10% of its bandwidth, docs/GPU.md).
+#pragma unroll
   for (int s = 0; s < 8; ++s) {
     // The lane's bytes for j = 0, 1 and j = 2, 3 of step s, its activation words for the same,
     // and the scale group: the index math host tests check (tile_math.h).
-    const int byte01 = tl::decode_code_byte(s, 0), byte23 = tl::decode_code_byte(s, 2);
+    const int byte01 = tl::decode_code_byte(s, 0);
     const int word01 = tl::decode_act_word(s, 0), word23 = tl::decode_act_word(s, 2);
     const bool second = tl::decode_group(s) != 0;
 #pragma unroll
     for (int rt = 0; rt < 2; ++rt) {
       const uint4& lo_row = f.codes[2 * rt];      // row g (+16 rt)
       const uint4& hi_row = f.codes[2 * rt + 1];  // row g + 8 (+16 rt)
-      const std::uint32_t lo_codes = byte_of(lo_row, byte01) | byte_of(lo_row, byte23) << 8;
-      const std::uint32_t hi_codes = byte_of(hi_row, byte01) | byte_of(hi_row, byte23) << 8;
+      // Bytes byte01 (even) and byte01 + 1 hold j = 0..3 (tile_math_test): one half-word.
+      std::uint32_t lo_codes = halfword_of(lo_row, byte01 / 2);
+      std::uint32_t hi_codes = halfword_of(hi_row, byte01 / 2);
+      // Converted here, after the previous step's MMA, not all hoisted to the top.
+      ptx::pin(lo_codes);
+      ptx::pin(hi_codes);
       // Fragment registers: (row g, j = 0,1), (row g + 8, j = 0,1), (g, j = 2,3), (g + 8, 2,3).
       std::uint32_t a[4];
       decode_quad(lo_codes, second ? sp[2 * rt][1] : sp[2 * rt][0], &a[0], &a[2]);
@@ -211,33 +262,45 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
 }
 
 // Rows m0 .. m0 + 8 MT - 1 of the block's 32 columns over K slice [k_begin, k_end).
-template <int MT>
+template <int MT, bool kTr>
 __device__ void decode_rows(const GemmParams& p, std::int64_t n0, std::int64_t m0,
                             std::int64_t k_begin, std::int64_t k_end,
-                            float (*red)[tl::kDecodeNTile][tl::kDecodeMaxM]) {
+                            float (*red)[tl::kDecodeNTile][tl::kDecodeMaxM],
+                            const std::uint32_t* scale_pairs) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   float acc[2][MT][4] = {};
   std::int64_t kb = k_begin + std::int64_t{warp} * tl::kDecodeKBlock;
   constexpr std::int64_t kStride = std::int64_t{tl::kDecodeWarps} * tl::kDecodeKBlock;
-  // Three register sets of weights in rotation: while one K block multiplies, the next two are
-  // in flight from HBM (about 4 KiB per warp). Unrolled by three so the sets trade roles by
-  // name: a register copy would wait for the load it copies.
+  // Register sets of weights in rotation: while one K block multiplies, the others are in
+  // flight from HBM (three sets, about 4 KiB per warp, for the row-major layout; two for the
+  // transposed one, whose byte gathers need the registers the third would take). The sets trade
+  // roles by constant index in an unrolled loop: a register copy would wait for the load it
+  // copies.
+  constexpr int kSets = kTr ? 2 : 3;
+  const bool rows_inside = n0 + tl::kDecodeNTile <= p.n && p.k % 32 == 0;
+  const auto load = [&](DecodeCodes& into, std::int64_t at) {
+    decode_load_weights<kTr>(into, p, n0, at, k_end, g, t,
+                             rows_inside && at + tl::kDecodeKBlock <= k_end);
+  };
   const auto step = [&](std::int64_t at, const DecodeCodes& ready, DecodeCodes& fill) {
-    const std::int64_t ahead = at + 2 * kStride;
-    if (ahead < k_end) decode_load_weights(fill, p, n0, ahead, k_end, g, t);
+    const std::int64_t ahead = at + (kSets - 1) * kStride;
+    if (ahead < k_end) load(fill, ahead);
     DecodeActs<MT> acts;
     decode_load_acts(acts, p, m0, at, k_end, g, t);
-    decode_mma<MT>(p, acc, ready, acts);
+    decode_mma<MT>(p, acc, ready, acts, scale_pairs);
   };
-  DecodeCodes w0, w1, w2;
-  if (kb < k_end) decode_load_weights(w0, p, n0, kb, k_end, g, t);
-  if (kb + kStride < k_end) decode_load_weights(w1, p, n0, kb + kStride, k_end, g, t);
+  DecodeCodes w[kSets];
+#pragma unroll
+  for (int i = 0; i + 1 < kSets; ++i) {
+    if (kb + i * kStride < k_end) load(w[i], kb + i * kStride);
+  }
 #pragma unroll 1
-  for (; kb < k_end; kb += 3 * kStride) {
-    step(kb, w0, w2);
-    if (kb + kStride < k_end) step(kb + kStride, w1, w0);
-    if (kb + 2 * kStride < k_end) step(kb + 2 * kStride, w2, w1);
+  for (; kb < k_end; kb += kSets * kStride) {
+#pragma unroll
+    for (int i = 0; i < kSets; ++i) {
+      if (kb + i * kStride < k_end) step(kb + i * kStride, w[i], w[(i + kSets - 1) % kSets]);
+    }
   }
 #pragma unroll
   for (int rt = 0; rt < 2; ++rt) {
@@ -264,18 +327,35 @@ __device__ void decode_rows(const GemmParams& p, std::int64_t n0, std::int64_t m
   __syncthreads();  // red is reused by the next rows
 }
 
-__device__ void decode_block(const GemmParams& p) {
-  __shared__ float red[tl::kDecodeWarps][tl::kDecodeNTile][tl::kDecodeMaxM];
+template <bool kTr>
+__device__ void decode_block_of(const GemmParams& p,
+                                float (*red)[tl::kDecodeNTile][tl::kDecodeMaxM],
+                                const std::uint32_t* scale_pairs) {
   const std::int64_t n0 = std::int64_t{blockIdx.x} * tl::kDecodeNTile;
   std::int64_t k_begin = 0, k_end = p.k;
   if (p.splits > 1) tl::split_k_range(p.k, p.k_per_split, blockIdx.z, &k_begin, &k_end);
   // M beyond 16 (a caller forcing this route) repeats the weights once per 16 rows.
   for (std::int64_t m0 = 0; m0 < p.m; m0 += tl::kDecodeMaxM) {
     if (p.m - m0 <= 8) {
-      decode_rows<1>(p, n0, m0, k_begin, k_end, red);
+      decode_rows<1, kTr>(p, n0, m0, k_begin, k_end, red, scale_pairs);
     } else {
-      decode_rows<2>(p, n0, m0, k_begin, k_end, red);
+      decode_rows<2, kTr>(p, n0, m0, k_begin, k_end, red, scale_pairs);
     }
+  }
+}
+
+__device__ void decode_block(const GemmParams& p) {
+  __shared__ float red[tl::kDecodeWarps][tl::kDecodeNTile][tl::kDecodeMaxM];
+  // Every scale code's BF16 pair (s, s), made by the same exact conversion as before; one
+  // entry a thread.
+  static_assert(tl::kDecodeThreads == 256, "one scale code a thread");
+  __shared__ std::uint32_t scale_pairs[256];
+  scale_pairs[threadIdx.x] = num::bf16_pair_of(scale_of_raw(p, threadIdx.x, 0));
+  __syncthreads();
+  if (p.flags & kGemmTransposed) {
+    decode_block_of<true>(p, red, scale_pairs);
+  } else {
+    decode_block_of<false>(p, red, scale_pairs);
   }
 }
 

@@ -52,6 +52,13 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Ties x to this point of the program (it emits nothing): work that uses x cannot be hoisted
+// above the volatile asm (a load, an MMA) that precedes it, which bounds how many steps of an
+// unrolled loop the compiler keeps live at once.
+__device__ __forceinline__ void pin(std::uint32_t& x) {
+  asm volatile("" : "+r"(x));
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define METRALE_HAVE_WGMMA 1
 
