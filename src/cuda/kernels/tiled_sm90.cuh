@@ -27,18 +27,26 @@ struct TiledCodes {
   std::uint32_t scales;
 };
 
+// The general (checked) load of a thread's 32 codes and their raw scales; the layout is a
+// template parameter so the row-major loop carries none of the transposed path's byte gathers.
+// Whole interior tiles take the unchecked loads in tiled_block_of instead.
+template <bool kTr>
 __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
-                                                 std::int64_t k0) {
+                                                 std::int64_t k0, bool) {
   const int valid = decode_valid(k0, p.k, 0);
-  c.codes = decode_load_codes(p, n, k0, valid);
-  c.scales = load_scales_raw(p, n, k0, valid);
+  c.codes = decode_load_codes<kTr>(p, n, k0, valid);
+  c.scales = load_scales_raw<kTr>(p, n, k0, valid);
 }
 
 // 32 BF16 weights (4 chunks of 16 bytes) into row `row`, chunks 4 half .. 4 half + 3.
 __device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned char* tile, int row,
-                                                  int half, const TiledCodes& c) {
-  const std::uint32_t pair[2] = {num::bf16_pair_of(scale_of_raw(p, c.scales, 0)),
-                                 num::bf16_pair_of(scale_of_raw(p, c.scales, 1))};
+                                                  int half, const TiledCodes& c,
+                                                  const std::uint32_t* scale_pairs) {
+  // The two scales as BF16 pairs from the block's table (decode.cuh's decode_block fills the
+  // same table the same way).
+  const bool mx = p.flags & kGemmMxfp4;
+  const std::uint32_t pair[2] = {scale_pairs[c.scales & 0xFFu],
+                                 scale_pairs[(mx ? c.scales : c.scales >> 8) & 0xFFu]};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const std::uint32_t w = word_of(c.codes, q);  // 8 codes; a group is 16
@@ -52,23 +60,25 @@ __device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned 
 }
 
 // cp.async of A's 128 x 64 stage tile: 1024 chunks of 8 BF16, 4 per thread; rows past M and K
-// past the end are zero-filled.
+// past the end are zero-filled (`interior`: the whole tile is inside, no checks).
 __device__ __forceinline__ void tiled_load_a(const GemmParams& p, std::uint32_t tile,
-                                             std::int64_t m_block, std::int64_t k0) {
+                                             std::int64_t m_block, std::int64_t k0, bool interior) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(p.a);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c = threadIdx.x + tiles::kTiledThreads * i;
     const int row = c / 8, ch = c % 8;
     const std::int64_t m = m_block + row, k = k0 + 8 * ch;
-    const bool in = m < p.m && k < p.k;  // K is a multiple of 16: a chunk is all in or all out
+    // K is a multiple of 16: a chunk is all in or all out.
+    const bool in = interior || (m < p.m && k < p.k);
     ptx::cp_async16(tile + tiles::swizzle128(static_cast<std::uint32_t>(row),
                                              static_cast<std::uint32_t>(16 * ch)),
                     in ? a + m * p.k + k : a, in ? 16 : 0);
   }
 }
 
-__device__ void tiled_block_sm90(const GemmParams& p) {
+template <bool kTr>
+__device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_pairs) {
   namespace tl = metrale::tiles;
   extern __shared__ unsigned char smem_raw[];
   // wgmma's swizzle is a function of the address: stages start on 1024-byte boundaries.
@@ -92,17 +102,51 @@ __device__ void tiled_block_sm90(const GemmParams& p) {
 
   // Stage s's loads: A by cp.async (one commit group per stage, empty past K so the group count
   // stays uniform), the codes into registers.
+  // Whole tiles inside M, N and K take the unchecked loads (a block's flags are uniform).
+  const bool k_whole = p.k % tl::kTiledKStage == 0;
+  const bool a_inside = k_whole && m_block + tl::kTiledMTile <= p.m;
+  const bool b_inside = k_whole && n_block + tl::kTiledNTile <= p.n;
+  // The interior loads' addresses, computed once: each thread's 4 chunks of A (source row and
+  // swizzled destination) and its row of codes and scales; a stage adds only its K offset.
+  const bool mx = p.flags & kGemmMxfp4;
+  const std::uint16_t* a_src[4];
+  std::uint32_t a_dst[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = threadIdx.x + tl::kTiledThreads * i, row = c / 8, ch = c % 8;
+    a_src[i] = reinterpret_cast<const std::uint16_t*>(p.a) + (m_block + row) * p.k + 8 * ch;
+    a_dst[i] = tl::swizzle128(static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(16 * ch));
+  }
+  const std::int64_t b_n = n_block + b_row;
+  const std::uint8_t* code_src =
+      reinterpret_cast<const std::uint8_t*>(p.codes) + b_n * (p.k / 2) + 16 * b_half;
+  const std::uint8_t* scale_src = reinterpret_cast<const std::uint8_t*>(p.scales) +
+                                  b_n * (mx ? p.k / 32 : p.k / 16) + (mx ? b_half : 2 * b_half);
   const auto load = [&](std::int64_t kt, TiledCodes& codes) {
     if (kt < k_tiles) {
       const std::int64_t k0 = kt * tl::kTiledKStage;
-      tiled_load_a(p, a_tile(static_cast<int>(kt % tl::kTiledStages)), m_block, k0);
-      tiled_load_codes(codes, p, n_block + b_row, k0 + 32 * b_half);
+      const std::uint32_t at = a_tile(static_cast<int>(kt % tl::kTiledStages));
+      if (a_inside) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ptx::cp_async16(at + a_dst[i], a_src[i] + k0, 16);
+      } else {
+        tiled_load_a(p, at, m_block, k0, false);
+      }
+      if (!kTr && b_inside) {
+        codes.codes = ptx::ldg16(code_src + k0 / 2);
+        const std::uint8_t* sc = scale_src + (mx ? k0 / 32 : k0 / 16);
+        codes.scales = mx ? std::uint32_t{__ldg(sc)}
+                          : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
+      } else {
+        tiled_load_codes<kTr>(codes, p, b_n, k0 + 32 * b_half, false);
+      }
     }
     ptx::cp_async_commit();
   };
   const auto store = [&](std::int64_t kt, const TiledCodes& codes) {
     if (kt < k_tiles) {
-      tiled_store_codes(p, b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes);
+      tiled_store_codes(p, b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes,
+                        scale_pairs);
     }
   };
 
@@ -154,6 +198,19 @@ __device__ void tiled_block_sm90(const GemmParams& p) {
   for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
 
   store_wgmma_acc(p, acc, m_block + 64 * wg, n_block, wtid);
+}
+
+__device__ void tiled_block_sm90(const GemmParams& p) {
+  // Every scale code's BF16 pair, one entry a thread, as in decode_block.
+  static_assert(tiles::kTiledThreads == 256, "one scale code a thread");
+  __shared__ std::uint32_t scale_pairs[256];
+  scale_pairs[threadIdx.x] = num::bf16_pair_of(scale_of_raw(p, threadIdx.x, 0));
+  __syncthreads();
+  if (p.flags & kGemmTransposed) {
+    tiled_block_of<true>(p, scale_pairs);
+  } else {
+    tiled_block_of<false>(p, scale_pairs);
+  }
 }
 
 #endif  // METRALE_HAVE_WGMMA
