@@ -80,11 +80,13 @@ METRALE_HD void split_k_range(std::int64_t k, std::int64_t k_per_split, std::int
   *end = e < k ? e : k;
 }
 
-// ---- prefill (wgmma, sm_90a): 128x128 block tiles of BF16, 64 K per stage, 4 stages ----
+// ---- prefill (wgmma, sm_90a): 128x256 block tiles of BF16, 64 K per stage, 4 stages ----
 
 inline constexpr int kTiledThreads = 256;  // two warpgroups, 64 rows of M each
 inline constexpr int kTiledMTile = 128;
-inline constexpr int kTiledNTile = 128;
+inline constexpr int kTiledNTile = 256;  // m64n256 per warpgroup
+// Runs of 32 codes (half a stage row of W) each thread loads and dequantizes per stage.
+inline constexpr int kTiledBRunsPerThread = kTiledNTile * 2 / kTiledThreads;
 inline constexpr int kTiledKStage = 64;  // BF16: one 128-byte swizzled row per M or N
 // Four buffers: stage k is multiplied while k - 1's MMAs may still run, k + 1's weights are
 // stored and k + 2's loads are in flight.

@@ -185,7 +185,7 @@ void expect_wgmma_cover(int n) {
 }
 
 TEST(WgmmaFragments, CoverTheTileOnceForBothKernelShapes) {
-  expect_wgmma_cover(kTiledNTile);  // m64n128 (BF16)
+  expect_wgmma_cover(kTiledNTile);  // m64n256 (BF16)
   expect_wgmma_cover(kE4m3NTile);   // m64n64 (E4M3)
   // Warp 1, lane 5 (g = 1, t = 1): rows 17 and 25, columns 2, 3, then 10, 11, ...
   EXPECT_EQ(wgmma_acc_row(37, 0), 17);
@@ -370,8 +370,10 @@ TEST(TiledEmulation, TheWeightTileWgmmaReadsIsTheDequantizedWeights) {
   std::mt19937_64 gen(std::random_device{}());
   const Operands o = random_operands(kTiledNTile, kTiledKStage, 1, gen);
   std::vector<std::uint8_t> smem(kTiledNTile * 128, 0xEE);
-  for (int tid = 0; tid < kTiledThreads; ++tid) {
-    const int row = tid / 2, half = tid % 2;
+  // Run c = tid + kTiledThreads·i (i < kTiledBRunsPerThread) is half c % 2 of row c / 2.
+  ASSERT_EQ(kTiledThreads * kTiledBRunsPerThread, 2 * kTiledNTile);
+  for (int c = 0; c < kTiledThreads * kTiledBRunsPerThread; ++c) {
+    const int row = c / 2, half = c % 2;
     const std::uint8_t* mine = &o.codes[static_cast<std::size_t>(row * o.k / 2 + 16 * half)];
     for (int q = 0; q < 4; ++q) {
       const std::uint32_t pair = num::bf16_pair_of(

@@ -86,20 +86,28 @@ __device__ __forceinline__ void fence_regs(float& r) {
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// D (64x128 FP32 per warpgroup) = A · B (+ D when accumulate): BF16 operands in shared memory,
+// D (64x256 FP32 per warpgroup) = A · B (+ D when accumulate): BF16 operands in shared memory,
 // both K-major, 16 K.
-__device__ __forceinline__ void wgmma_bf16_m64n128k16(float (&d)[64], std::uint64_t desc_a,
+__device__ __forceinline__ void wgmma_bf16_m64n256k16(float (&d)[128], std::uint64_t desc_a,
                                                       std::uint64_t desc_b, int accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127}, "
+      "%128, %129, p, 1, 1, 0, 0;\n}\n"
       : METRALE_ACC8(0), METRALE_ACC8(8), METRALE_ACC8(16), METRALE_ACC8(24), METRALE_ACC8(32),
-        METRALE_ACC8(40), METRALE_ACC8(48), METRALE_ACC8(56)
+        METRALE_ACC8(40), METRALE_ACC8(48), METRALE_ACC8(56), METRALE_ACC8(64), METRALE_ACC8(72),
+        METRALE_ACC8(80), METRALE_ACC8(88), METRALE_ACC8(96), METRALE_ACC8(104), METRALE_ACC8(112),
+        METRALE_ACC8(120)
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 

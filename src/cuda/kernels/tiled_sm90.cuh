@@ -1,11 +1,12 @@
 // The prefill GEMM on Hopper tensor cores (wgmma, HGMMA in SASS), sm_90a only. A block computes
-// a 128x128 tile of C with two warpgroups of 64 rows each. Per 64-K stage, A arrives by cp.async
-// into a 128-byte-swizzled K-major tile; the weights' codes are loaded into registers while the
-// previous stage multiplies, dequantized with the block scale folded into the BF16 value (exact)
-// and stored into the same swizzled layout, so wgmma reads both operands straight from shared
-// memory. Four stages, as CUTLASS's multistage wgmma mainloop: while stage k multiplies, the MMAs
-// of k - 1 may still run, the weights of k + 1 (loaded during k - 1) are dequantized into shared
-// memory, and the loads of k + 2 are in flight.
+// a 128x256 tile of C with two warpgroups of 64 rows each (m64n256: the wide tile halves the
+// shared-memory traffic of A per FLOP and spreads a stage's fixed costs over twice the MMAs). Per
+// 64-K stage, A arrives by cp.async into a 128-byte-swizzled K-major tile; the weights' codes are
+// loaded into registers while the previous stage multiplies, dequantized with the block scale
+// folded into the BF16 value (exact) and stored into the same swizzled layout, so wgmma reads both
+// operands straight from shared memory. Four stages, as CUTLASS's multistage wgmma mainloop: while
+// stage k multiplies, the MMAs of k - 1 may still run, the weights of k + 1 (loaded during k - 1)
+// are dequantized into shared memory, and the loads of k + 2 are in flight.
 #pragma once
 
 #include <cstdint>
@@ -93,12 +94,22 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
   const int wg = threadIdx.x / 128, wtid = threadIdx.x % 128;
   const std::int64_t m_block = std::int64_t{blockIdx.y} * tl::kTiledMTile;
   const std::int64_t n_block = std::int64_t{blockIdx.x} * tl::kTiledNTile;
-  const int b_row = threadIdx.x / 2, b_half = threadIdx.x % 2;
+  // Each thread dequantizes kRuns runs of 32 codes a stage: run c = tid + 256 i is half c % 2 of
+  // weight row c / 2, so neighbouring threads read neighbouring 16 bytes.
+  constexpr int kRuns = tl::kTiledBRunsPerThread;
+  int b_row[kRuns], b_half[kRuns];
+#pragma unroll
+  for (int i = 0; i < kRuns; ++i) {
+    const int c = threadIdx.x + tl::kTiledThreads * i;
+    b_row[i] = c / 2;
+    b_half[i] = c % 2;
+  }
   const std::int64_t k_tiles = (p.k + tl::kTiledKStage - 1) / tl::kTiledKStage;
 
-  float acc[64];
+  constexpr int kAcc = tl::kTiledNTile / 2;  // m64nN: N / 2 FP32 registers a thread
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
   // Stage s's loads: A by cp.async (one commit group per stage, empty past K so the group count
   // stays uniform), the codes into registers.
@@ -117,12 +128,16 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
     a_src[i] = reinterpret_cast<const std::uint16_t*>(p.a) + (m_block + row) * p.k + 8 * ch;
     a_dst[i] = tl::swizzle128(static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(16 * ch));
   }
-  const std::int64_t b_n = n_block + b_row;
-  const std::uint8_t* code_src =
-      reinterpret_cast<const std::uint8_t*>(p.codes) + b_n * (p.k / 2) + 16 * b_half;
-  const std::uint8_t* scale_src = reinterpret_cast<const std::uint8_t*>(p.scales) +
-                                  b_n * (mx ? p.k / 32 : p.k / 16) + (mx ? b_half : 2 * b_half);
-  const auto load = [&](std::int64_t kt, TiledCodes& codes) {
+  const std::uint8_t* code_src[kRuns];
+  const std::uint8_t* scale_src[kRuns];
+#pragma unroll
+  for (int i = 0; i < kRuns; ++i) {
+    const std::int64_t n = n_block + b_row[i];
+    code_src[i] = reinterpret_cast<const std::uint8_t*>(p.codes) + n * (p.k / 2) + 16 * b_half[i];
+    scale_src[i] = reinterpret_cast<const std::uint8_t*>(p.scales) +
+                   n * (mx ? p.k / 32 : p.k / 16) + (mx ? b_half[i] : 2 * b_half[i]);
+  }
+  const auto load = [&](std::int64_t kt, TiledCodes(&codes)[kRuns]) {
     if (kt < k_tiles) {
       const std::int64_t k0 = kt * tl::kTiledKStage;
       const std::uint32_t at = a_tile(static_cast<int>(kt % tl::kTiledStages));
@@ -132,28 +147,35 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
       } else {
         tiled_load_a(p, at, m_block, k0, false);
       }
-      if (!kTr && b_inside) {
-        codes.codes = ptx::ldg16(code_src + k0 / 2);
-        const std::uint8_t* sc = scale_src + (mx ? k0 / 32 : k0 / 16);
-        codes.scales = mx ? std::uint32_t{__ldg(sc)}
-                          : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
-      } else {
-        tiled_load_codes<kTr>(codes, p, b_n, k0 + 32 * b_half, false);
+#pragma unroll
+      for (int i = 0; i < kRuns; ++i) {
+        if (!kTr && b_inside) {
+          codes[i].codes = ptx::ldg16(code_src[i] + k0 / 2);
+          const std::uint8_t* sc = scale_src[i] + (mx ? k0 / 32 : k0 / 16);
+          codes[i].scales = mx ? std::uint32_t{__ldg(sc)}
+                               : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
+        } else {
+          tiled_load_codes<kTr>(codes[i], p, n_block + b_row[i], k0 + 32 * b_half[i], false);
+        }
       }
     }
     ptx::cp_async_commit();
   };
-  const auto store = [&](std::int64_t kt, const TiledCodes& codes) {
+  const auto store = [&](std::int64_t kt, const TiledCodes(&codes)[kRuns]) {
     if (kt < k_tiles) {
-      tiled_store_codes(p, b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row, b_half, codes,
-                        scale_pairs);
+#pragma unroll
+      for (int i = 0; i < kRuns; ++i) {
+        tiled_store_codes(p, b_tile(static_cast<int>(kt % tl::kTiledStages)), b_row[i], b_half[i],
+                          codes[i], scale_pairs);
+      }
     }
   };
 
   static_assert(tl::kTiledPrefetch == 2 && tl::kTiledStages >= tl::kTiledPrefetch + 2);
   // One iteration: multiply stage kt, store the weights of kt + 1 (`ready`, loaded during the
   // previous iteration) and start the loads of kt + 2 into `fill`.
-  const auto step = [&](std::int64_t kt, const TiledCodes& ready, TiledCodes& fill) {
+  const auto step = [&](std::int64_t kt, const TiledCodes(&ready)[kRuns],
+                        TiledCodes(&fill)[kRuns]) {
     // Stage kt's A has landed (one group, kt + 1's, may still be in flight) and its weights were
     // stored last iteration; the fence and barrier hand both to the async proxy.
     ptx::cp_async_wait<tl::kTiledPrefetch - 1>();
@@ -166,17 +188,17 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
     const int cs = static_cast<int>(kt % tl::kTiledStages);
     const std::uint32_t a_wg = a_tile(cs) + static_cast<std::uint32_t>(wg) * 64u * 128u;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+    for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < tl::kTiledKStage / 16; ++kk) {
       // 16 K of BF16 is 32 bytes along the swizzled row.
-      ptx::wgmma_bf16_m64n128k16(acc, tl::wgmma_desc_sw128(a_wg + 32u * kk),
+      ptx::wgmma_bf16_m64n256k16(acc, tl::wgmma_desc_sw128(a_wg + 32u * kk),
                                  tl::wgmma_desc_sw128(b_addr(cs) + 32u * kk), 1);
     }
     ptx::wgmma_commit();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+    for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
     // Stage kt + 1's weights while the MMAs run; its buffer was last read by the MMAs of
     // kt - 3, long finished.
     store(kt + 1, ready);
@@ -184,7 +206,7 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
   };
 
   // Two register sets trade roles every iteration (unrolled by two, so no copy waits on a load).
-  TiledCodes even, odd;
+  TiledCodes even[kRuns], odd[kRuns];
   load(0, even);
   store(0, even);
   load(1, odd);
@@ -195,7 +217,7 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
   }
   ptx::wgmma_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 64; ++i) ptx::fence_regs(acc[i]);
+  for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
 
   store_wgmma_acc(p, acc, m_block + 64 * wg, n_block, wtid);
 }
