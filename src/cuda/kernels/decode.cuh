@@ -108,23 +108,31 @@ __device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, st
   return v;
 }
 
-// The same two with the layout read from p at run time (the tiled kernel's staging).
-__device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int64_t n,
-                                                   std::int64_t k0, int valid) {
-  return (p.flags & kGemmTransposed) ? decode_load_codes<true>(p, n, k0, valid)
-                                     : decode_load_codes<false>(p, n, k0, valid);
-}
-__device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, std::int64_t n,
-                                                         std::int64_t k0, int valid) {
-  return (p.flags & kGemmTransposed) ? load_scales_raw<true>(p, n, k0, valid)
-                                     : load_scales_raw<false>(p, n, k0, valid);
+// A row-major run's raw scale codes with no checks (an interior run, K a multiple of 32): the
+// NVFP4 pair in one aligned 16-bit load, the MXFP4 code in one byte; as load_scales_raw packs
+// them.
+__device__ __forceinline__ std::uint32_t ldg_scales_raw(const std::uint8_t* sc, bool mx) {
+  return mx ? std::uint32_t{__ldg(sc)}
+            : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
 }
 
-// Scale h (0: the first 16 K, 1: the second) of raw codes from load_scales_raw, as FP32.
-__device__ __forceinline__ float scale_of_raw(const GemmParams& p, std::uint32_t raw, int h) {
+// Fills table[code] with every scale code's BF16 pair (s, s), one entry a thread of a 256-thread
+// block, and waits for the whole table: the kernels read scales from it instead of converting
+// (the conversion is exact, numerics.h).
+__device__ __forceinline__ void fill_scale_pairs(const GemmParams& p, std::uint32_t* table) {
+  const auto code = static_cast<std::uint8_t>(threadIdx.x);
+  table[threadIdx.x] =
+      num::bf16_pair_of((p.flags & kGemmMxfp4) ? num::e8m0_to_f32(code) : num::e4m3_to_f32(code));
+  __syncthreads();
+}
+
+// Scale h (0: the first 16 K, 1: the second) of raw codes from load_scales_raw, as its table
+// entry.
+__device__ __forceinline__ std::uint32_t scale_pair_of_raw(const GemmParams& p,
+                                                           const std::uint32_t* table,
+                                                           std::uint32_t raw, int h) {
   const bool mx = p.flags & kGemmMxfp4;
-  const auto v = static_cast<std::uint8_t>(h && !mx ? raw >> 8 : raw);
-  return mx ? num::e8m0_to_f32(v) : num::e4m3_to_f32(v);
+  return table[(h && !mx ? raw >> 8 : raw) & 0xFFu];
 }
 
 // The number of lane t's 32 K from kb that lie before k_end: 0, 16 or 32 (K is a multiple of
@@ -155,9 +163,7 @@ __device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmPa
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         f.codes[r] = ptx::ldg16(codes + 8 * r * row_bytes);
-        f.scale[r] =
-            mx ? std::uint32_t{__ldg(sc + 8 * r * groups)}
-               : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc + 8 * r * groups))};
+        f.scale[r] = ldg_scales_raw(sc + 8 * r * groups, mx);
       }
       return;
     }
@@ -219,14 +225,11 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
                                            const std::uint32_t* scale_pairs) {
   // Each row's two scales as BF16 pairs, once per K block, from the block's table (a shared
   // load instead of a conversion's two dozen instructions).
-  const bool mx = p.flags & kGemmMxfp4;
   std::uint32_t sp[4][2];
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sp[r][h] = scale_pairs[(h && !mx ? f.scale[r] >> 8 : f.scale[r]) & 0xFFu];
-    }
+    for (int h = 0; h < 2; ++h) sp[r][h] = scale_pair_of_raw(p, scale_pairs, f.scale[r], h);
   }
   // Fully unrolled, so every byte, word and scale index below is a constant and selects
   // nothing at run time (unrolled by 2 instead, each index was a chain of compares and selects,
@@ -346,12 +349,9 @@ __device__ void decode_block_of(const GemmParams& p,
 
 __device__ void decode_block(const GemmParams& p) {
   __shared__ float red[tl::kDecodeWarps][tl::kDecodeNTile][tl::kDecodeMaxM];
-  // Every scale code's BF16 pair (s, s), made by the same exact conversion as before; one
-  // entry a thread.
   static_assert(tl::kDecodeThreads == 256, "one scale code a thread");
   __shared__ std::uint32_t scale_pairs[256];
-  scale_pairs[threadIdx.x] = num::bf16_pair_of(scale_of_raw(p, threadIdx.x, 0));
-  __syncthreads();
+  fill_scale_pairs(p, scale_pairs);
   if (p.flags & kGemmTransposed) {
     decode_block_of<true>(p, red, scale_pairs);
   } else {

@@ -92,4 +92,11 @@ __device__ void column(const GemmParams& p, std::int64_t n, unsigned lane) {
   }
 }
 
+// The block's share: warp w of block b takes column b·kWarps + w.
+template <bool E4M3>
+__device__ void block(const GemmParams& p) {
+  const std::int64_t n = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (n < p.n) column<E4M3>(p, n, threadIdx.x % 32);
+}
+
 }  // namespace metrale::kernels::simple

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // decode_load_codes, load_scales_raw, decode_valid, decode_quad
+#include "decode.cuh"  // the code and scale loads, the scale table, decode_quad
 #include "epilogue.cuh"
 #include "metrale/gemm_params.h"
 #include "metrale/tile_math.h"
@@ -33,7 +33,7 @@ struct TiledCodes {
 // Whole interior tiles take the unchecked loads in tiled_block_of instead.
 template <bool kTr>
 __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
-                                                 std::int64_t k0, bool) {
+                                                 std::int64_t k0) {
   const int valid = decode_valid(k0, p.k, 0);
   c.codes = decode_load_codes<kTr>(p, n, k0, valid);
   c.scales = load_scales_raw<kTr>(p, n, k0, valid);
@@ -43,11 +43,9 @@ __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams
 __device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned char* tile, int row,
                                                   int half, const TiledCodes& c,
                                                   const std::uint32_t* scale_pairs) {
-  // The two scales as BF16 pairs from the block's table (decode.cuh's decode_block fills the
-  // same table the same way).
-  const bool mx = p.flags & kGemmMxfp4;
-  const std::uint32_t pair[2] = {scale_pairs[c.scales & 0xFFu],
-                                 scale_pairs[(mx ? c.scales : c.scales >> 8) & 0xFFu]};
+  // The two scales as BF16 pairs from the block's table (fill_scale_pairs).
+  const std::uint32_t pair[2] = {scale_pair_of_raw(p, scale_pairs, c.scales, 0),
+                                 scale_pair_of_raw(p, scale_pairs, c.scales, 1)};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const std::uint32_t w = word_of(c.codes, q);  // 8 codes; a group is 16
@@ -61,9 +59,10 @@ __device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned 
 }
 
 // cp.async of A's 128 x 64 stage tile: 1024 chunks of 8 BF16, 4 per thread; rows past M and K
-// past the end are zero-filled (`interior`: the whole tile is inside, no checks).
+// past the end are zero-filled. (Whole interior tiles take the unchecked loads in
+// tiled_block_of.)
 __device__ __forceinline__ void tiled_load_a(const GemmParams& p, std::uint32_t tile,
-                                             std::int64_t m_block, std::int64_t k0, bool interior) {
+                                             std::int64_t m_block, std::int64_t k0) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(p.a);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -71,7 +70,7 @@ __device__ __forceinline__ void tiled_load_a(const GemmParams& p, std::uint32_t 
     const int row = c / 8, ch = c % 8;
     const std::int64_t m = m_block + row, k = k0 + 8 * ch;
     // K is a multiple of 16: a chunk is all in or all out.
-    const bool in = interior || (m < p.m && k < p.k);
+    const bool in = m < p.m && k < p.k;
     ptx::cp_async16(tile + tiles::swizzle128(static_cast<std::uint32_t>(row),
                                              static_cast<std::uint32_t>(16 * ch)),
                     in ? a + m * p.k + k : a, in ? 16 : 0);
@@ -145,17 +144,16 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
 #pragma unroll
         for (int i = 0; i < 4; ++i) ptx::cp_async16(at + a_dst[i], a_src[i] + k0, 16);
       } else {
-        tiled_load_a(p, at, m_block, k0, false);
+        tiled_load_a(p, at, m_block, k0);
       }
 #pragma unroll
       for (int i = 0; i < kRuns; ++i) {
         if (!kTr && b_inside) {
           codes[i].codes = ptx::ldg16(code_src[i] + k0 / 2);
           const std::uint8_t* sc = scale_src[i] + (mx ? k0 / 32 : k0 / 16);
-          codes[i].scales = mx ? std::uint32_t{__ldg(sc)}
-                               : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
+          codes[i].scales = ldg_scales_raw(sc, mx);
         } else {
-          tiled_load_codes<kTr>(codes[i], p, n_block + b_row[i], k0 + 32 * b_half[i], false);
+          tiled_load_codes<kTr>(codes[i], p, n_block + b_row[i], k0 + 32 * b_half[i]);
         }
       }
     }
@@ -223,11 +221,9 @@ __device__ void tiled_block_of(const GemmParams& p, const std::uint32_t* scale_p
 }
 
 __device__ void tiled_block_sm90(const GemmParams& p) {
-  // Every scale code's BF16 pair, one entry a thread, as in decode_block.
   static_assert(tiles::kTiledThreads == 256, "one scale code a thread");
   __shared__ std::uint32_t scale_pairs[256];
-  scale_pairs[threadIdx.x] = num::bf16_pair_of(scale_of_raw(p, threadIdx.x, 0));
-  __syncthreads();
+  fill_scale_pairs(p, scale_pairs);
   if (p.flags & kGemmTransposed) {
     tiled_block_of<true>(p, scale_pairs);
   } else {

@@ -135,9 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::tiled_block_sm90(p);
 #else
-  const std::int64_t n =
-      static_cast<std::int64_t>(blockIdx.x) * k::simple::kWarps + threadIdx.x / 32;
-  if (n < p.n) k::simple::column<false>(p, n, threadIdx.x % 32);
+  k::simple::block<false>(p);
 #endif
 }
 
@@ -145,9 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::e4m3_block_sm90(p);
 #else
-  const std::int64_t n =
-      static_cast<std::int64_t>(blockIdx.x) * k::simple::kWarps + threadIdx.x / 32;
-  if (n < p.n) k::simple::column<true>(p, n, threadIdx.x % 32);
+  k::simple::block<true>(p);
 #endif
 }
 
