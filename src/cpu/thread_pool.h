@@ -2,6 +2,7 @@
 // pool of size 1 has no workers and runs everything inline.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -42,9 +43,13 @@ class ThreadPool {
   std::size_t next_ = 0;
   std::size_t chunk_ = 1;
   std::size_t busy_ = 0;
-  std::uint64_t generation_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  // Loops posted so far (and once more at shutdown), and a mirror of busy_: threads spin on them
+  // for a moment before they sleep on a condition variable (spin_until in thread_pool.cpp).
+  // Written under mu_.
+  std::atomic<std::uint64_t> posted_{0};
+  std::atomic<std::size_t> active_{0};
 };
 
 }  // namespace metrale::cpu

@@ -31,8 +31,11 @@ using ops::GemmRoute;
 
 constexpr std::array<std::int64_t, 11> kMs = {1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 257};
 constexpr std::array<std::int64_t, 8> kNs = {1, 7, 63, 65, 255, 257, 300, 1000};
-constexpr std::array<std::int64_t, 5> kNvfp4Ks = {16, 48, 80, 272, 1040};
-constexpr std::array<std::int64_t, 3> kMxfp4Ks = {32, 96, 288};
+// Ascending. The CPU decode kernels step through K in chunks of up to 128 and decode scales in
+// batches of 16, so the list has K below one chunk, whole batches, a chunk that does not fill a
+// batch (400: three chunks; 672: five MX chunks) and a scalar tail past the last chunk.
+constexpr std::array<std::int64_t, 6> kNvfp4Ks = {16, 48, 80, 272, 400, 1040};
+constexpr std::array<std::int64_t, 5> kMxfp4Ks = {32, 96, 288, 544, 672};
 
 // Multiply-adds per case at most: the largest K that keeps M·N·K under it is used, so the whole
 // suite stays well under a minute in a Debug build.
@@ -282,6 +285,29 @@ TEST_P(GemmNumerics, LargeMWithSmallNAndK) {
   }
 }
 
+// Long K at decode sizes, as in the largest Llama-3 layers (K = 14336, 28672), where a row of A
+// no longer fits in L1 (kernels that stage or tile A by K may break there): 104 steps of 128,
+// an odd count for MX's batches of four, then a scalar tail.
+TEST_P(GemmNumerics, LongKAtDecodeSizes) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  int i = 0;
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    for (const std::int64_t m : {1, 2, 3}) {
+      GemmCase c;
+      c.format = f;
+      c.m = m;
+      c.n = 33;
+      c.k = f == WeightFormat::kNvfp4 ? 13328 : 13344;  // 104 steps of 128, then 16 or 32
+      c.layout = i % 3 == 2 ? WeightLayout::kTransposed : WeightLayout::kRowMajor;
+      c.bias = i % 2 == 0;
+      c.route = GemmRoute::kDecode;
+      ++i;
+      EXPECT_EQ(run(c), GemmRoute::kDecode) << c.str();
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // Activations at and beyond E4M3's ±448 on the e4m3 route: the cast saturates (448, 464 is the
 // midpoint to the would-be 480, BF16 values in the thousands), and the result still matches
 // the e4m3-aware reference tightly.
@@ -368,6 +394,104 @@ TEST_P(GemmNumerics, EveryE4m3BlockScaleCodeOnTheExactRoutes) {
     }
     EXPECT_EQ(nans, 2 * run.m) << "0x7F and 0xFF are the E4M3 NaNs";
     EXPECT_GE(zeros, 2 * run.m) << "the ±0 scales give exact zeros";
+    free_all();
+    if (HasFailure()) return;
+  }
+}
+
+// The MXFP4 counterpart: every E8M0 scale code reaches the output as 2^(code - 127), 0 as
+// 2^-127 and 255 as NaN, at every position of a 16-scale batch. Tensor scale 1, so a kernel's
+// FP32 sum is its output before rounding. Where the exact result leaves FP32's normal range the
+// check is what FP32 arithmetic can give: below 2^-126 anything within 2^-126 of it (subnormals
+// may flush, as vdpbf16ps and the GPU's BF16 arithmetic do), above BF16's largest finite value an
+// infinity of the same sign. Codes 250..254 are left out: the float reference's weights
+// (up to 6 · 2^127) overflow there.
+TEST_P(GemmNumerics, EveryE8m0BlockScaleCodeOnTheExactRoutes) {
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::int64_t n = 256, k = 1024, groups = k / 32;
+  std::uniform_int_distribution<int> nonzero_code(1, 15), moderate_scale(100, 154);
+  HostQuantWeights row;
+  row.format = WeightFormat::kMxfp4;
+  row.n = n;
+  row.k = k;
+  row.codes.assign(static_cast<std::size_t>(n * k / 2), 0);  // +0 everywhere but one block
+  row.scales.resize(static_cast<std::size_t>(n * groups));
+  for (auto& s : row.scales) s = static_cast<std::uint8_t>(moderate_scale(gen()));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::int64_t g = (r * 7) % groups;
+    row.scales[static_cast<std::size_t>(r * groups + g)] = static_cast<std::uint8_t>(r);
+    for (std::int64_t c = g * 32; c < g * 32 + 32; c += 2) {
+      row.codes[static_cast<std::size_t>((r * k + c) / 2)] =
+          static_cast<std::uint8_t>(nonzero_code(gen()) | nonzero_code(gen()) << 4);
+    }
+  }
+  // Both ends are reached on purpose: code 0's block (g = 0) meets activations below 2^-10, so
+  // its result is below 2^-126; code 249's block (g = 15) holds +6 everywhere and meets positive
+  // activations of at least 1, so its result is at least 192 · 2^122 > 2^129.
+  constexpr std::int64_t kLargest = 249, kLargestGroup = (kLargest * 7) % groups;
+  for (std::int64_t c = kLargestGroup * 32; c < kLargestGroup * 32 + 32; c += 2) {
+    row.codes[static_cast<std::size_t>((kLargest * k + c) / 2)] = 0x77;
+  }
+  auto activations = [&](std::int64_t m) {
+    std::vector<std::uint16_t> a = random_activations(gen(), static_cast<std::size_t>(m * k));
+    for (std::int64_t r = 0; r < m; ++r) {
+      const auto small = random_activations(gen(), 32, -16.0, -10.0);
+      const auto large = random_activations(gen(), 32, 0.0, 3.0);
+      for (std::int64_t c = 0; c < 32; ++c) {
+        a[static_cast<std::size_t>(r * k + c)] = small[static_cast<std::size_t>(c)];
+        a[static_cast<std::size_t>(r * k + kLargestGroup * 32 + c)] =
+            large[static_cast<std::size_t>(c)] & 0x7FFF;  // positive
+      }
+    }
+    return a;
+  };
+  const double tiny = std::ldexp(1.0, -126), bf16_max = 3.3895313892515355e38;
+  struct Run {
+    std::int64_t m;
+    GemmRoute route;
+    WeightLayout layout;
+  };
+  for (const Run run : {Run{1, GemmRoute::kDecode, WeightLayout::kRowMajor},
+                        Run{5, GemmRoute::kDecode, WeightLayout::kRowMajor},
+                        Run{1, GemmRoute::kDecode, WeightLayout::kTransposed},
+                        Run{3, GemmRoute::kTiled, WeightLayout::kRowMajor}}) {
+    SCOPED_TRACE(fmt::format("M={} route {} {}", run.m, ops::to_string(run.route),
+                             run.layout == WeightLayout::kRowMajor ? "row-major" : "transposed"));
+    const std::vector<std::uint16_t> a = activations(run.m);
+    const ops::QuantWeights w =
+        upload_weights(run.layout == WeightLayout::kRowMajor ? row : with_layout(row, run.layout));
+    const auto mn = static_cast<std::size_t>(run.m * n);
+    const DevicePtr dc = poisoned(mn * 2);
+    ops::w4a16_gemm(b(), stream(), upload(a), run.m, w, dc,
+                    {Activations::kExactBf16, run.route, DevicePtr{}});
+    const auto out = read<std::uint16_t>(dc, mn);
+    const Reference ref = reference(a, run.m, row, {}, AMode::kBf16);
+    int nans = 0, normal = 0, flushable = 0, overflowed = 0;
+    for (std::size_t i = 0; i < mn; ++i) {
+      const double o = num::bf16_to_f32(out[i]), want = ref.value[i];
+      const auto code = static_cast<int>(i % n);
+      if (code == 255) {
+        ++nans;
+        EXPECT_TRUE(std::isnan(o)) << "scale code 255: got " << o;
+      } else if (code >= 250) {
+        continue;
+      } else if (std::fabs(want) < tiny) {
+        ++flushable;
+        EXPECT_LE(std::fabs(o - want), tiny) << "scale code " << code << ": got " << o;
+      } else if (std::fabs(want) > 1.004 * bf16_max) {
+        ++overflowed;
+        EXPECT_TRUE(std::isinf(o) && (o > 0) == (want > 0))
+            << "scale code " << code << ": got " << o << ", want " << want;
+      } else if (std::fabs(want) <= bf16_max) {
+        ++normal;
+        EXPECT_LE(std::fabs(o - want), element_bound(ref, i))
+            << "scale code " << code << ": got " << o << ", want " << want;
+      }
+    }
+    EXPECT_EQ(nans, run.m);
+    EXPECT_GE(normal, 200 * run.m) << "most codes give results in FP32's normal range";
+    EXPECT_GE(flushable, run.m) << "code 0 (2^-127) gives a result below it";
+    EXPECT_GE(overflowed, run.m) << "the largest codes checked overflow BF16";
     free_all();
     if (HasFailure()) return;
   }

@@ -195,6 +195,10 @@ double device_copy_bandwidth(Backend& b) {
 
 }  // namespace
 
+double measure_bandwidth(Backend& backend) {
+  return backend.name() == "cpu" ? cpu_read_bandwidth() : device_copy_bandwidth(backend);
+}
+
 Roofline measure_roofline(Backend& backend) {
   Roofline r;
   if (backend.name() == "cpu") {

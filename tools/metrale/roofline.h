@@ -21,5 +21,8 @@ struct Roofline {
 // (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot be loaded
 // or run).
 Roofline measure_roofline(Backend& backend);
+// The bandwidth half of measure_roofline alone (bytes per second), cheap enough to measure next
+// to every benchmark case on a machine whose bandwidth drifts with other tenants.
+double measure_bandwidth(Backend& backend);
 
 }  // namespace metrale::cli

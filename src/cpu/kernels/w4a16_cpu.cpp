@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cpu/kernels/decode_bf16.h"
+#include "cpu/kernels/w4a16_shared.h"
 #include "metrale/numerics.h"
 
 // The vector helpers below take and return vectors wider than the baseline ABI. They are always
@@ -25,72 +27,7 @@
 namespace metrale::cpu::w4a16 {
 namespace {
 
-struct Tables {
-  float e4m3[256];
-  float e8m0[256];
-  float e2m1[16];
-  std::uint8_t e2m1_as_e4m3[16];  // every E2M1 value is exact in E4M3
-};
-
-const Tables& tables() {
-  static const Tables t = [] {
-    Tables x{};
-    for (int i = 0; i < 256; ++i) {
-      x.e4m3[i] = num::e4m3_to_f32(static_cast<std::uint8_t>(i));
-      x.e8m0[i] = num::e8m0_to_f32(static_cast<std::uint8_t>(i));
-    }
-    for (int i = 0; i < 16; ++i) {
-      x.e2m1[i] = num::e2m1_to_f32(static_cast<std::uint8_t>(i));
-      x.e2m1_as_e4m3[i] = num::f32_to_e4m3(x.e2m1[i]);
-    }
-    return x;
-  }();
-  return t;
-}
-
-template <class T>
-T* at(std::uint64_t address) {
-  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
-}
-
-// Layout-aware access to the weights of one GEMM.
-struct Weights {
-  const std::uint8_t* codes;
-  const std::uint8_t* scales;
-  std::int64_t n, k, group;
-  bool transposed, mxfp4;
-
-  explicit Weights(const GemmParams& p)
-      : codes(at<const std::uint8_t>(p.codes)),
-        scales(at<const std::uint8_t>(p.scales)),
-        n(p.n),
-        k(p.k),
-        group((p.flags & kGemmMxfp4) ? num::kMxfp4Group : num::kNvfp4Group),
-        transposed(p.flags & kGemmTransposed),
-        mxfp4(p.flags & kGemmMxfp4) {}
-
-  std::uint8_t code(std::int64_t row, std::int64_t col) const {
-    const std::uint8_t byte =
-        transposed ? codes[(col >> 1) * n + row] : codes[row * (k / 2) + (col >> 1)];
-    return (col & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
-  }
-  // The decoded block scale of group g of row (tensor scale not included).
-  float scale(std::int64_t row, std::int64_t g) const {
-    const std::uint8_t s = transposed ? scales[g * n + row] : scales[row * (k / group) + g];
-    return mxfp4 ? tables().e8m0[s] : tables().e4m3[s];
-  }
-};
-
-// Writes C[m, n] from an FP32 sum: tensor scale, bias, one rounding to BF16.
-inline void store(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
-  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
-}
-
-inline float a_at(const GemmParams& p, std::int64_t m, std::int64_t k) {
-  return num::bf16_to_f32(at<const std::uint16_t>(p.a)[m * p.k + k]);
-}
+using namespace detail;
 
 // ---- portable decode: any layout, any format ----
 
@@ -140,21 +77,10 @@ template <int W>
 // Two accumulator sets alternate between chunks while MB is small, so the FMA latency chain
 // does not bound a one-row GEMV.
 
-// The scalar tail of one row beyond kv, group by group, added to sum; then the store.
-inline void finish_row(const GemmParams& p, const Weights& w, std::int64_t m, std::int64_t n,
-                       std::int64_t kv, float sum) {
-  const Tables& t = tables();
-  for (std::int64_t k = kv; k < p.k; k += w.group) {
-    float part = 0.0f;
-    for (std::int64_t kk = k; kk < k + w.group; ++kk)
-      part += t.e2m1[w.code(n, kk)] * a_at(p, m, kk);
-    sum += part * w.scale(n, k / w.group);
-  }
-  store(p, m, n, sum);
-}
-
 #define METRALE_TARGET_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 #define METRALE_TARGET_AVX2 gnu::target("avx2,fma")
+#define METRALE_TARGET_AVX512BF16 \
+  gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
 
 // One chunk of 32 weights (16 code bytes), decoded: even-k values, odd-k values, and the block
 // scale of each lane. Returned by value so the caller's accumulators stay in registers (an
@@ -349,194 +275,6 @@ template <DecodeKind K>
       decode_block<K, 16>(q, n0, n1);
     }
   }
-}
-
-// ---- decode with BF16 dot products (AVX-512 BF16) ----
-//
-// The decode route spends its time turning 4-bit codes into numbers, not multiplying, so this
-// variant cuts the vector operations per weight. 64 codes (32 bytes) are widened to 32 16-bit
-// lanes; one word permute looks up the low nibbles (even k) and, after a 4-bit shift, another
-// looks up the high nibbles (odd k), as BF16 E2M1 values. Each is multiplied with 32 BF16
-// activations by one vdpbf16ps. Both operands are exact in BF16, so every product is exact in
-// FP32 as in the other kernels; vdpbf16ps adds pairs in FP32 with round-to-nearest-even and
-// treats subnormal inputs and outputs as zero (below 1.2e-38, far under the error the
-// tolerance allows). A is staged to match: per chunk its 32 even-k values, then its 32 odd-k
-// values. Lane i of either dot product then holds k in [4i, 4i + 4), so lanes 4g..4g+3 are NVFP4
-// block g of the chunk in both; the two dot products add into one register and one multiply-add
-// by a vector of four block scales applies them. The block scales are decoded 16 at a time
-// (4 chunks) with an E4M3 -> FP16 bit move and vcvtph2ps instead of table loads.
-// Eight vector operations per 64 weights, against about twenty in the FP32 kernel.
-
-// Lambdas take the target through __attribute__, the functions through [[gnu::target]].
-#define METRALE_AVX512BF16_FEATURES "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"
-#define METRALE_TARGET_AVX512BF16 gnu::target(METRALE_AVX512BF16_FEATURES)
-
-// BF16 bits of E2M1 value i & 15, twice: the permute reads 5 index bits, and bit 4 of a
-// low-nibble index is the neighbouring nibble's, which the second copy makes harmless.
-struct Bf16Lut {
-  alignas(64) std::uint16_t words[32];
-};
-const Bf16Lut& bf16_lut() {
-  static const Bf16Lut lut = [] {
-    Bf16Lut x{};
-    for (int i = 0; i < 32; ++i) x.words[i] = num::f32_to_bf16(num::e2m1_to_f32(i & 15));
-    return x;
-  }();
-  return lut;
-}
-
-// 16 E4M3 block scales as FP32. E4M3 (bias 7) placed in the top of an FP16 (bias 15) is the same
-// value times 2^-8, subnormals included; the product with 256 restores it exactly. The E4M3 NaN
-// codes (0x7F, 0xFF) would land on a finite FP16, so they are set to NaN explicitly.
-[[METRALE_TARGET_AVX512BF16, gnu::always_inline]] inline __m512 e4m3x16_to_f32(
-    const std::uint8_t* s) {
-  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
-  const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16(-0x8000));
-  const __m256i half = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
-  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
-  return _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(__builtin_nanf("")));
-}
-
-template <int MB>
-[[METRALE_TARGET_AVX512BF16]] void decode_rows_bf16(const GemmParams& p, std::int64_t n0,
-                                                    std::int64_t n1) {
-  constexpr std::int64_t kChunk = 64;  // weights per step: 32 code bytes
-  constexpr int kBlock = 4;            // chunks per 16 decoded NVFP4 scales
-  // Independent accumulators per row so the multiply-add chain never waits on its own latency.
-  constexpr int P = MB >= 4 ? 1 : 4 / MB;
-  const Weights w(p);
-  const Tables& t = tables();
-  const std::int64_t kv = p.k / kChunk * kChunk, chunks = kv / kChunk;
-  const std::int64_t kb = p.k / 2, groups = p.k / w.group;
-
-  // A as BF16, chunk-major (chunk c of row m at (c * MB + m) * 64: its even-k values, then its
-  // odd-k values), so the rows one chunk needs share cache lines instead of sitting K * 2 bytes
-  // apart in one L1 set. Rows past M are zero.
-  // Staged with two permutes per 64 values: a scalar split cost up to a fifth of a block's time
-  // at K = 28672 (it runs once per block of columns).
-  thread_local std::vector<std::uint16_t> staged;
-  staged.resize(static_cast<std::size_t>(chunks * MB * kChunk));
-  const auto* a16 = at<const std::uint16_t>(p.a);
-  const __m512i even_idx =
-      _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26,
-                       24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i odd_idx = _mm512_add_epi16(even_idx, _mm512_set1_epi16(1));
-  for (std::int64_t m = 0; m < MB; ++m) {
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      std::uint16_t* dst = &staged[static_cast<std::size_t>((c * MB + m) * kChunk)];
-      if (m >= p.m) {
-        std::memset(dst, 0, kChunk * 2);
-        continue;
-      }
-      const std::uint16_t* src = a16 + m * p.k + c * kChunk;
-      const __m512i lo = _mm512_loadu_si512(src), hi = _mm512_loadu_si512(src + 32);
-      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(lo, even_idx, hi));
-      _mm512_storeu_si512(dst + kChunk / 2, _mm512_permutex2var_epi16(lo, odd_idx, hi));
-    }
-  }
-  const std::uint16_t* a = staged.data();
-
-  const __m512i lut = _mm512_load_si512(bf16_lut().words);
-  // Scale lanes of chunk j of a block of 4: lanes 4g..4g+3 take scale 4j + g.
-  __m512i pick[kBlock];
-  for (int j = 0; j < kBlock; ++j) {
-    pick[j] = _mm512_add_epi32(
-        _mm512_set1_epi32(4 * j),
-        _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                          2));
-  }
-
-  // NC columns at a time: with one or two rows of A, each loaded activation then serves two
-  // columns, halving the A traffic (which matters once A no longer fits in L1; see below).
-  auto columns = [&]<int NC>(std::int64_t n)
-      __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
-    constexpr int PC = std::max(1, P / NC);  // accumulators per (column, row)
-    const std::uint8_t* codes[NC];
-    const std::uint8_t* scales[NC];
-    __m512 acc[NC][MB][PC];
-    for (int j = 0; j < NC; ++j) {
-      codes[j] = w.codes + (n + j) * kb;
-      scales[j] = w.scales + (n + j) * groups;
-      for (int m = 0; m < MB; ++m) {
-        for (int q = 0; q < PC; ++q) acc[j][m][q] = _mm512_setzero_ps();
-      }
-    }
-    // One chunk of each column: decode once, then two dot products and a scaled accumulation
-    // per row.
-    auto step = [&](std::int64_t c, int q, const __m512* scale)
-        __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
-      __m512bh even[NC], odd[NC];
-      for (int j = 0; j < NC; ++j) {
-        // 32 bytes a chunk: the cache line 2 KiB ahead is requested every other chunk.
-        if ((c & 1) == 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(codes[j] + c * 32 + 2048), _MM_HINT_T0);
-        }
-        const __m512i bytes = _mm512_cvtepu8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes[j] + c * 32)));
-        even[j] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(bytes, lut));
-        odd[j] =
-            reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), lut));
-      }
-      const std::uint16_t* ac = a + c * MB * kChunk;
-#pragma GCC unroll 16
-      for (int m = 0; m < MB; ++m) {
-        const auto ae = reinterpret_cast<__m512bh>(_mm512_loadu_si512(ac + m * kChunk));
-        const auto ao = reinterpret_cast<__m512bh>(_mm512_loadu_si512(ac + m * kChunk + 32));
-        for (int j = 0; j < NC; ++j) {
-          const __m512 dot =
-              _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), even[j], ae), odd[j], ao);
-          acc[j][m][q % PC] = _mm512_fmadd_ps(dot, scale[j], acc[j][m][q % PC]);
-        }
-      }
-    };
-    std::int64_t c = 0;
-    __m512 scale[NC];
-    if (!w.mxfp4) {
-      for (; c + kBlock <= chunks; c += kBlock) {
-        __m512 s16[NC];
-        for (int j = 0; j < NC; ++j) s16[j] = e4m3x16_to_f32(scales[j] + 4 * c);
-#pragma GCC unroll 4
-        for (int b = 0; b < kBlock; ++b) {
-          for (int j = 0; j < NC; ++j) scale[j] = _mm512_permutexvar_ps(pick[b], s16[j]);
-          step(c + b, b, scale);
-        }
-      }
-      for (; c < chunks; ++c) {
-        for (int j = 0; j < NC; ++j) {
-          alignas(16) std::uint8_t four[16] = {};
-          std::memcpy(four, scales[j] + 4 * c, 4);
-          scale[j] = _mm512_permutexvar_ps(pick[0], e4m3x16_to_f32(four));
-        }
-        step(c, 0, scale);
-      }
-    } else {
-      // MXFP4: one E8M0 scale per 32 k, lanes 0-7 and 8-15.
-      for (; c < chunks; ++c) {
-        for (int j = 0; j < NC; ++j) {
-          scale[j] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(t.e8m0[scales[j][2 * c]]),
-                                          _mm512_set1_ps(t.e8m0[scales[j][2 * c + 1]]));
-        }
-        step(c, static_cast<int>(c % PC), scale);
-      }
-    }
-    for (int j = 0; j < NC; ++j) {
-      for (std::int64_t m = 0; m < p.m; ++m) {
-        __m512 total = acc[j][m][0];
-        for (int q = 1; q < PC; ++q) total = _mm512_add_ps(total, acc[j][m][q]);
-        finish_row(p, w, m, n + j, kv, _mm512_reduce_add_ps(total));
-      }
-    }
-  };
-  // Pairs only once the staged A outgrows L1 (32 KiB on the machines measured, docs/PERF.md):
-  // below that, a second code stream per thread cost more than the loads it saved.
-  const bool pair = MB <= 2 && static_cast<std::size_t>(chunks * MB * kChunk) * 2 > (24u << 10);
-  std::int64_t n = n0;
-  if (pair) {
-    for (; n + 2 <= n1; n += 2) columns.template operator()<2>(n);
-  }
-  for (; n < n1; ++n) columns.template operator()<1>(n);
 }
 
 template <DecodeKind K, int MB>
