@@ -38,40 +38,49 @@ unsigned host_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-double cpu_read_bandwidth() {
-  const std::size_t bytes = std::size_t{512} << 20;  // far beyond any cache
-  const std::size_t words = bytes / 8;
+}  // namespace
+
+CpuReadProbe::CpuReadProbe() : words_(kBytes / 8), buf_(nullptr, &std::free) {
   // On 2 MiB transparent huge pages, as the CPU backend allocates weights: with 4 KiB pages the
   // read would pay page walks a kernel reading weights does not, and the roof would be low.
-  std::unique_ptr<std::uint64_t, decltype(&std::free)> owner(
-      static_cast<std::uint64_t*>(std::aligned_alloc(std::size_t{2} << 20, bytes)), &std::free);
-  if (!owner) return 0;
-  ::madvise(owner.get(), bytes, MADV_HUGEPAGE);
-  std::uint64_t* buf = owner.get();
-  std::fill(buf, buf + words, std::uint64_t{1});
+  buf_.reset(static_cast<std::uint64_t*>(std::aligned_alloc(std::size_t{2} << 20, kBytes)));
+  if (!buf_) return;
+  ::madvise(buf_.get(), kBytes, MADV_HUGEPAGE);
+  std::fill(buf_.get(), buf_.get() + words_, std::uint64_t{1});
+}
+
+double CpuReadProbe::read() const {
+  if (!buf_) return 0;
+  const std::uint64_t* buf = buf_.get();
+  const std::size_t words = words_;
   const unsigned threads = host_threads();
-  return median_of(5, [&] {
-    std::vector<std::uint64_t> sums(threads);
-    const auto t0 = Clock::now();
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (std::size_t i = words * t / threads; i + 4 <= words * (t + 1) / threads; i += 4) {
-          s0 += buf[i];
-          s1 += buf[i + 1];
-          s2 += buf[i + 2];
-          s3 += buf[i + 3];
-        }
-        sums[t] = s0 + s1 + s2 + s3;
-      });
-    }
-    for (auto& th : pool) th.join();
-    const double s = seconds_since(t0);
-    volatile std::uint64_t sink = sums[0];
-    (void)sink;
-    return static_cast<double>(words * 8) / s;
-  });
+  std::vector<std::uint64_t> sums(threads);
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (std::size_t i = words * t / threads; i + 4 <= words * (t + 1) / threads; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[t] = s0 + s1 + s2 + s3;
+    });
+  }
+  for (auto& th : pool) th.join();
+  const double s = seconds_since(t0);
+  volatile std::uint64_t sink = sums[0];
+  (void)sink;
+  return static_cast<double>(words * 8) / s;
+}
+
+namespace {
+
+double cpu_read_bandwidth() {
+  const CpuReadProbe probe;
+  return median_of(5, [&] { return probe.read(); });
 }
 
 // Twelve independent FMA chains per thread, enough to cover FMA latency on two pipes; named

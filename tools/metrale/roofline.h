@@ -2,6 +2,10 @@
 // bandwidth (what decode GEMMs can reach) and a compute rate (what prefill GEMMs can reach).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "metrale/backend.h"
@@ -21,6 +25,21 @@ struct Roofline {
 // (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot be loaded
 // or run).
 Roofline measure_roofline(Backend& backend);
+// The CPU read of measure_roofline, one read at a time, for benchmarks that pair each timed
+// stretch of a kernel with a read of the same size (the ratio then shares the machine's moment).
+class CpuReadProbe {
+ public:
+  static constexpr std::size_t kBytes = std::size_t{512} << 20;  // far beyond any cache
+  // Allocates and touches the buffer (on huge pages).
+  CpuReadProbe();
+  // Bytes per second of one multi-threaded read of the whole buffer; 0 if it was not allocated.
+  double read() const;
+
+ private:
+  std::size_t words_;
+  std::unique_ptr<std::uint64_t, decltype(&std::free)> buf_;
+};
+
 // The bandwidth half of measure_roofline alone (bytes per second), cheap enough to measure next
 // to every benchmark case on a machine whose bandwidth drifts with other tenants.
 double measure_bandwidth(Backend& backend);
