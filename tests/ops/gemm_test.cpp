@@ -151,6 +151,35 @@ class GemmNumerics : public GemmBackendTest {
     return m <= ops::kDecodeMaxM ? GemmRoute::kDecode : GemmRoute::kTiled;
   }
 
+  // One pass of the block-scale tests: M rows of A on a forced exact route, one weight layout.
+  struct ScaleRun {
+    std::int64_t m;
+    GemmRoute route;
+    WeightLayout layout;
+    std::string str() const {
+      return fmt::format("M={} route {} {}", m, ops::to_string(route),
+                         layout == WeightLayout::kRowMajor ? "row-major" : "transposed");
+    }
+  };
+  static constexpr std::array<ScaleRun, 4> kScaleRuns = {
+      {{1, GemmRoute::kDecode, WeightLayout::kRowMajor},
+       {5, GemmRoute::kDecode, WeightLayout::kRowMajor},
+       {1, GemmRoute::kDecode, WeightLayout::kTransposed},
+       {3, GemmRoute::kTiled, WeightLayout::kRowMajor}}};
+
+  // C [run.m, row.n] for the row-major host weights `row` uploaded in run's layout, on run's
+  // route, poisoned first.
+  std::vector<std::uint16_t> run_exact(const HostQuantWeights& row, const ScaleRun& run,
+                                       const std::vector<std::uint16_t>& a) {
+    const ops::QuantWeights w =
+        upload_weights(run.layout == WeightLayout::kRowMajor ? row : with_layout(row, run.layout));
+    const auto mn = static_cast<std::size_t>(run.m * row.n);
+    const DevicePtr dc = poisoned(mn * 2);
+    ops::w4a16_gemm(b(), stream(), upload(a), run.m, w, dc,
+                    {Activations::kExactBf16, run.route, DevicePtr{}});
+    return read<std::uint16_t>(dc, mn);
+  }
+
   int statistical_checks_ = 0;  // cases large enough for the e4m3-vs-exact normalized check
 
   void skip_without(std::string_view entry) {
@@ -358,26 +387,12 @@ TEST_P(GemmNumerics, EveryE4m3BlockScaleCodeOnTheExactRoutes) {
           static_cast<std::uint8_t>(nonzero_code(gen()) | nonzero_code(gen()) << 4);
     }
   }
-  struct Run {
-    std::int64_t m;
-    GemmRoute route;
-    WeightLayout layout;
-  };
-  for (const Run run : {Run{1, GemmRoute::kDecode, WeightLayout::kRowMajor},
-                        Run{5, GemmRoute::kDecode, WeightLayout::kRowMajor},
-                        Run{1, GemmRoute::kDecode, WeightLayout::kTransposed},
-                        Run{3, GemmRoute::kTiled, WeightLayout::kRowMajor}}) {
-    SCOPED_TRACE(fmt::format("M={} route {} {}", run.m, ops::to_string(run.route),
-                             run.layout == WeightLayout::kRowMajor ? "row-major" : "transposed"));
+  for (const ScaleRun& run : kScaleRuns) {
+    SCOPED_TRACE(run.str());
     const std::vector<std::uint16_t> a =
         random_activations(gen(), static_cast<std::size_t>(run.m * k));
-    const ops::QuantWeights w =
-        upload_weights(run.layout == WeightLayout::kRowMajor ? row : with_layout(row, run.layout));
     const auto mn = static_cast<std::size_t>(run.m * n);
-    const DevicePtr dc = poisoned(mn * 2);
-    ops::w4a16_gemm(b(), stream(), upload(a), run.m, w, dc,
-                    {Activations::kExactBf16, run.route, DevicePtr{}});
-    const auto out = read<std::uint16_t>(dc, mn);
+    const std::vector<std::uint16_t> out = run_exact(row, run, a);
     const Reference ref = reference(a, run.m, row, {}, AMode::kBf16);
     int nans = 0, zeros = 0;
     for (std::size_t i = 0; i < mn; ++i) {
@@ -446,25 +461,11 @@ TEST_P(GemmNumerics, EveryE8m0BlockScaleCodeOnTheExactRoutes) {
     return a;
   };
   const double tiny = std::ldexp(1.0, -126), bf16_max = 3.3895313892515355e38;
-  struct Run {
-    std::int64_t m;
-    GemmRoute route;
-    WeightLayout layout;
-  };
-  for (const Run run : {Run{1, GemmRoute::kDecode, WeightLayout::kRowMajor},
-                        Run{5, GemmRoute::kDecode, WeightLayout::kRowMajor},
-                        Run{1, GemmRoute::kDecode, WeightLayout::kTransposed},
-                        Run{3, GemmRoute::kTiled, WeightLayout::kRowMajor}}) {
-    SCOPED_TRACE(fmt::format("M={} route {} {}", run.m, ops::to_string(run.route),
-                             run.layout == WeightLayout::kRowMajor ? "row-major" : "transposed"));
+  for (const ScaleRun& run : kScaleRuns) {
+    SCOPED_TRACE(run.str());
     const std::vector<std::uint16_t> a = activations(run.m);
-    const ops::QuantWeights w =
-        upload_weights(run.layout == WeightLayout::kRowMajor ? row : with_layout(row, run.layout));
     const auto mn = static_cast<std::size_t>(run.m * n);
-    const DevicePtr dc = poisoned(mn * 2);
-    ops::w4a16_gemm(b(), stream(), upload(a), run.m, w, dc,
-                    {Activations::kExactBf16, run.route, DevicePtr{}});
-    const auto out = read<std::uint16_t>(dc, mn);
+    const std::vector<std::uint16_t> out = run_exact(row, run, a);
     const Reference ref = reference(a, run.m, row, {}, AMode::kBf16);
     int nans = 0, normal = 0, flushable = 0, overflowed = 0;
     for (std::size_t i = 0; i < mn; ++i) {
