@@ -25,7 +25,8 @@ using metrale::CpuBackend;
 // With one copy, every layer smaller than a few times the last-level cache was partly served
 // from it (a 33 MB layer read at 115% of the roof on a 32 MiB L3); a model's forward pass reads
 // each layer once, so that figure described no real decode.
-constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
+// Up to kMaxCopies (Llama-3-8B o needs 57).
+constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
 // Paired rounds (kernel pass, roof read) per decode case for pct_read_bw.
 constexpr int kPairedRounds = 15;
 
@@ -47,7 +48,7 @@ void BM_W4a16(benchmark::State& state) {
   const auto hq = format == metrale::WeightFormat::kNvfp4 ? metrale::quantize_nvfp4(values, n, k)
                                                           : metrale::quantize_mxfp4(values, n, k);
   const std::size_t layer_bytes = hq.codes.size() + hq.scales.size();
-  const std::size_t copies = std::max<std::size_t>(1, kRotationBytes / layer_bytes + 1);
+  const std::size_t copies = std::min(kMaxCopies, kRotationBytes / layer_bytes + 1);
   for (std::size_t i = 0; i < copies; ++i) {
     fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq));
   }

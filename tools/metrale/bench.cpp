@@ -191,13 +191,15 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // its own previous call filled (a layer smaller than a few times the last-level cache, 32 MiB
   // of L3 on the development VM or 50 MB of L2 on an H200, otherwise timed partly from it).
   // Where one block's weights are too few for that, whole copies of the block join the turn
-  // until at least kRotationBytes lie between two reads of the same bytes.
-  constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
+  // until at least kRotationBytes lie between two reads of the same bytes, up to kMaxCopies
+  // (a block of a few kilobytes, as the tests bench, would otherwise be copied 10^5 times; such
+  // a block sits in cache whatever is done, and its timing says so).
+  constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
   std::size_t block_bytes = 0;
   for (const LayerWeights* lw : dev) {
     block_bytes += lw->weights().codes_bytes + lw->weights().scales_bytes;
   }
-  const std::size_t copies = std::max<std::size_t>(1, kRotationBytes / block_bytes + 1);
+  const std::size_t copies = std::min(kMaxCopies, kRotationBytes / block_bytes + 1);
   std::vector<std::vector<const LayerWeights*>> rotation{dev};
   for (std::size_t r = 1; r < copies; ++r) {
     std::vector<const LayerWeights*> copy;
