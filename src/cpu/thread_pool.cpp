@@ -76,16 +76,14 @@ void ThreadPool::worker_loop() {
       wake_.wait(lock, [&] { return stop_ || posted_.load(std::memory_order_relaxed) != seen; });
       if (stop_) return;
       seen = posted_.load(std::memory_order_relaxed);
-      ++busy_;
-      active_.store(busy_, std::memory_order_relaxed);
+      active_.fetch_add(1, std::memory_order_relaxed);
     }
     t_inside_loop = true;
     run_indices();
     t_inside_loop = false;
     {
       std::lock_guard lock(mu_);
-      --busy_;
-      active_.store(busy_, std::memory_order_release);
+      active_.fetch_sub(1, std::memory_order_release);
     }
     done_.notify_all();
   }
@@ -120,7 +118,9 @@ void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_
   {
     std::unique_lock lock(mu_);
     // Wait until every index is claimed and no worker is still inside this loop.
-    done_.wait(lock, [&] { return busy_ == 0 && (next_ >= n_ || error_); });
+    done_.wait(lock, [&] {
+      return active_.load(std::memory_order_relaxed) == 0 && (next_ >= n_ || error_);
+    });
     fn_ = nullptr;
     n_ = 0;
     error = error_;

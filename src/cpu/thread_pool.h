@@ -42,12 +42,11 @@ class ThreadPool {
   std::size_t n_ = 0;
   std::size_t next_ = 0;
   std::size_t chunk_ = 1;
-  std::size_t busy_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
-  // Loops posted so far (and once more at shutdown), and a mirror of busy_: threads spin on them
-  // for a moment before they sleep on a condition variable (spin_until in thread_pool.cpp).
-  // Written under mu_.
+  // Loops posted so far (and once more at shutdown), and workers inside a loop: written under
+  // mu_, atomic so that threads can spin on them for a moment before they sleep on a condition
+  // variable (spin_until in thread_pool.cpp).
   std::atomic<std::uint64_t> posted_{0};
   std::atomic<std::size_t> active_{0};
 };

@@ -33,10 +33,6 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// Lambdas take the target through __attribute__, the functions through [[gnu::target]].
-#define METRALE_AVX512BF16_FEATURES "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"
-#define METRALE_TARGET_AVX512BF16 gnu::target(METRALE_AVX512BF16_FEATURES)
-
 namespace metrale::cpu::w4a16::detail {
 namespace {
 

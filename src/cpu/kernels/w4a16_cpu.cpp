@@ -79,8 +79,6 @@ template <int W>
 
 #define METRALE_TARGET_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 #define METRALE_TARGET_AVX2 gnu::target("avx2,fma")
-#define METRALE_TARGET_AVX512BF16 \
-  gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")
 
 // One chunk of 32 weights (16 code bytes), decoded: even-k values, odd-k values, and the block
 // scale of each lane. Returned by value so the caller's accumulators stay in registers (an

@@ -8,6 +8,11 @@
 #include "metrale/gemm_params.h"
 #include "metrale/numerics.h"
 
+// The instruction sets of the AVX-512 BF16 kernels: lambdas take it through __attribute__,
+// functions through [[gnu::target]].
+#define METRALE_AVX512BF16_FEATURES "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma"
+#define METRALE_TARGET_AVX512BF16 gnu::target(METRALE_AVX512BF16_FEATURES)
+
 namespace metrale::cpu::w4a16::detail {
 
 struct Tables {
