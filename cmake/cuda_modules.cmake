@@ -22,11 +22,11 @@ function(metrale_cuda_module)
   # -Xptxas -v prints registers and spills for each entry into the build log.
   add_custom_command(OUTPUT ${fatbin}
     COMMAND ${CMAKE_CUDA_COMPILER} -fatbin -std=c++17 -O3 -Xptxas -v ${gencode_flags}
-            -I${PROJECT_SOURCE_DIR}/include
+            -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src
             -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
-            ${PROJECT_SOURCE_DIR}/include/metrale/gemm_params.h
-            ${PROJECT_SOURCE_DIR}/include/metrale/tile_math.h ${kernel_headers}
+            ${PROJECT_SOURCE_DIR}/src/kernels/gemm_params.h
+            ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h ${kernel_headers}
     COMMENT "nvcc: module ${M_NAME} (${M_GENCODE})" VERBATIM)
   list(JOIN targets ", " targets_list)
   set(entries "")

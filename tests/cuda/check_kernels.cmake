@@ -5,7 +5,7 @@ set(report "")
 foreach(src IN LISTS sources)
   foreach(arch IN ITEMS sm_80 sm_89 sm_90a)
     execute_process(COMMAND ${NVCC} -cubin -std=c++17 -O3 -arch=${arch} -Xptxas -v
-                            -I${INCLUDE_DIR} -o /dev/null ${src}
+                            -I${INCLUDE_DIR} -I${INCLUDE_DIR}/../src -o /dev/null ${src}
                     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(NOT rc EQUAL 0)
       message(FATAL_ERROR "nvcc failed for ${src} (${arch}):\n${err}")

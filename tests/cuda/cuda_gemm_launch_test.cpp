@@ -15,10 +15,10 @@
 #include "core/expect_error.h"
 #include "cuda/cuda_rig.h"
 #include "metrale/error.h"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/gemm.h"
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 #include "ops/gemm_reference.h"
 
 namespace metrale::cuda::testing {

@@ -16,7 +16,7 @@
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/runtime.h"
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 
 namespace metrale {
 namespace {

@@ -26,7 +26,7 @@ endif()
 # Not linked to metrale (the test reads no library code), but built after it, so the fatbins the
 # library embeds are fresh when the test runs.
 add_executable(fatbin_offline_test ${CMAKE_CURRENT_LIST_DIR}/fatbin_offline_test.cpp)
-target_include_directories(fatbin_offline_test PRIVATE ${PROJECT_SOURCE_DIR}/include)
+target_include_directories(fatbin_offline_test PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(fatbin_offline_test PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
 target_compile_features(fatbin_offline_test PRIVATE cxx_std_20)
 target_compile_definitions(fatbin_offline_test PRIVATE

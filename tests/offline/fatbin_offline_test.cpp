@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 
 namespace {
 

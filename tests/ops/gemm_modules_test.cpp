@@ -21,7 +21,7 @@
 
 #include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
 #include "metrale/numerics.h"

@@ -17,7 +17,7 @@
 #include "cuda/cuda_rig.h"
 #include "cuda/fake_driver.h"
 #include "cuda/module_registry.h"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::testing::reliability {

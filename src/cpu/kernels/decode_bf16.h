@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 
 namespace metrale::cpu::w4a16::detail {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 
 namespace metrale::cpu::w4a16 {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
 
 // The instruction sets of the AVX-512 BF16 kernels: lambdas take it through __attribute__,

@@ -5,7 +5,7 @@
 
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::cpu {

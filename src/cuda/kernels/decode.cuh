@@ -12,9 +12,9 @@
 #include <cstdint>
 
 #include "epilogue.cuh"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 #include "ptx.cuh"
 
 namespace metrale::kernels {

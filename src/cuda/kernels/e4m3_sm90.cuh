@@ -12,8 +12,8 @@
 
 #include "decode.cuh"  // scale_index
 #include "epilogue.cuh"
-#include "metrale/gemm_params.h"
-#include "metrale/tile_math.h"
+#include "kernels/gemm_params.h"
+#include "kernels/tile_math.h"
 #include "ptx.cuh"
 
 namespace metrale::kernels {

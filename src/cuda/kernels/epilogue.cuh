@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 
 namespace metrale::kernels {
 

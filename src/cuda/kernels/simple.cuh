@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
 
 namespace metrale::kernels::simple {

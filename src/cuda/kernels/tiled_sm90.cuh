@@ -13,8 +13,8 @@
 
 #include "decode.cuh"  // the code and scale loads, the scale table, decode_quad
 #include "epilogue.cuh"
-#include "metrale/gemm_params.h"
-#include "metrale/tile_math.h"
+#include "kernels/gemm_params.h"
+#include "kernels/tile_math.h"
 #include "ptx.cuh"
 
 namespace metrale::kernels {

@@ -9,9 +9,9 @@
 
 #include "decode.cuh"
 #include "e4m3_sm90.cuh"
-#include "metrale/gemm_params.h"
+#include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
-#include "metrale/tile_math.h"
+#include "kernels/tile_math.h"
 #include "ptx.cuh"
 #include "simple.cuh"
 #include "tiled_sm90.cuh"
