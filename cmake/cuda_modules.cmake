@@ -1,3 +1,19 @@
+# metrale_manifest_entries(file macro out): the entry names of an X-macro manifest, the first
+# argument of every line that starts with `macro(`, in file order; re-configures when it changes.
+function(metrale_manifest_entries file macro out)
+  file(STRINGS ${file} lines REGEX "^${macro}\\(")
+  set(names "")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^${macro}\\(([A-Za-z0-9_]+),.*" "\\1" name "${line}")
+    list(APPEND names ${name})
+  endforeach()
+  if(NOT names)
+    message(FATAL_ERROR "${file}: no ${macro}(...) line")
+  endif()
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${file})
+  set(${out} ${names} PARENT_SCOPE)
+endfunction()
+
 # metrale_cuda_module(NAME name SOURCE file.cu ENTRIES e1 e2 ... GENCODE g1 g2 ...)
 # Compiles a kernel source to a fatbin with nvcc and embeds it in the library, together with the
 # list of targets it carries and the entries it must provide (the start-up gate checks them).
@@ -26,7 +42,8 @@ function(metrale_cuda_module)
             -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
             ${PROJECT_SOURCE_DIR}/src/kernels/gemm_params.h
-            ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h ${kernel_headers}
+            ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h
+            ${PROJECT_SOURCE_DIR}/src/kernels/w4a16.def ${kernel_headers}
     COMMENT "nvcc: module ${M_NAME} (${M_GENCODE})" VERBATIM)
   list(JOIN targets ", " targets_list)
   set(entries "")

@@ -24,6 +24,7 @@
 namespace metrale {
 
 class OpCache;
+struct ResolvedKernel;
 
 // One kernel lookup as the audit saw it.
 struct KernelLookup {
@@ -187,20 +188,21 @@ class Backend {
   virtual std::uint32_t sm_count() const = 0;
 
   // ---- kernels ----
-  // Resolves module::function and records its published metadata in op_cache(); the caller's
-  // file:line goes to the lookup audit. Ops call op_cache().kernel(), which memoizes this.
-  KernelHandle kernel(std::string_view module, std::string_view function,
-                      std::source_location loc = std::source_location::current());
+  // Resolves module::function with its published metadata; the caller's file:line goes to the
+  // lookup audit. Ops call op_cache().kernel(), which memoizes this.
+  ResolvedKernel kernel(std::string_view module, std::string_view function,
+                        std::source_location loc = std::source_location::current());
   // The first 4096 lookups of this backend, in order.
   std::vector<KernelLookup> lookup_audit() const;
   // The loaded modules and the kernels each provides, in load order.
   virtual std::vector<ModuleListing> modules() const = 0;
   // Whether a module of that name is loaded for this model.
   virtual bool has_module(std::string_view module) const = 0;
-  // The N tile the kernel publishes (<function>_n_tile); throws when it publishes none or 0.
-  std::uint32_t kernel_n_tile(KernelHandle kernel);
+  // The N tile the kernel publishes (<function>_n_tile); Error(kNotFound) naming the kernel when
+  // it publishes none or 0.
+  std::uint32_t kernel_n_tile(const ResolvedKernel& kernel) const;
   // Whether the kernel publishes a non-zero <function>_a_e4m3 (casts A to E4M3, no scale).
-  bool kernel_casts_a_to_e4m3(KernelHandle kernel);
+  static bool kernel_casts_a_to_e4m3(const ResolvedKernel& kernel);
   // "module::function" of a resolved handle, for messages. Optional: default prints the value.
   virtual std::string kernel_name(KernelHandle kernel) const;
   // This backend's OpCache; every backend owns exactly one.
@@ -228,9 +230,9 @@ class Backend {
   virtual void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) = 0;
   // Reads bytes at ptr into host dst, ignoring allocation bounds (guard bands use it).
   virtual void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) = 0;
-  // Resolves a kernel and records its metadata in op_cache(); site is the caller.
-  virtual KernelHandle resolve_kernel(std::string_view module, std::string_view function,
-                                      const CallSite& site) = 0;
+  // Resolves a kernel and reads its published metadata (core/published.h); site is the caller.
+  virtual ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
+                                        const CallSite& site) = 0;
   // Throws kInvalidArgument when args do not fit kernel's parameters. Optional: the default
   // accepts anything (the CUDA driver does not say what a kernel takes).
   virtual void check_args(KernelHandle kernel, std::span<const KernelArg> args);

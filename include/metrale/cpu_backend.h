@@ -120,8 +120,8 @@ class CpuBackend final : public Backend {
   void raw_free(DevicePtr ptr, MemoryKind kind) override;
   void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) override;
   void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
-  KernelHandle resolve_kernel(std::string_view module, std::string_view function,
-                              const CallSite& site) override;
+  ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
+                                const CallSite& site) override;
   std::string describe_unknown_pointer(DevicePtr ptr) const override;
   void check_args(KernelHandle kernel, std::span<const KernelArg> args) override;
 

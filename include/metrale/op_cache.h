@@ -1,5 +1,5 @@
-// OpCache: one backend's memo of kernel handles, its grow-only scratch buffers, the managed-
-// memory fallback latch, the published kernel metadata, and the once / first-N gates of
+// OpCache: one backend's memo of kernel handles with their published metadata, its grow-only
+// scratch buffers, the managed-memory fallback latch, and the once / first-N gates of
 // diagnostics. Per backend, never process-wide, so a later model cannot reach handles or
 // scratch of a model that is gone. Thread-safe; a throwing operation leaves it usable.
 #pragma once
@@ -33,11 +33,30 @@ constexpr std::uint64_t fnv1a64(std::string_view bytes) noexcept {
   return h;
 }
 
-// What a kernel publishes about its launch besides its N tile; 0 where it publishes nothing.
-struct KernelLaunchMeta {
-  std::uint32_t m_tile = 0;      // <function>_m_tile: rows of M per block in grid y (0: grid y 1)
-  std::uint32_t smem_bytes = 0;  // <function>_smem_bytes: dynamic shared memory per block
-  std::uint32_t split_k = 0;     // <function>_split_k: K per split-K unit (0: no split-K)
+// What a kernel publishes about itself (<function>_<field> symbols, read once at lookup; the
+// list is src/kernels/published.def). 0 where it publishes nothing.
+struct KernelMeta {
+  std::uint32_t n_tile = 0;         // grid x: output columns (or elements) per block
+  std::uint32_t m_tile = 0;         // grid y: rows of M per block (0: one block row covers all M)
+  std::uint32_t smem_bytes = 0;     // dynamic shared memory per block
+  std::uint32_t split_k = 0;        // K per split-K unit (0: no split-K)
+  std::uint32_t block_threads = 0;  // threads per block the kernel is written for
+  std::uint32_t max_m = 0;          // the largest M the kernel is the best route for (0: any)
+  bool a_e4m3 = false;              // casts its BF16 A operand to E4M3 with no scale
+};
+
+// A resolved kernel: its handle and what it published, returned together by one lookup.
+struct ResolvedKernel {
+  KernelHandle handle;
+  KernelMeta meta;
+  // Launches take the handle.
+  operator KernelHandle() const noexcept { return handle; }  // NOLINT(google-explicit-constructor)
+  // Whether a kernel was resolved.
+  explicit operator bool() const noexcept { return static_cast<bool>(handle); }
+  // The same kernel (its metadata follows from the handle).
+  friend bool operator==(const ResolvedKernel& a, const ResolvedKernel& b) noexcept {
+    return a.handle == b.handle;
+  }
 };
 
 class OpCache final : public ModelResource {
@@ -46,12 +65,13 @@ class OpCache final : public ModelResource {
   OpCache(const OpCache&) = delete;
   OpCache& operator=(const OpCache&) = delete;
 
-  // The handle of module::function: backend.kernel() once per key (concurrent first requests
-  // wait for that one lookup), a read under a shared lock after that. Lookup failures are not
-  // memoized: every waiter gets the error, and a later call asks the backend again. After
-  // release() it throws Error(kState) and asks the backend nothing.
-  KernelHandle kernel(Backend& backend, std::string_view module, std::string_view function,
-                      std::source_location loc = std::source_location::current());
+  // The handle of module::function with its published metadata: backend.kernel() once per key
+  // (concurrent first requests wait for that one lookup), one lock-free probe after that. The
+  // reference stays valid for the cache's life. Lookup failures are not memoized: every waiter
+  // gets the error, and a later call asks the backend again. After release() it throws
+  // Error(kState) and asks the backend nothing.
+  const ResolvedKernel& kernel(Backend& backend, std::string_view module, std::string_view function,
+                               std::source_location loc = std::source_location::current());
 
   // A scratch buffer of at least bytes, memoized under tag. Grow-only: a request that fits
   // returns the stored pointer; a larger one allocates anew and retires the old buffer without
@@ -61,19 +81,6 @@ class OpCache final : public ModelResource {
   // stale or new.
   DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                     std::source_location loc = std::source_location::current());
-
-  // Records the output-column tile kernel publishes; a later value replaces it.
-  void record_n_tile(KernelHandle kernel, std::uint32_t n_tile);
-  // The recorded tile, or 0 when the kernel publishes none.
-  std::uint32_t n_tile(KernelHandle kernel) const;
-  // Records that kernel casts its BF16 A operand to E4M3 with no scale.
-  void record_a_e4m3(KernelHandle kernel);
-  // Whether kernel was recorded as casting A to E4M3.
-  bool a_e4m3(KernelHandle kernel) const;
-  // Records the launch metadata kernel publishes; a later value replaces it.
-  void record_launch_meta(KernelHandle kernel, const KernelLaunchMeta& meta);
-  // The recorded launch metadata (all 0 when the kernel publishes none).
-  KernelLaunchMeta launch_meta(KernelHandle kernel) const;
 
   // Whether a loader latched the managed-memory fallback on this backend.
   bool alloc_fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
@@ -144,8 +151,8 @@ class OpCache final : public ModelResource {
   struct Snapshot {
     struct Slot {
       std::uint64_t hash = 0;
-      std::string_view module, function;  // point into kernels_' keys, which never move
-      KernelHandle handle;                // null: empty slot
+      std::string_view module, function;       // point into kernels_' keys, which never move
+      const ResolvedKernel* kernel = nullptr;  // into kernels_' entries; null: empty slot
     };
     std::vector<Slot> slots;  // power-of-two size, at most half full
     std::uint64_t mask = 0;
@@ -154,8 +161,8 @@ class OpCache final : public ModelResource {
   void publish_snapshot_locked();
 
   struct KernelEntry {
-    KernelHandle handle;                       // null while the first lookup is in flight
-    std::shared_future<KernelHandle> pending;  // that lookup's result, for threads that wait
+    ResolvedKernel resolved;  // handle null while the first lookup is in flight
+    std::shared_future<const ResolvedKernel*> pending;  // that lookup, for threads that wait
   };
   mutable std::shared_mutex kernels_mu_;
   std::unordered_map<KernelKey, KernelEntry, KeyHash, KeyEq> kernels_;
@@ -167,11 +174,6 @@ class OpCache final : public ModelResource {
   mutable std::mutex scratch_mu_;
   std::unordered_map<std::string, Scratch> scratch_;
   std::vector<Scratch> retired_;  // replaced by a larger buffer; freed by release()
-
-  mutable std::shared_mutex meta_mu_;
-  std::unordered_map<KernelHandle, std::uint32_t> n_tiles_;
-  std::unordered_set<KernelHandle> a_e4m3_;
-  std::unordered_map<KernelHandle, KernelLaunchMeta> launch_meta_;
 
   std::mutex gates_mu_;
   std::unordered_set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>,

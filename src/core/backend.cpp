@@ -133,8 +133,8 @@ void Backend::launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint
          std::span<void*>(packed.params(), packed.count()));
 }
 
-KernelHandle Backend::kernel(std::string_view module, std::string_view function,
-                             std::source_location loc) {
+ResolvedKernel Backend::kernel(std::string_view module, std::string_view function,
+                               std::source_location loc) {
   constexpr std::size_t kAuditCap = 4096;
   const CallSite site = CallSite::from(loc);
   KernelLookup entry{std::string(module), std::string(function), false, site, {}};
@@ -143,10 +143,10 @@ KernelHandle Backend::kernel(std::string_view module, std::string_view function,
     if (audit_.size() < kAuditCap) audit_.push_back(entry);
   };
   try {
-    const KernelHandle h = resolve_kernel(module, function, site);
+    const ResolvedKernel k = resolve_kernel(module, function, site);
     entry.resolved = true;
     remember();
-    return h;
+    return k;
   } catch (const std::exception& e) {
     entry.error = e.what();
     remember();
@@ -159,8 +159,8 @@ std::vector<KernelLookup> Backend::lookup_audit() const {
   return audit_;
 }
 
-std::uint32_t Backend::kernel_n_tile(KernelHandle kernel) {
-  const std::uint32_t tile = op_cache().n_tile(kernel);
+std::uint32_t Backend::kernel_n_tile(const ResolvedKernel& kernel) const {
+  const std::uint32_t tile = kernel.meta.n_tile;
   if (tile == 0) {
     throw Error(ErrorCode::kNotFound, "kernel_n_tile",
                 fmt::format("{} publishes no N tile (its <entry>_n_tile symbol is missing or 0); "
@@ -170,8 +170,8 @@ std::uint32_t Backend::kernel_n_tile(KernelHandle kernel) {
   return tile;
 }
 
-bool Backend::kernel_casts_a_to_e4m3(KernelHandle kernel) {
-  return op_cache().a_e4m3(kernel);
+bool Backend::kernel_casts_a_to_e4m3(const ResolvedKernel& kernel) {
+  return kernel.meta.a_e4m3;
 }
 
 std::string Backend::kernel_name(KernelHandle kernel) const {

@@ -108,33 +108,34 @@ Error released_error(std::string_view api, std::string_view what) {
 
 }  // namespace
 
-KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::string_view function,
-                             std::source_location loc) {
+const ResolvedKernel& OpCache::kernel(Backend& backend, std::string_view module,
+                                      std::string_view function, std::source_location loc) {
   // One load of a flag that is written once: the hit path stays within its budget.
   if (released_.load(std::memory_order_acquire)) {
     throw released_error("kernel", fmt::format("{}::{}", module, function));
   }
-  // The hit path: no lock, one probe sequence in the published snapshot.
+  // The hit path: no lock, one probe sequence in the published snapshot, which hands back the
+  // handle and its metadata together.
   const std::uint64_t h = key_hash(module, function);
   if (const Snapshot* snap = snapshot_.load(std::memory_order_acquire)) {
     for (std::uint64_t i = h & snap->mask;; i = (i + 1) & snap->mask) {
       const Snapshot::Slot& slot = snap->slots[i];
-      if (!slot.handle) break;
+      if (slot.kernel == nullptr) break;
       if (slot.hash == h && same_name(slot.module, module) && same_name(slot.function, function)) {
-        return slot.handle;
+        return *slot.kernel;
       }
     }
   }
   {
     std::shared_lock lock(kernels_mu_);
     const auto it = kernels_.find(KeyView{module, function});
-    if (it != kernels_.end() && it->second.handle) return it->second.handle;
+    if (it != kernels_.end() && it->second.resolved.handle) return it->second.resolved;
   }
   // A miss: the first thread to get here resolves, with no lock held across the backend call
   // (it may reach the driver, which can be slow); threads arriving meanwhile wait on its result.
   // So each key reaches the backend once, yet hits on other keys never wait for a lookup.
-  std::promise<KernelHandle> promise;
-  std::shared_future<KernelHandle> in_flight;
+  std::promise<const ResolvedKernel*> promise;
+  std::shared_future<const ResolvedKernel*> in_flight;
   {
     std::unique_lock lock(kernels_mu_);
     // Checked again under the lock release() takes: a miss never reaches the backend after it.
@@ -144,15 +145,15 @@ KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::str
     const auto [it, inserted] =
         kernels_.try_emplace(KernelKey{std::string(module), std::string(function)});
     if (!inserted) {
-      if (it->second.handle) return it->second.handle;
+      if (it->second.resolved.handle) return it->second.resolved;
       in_flight = it->second.pending;
     } else {
       it->second.pending = promise.get_future().share();
     }
   }
-  if (in_flight.valid()) return in_flight.get();  // rethrows the resolver's error
+  if (in_flight.valid()) return *in_flight.get();  // rethrows the resolver's error
 
-  KernelHandle resolved;
+  ResolvedKernel resolved;
   try {
     resolved = backend.kernel(module, function, loc);
   } catch (...) {
@@ -164,15 +165,18 @@ KernelHandle OpCache::kernel(Backend& backend, std::string_view module, std::str
     promise.set_exception(std::current_exception());
     throw;
   }
+  const ResolvedKernel* stored = nullptr;
   {
+    // Map nodes never move, so the reference handed out stays valid for the cache's life.
     std::unique_lock lock(kernels_mu_);
     KernelEntry& e = kernels_.find(KeyView{module, function})->second;
-    e.handle = resolved;
+    e.resolved = resolved;
     e.pending = {};
+    stored = &e.resolved;
     publish_snapshot_locked();
   }
-  promise.set_value(resolved);
-  return resolved;
+  promise.set_value(stored);
+  return *stored;
 }
 
 void OpCache::publish_snapshot_locked() {
@@ -182,11 +186,11 @@ void OpCache::publish_snapshot_locked() {
   snap->slots.resize(size);
   snap->mask = size - 1;
   for (const auto& [key, entry] : kernels_) {
-    if (!entry.handle) continue;
+    if (!entry.resolved.handle) continue;
     const std::uint64_t hash = key_hash(key.module, key.function);
     std::uint64_t i = hash & snap->mask;
-    while (snap->slots[i].handle) i = (i + 1) & snap->mask;
-    snap->slots[i] = Snapshot::Slot{hash, key.module, key.function, entry.handle};
+    while (snap->slots[i].kernel != nullptr) i = (i + 1) & snap->mask;
+    snap->slots[i] = Snapshot::Slot{hash, key.module, key.function, &entry.resolved};
   }
   snapshot_.store(snap.get(), std::memory_order_release);
   snapshots_.push_back(std::move(snap));
@@ -231,38 +235,6 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
   return winner ? *winner : fresh;
 }
 
-void OpCache::record_n_tile(KernelHandle kernel, std::uint32_t n_tile) {
-  std::unique_lock lock(meta_mu_);
-  n_tiles_[kernel] = n_tile;
-}
-
-std::uint32_t OpCache::n_tile(KernelHandle kernel) const {
-  std::shared_lock lock(meta_mu_);
-  const auto it = n_tiles_.find(kernel);
-  return it == n_tiles_.end() ? 0 : it->second;
-}
-
-void OpCache::record_a_e4m3(KernelHandle kernel) {
-  std::unique_lock lock(meta_mu_);
-  a_e4m3_.insert(kernel);
-}
-
-bool OpCache::a_e4m3(KernelHandle kernel) const {
-  std::shared_lock lock(meta_mu_);
-  return a_e4m3_.contains(kernel);
-}
-
-void OpCache::record_launch_meta(KernelHandle kernel, const KernelLaunchMeta& meta) {
-  std::unique_lock lock(meta_mu_);
-  launch_meta_[kernel] = meta;
-}
-
-KernelLaunchMeta OpCache::launch_meta(KernelHandle kernel) const {
-  std::shared_lock lock(meta_mu_);
-  const auto it = launch_meta_.find(kernel);
-  return it == launch_meta_.end() ? KernelLaunchMeta{} : it->second;
-}
-
 bool OpCache::first_n(std::string_view key, std::uint32_t n) {
   std::lock_guard lock(gates_mu_);
   auto it = counters_.find(std::string(key));
@@ -281,7 +253,7 @@ bool OpCache::first_shape(std::string_view name, std::uint32_t m, std::uint32_t 
 std::size_t OpCache::kernel_count() const {
   std::shared_lock lock(kernels_mu_);
   std::size_t n = 0;
-  for (const auto& [_, e] : kernels_) n += e.handle ? 1 : 0;
+  for (const auto& [_, e] : kernels_) n += e.resolved.handle ? 1 : 0;
   return n;
 }
 

@@ -11,10 +11,9 @@
 namespace metrale {
 namespace {
 
-std::optional<std::uint32_t> read_u32(std::string_view full, const std::string& symbol,
-                                      const SymbolReader& read) {
+std::uint32_t read_u32(std::string_view full, const std::string& symbol, const SymbolReader& read) {
   const auto bytes = read(symbol);
-  if (!bytes) return std::nullopt;
+  if (!bytes) return 0;
   if (bytes->size() != sizeof(std::uint32_t)) {
     throw Error(ErrorCode::kDriver, "kernel",
                 fmt::format("{} publishes {} as {} byte(s); it must be a 4-byte unsigned", full,
@@ -25,22 +24,24 @@ std::optional<std::uint32_t> read_u32(std::string_view full, const std::string& 
   return v;
 }
 
+bool read_flag(const std::string& symbol, const SymbolReader& read) {
+  const auto bytes = read(symbol);
+  return bytes &&
+         std::any_of(bytes->begin(), bytes->end(), [](std::byte b) { return b != std::byte{0}; });
+}
+
 }  // namespace
 
-void record_published(OpCache& cache, KernelHandle kernel, std::string_view full,
-                      std::string_view function, const SymbolReader& read) {
+KernelMeta read_published(std::string_view full, std::string_view function,
+                          const SymbolReader& read) {
   const std::string f(function);
-  if (const auto tile = read_u32(full, f + "_n_tile", read)) cache.record_n_tile(kernel, *tile);
-  KernelLaunchMeta meta;
-  meta.m_tile = read_u32(full, f + "_m_tile", read).value_or(0);
-  meta.smem_bytes = read_u32(full, f + "_smem_bytes", read).value_or(0);
-  meta.split_k = read_u32(full, f + "_split_k", read).value_or(0);
-  cache.record_launch_meta(kernel, meta);
-  if (const auto flag = read(f + "_a_e4m3")) {
-    if (std::any_of(flag->begin(), flag->end(), [](std::byte b) { return b != std::byte{0}; })) {
-      cache.record_a_e4m3(kernel);
-    }
-  }
+  KernelMeta meta;
+#define METRALE_PUBLISHED_U32(field) meta.field = read_u32(full, f + "_" #field, read);
+#define METRALE_PUBLISHED_FLAG(field) meta.field = read_flag(f + "_" #field, read);
+#include "kernels/published.def"
+#undef METRALE_PUBLISHED_U32
+#undef METRALE_PUBLISHED_FLAG
+  return meta;
 }
 
 }  // namespace metrale

@@ -9,7 +9,6 @@
 #include <string_view>
 #include <vector>
 
-#include "metrale/handles.h"
 #include "metrale/op_cache.h"
 
 namespace metrale {
@@ -17,10 +16,9 @@ namespace metrale {
 // Bytes of a published symbol, or nullopt when the module does not publish it.
 using SymbolReader = std::function<std::optional<std::vector<std::byte>>(const std::string&)>;
 
-// Reads <function>_n_tile, _m_tile, _smem_bytes, _split_k (4-byte unsigneds) and _a_e4m3 (any
-// non-zero byte) through `read` and records them in `cache` for `kernel`. A u32 symbol of another
-// size is Error(kDriver) naming `full` (module::function) and the symbol.
-void record_published(OpCache& cache, KernelHandle kernel, std::string_view full,
-                      std::string_view function, const SymbolReader& read);
+// Reads every <function>_<field> of src/kernels/published.def through `read`. A u32 symbol of
+// another size is Error(kDriver) naming `full` (module::function) and the symbol.
+KernelMeta read_published(std::string_view full, std::string_view function,
+                          const SymbolReader& read);
 
 }  // namespace metrale

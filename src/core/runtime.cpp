@@ -40,8 +40,8 @@ std::vector<ModuleDescription> describe_modules(Backend& backend) {
   for (const ModuleListing& m : backend.modules()) {
     ModuleDescription d{m.name, m.target, {}};
     for (const std::string& k : m.kernels) {
-      const KernelHandle h = backend.op_cache().kernel(backend, m.name, k);
-      d.kernels.push_back({k, backend.op_cache().n_tile(h), backend.kernel_casts_a_to_e4m3(h)});
+      const ResolvedKernel& r = backend.op_cache().kernel(backend, m.name, k);
+      d.kernels.push_back({k, r.meta.n_tile, r.meta.a_e4m3});
     }
     out.push_back(std::move(d));
   }

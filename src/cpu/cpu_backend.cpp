@@ -691,8 +691,8 @@ OpCache& CpuBackend::op_cache() {
   return impl_->cache;
 }
 
-KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::string_view function,
-                                        const CallSite& site) {
+ResolvedKernel CpuBackend::resolve_kernel(std::string_view module_name, std::string_view function,
+                                          const CallSite& site) {
   impl_->fault_point("kernel");
   const std::string full = fmt::format("{}::{}", module_name, function);
   {
@@ -731,14 +731,14 @@ KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::strin
   }
   const KernelHandle h{reinterpret_cast<std::uintptr_t>(k)};
   // Published metadata, read by the same rules as the CUDA backend's module globals.
-  record_published(op_cache(), h, full, function,
-                   [&](const std::string& symbol) -> std::optional<std::vector<std::byte>> {
-                     if (const auto* bytes = m->find_symbol(symbol)) return *bytes;
-                     return std::nullopt;
-                   });
+  const KernelMeta meta = read_published(
+      full, function, [&](const std::string& symbol) -> std::optional<std::vector<std::byte>> {
+        if (const auto* bytes = m->find_symbol(symbol)) return *bytes;
+        return std::nullopt;
+      });
   std::lock_guard lock(impl_->mu);
   impl_->kernel_names.emplace(h.value(), full);
-  return h;
+  return ResolvedKernel{h, meta};
 }
 
 }  // namespace metrale

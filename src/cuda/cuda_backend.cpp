@@ -563,8 +563,8 @@ std::optional<std::vector<std::byte>> CudaBackend::read_global(CUmodule module,
   return bytes;
 }
 
-KernelHandle CudaBackend::resolve_kernel(std::string_view module, std::string_view function,
-                                         const CallSite& site) {
+ResolvedKernel CudaBackend::resolve_kernel(std::string_view module, std::string_view function,
+                                           const CallSite& site) {
   enter("kernel");
   const std::string full = fmt::format("{}::{}", module, function);
   // Reading a module global copies device memory to the host: inside a capture that would be
@@ -593,11 +593,11 @@ KernelHandle CudaBackend::resolve_kernel(std::string_view module, std::string_vi
   check("kernel", fmt::format("cuModuleGetFunction({})", full), s);
   const KernelHandle h{reinterpret_cast<std::uintptr_t>(fn)};
 
-  record_published(op_cache(), h, full, fname,
-                   [&](const std::string& symbol) { return read_global(m->handle, symbol, full); });
+  const KernelMeta meta = read_published(
+      full, fname, [&](const std::string& symbol) { return read_global(m->handle, symbol, full); });
   std::lock_guard lock(mu_);
   kernels_.try_emplace(h.value(), KernelInfo{full, 0});
-  return h;
+  return ResolvedKernel{h, meta};
 }
 
 void CudaBackend::require_kernels(std::span<const std::string> also_required, bool allow_missing) {

@@ -94,8 +94,8 @@ class CudaBackend final : public Backend {
   void raw_free(DevicePtr ptr, MemoryKind kind) override;
   void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) override;
   void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
-  KernelHandle resolve_kernel(std::string_view module, std::string_view function,
-                              const CallSite& site) override;
+  ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
+                                const CallSite& site) override;
 
  private:
   struct KernelInfo {

@@ -29,7 +29,7 @@ void check_count(std::string_view api, std::size_t n) {
 }
 
 // Grid x from the kernel's own published tile, never from a width assumed here.
-Dim3 grid_for(Backend& backend, KernelHandle k, std::size_t n) {
+Dim3 grid_for(const Backend& backend, const ResolvedKernel& k, std::size_t n) {
   const std::uint64_t tile = backend.kernel_n_tile(k);
   return Dim3{static_cast<std::uint32_t>((n + tile - 1) / tile), 1, 1};
 }
@@ -41,7 +41,7 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
   check_buffer("fill_u32", "out", out);
   check_count("fill_u32", n);
   backend.check_range("fill_u32", "out", out, std::uint64_t{n} * 4);
-  const KernelHandle k = backend.op_cache().kernel(backend, "core", "fill_u32");
+  const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "fill_u32");
   const std::array args{KernelArg::buffer(out), KernelArg::value(value),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
   backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
@@ -60,7 +60,7 @@ void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, f
   }
   backend.check_range("axpy_f32", "y", y, bytes);
   backend.check_range("axpy_f32", "x", x, bytes);
-  const KernelHandle k = backend.op_cache().kernel(backend, "core", "axpy_f32");
+  const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "axpy_f32");
   const std::array args{KernelArg::buffer(y), KernelArg::buffer(x), KernelArg::value(a),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
   backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);

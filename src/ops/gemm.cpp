@@ -17,7 +17,6 @@ namespace metrale::ops {
 namespace {
 
 constexpr std::string_view kModule = "w4a16";
-constexpr std::uint32_t kBlockThreads = 256;
 constexpr std::uint64_t kAlign = 16;  // vector loads on every backend
 // Split-K: enough blocks for two per SM, and at most this many K slices (each slice adds an
 // M x N FP32 plane to the workspace and to the reduction's reads).
@@ -33,16 +32,26 @@ bool shape_log_enabled() {
   return on;
 }
 
+// The manifest's route column, as GemmRoute (kNone: a helper entry, no route of its own).
+namespace manifest_route {
+constexpr GemmRoute kNone = GemmRoute::kAuto, kDecode = GemmRoute::kDecode,
+                    kTiled = GemmRoute::kTiled, kE4m3 = GemmRoute::kE4m3;
+}  // namespace manifest_route
+
+struct RouteEntry {
+  GemmRoute route;
+  const char* entry;
+};
+constexpr RouteEntry kRouteEntries[] = {
+#define METRALE_W4A16_ENTRY(entry, Params, route) RouteEntry{manifest_route::route, #entry},
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
+};
+
+// The manifest's entry for a route.
 const char* entry_of(GemmRoute route) {
-  switch (route) {
-    case GemmRoute::kDecode:
-      return "gemm_decode";
-    case GemmRoute::kTiled:
-      return "gemm_tiled";
-    case GemmRoute::kE4m3:
-      return "gemm_e4m3";
-    case GemmRoute::kAuto:
-      break;
+  for (const RouteEntry& e : kRouteEntries) {
+    if (e.route == route && route != GemmRoute::kAuto) return e.entry;
   }
   return "?";
 }
@@ -117,14 +126,7 @@ void check_weights(std::string_view api, const QuantWeights& w) {
   }
 }
 
-// The route, with every kernel it needs resolved (so a missing one fails before any launch).
-struct Plan {
-  GemmRoute route = GemmRoute::kAuto;
-  KernelHandle gemm, cast, dequant;
-  KernelHandle reduce;  // gemm_split_reduce, where the GEMM kernel can split K
-};
-
-bool module_has(Backend& backend, const char* entry) {
+bool module_has(Backend& backend, std::string_view entry) {
   if (!backend.has_module(kModule)) return false;
   for (const ModuleListing& m : backend.modules()) {
     if (m.name != kModule) continue;
@@ -133,41 +135,6 @@ bool module_has(Backend& backend, const char* entry) {
     }
   }
   return false;
-}
-
-Plan plan(Backend& backend, std::int64_t m, const GemmOptions& options) {
-  constexpr std::string_view api = "w4a16_gemm";
-  GemmRoute route = options.route;
-  if (route == GemmRoute::kAuto) {
-    if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
-        module_has(backend, "gemm_e4m3")) {
-      route = GemmRoute::kE4m3;
-    } else {
-      route = m <= kDecodeMaxM ? GemmRoute::kDecode : GemmRoute::kTiled;
-    }
-  }
-  if (route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
-  }
-  OpCache& cache = backend.op_cache();
-  Plan p;
-  p.route = route;
-  p.gemm = cache.kernel(backend, kModule, entry_of(route));
-  if (cache.launch_meta(p.gemm).split_k != 0) {
-    p.reduce = cache.kernel(backend, kModule, "gemm_split_reduce");
-  }
-  if (route == GemmRoute::kE4m3) {
-    p.cast = cache.kernel(backend, kModule, "bf16_to_fp8");
-    p.dequant = cache.kernel(backend, kModule, "dequant_e4m3");
-  } else if (options.activations == Activations::kExactBf16 &&
-             backend.kernel_casts_a_to_e4m3(p.gemm)) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("{} casts A to E4M3 (it publishes {}_a_e4m3), but the caller asked "
-                            "for exact BF16 activations",
-                            backend.kernel_name(p.gemm), entry_of(route)));
-  }
-  return p;
 }
 
 // ceil(count / tile) as a grid dimension; Error(kInvalidArgument) past what a launch can hold.
@@ -182,35 +149,33 @@ std::uint32_t blocks_of(std::string_view api, std::string_view what, std::int64_
   return static_cast<std::uint32_t>(blocks);
 }
 
-Dim3 grid_over(Backend& backend, KernelHandle k, std::int64_t columns) {
-  return Dim3{blocks_of("launch", "the grid", columns, backend.kernel_n_tile(k), 0x7FFFFFFFu)};
+// The block size a kernel publishes; planning refuses a kernel that publishes none rather than
+// assume one.
+Dim3 block_of(std::string_view api, const Backend& backend, const ResolvedKernel& k) {
+  if (k.meta.block_threads == 0) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} publishes no block size (its <entry>_block_threads symbol is "
+                            "missing or 0); a launcher cannot assume one",
+                            backend.kernel_name(k)));
+  }
+  return Dim3{k.meta.block_threads};
 }
 
-// One GEMM launch, sized from what its kernel publishes alone: grid x over N by the N tile,
-// grid y over M by the M tile (where published), grid z over K slices (where it can split K and
-// N x M alone leaves SMs idle), and its dynamic shared memory.
-struct GemmLaunch {
-  Dim3 grid;
-  std::uint32_t smem = 0;
-  tiles::SplitK split;
-};
+// A one-dimensional launch over count items by the kernel's published N tile.
+PlannedLaunch flat_launch(std::string_view api, Backend& backend, const ResolvedKernel& k,
+                          std::int64_t count) {
+  return PlannedLaunch{
+      k, Dim3{blocks_of(api, "the grid", count, backend.kernel_n_tile(k), 0x7FFFFFFFu)},
+      block_of(api, backend, k), 0};
+}
 
-GemmLaunch launch_of(Backend& backend, KernelHandle k, std::int64_t m, std::int64_t n,
-                     std::int64_t kk) {
-  constexpr std::string_view api = "w4a16_gemm";
-  const KernelLaunchMeta meta = backend.op_cache().launch_meta(k);
-  GemmLaunch l;
-  l.grid.x = blocks_of(api, "N", n, backend.kernel_n_tile(k), 0x7FFFFFFFu);
-  l.grid.y = meta.m_tile != 0 ? blocks_of(api, "M", m, meta.m_tile, 0xFFFFu) : 1;
-  l.smem = meta.smem_bytes;
-  l.split = tiles::SplitK{1, kk};
-  if (meta.split_k != 0) {
-    const auto blocks = static_cast<std::int64_t>(l.grid.x) * l.grid.y;
-    const auto target = kBlocksPerSm * static_cast<std::int64_t>(backend.sm_count());
-    l.split = tiles::plan_split_k(kk, meta.split_k, blocks, target, kMaxSplits);
+GemmRoute route_of(Backend& backend, std::int64_t m, const GemmOptions& options) {
+  if (options.route != GemmRoute::kAuto) return options.route;
+  if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
+      module_has(backend, entry_of(GemmRoute::kE4m3))) {
+    return GemmRoute::kE4m3;
   }
-  l.grid.z = static_cast<std::uint32_t>(l.split.splits);
-  return l;
+  return m <= decode_max_m(backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
 }
 
 void log_route(Backend& backend, GemmRoute route, std::int64_t m, std::int64_t n, std::int64_t k) {
@@ -223,6 +188,24 @@ void log_route(Backend& backend, GemmRoute route, std::int64_t m, std::int64_t n
     log::info("{} w4a16_gemm shape M={} N={} K={}: {:.3g} GFLOP", backend.name(), m, n, k,
               2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) / 1e9);
   }
+}
+
+const char* layout_name(WeightLayout layout) {
+  return layout == WeightLayout::kTransposed ? "transposed" : "row-major";
+}
+
+constexpr std::uint64_t kWorkspaceAlign = 256;
+
+std::uint64_t align_up(std::uint64_t v) {
+  return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+// A workspace part the plan needs must be there, aligned, and inside one allocation.
+void check_workspace_part(std::string_view api, Backend& backend, const char* name, DevicePtr p,
+                          std::uint64_t bytes) {
+  if (bytes == 0) return;
+  check_pointer(api, name, p);
+  backend.check_range(api, name, p, bytes);
 }
 
 }  // namespace
@@ -241,20 +224,57 @@ std::string_view to_string(GemmRoute route) noexcept {
   return "?";
 }
 
-GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights&,
-                       const GemmOptions& options) {
-  return plan(backend, m, options).route;
+std::uint64_t GemmWorkspaceBytes::total() const noexcept {
+  return align_up(split_k) + align_up(a_e4m3) + align_up(w_e4m3);
 }
 
-void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
-                const QuantWeights& w, DevicePtr c, const GemmOptions& options) {
-  constexpr std::string_view api = "w4a16_gemm";
-  if (m < 1)
-    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
-  check_weights(api, w);
+GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& bytes) {
+  GemmWorkspace w;
+  std::uint64_t at = 0;
+  const auto take = [&](std::uint64_t n) {
+    if (n == 0) return DevicePtr{};
+    const DevicePtr p = base.offset(at);
+    at += align_up(n);
+    return p;
+  };
+  w.split_k = take(bytes.split_k);
+  w.a_e4m3 = take(bytes.a_e4m3);
+  w.w_e4m3 = take(bytes.w_e4m3);
+  return w;
+}
+
+std::string GemmPlan::describe() const {
+  std::string s = fmt::format("route {} M={} N={} K={}:", to_string(route), m, n, k);
+  for (const PlannedLaunch& l : launches) {
+    s += fmt::format(" {} grid {}x{}x{} block {}{};", backend->kernel_name(l.kernel), l.grid.x,
+                     l.grid.y, l.grid.z, l.block.x,
+                     l.smem_bytes != 0 ? fmt::format(" smem {}", l.smem_bytes) : "");
+  }
+  s += fmt::format(" split-K {} x {}; workspace {} bytes", splits, k_per_split, workspace.total());
+  return s;
+}
+
+std::int64_t decode_max_m(Backend& backend) {
+  const ResolvedKernel& k =
+      backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kDecode));
+  if (k.meta.max_m == 0) {
+    throw Error(ErrorCode::kNotFound, "plan",
+                fmt::format("{} publishes no largest M (gemm_decode_max_m is missing or 0): the "
+                            "automatic route cannot tell decode from tiled",
+                            backend.kernel_name(k)));
+  }
+  return k.meta.max_m;
+}
+
+namespace {
+
+// The checks every call makes before anything is looked up or launched: A, C and the bias
+// present and aligned, C overlapping no input, and every range inside one allocation.
+void check_buffers(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
+                   DevicePtr a, DevicePtr c, DevicePtr bias) {
   check_pointer(api, "A", a);
   check_pointer(api, "C", c);
-  if (options.bias) check_pointer(api, "bias", options.bias);
+  if (bias) check_pointer(api, "bias", bias);
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
   const std::uint64_t a_bytes = bytes_of(api, "A", um, uk, 2),
@@ -263,68 +283,205 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
       api, Range{"C", c.address(), c_bytes},
       {Range{"A", a.address(), a_bytes}, Range{"weight codes", w.codes.address(), w.codes_bytes},
        Range{"weight scales", w.scales.address(), w.scales_bytes},
-       Range{"bias", options.bias.address(), options.bias ? un * 2 : 0}});
+       Range{"bias", bias.address(), bias ? un * 2 : 0}});
   // The kernels read and write these ranges without bounds; a backend that knows its
   // allocations refuses any that lies outside one.
   backend.check_range(api, "A", a, a_bytes);
   backend.check_range(api, "weight codes", w.codes, w.codes_bytes);
   backend.check_range(api, "weight scales", w.scales, w.scales_bytes);
-  if (options.bias) backend.check_range(api, "bias", options.bias, un * 2);
+  if (bias) backend.check_range(api, "bias", bias, un * 2);
   backend.check_range(api, "C", c, c_bytes);
+}
 
-  const Plan p = plan(backend, m, options);
+// The planned launches, in order, on checked buffers.
+void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w,
+                    DevicePtr c, const GemmWorkspace& workspace, DevicePtr bias) {
+  Backend& backend = *plan.backend;
   GemmParams params;
   params.a = a.address();
   params.codes = w.codes.address();
   params.scales = w.scales.address();
   params.out = c.address();
-  params.bias = options.bias.address();
-  params.m = m;
+  params.bias = bias.address();
+  params.m = plan.m;
   params.n = w.n;
   params.k = w.k;
   params.tensor_scale = w.tensor_scale;
-  params.flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
-                 (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
-                 (options.bias ? kGemmBias : 0u);
+  params.flags = plan.flags;
+  params.splits = plan.splits;
+  params.k_per_split = plan.k_per_split;
+  params.workspace = workspace.split_k.address();
 
-  const GemmLaunch l = launch_of(backend, p.gemm, m, w.n, w.k);
-  params.splits = l.split.splits;
-  params.k_per_split = l.split.k_per_split;
-  if (l.split.splits > 1) {
-    // FP32 partials [splits, M, N], summed in slice order by gemm_split_reduce: the result does
-    // not depend on which slice finishes first.
-    const std::uint64_t bytes =
-        bytes_of(api, "the split-K workspace", static_cast<std::uint64_t>(l.split.splits) * um, un,
-                 sizeof(float));
-    params.workspace =
-        backend.op_cache()
-            .scratch(backend, gemm_scratch_tag(backend, stream, "gemm_split_k"), bytes)
-            .address();
+  std::size_t i = 0;
+  if (plan.route == GemmRoute::kE4m3) {
+    const CastParams cast{a.address(), workspace.a_e4m3.address(), plan.m * w.k, 0, 0};
+    const PlannedLaunch& lc = plan.launches[i++];
+    backend.launch_typed(lc.kernel, lc.grid, lc.block, lc.smem_bytes, stream,
+                         std::array{KernelArg::value(cast)});
+    const CastParams deq{w.codes.address(), workspace.w_e4m3.address(), w.n, w.k, plan.flags};
+    const PlannedLaunch& ld = plan.launches[i++];
+    backend.launch_typed(ld.kernel, ld.grid, ld.block, ld.smem_bytes, stream,
+                         std::array{KernelArg::value(deq)});
+    params.a = workspace.a_e4m3.address();
+    params.codes = workspace.w_e4m3.address();
+  }
+  for (; i < plan.launches.size(); ++i) {
+    const PlannedLaunch& l = plan.launches[i];
+    backend.launch_typed(l.kernel, l.grid, l.block, l.smem_bytes, stream,
+                         std::array{KernelArg::value(params)});
+  }
+}
+
+GemmPlan plan_as(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
+                 const GemmOptions& options) {
+  if (m < 1)
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
+  check_weights(api, w);
+  if (options.bias) check_pointer(api, "bias", options.bias);
+  const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
+             uk = static_cast<std::uint64_t>(w.k);
+  (void)bytes_of(api, "A", um, uk, 2);
+  (void)bytes_of(api, "C", um, un, 2);
+
+  GemmPlan p;
+  p.backend = &backend;
+  p.route = route_of(backend, m, options);
+  p.m = m;
+  p.n = w.n;
+  p.k = w.k;
+  p.format = w.format;
+  p.layout = w.layout;
+  p.bias = static_cast<bool>(options.bias);
+  p.flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
+            (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
+            (options.bias ? kGemmBias : 0u);
+  if (p.route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
+  }
+  OpCache& cache = backend.op_cache();
+  const ResolvedKernel& gemm = cache.kernel(backend, kModule, entry_of(p.route));
+  if (p.route != GemmRoute::kE4m3 && options.activations == Activations::kExactBf16 &&
+      Backend::kernel_casts_a_to_e4m3(gemm)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} casts A to E4M3 (it publishes {}_a_e4m3), but the caller asked "
+                            "for exact BF16 activations",
+                            backend.kernel_name(gemm), entry_of(p.route)));
   }
 
   if (p.route == GemmRoute::kE4m3) {
-    // The seed's scratch tag for the cast activations, and one for the E4M3 weights.
-    OpCache& cache = backend.op_cache();
-    const DevicePtr a8 =
-        cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_activation"), um * uk);
-    const DevicePtr w8 =
-        cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_weights"), un * uk);
-    const CastParams cast{a.address(), a8.address(), m * w.k, 0, 0};
-    backend.launch_typed(p.cast, grid_over(backend, p.cast, m * w.k), Dim3{kBlockThreads}, 0,
-                         stream, std::array{KernelArg::value(cast)});
-    const CastParams deq{w.codes.address(), w8.address(), w.n, w.k, params.flags};
-    backend.launch_typed(p.dequant, grid_over(backend, p.dequant, w.n), Dim3{kBlockThreads}, 0,
-                         stream, std::array{KernelArg::value(deq)});
-    params.a = a8.address();
-    params.codes = w8.address();
+    p.launches.push_back(
+        flat_launch(api, backend, cache.kernel(backend, kModule, "bf16_to_fp8"), m * w.k));
+    p.launches.push_back(
+        flat_launch(api, backend, cache.kernel(backend, kModule, "dequant_e4m3"), w.n));
+    p.workspace.a_e4m3 = um * uk;
+    p.workspace.w_e4m3 = bytes_of(api, "the E4M3 weights", un, uk, 1);
+  }
+
+  // The GEMM itself, sized from what its kernel publishes alone: grid x over N by the N tile,
+  // grid y over M by the M tile (where published), grid z over K slices (where it can split K
+  // and N x M alone leaves SMs idle), and its dynamic shared memory.
+  PlannedLaunch g{gemm, {}, block_of(api, backend, gemm), gemm.meta.smem_bytes};
+  g.grid.x = blocks_of(api, "N", w.n, backend.kernel_n_tile(gemm), 0x7FFFFFFFu);
+  g.grid.y = gemm.meta.m_tile != 0 ? blocks_of(api, "M", m, gemm.meta.m_tile, 0xFFFFu) : 1;
+  tiles::SplitK split{1, w.k};
+  if (gemm.meta.split_k != 0) {
+    const auto blocks = static_cast<std::int64_t>(g.grid.x) * g.grid.y;
+    const auto target = kBlocksPerSm * static_cast<std::int64_t>(backend.sm_count());
+    split = tiles::plan_split_k(w.k, gemm.meta.split_k, blocks, target, kMaxSplits);
+  }
+  g.grid.z = static_cast<std::uint32_t>(split.splits);
+  p.splits = split.splits;
+  p.k_per_split = split.k_per_split;
+  p.launches.push_back(g);
+  if (split.splits > 1) {
+    // FP32 partials [splits, M, N], summed in slice order by gemm_split_reduce: the result does
+    // not depend on which slice finishes first.
+    p.workspace.split_k =
+        bytes_of(api, "the split-K workspace", static_cast<std::uint64_t>(split.splits) * um, un,
+                 sizeof(float));
+    p.launches.push_back(
+        flat_launch(api, backend, cache.kernel(backend, kModule, "gemm_split_reduce"), m * w.n));
   }
   log_route(backend, p.route, m, w.n, w.k);
-  backend.launch_typed(p.gemm, l.grid, Dim3{kBlockThreads}, l.smem, stream,
-                       std::array{KernelArg::value(params)});
-  if (l.split.splits > 1) {
-    backend.launch_typed(p.reduce, grid_over(backend, p.reduce, m * w.n), Dim3{kBlockThreads}, 0,
-                         stream, std::array{KernelArg::value(params)});
+  return p;
+}
+
+void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, DevicePtr a,
+            const QuantWeights& w, DevicePtr c, const GemmWorkspace& workspace, DevicePtr bias) {
+  if (plan.backend == nullptr || plan.launches.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, api, "the plan is empty (made by no call to plan())");
   }
+  Backend& backend = *plan.backend;
+  // A plan's handles belong to its backend's modules: refused once teardown released them.
+  if (backend.op_cache().released()) {
+    throw Error(ErrorCode::kState, api,
+                "the plan's backend was torn down (its op cache is released); plan again on a "
+                "live backend");
+  }
+  if (w.n != plan.n || w.k != plan.k || w.format != plan.format || w.layout != plan.layout) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("weights are {} {}x{} {}; the plan is for {} {}x{} {}",
+                            to_string(w.format), w.n, w.k, layout_name(w.layout),
+                            to_string(plan.format), plan.n, plan.k, layout_name(plan.layout)));
+  }
+  if (plan.bias != static_cast<bool>(bias)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                plan.bias ? "the plan adds a bias, but bias is null"
+                          : "bias is given, but the plan was made without one");
+  }
+  check_weights(api, w);
+  check_buffers(api, backend, plan.m, w, a, c, bias);
+  check_workspace_part(api, backend, "split-K workspace", workspace.split_k,
+                       plan.workspace.split_k);
+  check_workspace_part(api, backend, "E4M3 A workspace", workspace.a_e4m3, plan.workspace.a_e4m3);
+  check_workspace_part(api, backend, "E4M3 weights workspace", workspace.w_e4m3,
+                       plan.workspace.w_e4m3);
+
+  launch_planned(plan, stream, a, w, c, workspace, bias);
+}
+
+}  // namespace
+
+GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w, const GemmOptions& options) {
+  return plan_as("plan", backend, m, w, options);
+}
+
+void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
+         const GemmWorkspace& workspace, DevicePtr bias) {
+  run_as("run", plan, stream, a, w, c, workspace, bias);
+}
+
+GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
+                       const GemmOptions& options) {
+  return plan_as("w4a16_gemm", backend, m, w, options).route;
+}
+
+void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
+                const QuantWeights& w, DevicePtr c, const GemmOptions& options) {
+  constexpr std::string_view api = "w4a16_gemm";
+  // Bad arguments are refused before any kernel is looked up or any scratch allocated.
+  if (m < 1)
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
+  check_weights(api, w);
+  check_buffers(api, backend, m, w, a, c, options.bias);
+  const GemmPlan p = plan_as(api, backend, m, w, options);
+  // The seed's scratch tags, grow-only in the OpCache, one set per stream.
+  OpCache& cache = backend.op_cache();
+  GemmWorkspace ws;
+  if (p.workspace.split_k != 0) {
+    ws.split_k = cache.scratch(backend, gemm_scratch_tag(backend, stream, "gemm_split_k"),
+                               p.workspace.split_k);
+  }
+  if (p.workspace.a_e4m3 != 0) {
+    ws.a_e4m3 = cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_activation"),
+                              p.workspace.a_e4m3);
+  }
+  if (p.workspace.w_e4m3 != 0) {
+    ws.w_e4m3 = cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_weights"),
+                              p.workspace.w_e4m3);
+  }
+  launch_planned(p, stream, a, w, c, ws, options.bias);
 }
 
 std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_view base) {
@@ -345,10 +502,10 @@ void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, Devi
   check_no_overlap(api, Range{"out", out.address(), n}, {Range{"in", in.address(), n * 2}});
   backend.check_range(api, "in", in, n * 2);
   backend.check_range(api, "out", out, n);
-  const KernelHandle k = backend.op_cache().kernel(backend, kModule, "bf16_to_fp8");
+  const PlannedLaunch l =
+      flat_launch(api, backend, backend.op_cache().kernel(backend, kModule, "bf16_to_fp8"), count);
   const CastParams params{in.address(), out.address(), count, 0, 0};
-  backend.launch_typed(k, grid_over(backend, k, count), Dim3{kBlockThreads}, 0, stream,
-                       std::array{KernelArg::value(params)});
+  backend.launch_typed(l.kernel, l.grid, l.block, 0, stream, std::array{KernelArg::value(params)});
 }
 
 }  // namespace metrale::ops

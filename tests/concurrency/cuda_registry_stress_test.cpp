@@ -91,13 +91,13 @@ void one_op(Shared& s, Backend& b, std::shared_ptr<ModuleRegistry>& mine, Op op,
   const char* fn = gen() % 2 ? "fill_u32" : "axpy_f32";
   switch (op) {
     case Op::kLookup: {
-      const KernelHandle h = b.op_cache().kernel(b, "core", fn);
+      const ResolvedKernel& h = b.op_cache().kernel(b, "core", fn);
       if (b.kernel_n_tile(h) != kTile) s.fail(fmt::format("{} lost its published tile", fn));
       return;
     }
     case Op::kResolve: {
       // Straight to the backend, past the memo: reads the published symbols again.
-      const KernelHandle h = b.kernel("core", fn);
+      const ResolvedKernel h = b.kernel("core", fn);
       if (h != b.op_cache().kernel(b, "core", fn)) s.fail("two handles for one kernel");
       if (b.kernel_n_tile(h) != kTile) s.fail(fmt::format("{} lost its published tile", fn));
       return;

@@ -103,8 +103,8 @@ void one_op(Shared& s, Backend& b, Op op, std::size_t worker, int step, std::mt1
   OpCache& cache = b.op_cache();
   switch (op) {
     case Op::kLookup: {
-      const KernelHandle fill = cache.kernel(b, "core", "fill_u32");
-      const KernelHandle axpy = cache.kernel(b, "core", "axpy_f32");
+      const ResolvedKernel fill = cache.kernel(b, "core", "fill_u32");
+      const ResolvedKernel axpy = cache.kernel(b, "core", "axpy_f32");
       if (!fill || !axpy || fill == axpy) s.fail("lookup: null or equal handles");
       if (b.kernel_n_tile(fill) == 0) s.fail("lookup: fill_u32 publishes no tile");
       return;

@@ -45,8 +45,8 @@ void noop(const HostBlock&) {}
 TEST(OpCache, AKernelIsResolvedOnceAndReused) {
   CpuBackend backend(one_thread());
   OpCache cache;
-  const KernelHandle a = cache.kernel(backend, "core", "fill_u32");
-  const KernelHandle b = cache.kernel(backend, "core", "fill_u32");
+  const ResolvedKernel a = cache.kernel(backend, "core", "fill_u32");
+  const ResolvedKernel b = cache.kernel(backend, "core", "fill_u32");
   EXPECT_TRUE(a);
   EXPECT_EQ(a, b);
   EXPECT_EQ(cache.kernel_count(), 1u);
@@ -66,13 +66,13 @@ TEST(OpCache, TwoCachesShareNeitherHandlesNorScratch) {
   OpCache b;
   const std::size_t bytes = random_size(1, 1 << 16);
   const DevicePtr scratch_a = a.scratch(backend_a, "fp8_activation", bytes);
-  const KernelHandle kernel_a = a.kernel(backend_a, "core", "fill_u32");
+  const ResolvedKernel kernel_a = a.kernel(backend_a, "core", "fill_u32");
   EXPECT_EQ(a.summary(), "OpCache{kernels: 1, scratch: 1}");
   EXPECT_EQ(b.summary(), "OpCache{kernels: 0, scratch: 0}");  // the second starts empty
   EXPECT_EQ(backend_b.live_bytes(), 0u);
 
   const DevicePtr scratch_b = b.scratch(backend_b, "fp8_activation", bytes);
-  const KernelHandle kernel_b = b.kernel(backend_b, "core", "fill_u32");
+  const ResolvedKernel kernel_b = b.kernel(backend_b, "core", "fill_u32");
   EXPECT_NE(scratch_a, scratch_b);
   EXPECT_NE(kernel_a, kernel_b);
   // Each cache asked its own backend: one lookup and one allocation on each.
@@ -143,11 +143,11 @@ TEST(OpCache, ManyKernelsAllHitAfterOneLookupEach) {
   OpCache& cache = backend.op_cache();
   std::vector<std::uint64_t> first;
   for (std::size_t i = 0; i < kKernels; ++i) {
-    first.push_back(cache.kernel(backend, "mt", fmt::format("k{}", i)).value());
+    first.push_back(cache.kernel(backend, "mt", fmt::format("k{}", i)).handle.value());
   }
   for (int round = 0; round < 3; ++round) {
     for (std::size_t i = 0; i < kKernels; ++i) {
-      ASSERT_EQ(cache.kernel(backend, "mt", fmt::format("k{}", i)).value(), first[i]) << i;
+      ASSERT_EQ(cache.kernel(backend, "mt", fmt::format("k{}", i)).handle.value(), first[i]) << i;
     }
   }
   EXPECT_EQ(std::set<std::uint64_t>(first.begin(), first.end()).size(), kKernels);
@@ -177,7 +177,7 @@ TEST(OpCache, ConcurrentLookupsGetOneHandlePerKey) {
       start.arrive_and_wait();
       for (int r = 0; r < kRounds; ++r) {
         for (const std::string& name : names) {
-          seen[t][name].insert(cache.kernel(backend, "mt", name).value());
+          seen[t][name].insert(cache.kernel(backend, "mt", name).handle.value());
         }
       }
     });
@@ -230,7 +230,7 @@ TEST(OpCache, AFailingLookupIsNotMemoizedAndLeavesTheCacheUsable) {
   EXPECT_EQ(cache.kernel_count(), 0u);
 
   // Other keys still resolve, and scratch still works.
-  const KernelHandle axpy = cache.kernel(backend, "core", "axpy_f32");
+  const ResolvedKernel axpy = cache.kernel(backend, "core", "axpy_f32");
   EXPECT_TRUE(axpy);
   EXPECT_TRUE(cache.scratch(backend, "tmp", 64));
   EXPECT_EQ(cache.kernel_count(), 1u);
@@ -239,7 +239,7 @@ TEST(OpCache, AFailingLookupIsNotMemoizedAndLeavesTheCacheUsable) {
   EXPECT_EQ(expect_error([&] { cache.kernel(backend, "core", "fill_u32"); }).code(),
             ErrorCode::kNotFound);
   backend.set_faults(CpuFaults{});
-  const KernelHandle fill = cache.kernel(backend, "core", "fill_u32");
+  const ResolvedKernel fill = cache.kernel(backend, "core", "fill_u32");
   EXPECT_TRUE(fill);
   EXPECT_NE(fill, axpy);
   EXPECT_EQ(cache.kernel(backend, "core", "fill_u32"), fill);
@@ -322,7 +322,7 @@ TEST(OpCache, ReleaseAfterAFailingFreeFreesTheRestAndRethrowsTheFirstError) {
 TEST(OpCache, AfterReleaseKernelAndScratchAreStateErrorsAndReachNothing) {
   CpuBackend backend(one_thread());
   OpCache cache;
-  const KernelHandle fill = cache.kernel(backend, "core", "fill_u32");
+  const ResolvedKernel fill = cache.kernel(backend, "core", "fill_u32");
   ASSERT_TRUE(fill);
   const std::size_t bytes = random_size(1, 4096);
   cache.scratch(backend, "act", bytes);
@@ -528,7 +528,7 @@ class OpCacheMetadata : public ::testing::Test {
     modules.push_back(meta_module(t));
     return one_thread(std::move(modules));
   }
-  KernelHandle get(std::string_view function) {
+  const ResolvedKernel& get(std::string_view function) {
     return backend.op_cache().kernel(backend, "meta", function);
   }
   std::uint32_t tile;
@@ -536,17 +536,17 @@ class OpCacheMetadata : public ::testing::Test {
 };
 
 TEST_F(OpCacheMetadata, KernelNTileReturnsThePublishedTile) {
-  const KernelHandle h = get("tiled");
+  const ResolvedKernel& h = get("tiled");
   EXPECT_EQ(backend.kernel_n_tile(h), tile);
-  EXPECT_EQ(backend.op_cache().n_tile(h), tile);
+  EXPECT_EQ(h.meta.n_tile, tile);
   EXPECT_EQ(backend.kernel_n_tile(backend.op_cache().kernel(backend, "core", "fill_u32")), 256u);
 }
 
 TEST_F(OpCacheMetadata, KernelNTileWithoutATileIsAClearError) {
   for (const char* name : {"untiled", "zero_tile"}) {
     SCOPED_TRACE(name);
-    const KernelHandle h = get(name);
-    EXPECT_EQ(backend.op_cache().n_tile(h), 0u);
+    const ResolvedKernel& h = get(name);
+    EXPECT_EQ(h.meta.n_tile, 0u);
     const Error e = expect_error([&] { backend.kernel_n_tile(h); });
     EXPECT_EQ(e.code(), ErrorCode::kNotFound);
     EXPECT_THAT(e.what(), HasSubstr("[kernel_n_tile]"));
@@ -568,25 +568,22 @@ TEST_F(OpCacheMetadata, AE4m3IsRecordedOnlyWhenNonZero) {
   EXPECT_TRUE(backend.kernel_casts_a_to_e4m3(get("casts_byte")));
   EXPECT_FALSE(backend.kernel_casts_a_to_e4m3(get("no_cast")));
   EXPECT_FALSE(backend.kernel_casts_a_to_e4m3(get("untiled")));
-  EXPECT_TRUE(backend.op_cache().a_e4m3(get("casts")));
-  EXPECT_FALSE(backend.op_cache().a_e4m3(get("no_cast")));
+  EXPECT_TRUE(get("casts").meta.a_e4m3);
+  EXPECT_FALSE(get("no_cast").meta.a_e4m3);
 }
 
-TEST(OpCache, RecordedMetadataIsPerHandleAndReplaceable) {
-  OpCache cache;
-  const KernelHandle h{0x1000}, g{0x2000};
-  EXPECT_EQ(cache.n_tile(h), 0u);
-  EXPECT_FALSE(cache.a_e4m3(h));
-  cache.record_n_tile(h, 64);
-  cache.record_n_tile(h, 128);  // a later value replaces it
-  cache.record_a_e4m3(g);
-  EXPECT_EQ(cache.n_tile(h), 128u);
-  EXPECT_EQ(cache.n_tile(g), 0u);
-  EXPECT_TRUE(cache.a_e4m3(g));
-  EXPECT_FALSE(cache.a_e4m3(h));
-  OpCache other;
-  EXPECT_EQ(other.n_tile(h), 0u);
-  EXPECT_FALSE(other.a_e4m3(g));
+TEST_F(OpCacheMetadata, EveryHitReturnsTheMetadataTheLookupRead) {
+  // The miss stores the handle and its metadata together; hits return that same entry (one
+  // probe, no second map), and another backend's cache has entries of its own.
+  const ResolvedKernel& first = get("tiled");
+  const ResolvedKernel& again = get("tiled");
+  EXPECT_EQ(&first, &again);
+  EXPECT_EQ(again.meta.n_tile, tile);
+  EXPECT_EQ(backend.op_cache().kernel_count(), 1u);
+  CpuBackend other;
+  const ResolvedKernel& theirs = other.op_cache().kernel(other, "core", "fill_u32");
+  EXPECT_NE(&theirs, &first);
+  EXPECT_EQ(theirs.meta.n_tile, 256u);
 }
 
 // ---- summary and hashing ----

@@ -156,7 +156,7 @@ void launch1(Backend& b, KernelHandle k, Dim3 grid, Dim3 block, std::uint32_t sh
 TEST(CpuLaunch, EveryBlockOfA3dGridRunsExactlyOnce) {
   for (unsigned threads : {1u, 4u}) {
     CpuBackend b(options(threads));
-    const KernelHandle k = b.kernel("test", "count");
+    const ResolvedKernel k = b.kernel("test", "count");
     const Dim3 grid{7, 5, 3};
     const DevicePtr counts = zeros(b, grid.volume());
     launch1(b, k, grid, Dim3{128}, 0, counts);
@@ -182,7 +182,7 @@ TEST(CpuLaunch, KernelsSeeTheLaunchShape) {
 
 TEST(CpuLaunch, EachBlockHasUsableSharedMemoryUpToTheMaximum) {
   CpuBackend b(options(4));
-  const KernelHandle k = b.kernel("test", "shared");
+  const ResolvedKernel k = b.kernel("test", "shared");
   for (std::uint32_t shared : {1u, 100000u, 232448u}) {
     const Dim3 grid{6, 2, 1};
     const DevicePtr out = zeros(b, grid.volume());
@@ -196,7 +196,7 @@ TEST(CpuLaunch, EachBlockHasUsableSharedMemoryUpToTheMaximum) {
 
 TEST(CpuLaunch, BadLaunchShapesAreRejectedNamingTheKernelAndRunNothing) {
   CpuBackend b(options(2));
-  const KernelHandle k = b.kernel("test", "count");
+  const ResolvedKernel k = b.kernel("test", "count");
   const DevicePtr counts = zeros(b, 4096);
   std::uint64_t address = counts.address();
   std::array<void*, 2> two{&address, &address};
@@ -262,7 +262,7 @@ TEST(CpuLaunch, BadLaunchShapesAreRejectedNamingTheKernelAndRunNothing) {
 
 TEST(CpuLaunch, AnExceptionInsideAKernelIsADeviceFaultNamingTheLaunch) {
   CpuBackend b(options(4));
-  const KernelHandle k = b.kernel("test", "throws");
+  const ResolvedKernel k = b.kernel("test", "throws");
   const Error e = expect_error([&] {
     b.launch(k, Dim3{3, 2, 1}, Dim3{64}, 128, b.default_stream(), std::span<void*>{});
   });
@@ -290,9 +290,9 @@ TEST(CpuLaunch, AnExceptionInsideAKernelIsADeviceFaultNamingTheLaunch) {
 TEST(CpuLaunch, HandlesNotResolvedByThisBackendAreRejected) {
   CpuBackend b(options(1));
   CpuBackend other(options(1));
-  const KernelHandle foreign = other.kernel("test", "count");
+  const ResolvedKernel foreign = other.kernel("test", "count");
   const DevicePtr counts = zeros(b, 4);
-  for (const KernelHandle h : {foreign, KernelHandle{}, KernelHandle{0x1234}}) {
+  for (const KernelHandle h : {foreign.handle, KernelHandle{}, KernelHandle{0x1234}}) {
     const Error e = expect_error([&] { launch1(b, h, Dim3{1}, Dim3{1}, 0, counts); });
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_THAT(e.what(), HasSubstr(fmt::format("[launch] kernel 0x{:x} was not resolved by this "
@@ -300,7 +300,7 @@ TEST(CpuLaunch, HandlesNotResolvedByThisBackendAreRejected) {
                                                 h.value())));
   }
   EXPECT_EQ(read<std::uint32_t>(b, counts, 4), std::vector<std::uint32_t>(4, 0u));
-  EXPECT_EQ(b.kernel_name(foreign), fmt::format("kernel 0x{:x}", foreign.value()));
+  EXPECT_EQ(b.kernel_name(foreign), fmt::format("kernel 0x{:x}", foreign.handle.value()));
   EXPECT_EQ(other.kernel_name(foreign), "test::count");
   b.free(counts);
 }
@@ -381,10 +381,10 @@ TEST(CpuLookup, PublishedMetadataIsRecordedAndAMalformedTileFailsTheLookup) {
   o.modules.push_back(bad);
   CpuBackend b(std::move(o));
 
-  const KernelHandle count = b.kernel("test", "count");
+  const ResolvedKernel count = b.kernel("test", "count");
   EXPECT_EQ(b.kernel_n_tile(count), 16u);
   EXPECT_TRUE(b.kernel_casts_a_to_e4m3(count));
-  const KernelHandle shape = b.kernel("test", "shape");
+  const ResolvedKernel shape = b.kernel("test", "shape");
   EXPECT_FALSE(b.kernel_casts_a_to_e4m3(shape));
   const Error none = expect_error([&] { (void)b.kernel_n_tile(shape); });
   EXPECT_EQ(none.code(), ErrorCode::kNotFound);
@@ -407,7 +407,7 @@ TEST(CpuLookup, PublishedMetadataIsRecordedAndAMalformedTileFailsTheLookup) {
 
 TEST(CpuLaunch, LaunchTypedPacksArgumentsTheKernelReadsBack) {
   CpuBackend b(options(1));
-  const KernelHandle k = b.kernel("test", "echo");
+  const ResolvedKernel k = b.kernel("test", "echo");
   const DevicePtr out = b.alloc(sizeof(Echo));
   b.memset(out, 0xAB, sizeof(Echo));
   const std::array args{KernelArg::buffer(out), KernelArg::value(std::uint32_t{0xDEADBEEF}),

@@ -196,7 +196,7 @@ TEST(CpuGraphs, CaptureRecordsInsteadOfRunningAndReplaysEachLaunch) {
   GraphFixture f;
   CpuBackend& b = f.b;
   // Resolve before the capture: the memoized hit is what the op uses inside it.
-  const KernelHandle axpy = b.op_cache().kernel(b, "core", "axpy_f32");
+  const ResolvedKernel& axpy = b.op_cache().kernel(b, "core", "axpy_f32");
   b.begin_capture(f.s);
   EXPECT_TRUE(b.is_capturing(f.s));
   EXPECT_FALSE(b.is_capturing(b.default_stream()));
@@ -239,7 +239,7 @@ TEST(CpuGraphs, CaptureRecordsInsteadOfRunningAndReplaysEachLaunch) {
 TEST(CpuGraphs, ACapturedLaunchKeepsTheArgumentValuesItWasCapturedWith) {
   CpuBackend b;
   const StreamHandle s = b.create_stream();
-  const KernelHandle fill = b.kernel("core", "fill_u32");
+  const ResolvedKernel fill = b.kernel("core", "fill_u32");
   constexpr std::uint32_t n = 1000;
   const DevicePtr out = upload(b, std::vector<std::uint32_t>(n, 0u));
   std::uint64_t out_address = out.address();
@@ -365,7 +365,7 @@ TEST(CpuGraphs, BeginCaptureTwiceThrowsAndKeepsTheFirstCapture) {
 TEST(CpuGraphs, KernelLookupsDuringACaptureThrowButMemoizedHitsWork) {
   GraphFixture f;
   CpuBackend& b = f.b;
-  const KernelHandle fill = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& fill = b.op_cache().kernel(b, "core", "fill_u32");
   const std::size_t audit_before = b.lookup_audit().size();
   b.begin_capture(f.s);
   const Error direct = expect_error([&] { (void)b.kernel("core", "axpy_f32"); });

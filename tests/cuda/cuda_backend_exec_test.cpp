@@ -143,7 +143,7 @@ TEST(CudaExec, MemsetAndMemsetAsync) {
 TEST(CudaExec, LaunchPassesGridBlockSharedAndStream) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   const StreamHandle s = b.create_stream();
   b.launch(nop, Dim3{3, 2, 1}, Dim3{64, 2, 1}, 1024, s, {});
   const auto launches = rig.fd.launches();
@@ -173,7 +173,7 @@ TEST(CudaExec, LaunchRefusesAHandleThisBackendDidNotResolve) {
 TEST(CudaExec, AFailedLaunchNamesTheKernelGridBlockAndSharedMemory) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   // A block of 2048 threads: the driver refuses it.
   const Error e = expect_error([&] { b.launch(nop, Dim3{4}, Dim3{2048}, 0, StreamHandle{}, {}); });
   EXPECT_EQ(e.code(), ErrorCode::kDriver);
@@ -186,7 +186,7 @@ TEST(CudaExec, AFailedLaunchNamesTheKernelGridBlockAndSharedMemory) {
 TEST(CudaExec, SharedMemoryAbove48KiBRaisesTheLimitOncePerSize) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   const auto launch = [&](std::uint32_t shared) {
     b.launch(nop, Dim3{1}, Dim3{128}, shared, StreamHandle{}, {});
   };
@@ -207,7 +207,7 @@ TEST(CudaExec, SharedMemoryAbove48KiBRaisesTheLimitOncePerSize) {
 TEST(CudaExec, SharedMemoryBeyondTheDeviceOptInMaximumIsRefused) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   EXPECT_NO_THROW(b.launch(nop, Dim3{1}, Dim3{32}, 232448, StreamHandle{}, {}));  // the maximum
   for (std::uint32_t shared : {232448u + 1u, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu}) {
     SCOPED_TRACE(shared);
@@ -237,7 +237,7 @@ ModuleSpec crashing_module(FakeDriver*& fd) {
 TEST(CudaExec, DebugSyncWaitsAfterEveryLaunch) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   auto syncs = rig.fd.calls("cuStreamSynchronize");
   b.launch(nop, Dim3{}, Dim3{32}, 0, StreamHandle{}, {});
   EXPECT_EQ(rig.fd.calls("cuStreamSynchronize"), syncs);
@@ -261,7 +261,7 @@ TEST(CudaExec, DebugSyncReportsAFaultAtTheKernelThatCausedIt) {
   Rig rig({.modules = {crashing_module(fd)}});
   fd = &rig.fd;
   CudaBackend& b = rig.b();
-  const KernelHandle crash = b.op_cache().kernel(b, "core", "crash");
+  const ResolvedKernel& crash = b.op_cache().kernel(b, "core", "crash");
   b.set_debug_sync(true);
   LogCapture logs;
   const Error e =
@@ -279,7 +279,7 @@ TEST(CudaExec, WithoutDebugSyncTheFaultShowsAtTheNextSynchronize) {
   Rig rig({.modules = {crashing_module(fd)}});
   fd = &rig.fd;
   CudaBackend& b = rig.b();
-  const KernelHandle crash = b.op_cache().kernel(b, "core", "crash");
+  const ResolvedKernel& crash = b.op_cache().kernel(b, "core", "crash");
   EXPECT_NO_THROW(b.launch(crash, Dim3{2}, Dim3{32}, 0, StreamHandle{}, {}));
   const Error e = expect_error([&] { b.synchronize(StreamHandle{}); });
   EXPECT_EQ(e.code(), ErrorCode::kDeviceFault);
@@ -397,7 +397,7 @@ TEST(CudaExec, AnEventRecordedInACaptureCannotBeQueried) {
 TEST(CudaExec, ACaptureBecomesAGraphThatReplays) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle fill = b.op_cache().kernel(b, "core", "fill_u32");  // before the capture
+  const ResolvedKernel& fill = b.op_cache().kernel(b, "core", "fill_u32");  // before the capture
   const DevicePtr out = b.alloc(1000 * 4);
   const DevicePtr flag = b.alloc(16);
   const StreamHandle s = b.create_stream();
@@ -606,7 +606,7 @@ TEST(CudaExec, FreeMemoryOnAnIntegratedDeviceIsTheLargerOfDriverAndHost) {
 TEST(CudaExec, AStickyFaultLatchesAndEveryLaterCallSaysTheDeviceIsFaulted) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle nop = b.op_cache().kernel(b, "core", "nop");
+  const ResolvedKernel& nop = b.op_cache().kernel(b, "core", "nop");
   const DevicePtr p = b.alloc(256);
   void* pinned = b.alloc_pinned(64);
   const StreamHandle s = b.create_stream();

@@ -45,18 +45,18 @@ ModuleSpec metadata_module() {
 TEST(CudaKernels, LookupReadsThePublishedTileAndCastFlagIntoTheOpCache) {
   Rig rig({.modules = {metadata_module()}});
   CudaBackend& b = rig.b();
-  const KernelHandle gemm = b.op_cache().kernel(b, "core", "gemm");
-  ASSERT_TRUE(gemm);
-  EXPECT_EQ(b.op_cache().n_tile(gemm), 128u);
+  const ResolvedKernel& gemm = b.op_cache().kernel(b, "core", "gemm");
+  ASSERT_TRUE(gemm.handle);
+  EXPECT_EQ(gemm.meta.n_tile, 128u);
   EXPECT_EQ(b.kernel_n_tile(gemm), 128u);
   EXPECT_TRUE(b.kernel_casts_a_to_e4m3(gemm));
   EXPECT_EQ(b.kernel_name(gemm), "core::gemm");
 
-  const KernelHandle off = b.op_cache().kernel(b, "core", "cast_off");
+  const ResolvedKernel& off = b.op_cache().kernel(b, "core", "cast_off");
   EXPECT_EQ(b.kernel_n_tile(off), 64u);
   EXPECT_FALSE(b.kernel_casts_a_to_e4m3(off));  // published, but zero
 
-  const KernelHandle fill = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& fill = b.op_cache().kernel(b, "core", "fill_u32");
   EXPECT_EQ(b.kernel_n_tile(fill), 256u);
   EXPECT_FALSE(b.kernel_casts_a_to_e4m3(fill));  // not published at all
 }
@@ -64,9 +64,9 @@ TEST(CudaKernels, LookupReadsThePublishedTileAndCastFlagIntoTheOpCache) {
 TEST(CudaKernels, AnAbsentSymbolIsFineUntilATileIsAskedFor) {
   Rig rig({.modules = {metadata_module()}});
   CudaBackend& b = rig.b();
-  const KernelHandle plain = b.op_cache().kernel(b, "core", "plain");
-  ASSERT_TRUE(plain);
-  EXPECT_EQ(b.op_cache().n_tile(plain), 0u);
+  const ResolvedKernel& plain = b.op_cache().kernel(b, "core", "plain");
+  ASSERT_TRUE(plain.handle);
+  EXPECT_EQ(plain.meta.n_tile, 0u);
   EXPECT_FALSE(b.kernel_casts_a_to_e4m3(plain));
   const Error e = expect_error([&] { b.kernel_n_tile(plain); });
   EXPECT_EQ(e.code(), ErrorCode::kNotFound);
@@ -118,8 +118,8 @@ TEST(CudaKernels, TheOpCacheMemoizesAndTheDriverIsAskedOnce) {
   Rig rig;
   CudaBackend& b = rig.b();
   const auto gets = rig.fd.calls("cuModuleGetFunction");
-  const KernelHandle a = b.op_cache().kernel(b, "core", "fill_u32");
-  const KernelHandle again = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& a = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& again = b.op_cache().kernel(b, "core", "fill_u32");
   EXPECT_EQ(a, again);
   EXPECT_EQ(rig.fd.calls("cuModuleGetFunction"), gets + 1);
   EXPECT_EQ(b.op_cache().kernel_count(), 1u);
@@ -128,7 +128,7 @@ TEST(CudaKernels, TheOpCacheMemoizesAndTheDriverIsAskedOnce) {
 TEST(CudaKernels, LookupDuringACaptureIsRefusedButAMemoizedHitWorks) {
   Rig rig;
   CudaBackend& b = rig.b();
-  const KernelHandle fill = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& fill = b.op_cache().kernel(b, "core", "fill_u32");
   const StreamHandle s = b.create_stream();
   b.begin_capture(s);
   const auto gets = rig.fd.calls("cuModuleGetFunction");

@@ -14,11 +14,11 @@
 
 #include "core/expect_error.h"
 #include "cuda/cuda_rig.h"
-#include "metrale/error.h"
 #include "kernels/gemm_params.h"
+#include "kernels/tile_math.h"
+#include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/gemm.h"
-#include "kernels/tile_math.h"
 #include "ops/gemm_reference.h"
 
 namespace metrale::cuda::testing {
@@ -32,6 +32,8 @@ using ::testing::HasSubstr;
 // small shapes.
 constexpr std::uint32_t kDecodeTile = 8, kSplitUnit = 64, kTiledTile = 16, kTiledMTile = 8;
 constexpr std::uint32_t kTiledSmem = 64 * 1024, kReduceTile = 128;
+// Unlike the real kernels' 256: a launch with any block but the published one is caught.
+constexpr std::uint32_t kBlockThreads = 96;
 
 template <class T>
 T* at(std::uint64_t address) {
@@ -139,9 +141,20 @@ ModuleSpec launch_module() {
       .publish_u32("gemm_split_reduce_n_tile", kReduceTile)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_tiled_m_tile", kTiledMTile)
-      .publish_u32("gemm_tiled_smem_bytes", kTiledSmem);
+      .publish_u32("gemm_tiled_smem_bytes", kTiledSmem)
+      .publish_u32("gemm_decode_max_m", 16);
   m.entries = {"gemm_decode", "gemm_split_reduce", "gemm_tiled"};
+  for (const std::string& e : m.entries) m.fake.publish_u32(e + "_block_threads", kBlockThreads);
   return m;
+}
+
+// The entry names of kernels/w4a16.def.
+std::vector<std::string> manifest_entries() {
+  return {
+#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
+  };
 }
 
 struct Case {
@@ -297,6 +310,47 @@ TEST(GemmLaunch, AnMGridBeyondOneLaunchIsRefusedBeforeAnythingRuns) {
   b.free(c);
   b.free(a);
   ops::free_weights(b, w);
+}
+
+TEST(GemmLaunch, EveryLaunchTakesTheBlockSizeItsKernelPublishes) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
+  for (const ops::GemmRoute route : {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled}) {
+    const std::size_t before = rig.fd.launches().size();
+    run_checked(rig, route, Case{3, 40, 256}, gen, WeightFormat::kNvfp4, false);
+    const auto ls = launches_since(rig, before);
+    ASSERT_FALSE(ls.empty());
+    for (const auto& l : ls) {
+      EXPECT_EQ(l.block[0], kBlockThreads) << l.function;
+      EXPECT_EQ(l.block[1], 1u) << l.function;
+    }
+  }
+}
+
+TEST(GemmLaunch, AKernelThatPublishesNoBlockSizeIsRefusedWhenPlanningNamingIt) {
+  ModuleSpec spec = launch_module();
+  spec.fake.globals.erase("gemm_tiled_block_threads");
+  Rig rig(RigOptions{.modules = {core_module(), spec}});
+  CudaBackend& b = rig.b();
+  std::vector<float> wv(16 * 32, 0.5f);
+  ops::QuantWeights w = ops::upload_weights(b, quantize_nvfp4(wv, 16, 32));
+  ops::GemmOptions opt;
+  opt.route = ops::GemmRoute::kTiled;
+  const std::size_t before = rig.fd.launches().size();
+  const Error e = expect_error([&] { (void)ops::plan(b, 4, w, opt); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), HasSubstr("[plan] w4a16::gemm_tiled publishes no block size"));
+  EXPECT_EQ(rig.fd.launches().size(), before);
+  ops::free_weights(b, w);
+}
+
+TEST(GemmLaunch, EntriesOfTheLaunchModuleAreManifestEntries) {
+  const std::vector<std::string> manifest = manifest_entries();
+  for (const std::string& e : launch_module().entries) {
+    EXPECT_NE(std::find(manifest.begin(), manifest.end(), e), manifest.end()) << e;
+  }
 }
 
 }  // namespace

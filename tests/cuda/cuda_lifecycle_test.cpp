@@ -131,7 +131,7 @@ TEST(CudaLifecycle, TwoModelsOnOneHostKeepTheirOwnCachesAndModules) {
   auto second_registry = ModuleRegistry::load(rig.host, rig.modules.span());
   CudaBackend second(rig.host, second_registry);
   const KernelHandle a = rig.b().op_cache().kernel(rig.b(), "core", "fill_u32");
-  const KernelHandle b = second.op_cache().kernel(second, "core", "fill_u32");
+  const ResolvedKernel& b = second.op_cache().kernel(second, "core", "fill_u32");
   EXPECT_NE(a, b);  // each model's own module
   EXPECT_EQ(rig.fd.outstanding().modules, 2u);
   // A handle of one model is not a kernel of the other.

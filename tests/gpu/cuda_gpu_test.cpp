@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/tile_math.h"
 #include "metrale/backend.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
@@ -16,7 +17,6 @@
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/runtime.h"
-#include "kernels/tile_math.h"
 
 namespace metrale {
 namespace {
@@ -66,10 +66,10 @@ TEST(Gpu, PublishedTilesComeFromTheEmbeddedModule) {
 TEST(Gpu, W4a16PublishesTheLaunchShapesOfTheCodeTheDriverLoaded) {
   REQUIRE_GPU(model);
   Backend& b = model->backend();
-  const KernelHandle tiled = b.op_cache().kernel(b, "w4a16", "gemm_tiled");
-  const KernelHandle e4m3 = b.op_cache().kernel(b, "w4a16", "gemm_e4m3");
-  const KernelHandle decode = b.op_cache().kernel(b, "w4a16", "gemm_decode");
-  const KernelLaunchMeta t = b.op_cache().launch_meta(tiled), e = b.op_cache().launch_meta(e4m3);
+  const ResolvedKernel& tiled = b.op_cache().kernel(b, "w4a16", "gemm_tiled");
+  const ResolvedKernel& e4m3 = b.op_cache().kernel(b, "w4a16", "gemm_e4m3");
+  const ResolvedKernel& decode = b.op_cache().kernel(b, "w4a16", "gemm_decode");
+  const KernelMeta t = tiled.meta, e = e4m3.meta;
   const bool hopper = b.kernel_n_tile(tiled) == tiles::kTiledNTile;
   const std::string name = b.device_name();
   if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) {
@@ -87,7 +87,9 @@ TEST(Gpu, W4a16PublishesTheLaunchShapesOfTheCodeTheDriverLoaded) {
     EXPECT_EQ(e.m_tile, 0u);
   }
   EXPECT_EQ(b.kernel_n_tile(decode), std::uint32_t{tiles::kDecodeNTile});
-  EXPECT_EQ(b.op_cache().launch_meta(decode).split_k, std::uint32_t{tiles::kDecodeSplitUnit});
+  EXPECT_EQ(decode.meta.split_k, std::uint32_t{tiles::kDecodeSplitUnit});
+  EXPECT_EQ(decode.meta.max_m, std::uint32_t{tiles::kDecodeMaxM});
+  for (const ResolvedKernel* k : {&tiled, &e4m3, &decode}) EXPECT_EQ(k->meta.block_threads, 256u);
 }
 
 TEST(Gpu, ElementwiseOpsMatchTheCpuBackend) {

@@ -63,6 +63,13 @@ Published w4a16_published(const std::string& target) {
       {"gemm_e4m3_m_tile", wgmma ? u32(tl::kE4m3MTile) : 0},
       {"gemm_e4m3_smem_bytes", wgmma ? u32(tl::kE4m3SmemBytes) : 0},
       {"gemm_e4m3_a_e4m3", 1},
+      {"gemm_decode_max_m", u32(tl::kDecodeMaxM)},
+      {"bf16_to_fp8_block_threads", kW4a16Threads},
+      {"dequant_e4m3_block_threads", kW4a16Threads},
+      {"gemm_split_reduce_block_threads", kW4a16Threads},
+      {"gemm_decode_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_tiled_block_threads", kW4a16Threads},
+      {"gemm_e4m3_block_threads", kW4a16Threads},
   };
 }
 
@@ -82,8 +89,11 @@ const std::vector<Module>& modules() {
       {"core", METRALE_CORE_FATBIN, {"fill_u32", "axpy_f32"}, core_published},
       {"w4a16",
        METRALE_W4A16_FATBIN,
-       {"bf16_to_fp8", "dequant_e4m3", "gemm_split_reduce", "gemm_decode", "gemm_tiled",
-        "gemm_e4m3"},
+       {
+#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
+       },
        w4a16_published},
   };
   return all;
@@ -344,6 +354,10 @@ TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
       for (const auto& e : m.entries) {
         const auto it = seen.find(e + "_n_tile");
         EXPECT_TRUE(it != seen.end() && it->second != 0) << e << "_n_tile is missing or zero";
+        // The GEMM op sizes every w4a16 launch from the block size the entry publishes.
+        if (m.name != "w4a16") continue;
+        const auto bt = seen.find(e + "_block_threads");
+        EXPECT_TRUE(bt != seen.end() && bt->second != 0) << e << "_block_threads is missing or 0";
       }
     }
   }

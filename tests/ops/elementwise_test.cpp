@@ -241,7 +241,7 @@ CpuBackendOptions narrow_core(std::optional<std::uint32_t> tile) {
 
 TEST(GridSizing, TheOpSizesItsGridFromThePublishedTile) {
   CpuBackend b(narrow_core(kNarrowTile));
-  const KernelHandle k = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& k = b.op_cache().kernel(b, "core", "fill_u32");
   ASSERT_EQ(b.kernel_n_tile(k), kNarrowTile);
   for (std::size_t n : {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65},
                         std::size_t{1000}, std::size_t{100003}}) {
@@ -259,7 +259,7 @@ TEST(GridSizing, TheOpSizesItsGridFromThePublishedTile) {
 TEST(GridSizing, AGridFromAnAssumedTileLeavesElementsUnwritten) {
   // The bug the rule prevents: a launcher that assumes 128 elements per block.
   CpuBackend b(narrow_core(kNarrowTile));
-  const KernelHandle k = b.op_cache().kernel(b, "core", "fill_u32");
+  const ResolvedKernel& k = b.op_cache().kernel(b, "core", "fill_u32");
   constexpr std::uint32_t n = 1000;
   constexpr std::uint32_t kAssumedTile = 128;
   const DevicePtr out = poisoned(b, n);

@@ -155,11 +155,13 @@ INSTANTIATE_TEST_SUITE_P(, GemmRoutes, ::testing::Values("cpu", "cuda"), backend
 
 TEST_P(GemmRoutes, AutoPicksDecodeUpToDecodeMaxMAndTiledAbove) {
   const ops::QuantWeights w = small_weights();
-  for (const std::int64_t m :
-       {std::int64_t{1}, std::int64_t{2}, ops::kDecodeMaxM - 1, ops::kDecodeMaxM}) {
+  // The threshold is what gemm_decode publishes; on both backends that is 16 rows.
+  const std::int64_t max_m = ops::decode_max_m(b());
+  EXPECT_EQ(max_m, 16);
+  for (const std::int64_t m : {std::int64_t{1}, std::int64_t{2}, max_m - 1, max_m}) {
     EXPECT_EQ(ops::choose_route(b(), m, w), GemmRoute::kDecode) << "M = " << m;
   }
-  for (const std::int64_t m : {ops::kDecodeMaxM + 1, ops::kE4m3MinM, std::int64_t{4096}}) {
+  for (const std::int64_t m : {max_m + 1, ops::kE4m3MinM, std::int64_t{4096}}) {
     EXPECT_EQ(ops::choose_route(b(), m, w), GemmRoute::kTiled) << "M = " << m;
   }
 }
@@ -168,9 +170,10 @@ TEST_P(GemmRoutes, AutoPicksE4m3OnlyWhenAllowedAndFromE4m3MinM) {
   const ops::QuantWeights w = small_weights();
   const ops::GemmOptions allow{Activations::kAllowE4m3, GemmRoute::kAuto, DevicePtr{}};
   const bool has_e4m3 = module_provides(b(), "gemm_e4m3");
+  const std::int64_t max_m = ops::decode_max_m(b());
   EXPECT_EQ(ops::choose_route(b(), 1, w, allow), GemmRoute::kDecode);
-  EXPECT_EQ(ops::choose_route(b(), ops::kDecodeMaxM, w, allow), GemmRoute::kDecode);
-  EXPECT_EQ(ops::choose_route(b(), ops::kDecodeMaxM + 1, w, allow), GemmRoute::kTiled);
+  EXPECT_EQ(ops::choose_route(b(), max_m, w, allow), GemmRoute::kDecode);
+  EXPECT_EQ(ops::choose_route(b(), max_m + 1, w, allow), GemmRoute::kTiled);
   EXPECT_EQ(ops::choose_route(b(), ops::kE4m3MinM - 1, w, allow), GemmRoute::kTiled);
   for (const std::int64_t m : {ops::kE4m3MinM, ops::kE4m3MinM + 1, std::int64_t{4096}}) {
     EXPECT_EQ(ops::choose_route(b(), m, w, allow), has_e4m3 ? GemmRoute::kE4m3 : GemmRoute::kTiled)

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "metrale/cpu_backend.h"
 #include "kernels/gemm_params.h"
+#include "metrale/cpu_backend.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
 #include "metrale/numerics.h"
@@ -104,7 +104,14 @@ CpuBackendOptions counting_backend() {
       g_real[i] = k.fn;
       g_names[i] = k.name;
       wrapped.add_kernel(k.name, kCounted[i], {k.param_sizes[0]});
-      for (const char* suffix : {"_n_tile", "_a_e4m3"}) {
+      // Every field a kernel may publish (kernels/published.def), copied as the module has it.
+      for (const char* suffix : {
+#define METRALE_PUBLISHED_U32(field) "_" #field,
+#define METRALE_PUBLISHED_FLAG(field) "_" #field,
+#include "kernels/published.def"
+#undef METRALE_PUBLISHED_U32
+#undef METRALE_PUBLISHED_FLAG
+           }) {
         const std::string symbol = k.name + suffix;
         if (const auto* bytes = m.find_symbol(symbol)) wrapped.publish(symbol, *bytes);
       }
@@ -341,8 +348,11 @@ std::unique_ptr<CpuBackend> tiny_backend(HostKernelFn decode, std::uint32_t deco
   HostModule m("w4a16");
   m.add_kernel("gemm_decode", decode, {kGemmParamBytes})
       .publish_u32("gemm_decode_n_tile", decode_tile)
+      .publish_u32("gemm_decode_block_threads", 256)
+      .publish_u32("gemm_decode_max_m", 16)
       .add_kernel("gemm_tiled", tiled, {kGemmParamBytes})
-      .publish_u32("gemm_tiled_n_tile", tiled_tile);
+      .publish_u32("gemm_tiled_n_tile", tiled_tile)
+      .publish_u32("gemm_tiled_block_threads", 256);
   if (decode_a_e4m3) m.publish_u32("gemm_decode_a_e4m3", 1);
   CpuBackendOptions o;
   o.modules.clear();
@@ -417,7 +427,7 @@ TEST(GemmModules, AKernelThatCastsAToE4m3IsRefusedToExactBf16Callers) {
 
   // Exact BF16 above kDecodeMaxM takes gemm_tiled, which does not cast: fine. With E4M3 allowed
   // and M >= kE4m3MinM, a module without gemm_e4m3 gets the tiled route too.
-  for (const std::int64_t m : {ops::kDecodeMaxM + 1, ops::kE4m3MinM}) {
+  for (const std::int64_t m : {ops::decode_max_m(*b) + 1, ops::kE4m3MinM}) {
     Case t = make_case(*b, gen, WeightFormat::kMxfp4, WeightLayout::kTransposed, m, 63, 64, false);
     for (const ops::GemmOptions& o : {exact, allow}) {
       const ops::GemmOptions oo{o.activations, o.route, DevicePtr{}};

@@ -148,7 +148,7 @@ class GemmNumerics : public GemmBackendTest {
         module_provides(b(), "gemm_e4m3")) {
       return GemmRoute::kE4m3;
     }
-    return m <= ops::kDecodeMaxM ? GemmRoute::kDecode : GemmRoute::kTiled;
+    return m <= ops::decode_max_m(b()) ? GemmRoute::kDecode : GemmRoute::kTiled;
   }
 
   // One pass of the block-scale tests: M rows of A on a forced exact route, one weight layout.

@@ -28,7 +28,9 @@ namespace fake = metrale::cuda::testing;
 // unlike the CPU module's: a grid sized from anything but the published tile leaves a tail
 // unwritten, which the lifecycle's poisoned outputs catch.
 inline constexpr std::uint32_t kDecodeTile = 8, kTiledTile = 16, kE4m3Tile = 32;
-inline constexpr std::uint32_t kCastTile = 512, kDequantTile = 4;
+inline constexpr std::uint32_t kCastTile = 512, kDequantTile = 4, kReduceTile = 64;
+// The block size each entry publishes, and the decode route's largest M (as the real modules').
+inline constexpr std::uint32_t kBlockThreads = 256, kDecodeMaxM = 16;
 
 // A fake entry taking one P by value whose body runs f(p, begin, end) per block of `tile`
 // over total(p) items: exactly the items the launched grid covers.
@@ -69,7 +71,11 @@ inline fake::ModuleSpec w4a16_module() {
   f["gemm_e4m3"] = tiled_entry<GemmParams>(kE4m3Tile, k::gemm_e4m3, cols);
   f["bf16_to_fp8"] = tiled_entry<CastParams>(kCastTile, k::cast_bf16_to_e4m3, count);
   f["dequant_e4m3"] = tiled_entry<CastParams>(kDequantTile, k::dequant_e4m3, count);
+  f["gemm_split_reduce"] = tiled_entry<GemmParams>(kReduceTile, k::split_reduce,
+                                                   [](const GemmParams& p) { return p.m * p.n; });
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
+      .publish_u32("gemm_split_reduce_n_tile", kReduceTile)
+      .publish_u32("gemm_decode_max_m", kDecodeMaxM)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
       .publish_u32("bf16_to_fp8_n_tile", kCastTile)
@@ -78,7 +84,16 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_decode_a_e4m3", 0)
       .publish_u32("gemm_tiled_a_e4m3", 0)
       .publish_u32("gemm_e4m3_a_e4m3", 1);
-  m.entries = {"bf16_to_fp8", "dequant_e4m3", "gemm_decode", "gemm_tiled", "gemm_e4m3"};
+  // Every entry of the manifest, each with the block size it publishes.
+  m.entries = {
+#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
+  };
+  for (const std::string& e : m.entries) {
+    if (!f.contains(e)) throw std::logic_error("fake w4a16 module: no fake for entry " + e);
+    m.fake.publish_u32(e + "_block_threads", kBlockThreads);
+  }
   return m;
 }
 

@@ -228,7 +228,7 @@ std::vector<Case> cases() {
   add("kernels", "kernel of a function the module lacks", E::kNotFound,
       [](CpuBackend& b) { b.kernel("core", "no_such_kernel"); });
   add("kernels", "launch_typed with too few arguments", E::kInvalidArgument, [](CpuBackend& b) {
-    const KernelHandle k = b.kernel("core", "fill_u32");
+    const ResolvedKernel k = b.kernel("core", "fill_u32");
     const KernelArg args[] = {KernelArg::value(std::uint32_t{1})};
     b.launch_typed(k, {1, 1, 1}, {1, 1, 1}, 0, b.default_stream(), args);
   });

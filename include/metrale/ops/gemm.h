@@ -1,14 +1,16 @@
-// Quantized GEMM ops on any backend (system.md §5). One sequence for every op and route:
-// check arguments (clear error, nothing launched) → route from M and from what the backend's
-// modules offer → scratch from the OpCache by tag → kernel handles from the OpCache → grid from
-// each kernel's published N tile → launch on the stream.
+// Quantized GEMM ops on any backend, in two steps (CUTLASS's can-implement → workspace → run):
+// plan() checks the shapes, chooses the route from M and from what the backend's modules offer,
+// resolves the kernels through the OpCache and sizes each launch from what its kernel publishes;
+// run() checks the buffers and launches. w4a16_gemm is run(plan(...)) with OpCache scratch.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "metrale/backend.h"
+#include "metrale/op_cache.h"
 #include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
 
@@ -32,18 +34,80 @@ struct GemmOptions {
   DevicePtr bias;  // BF16 [N], optional
 };
 
-// The largest M the decode route takes under kAuto.
-inline constexpr std::int64_t kDecodeMaxM = 16;
-// The smallest M for which kAuto picks the E4M3 route when the caller allows it.
+// The smallest M for which kAuto picks the E4M3 route when the caller allows it (a policy of the
+// op, not a property of a kernel: below it the cast costs more than the FP8 rate saves).
 inline constexpr std::int64_t kE4m3MinM = 64;
 
-// The route w4a16_gemm would take (throws as w4a16_gemm would for a route the backend lacks).
+// One kernel launch of a plan, sized from what its kernel published.
+struct PlannedLaunch {
+  ResolvedKernel kernel;
+  Dim3 grid, block;
+  std::uint32_t smem_bytes = 0;
+};
+
+// Scratch a planned GEMM needs, in bytes; 0 for a part it does not use.
+struct GemmWorkspaceBytes {
+  std::uint64_t split_k = 0;  // FP32 partials [splits, M, N]
+  std::uint64_t a_e4m3 = 0;   // the e4m3 route's cast A [M, K]
+  std::uint64_t w_e4m3 = 0;   // the e4m3 route's E4M3 weights [N, K]
+  // All parts laid end to end in one buffer, each on a 256-byte boundary (GemmWorkspace::carve).
+  std::uint64_t total() const noexcept;
+};
+
+// The scratch buffers of one run; each at least the planned bytes (null where 0 are planned).
+struct GemmWorkspace {
+  DevicePtr split_k, a_e4m3, w_e4m3;
+  // The parts of one buffer of at least bytes.total() bytes, in the order total() lays them out.
+  static GemmWorkspace carve(DevicePtr base, const GemmWorkspaceBytes& bytes);
+};
+
+// Everything decided before a GEMM runs: checked shapes, the route, the resolved kernels with
+// their published launch shapes, the grid, the split of K and the workspace. Valid for the
+// backend it was made on until that backend's OpCache is released; reusable for any A and C of
+// its M and any weights of its shape, format and layout.
+struct GemmPlan {
+  Backend* backend = nullptr;
+  GemmRoute route = GemmRoute::kAuto;
+  std::int64_t m = 0, n = 0, k = 0;
+  WeightFormat format = WeightFormat::kNvfp4;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  bool bias = false;
+  std::uint32_t flags = 0;  // the kernels' GemmFlags
+  std::int64_t splits = 1, k_per_split = 0;
+  // In launch order: [cast, dequant,] gemm[, split reduce].
+  std::vector<PlannedLaunch> launches;
+  GemmWorkspaceBytes workspace;
+
+  // One line: "route decode: gemm_decode grid 128x1x4 block 256 smem 0, split-K 4 x 1024, ...".
+  std::string describe() const;
+};
+
+// Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
+// sizes, chooses the route (kAuto: e4m3 when allowed and M ≥ kE4m3MinM and the module has it,
+// else decode up to the M the decode kernel publishes as its largest, else tiled), resolves the
+// kernels and sizes every launch from their published metadata. Throws Error(kInvalidArgument)
+// for bad shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no
+// tile or block size. Launches nothing.
+GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
+              const GemmOptions& options = {});
+
+// Queues the planned GEMM on stream: checks that the weights match the plan and that A, C, the
+// weights, the bias and the workspace lie inside the backend's allocations (alignment, overlap,
+// sizes), then launches. No lookup, no lock of the op layer and no formatting when it succeeds.
+void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
+         const GemmWorkspace& workspace, DevicePtr bias = {});
+
+// The route plan() would take (throws as plan() would).
 GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
                        const GemmOptions& options = {});
 
+// The largest M for which kAuto takes the decode route on backend: what its gemm_decode
+// publishes (<fn>_max_m).
+std::int64_t decode_max_m(Backend& backend);
+
 // C[M, N] (BF16, row-major) = A[M, K] (BF16, row-major) · dequant(W)ᵀ (+ bias), queued on
-// stream. A, C and the weight buffers 16-byte aligned; C overlaps no input. Scratch (the E4M3
-// route's cast operands, split-K partials) comes from the OpCache under gemm_scratch_tag.
+// stream: run(plan(...)) with the workspace from the OpCache under gemm_scratch_tag. A, C and
+// the weight buffers 16-byte aligned; C overlaps no input.
 void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options = {});
 

@@ -509,6 +509,16 @@ void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   }
 }
 
+void split_reduce(const GemmParams& p, std::int64_t i0, std::int64_t i1) {
+  const auto* ws = at<const float>(p.workspace);
+  const std::int64_t plane = p.m * p.n;
+  for (std::int64_t i = i0; i < i1; ++i) {
+    float sum = 0.0f;
+    for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
+    detail::store(p, i / p.n, i % p.n, sum);
+  }
+}
+
 void cast_bf16_to_e4m3(const CastParams& p, std::int64_t i0, std::int64_t i1) {
   const auto* in = at<const std::uint16_t>(p.in);
   auto* out = at<std::uint8_t>(p.out);

@@ -26,6 +26,9 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
 // group scales.
 void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 
+// Outputs [i0, i1) of C (flat over M x N): the split-K partials summed in slice order, then the
+// tensor scale, bias and one rounding to BF16, as the GPU's gemm_split_reduce.
+void split_reduce(const GemmParams& p, std::int64_t i0, std::int64_t i1);
 // out[i] = e4m3(in[i]) for i in [i0, i1).
 void cast_bf16_to_e4m3(const CastParams& p, std::int64_t i0, std::int64_t i1);
 // Rows [r0, r1) of the E4M3 copy [N, K] of packed E2M1 weights (codes only; scales unchanged).

@@ -1,11 +1,18 @@
-// Module "w4a16" on the CPU: the same entry names and published metadata as the GPU module, so
-// the op code (src/ops/gemm.cpp) runs unchanged on both backends. One grid block covers one
-// tile of output columns (or elements, for the casts).
+// Module "w4a16" on the CPU: every entry of kernels/w4a16.def with the same published metadata
+// fields as the GPU module, so the op code (src/ops/gemm.cpp) runs unchanged on both backends.
+// One grid block covers one tile of output columns (or elements, for the casts).
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
 #include "kernels/gemm_params.h"
+#include "metrale/error.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::cpu {
@@ -16,8 +23,15 @@ namespace {
 constexpr std::uint32_t kDecodeTile = 256;
 constexpr std::uint32_t kTiledTile = 64;
 constexpr std::uint32_t kE4m3Tile = 64;
-constexpr std::uint32_t kCastTile = 1 << 16;  // elements
-constexpr std::uint32_t kDequantTile = 16;    // rows
+constexpr std::uint32_t kCastTile = 1 << 16;    // elements
+constexpr std::uint32_t kDequantTile = 16;      // rows
+constexpr std::uint32_t kReduceTile = 1 << 14;  // outputs of M x N
+// The block size every entry publishes: the CPU runs a block as one host call, so this is only
+// the shape the launch checks see, kept equal to the GPU module's.
+constexpr std::uint32_t kBlockThreads = 256;
+// The decode kernel's register tiles cover up to 16 rows of A per pass (decode_bf16.h); above
+// that the tiled route reuses each dequantized weight across more rows.
+constexpr std::uint32_t kDecodeMaxM = 16;
 
 template <std::uint32_t Tile>
 std::pair<std::int64_t, std::int64_t> span_of(const HostBlock& b, std::int64_t total) {
@@ -43,6 +57,12 @@ void gemm_e4m3(const HostBlock& b) {
   if (n0 < n1) w4a16::gemm_e4m3(p, n0, n1);
 }
 
+void gemm_split_reduce(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [i0, i1] = span_of<kReduceTile>(b, p.m * p.n);
+  if (i0 < i1) w4a16::split_reduce(p, i0, i1);
+}
+
 void bf16_to_fp8(const HostBlock& b) {
   const auto p = read_param<CastParams>(b.params, 0);
   const auto [i0, i1] = span_of<kCastTile>(b, p.count);
@@ -55,18 +75,38 @@ void dequant_e4m3(const HostBlock& b) {
   if (r0 < r1) w4a16::dequant_e4m3(p, r0, r1);
 }
 
+// Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
+// module is made (every CPU test makes it).
+constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
+    {"bf16_to_fp8", kCastTile},   {"dequant_e4m3", kDequantTile},
+    {"gemm_decode", kDecodeTile}, {"gemm_split_reduce", kReduceTile},
+    {"gemm_tiled", kTiledTile},   {"gemm_e4m3", kE4m3Tile},
+};
+
+// Publishes the entry's N tile and block size, and the decode route's largest M.
+void publish_meta(HostModule& m, std::string_view entry) {
+  const auto* t = std::find_if(std::begin(kTiles), std::end(kTiles),
+                               [&](const auto& x) { return x.first == entry; });
+  if (t == std::end(kTiles)) {
+    throw Error(ErrorCode::kInternal, "w4a16 module",
+                fmt::format("the CPU module has no N tile for manifest entry {}", entry));
+  }
+  const std::string e(entry);
+  m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
+  if (entry == "gemm_decode") m.publish_u32(e + "_max_m", kDecodeMaxM);
+}
+
 }  // namespace
 
 HostModule make_w4a16_module() {
-  constexpr auto kGemm = static_cast<std::uint16_t>(sizeof(GemmParams));
-  constexpr auto kCast = static_cast<std::uint16_t>(sizeof(CastParams));
   HostModule m("w4a16");
-  m.add_kernel("bf16_to_fp8", bf16_to_fp8, {kCast}).publish_u32("bf16_to_fp8_n_tile", kCastTile);
-  m.add_kernel("dequant_e4m3", dequant_e4m3, {kCast})
-      .publish_u32("dequant_e4m3_n_tile", kDequantTile);
-  m.add_kernel("gemm_decode", gemm_decode, {kGemm}).publish_u32("gemm_decode_n_tile", kDecodeTile);
-  m.add_kernel("gemm_tiled", gemm_tiled, {kGemm}).publish_u32("gemm_tiled_n_tile", kTiledTile);
-  m.add_kernel("gemm_e4m3", gemm_e4m3, {kGemm}).publish_u32("gemm_e4m3_n_tile", kE4m3Tile);
+  // A manifest entry without its CPU twin above does not compile; the launch checks hold each
+  // call to the size of the manifest's argument block.
+#define METRALE_W4A16_ENTRY(entry, Params, route)                            \
+  m.add_kernel(#entry, entry, {static_cast<std::uint16_t>(sizeof(Params))}); \
+  publish_meta(m, #entry);
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
   return m;
 }
 

@@ -1,17 +1,18 @@
-// Module "w4a16" on the GPU: the seed's BF16 → E4M3 cast, the E4M3 dequantization of the
-// weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor cores on every target;
-// the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh, e4m3_sm90.cuh) and on the
-// correctness-first warp-per-column kernel elsewhere (simple.cuh). Each entry publishes the
-// launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile (grid y; 0 = one
-// block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per split-K
-// unit; 0 = no split) and _a_e4m3. The op code sizes every launch from these alone.
+// Module "w4a16" on the GPU (its entries: kernels/w4a16.def): the BF16 → E4M3 cast, the E4M3
+// dequantization of the weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor
+// cores on every target; the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh,
+// e4m3_sm90.cuh) and on the correctness-first warp-per-column kernel elsewhere (simple.cuh). Each
+// entry publishes the launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile
+// (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
+// split-K unit; 0 = no split), _block_threads, _a_e4m3, and gemm_decode_max_m (the largest M the
+// automatic route sends to decode). The op code sizes every launch from these alone.
 #include <cstdint>
 
 #include "decode.cuh"
 #include "e4m3_sm90.cuh"
 #include "kernels/gemm_params.h"
-#include "metrale/numerics.h"
 #include "kernels/tile_math.h"
+#include "metrale/numerics.h"
 #include "ptx.cuh"
 #include "simple.cuh"
 #include "tiled_sm90.cuh"
@@ -43,6 +44,12 @@ constexpr std::uint32_t kE4m3N = k::simple::kWarps, kE4m3M = 0, kE4m3Smem = 0;
 
 extern "C" {
 
+// Every manifest entry, declared with the argument block the manifest gives it: a definition
+// below that takes another one does not compile.
+#define METRALE_W4A16_ENTRY(entry, Params, route) __global__ void entry(metrale::Params);
+#include "kernels/w4a16.def"
+#undef METRALE_W4A16_ENTRY
+
 // Published metadata (read at lookup with cuModuleGetGlobal; checked offline against the code by
 // tests/offline/fatbin_offline_test.cpp).
 __device__ std::uint32_t bf16_to_fp8_n_tile = kThreads * kCastPerThread;  // elements
@@ -59,6 +66,13 @@ __device__ std::uint32_t gemm_e4m3_n_tile = kE4m3N;
 __device__ std::uint32_t gemm_e4m3_m_tile = kE4m3M;
 __device__ std::uint32_t gemm_e4m3_smem_bytes = kE4m3Smem;
 __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
+__device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
+__device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
+__device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
+__device__ std::uint32_t gemm_split_reduce_block_threads = kThreads;
+__device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_tiled_block_threads = kThreads;
+__device__ std::uint32_t gemm_e4m3_block_threads = kThreads;
 
 // The seed's cast: BF16 to E4M3, round to nearest even, saturating, no scale. Each thread reads
 // 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count that is not a multiple
