@@ -2,8 +2,12 @@
 // knows none of them). Each backend says whether it can be opened, and why not, as data.
 #include <fmt/format.h>
 
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
