@@ -33,9 +33,16 @@ class Error : public std::runtime_error {
 
   // The failure kind.
   ErrorCode code() const noexcept { return code_; }
+  // The public call that failed, as given to the constructor ("alloc").
+  const std::string& api() const noexcept { return api_; }
+  // The message without the "[api] " prefix: the reason itself, for callers that pass it on
+  // (discovery reports why a backend is unavailable from it, never by parsing what()).
+  const std::string& message() const noexcept { return message_; }
 
  private:
   ErrorCode code_;
+  std::string api_;
+  std::string message_;
 };
 
 }  // namespace metrale

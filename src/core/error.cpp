@@ -43,6 +43,6 @@ std::string compose(std::string_view api, std::string_view message) {
 }  // namespace
 
 Error::Error(ErrorCode code, std::string_view api, std::string_view message)
-    : std::runtime_error(compose(api, message)), code_(code) {}
+    : std::runtime_error(compose(api, message)), code_(code), api_(api), message_(message) {}
 
 }  // namespace metrale

@@ -6,8 +6,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <string>
-
 namespace metrale::cuda {
 
 // Every driver entry point metrale uses, with the ABI version it is requested at
@@ -68,12 +66,5 @@ struct DriverApi {
   METRALE_DRIVER_FUNCTIONS(METRALE_DRIVER_MEMBER)
 #undef METRALE_DRIVER_MEMBER
 };
-
-// "NAME (code): description" for a driver status, using the table when it can, and a built-in
-// name when the driver cannot say (the stub library answers every call with an error).
-std::string describe_status(const DriverApi* api, CUresult status);
-
-// Stable name of a status code, from our own list (used when the driver cannot name it).
-const char* status_name(CUresult status) noexcept;
 
 }  // namespace metrale::cuda

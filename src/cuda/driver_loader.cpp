@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "cuda/status.h"
+
 namespace metrale::cuda {
 namespace {
 

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cuda/cuda_host.h"
 #include "cuda/embedded_modules.h"
+#include "cuda/host.h"
 #include "cuda/module_image.h"
 
 namespace metrale::cuda {

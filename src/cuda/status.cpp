@@ -1,6 +1,8 @@
+#include "cuda/status.h"
+
 #include <fmt/format.h>
 
-#include "cuda/driver_api.h"
+#include "metrale/error.h"
 
 namespace metrale::cuda {
 
@@ -228,6 +230,63 @@ std::string describe_status(const DriverApi* api, CUresult status) {
   }
   return fmt::format("{} ({}): {}", name != nullptr ? name : status_name(status),
                      static_cast<int>(status), text != nullptr ? text : "no description available");
+}
+
+bool is_context_gone(CUresult s) noexcept {
+  return s == CUDA_ERROR_DEINITIALIZED || s == CUDA_ERROR_INVALID_CONTEXT ||
+         s == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
+bool is_sticky_fault(CUresult s) noexcept {
+  switch (s) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_CONTAINED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void throw_status(const DriverApi* api, std::string_view api_name, std::string_view call,
+                  CUresult status) {
+  ErrorCode code = ErrorCode::kDriver;
+  if (status == CUDA_ERROR_OUT_OF_MEMORY) code = ErrorCode::kOutOfMemory;
+  if (is_sticky_fault(status)) code = ErrorCode::kDeviceFault;
+  if (status == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+      status == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || status == CUDA_ERROR_CAPTURED_EVENT) {
+    code = ErrorCode::kCapture;
+  }
+  if (status == CUDA_ERROR_NOT_FOUND) code = ErrorCode::kNotFound;
+  throw Error(code, api_name, fmt::format("{} failed: {}", call, describe_status(api, status)));
+}
+
+bool FaultLatch::latch(const DriverApi* api, CUresult status) {
+  if (!is_sticky_fault(status)) return false;
+  std::lock_guard lock(mu_);
+  if (faulted_.load(std::memory_order_relaxed)) return false;
+  reason_ = describe_status(api, status);
+  faulted_.store(true, std::memory_order_release);
+  return true;
+}
+
+void FaultLatch::check(std::string_view api) const {
+  if (!faulted()) return;
+  throw Error(ErrorCode::kDeviceFault, api,
+              fmt::format("the device is faulted ({}); restart the process", reason()));
+}
+
+std::string FaultLatch::reason() const {
+  std::lock_guard lock(mu_);
+  return reason_;
 }
 
 }  // namespace metrale::cuda

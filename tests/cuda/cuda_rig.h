@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_host.h"
+#include "cuda/backend.h"
 #include "cuda/embedded_modules.h"
 #include "cuda/fake_driver.h"
+#include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "metrale/kernel_args.h"
 

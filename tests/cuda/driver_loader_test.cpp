@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "cuda/status.h"
+
 namespace metrale::cuda {
 namespace {
 

@@ -17,6 +17,8 @@
 #include <utility>
 #include <variant>
 
+#include "cuda/status.h"
+
 namespace metrale::cuda::testing {
 
 namespace {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/driver_api.h"
+#include "cuda/status.h"
 
 namespace metrale::cuda::testing {
 namespace {

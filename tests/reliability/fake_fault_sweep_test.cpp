@@ -151,7 +151,7 @@ TEST(FakeFaultSweep, EveryDriverCallFailsCleanlyAtEveryPosition) {
         verdict = kRecovered;
       } else if (entry == "cuCtxSetCurrent") {
         // Documented recovery: cleanup paths (frees, destroys, teardown) bind the context
-        // quietly and let the call that follows report what it finds (cuda_host.h); here the
+        // quietly and let the call that follows report what it finds (cuda/host.h); here the
         // context was still current, so the call that followed succeeded. A failed bind on any
         // other path is an Error naming cuCtxSetCurrent.
         verdict = kRecovered;

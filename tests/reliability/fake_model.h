@@ -12,10 +12,10 @@
 #include <utility>
 
 #include "cpu/kernels/w4a16_cpu.h"
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_host.h"
+#include "cuda/backend.h"
 #include "cuda/cuda_rig.h"
 #include "cuda/fake_driver.h"
+#include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "kernels/gemm_params.h"
 #include "metrale/kernel_args.h"
@@ -121,7 +121,7 @@ struct FakeProcess {
     }
     auto host = cuda::CudaHost::create(api, 0, version);
     auto registry = cuda::ModuleRegistry::load(host, modules.span());
-    auto backend = std::make_unique<cuda::CudaBackend>(std::move(host), std::move(registry));
+    auto backend = std::make_unique<CudaBackend>(std::move(host), std::move(registry));
     backend->set_guard_bands(GuardBandConfig{});
     backend->set_debug_sync(false);
     backend->require_kernels();

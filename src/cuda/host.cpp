@@ -1,7 +1,8 @@
-#include "cuda/cuda_host.h"
+#include "cuda/host.h"
 
 #include <fmt/format.h>
 
+#include <mutex>
 #include <optional>
 #include <variant>
 
@@ -10,44 +11,6 @@
 #include "metrale/error.h"
 
 namespace metrale::cuda {
-
-bool is_context_gone(CUresult s) noexcept {
-  return s == CUDA_ERROR_DEINITIALIZED || s == CUDA_ERROR_INVALID_CONTEXT ||
-         s == CUDA_ERROR_CONTEXT_IS_DESTROYED;
-}
-
-bool is_sticky_fault(CUresult s) noexcept {
-  switch (s) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_LAUNCH_TIMEOUT:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_CONTAINED:
-      return true;
-    default:
-      return false;
-  }
-}
-
-void throw_status(const DriverApi* api, std::string_view api_name, std::string_view call,
-                  CUresult status) {
-  ErrorCode code = ErrorCode::kDriver;
-  if (status == CUDA_ERROR_OUT_OF_MEMORY) code = ErrorCode::kOutOfMemory;
-  if (is_sticky_fault(status)) code = ErrorCode::kDeviceFault;
-  if (status == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
-      status == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || status == CUDA_ERROR_CAPTURED_EVENT) {
-    code = ErrorCode::kCapture;
-  }
-  if (status == CUDA_ERROR_NOT_FOUND) code = ErrorCode::kNotFound;
-  throw Error(code, api_name, fmt::format("{} failed: {}", call, describe_status(api, status)));
-}
-
 namespace {
 
 int attribute(const DriverApi& api, CUdevice dev, CUdevice_attribute a, const char* what) {
@@ -178,28 +141,10 @@ void CudaHost::bind_quietly() const noexcept {
   if (context_ != nullptr) static_cast<void>(api_->cuCtxSetCurrent(context_));
 }
 
-void CudaHost::check_not_faulted(std::string_view api) const {
-  if (!faulted()) return;
-  throw Error(ErrorCode::kDeviceFault, api,
-              fmt::format("the device is faulted ({}); restart the process", fault_reason()));
-}
-
 void CudaHost::probe_fault() {
-  const CUresult s = api_->cuCtxSynchronize();
-  if (!is_sticky_fault(s)) return;
-  {
-    std::lock_guard lock(fault_mu_);
-    if (faulted_.load(std::memory_order_relaxed)) return;
-    fault_reason_ = describe_status(api_, s);
-    faulted_.store(true, std::memory_order_release);
-  }
+  if (!fault_.latch(api_, api_->cuCtxSynchronize())) return;
   log::error("cuda: device {} ({}) is faulted: {}; every later call will fail", info_.ordinal,
              info_.name, fault_reason());
-}
-
-std::string CudaHost::fault_reason() const {
-  std::lock_guard lock(fault_mu_);
-  return fault_reason_;
 }
 
 }  // namespace metrale::cuda

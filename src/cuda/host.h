@@ -1,16 +1,14 @@
 // The CUDA host: one device ordinal's primary context and one non-blocking stream, shared by
-// every model of the process. Also the driver-status rules: how a status becomes an Error, and
-// the sticky-fault latch that makes every later call say the device is faulted.
+// every model of the process, and that context's sticky-fault latch (the rules: status.h).
 #pragma once
 
-#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "cuda/driver_api.h"
 #include "cuda/module_image.h"
+#include "cuda/status.h"
 
 namespace metrale::cuda {
 
@@ -29,16 +27,6 @@ struct DeviceInfo {
 
 // Reads the device's properties (cuDeviceGet + attributes); throws Error naming the call.
 DeviceInfo query_device(const DriverApi& api, int ordinal);
-
-// Whether status means the context is already gone (free and sweep ignore these).
-bool is_context_gone(CUresult status) noexcept;
-// Whether status is a sticky fault: the context is unusable until the process ends.
-bool is_sticky_fault(CUresult status) noexcept;
-
-// Throws the Error for a failed driver call: code from the status (out of memory, capture,
-// device fault, driver), message "[api] call failed: NAME (code): description".
-[[noreturn]] void throw_status(const DriverApi* api, std::string_view api_name,
-                               std::string_view call, CUresult status);
 
 class CudaHost {
  public:
@@ -66,13 +54,13 @@ class CudaHost {
   // teardown): a failure is ignored, and the call that follows reports what it finds.
   void bind_quietly() const noexcept;
   // Throws Error(kDeviceFault) naming api when a sticky fault was latched.
-  void check_not_faulted(std::string_view api) const;
+  void check_not_faulted(std::string_view api) const { fault_.check(api); }
   // Called after a launch or memset failed: synchronizes once, and latches (and logs once) a
   // sticky fault if that is what the device reports.
   void probe_fault();
   // Whether a sticky fault was latched, and why.
-  bool faulted() const noexcept { return faulted_.load(std::memory_order_acquire); }
-  std::string fault_reason() const;
+  bool faulted() const noexcept { return fault_.faulted(); }
+  std::string fault_reason() const { return fault_.reason(); }
 
  private:
   CudaHost(const DriverApi& api, DeviceInfo info) : api_(&api), info_(std::move(info)) {}
@@ -82,9 +70,7 @@ class CudaHost {
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
-  std::atomic<bool> faulted_{false};
-  mutable std::mutex fault_mu_;
-  std::string fault_reason_;
+  FaultLatch fault_;
 };
 
 }  // namespace metrale::cuda

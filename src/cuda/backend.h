@@ -13,17 +13,18 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/cuda_host.h"
+#include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "metrale/backend.h"
 #include "metrale/op_cache.h"
 
-namespace metrale::cuda {
+namespace metrale {
 
+// A backend class lives in metrale:: beside CpuBackend; its internals live in metrale::cuda.
 class CudaBackend final : public Backend {
  public:
   // A backend on host running the modules of registry (both shared with their other users).
-  CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleRegistry> registry);
+  CudaBackend(std::shared_ptr<cuda::CudaHost> host, std::shared_ptr<cuda::ModuleRegistry> registry);
   // Sweeps the ledger, then destroys the streams, events and graphs this backend made.
   ~CudaBackend() override;
 
@@ -32,9 +33,9 @@ class CudaBackend final : public Backend {
   // resolve, unless allow_missing, in which case it only warns. Run before any capture.
   void require_kernels(std::span<const std::string> also_required = {}, bool allow_missing = false);
   // The module registry this backend runs.
-  const ModuleRegistry& registry() const noexcept { return *registry_; }
+  const cuda::ModuleRegistry& registry() const noexcept { return *registry_; }
   // The host (device info, fault latch).
-  CudaHost& host() const noexcept { return *host_; }
+  cuda::CudaHost& host() const noexcept { return *host_; }
 
   std::string_view name() const override { return "cuda"; }
   std::string device_name() const override { return host_->info().name; }
@@ -125,8 +126,8 @@ class CudaBackend final : public Backend {
   std::optional<std::vector<std::byte>> read_global(CUmodule module, const std::string& symbol,
                                                     const std::string& kernel);
 
-  std::shared_ptr<CudaHost> host_;
-  std::shared_ptr<ModuleRegistry> registry_;
+  std::shared_ptr<cuda::CudaHost> host_;
+  std::shared_ptr<cuda::ModuleRegistry> registry_;
   OpCache cache_;
 
   mutable std::mutex mu_;  // the sets below; never held across a driver call
@@ -137,4 +138,4 @@ class CudaBackend final : public Backend {
   std::map<std::uint64_t, std::size_t> pinned_;  // host address → bytes
 };
 
-}  // namespace metrale::cuda
+}  // namespace metrale

@@ -1,4 +1,4 @@
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "core/published.h"
 #include "metrale/error.h"
 
-namespace metrale::cuda {
+namespace metrale {
 namespace {
 
 constexpr std::uint32_t kDefaultSharedLimit = 48 * 1024;  // above this a kernel must opt in
@@ -34,6 +34,14 @@ std::size_t host_available_bytes() {
 }
 
 }  // namespace
+
+using cuda::CudaHost;
+using cuda::describe_status;
+using cuda::DriverApi;
+using cuda::is_context_gone;
+using cuda::is_sticky_fault;
+using cuda::ModuleRegistry;
+using cuda::throw_status;
 
 CudaBackend::CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleRegistry> registry)
     : host_(std::move(host)), registry_(std::move(registry)) {
@@ -632,4 +640,4 @@ void CudaBackend::require_kernels(std::span<const std::string> also_required, bo
   log::warn("cuda: {} kernel(s) did not resolve (allowed): {}", missing.size(), list);
 }
 
-}  // namespace metrale::cuda
+}  // namespace metrale
