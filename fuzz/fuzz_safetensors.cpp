@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "metrale/error.h"
+#include "metrale/modelopt.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
 

@@ -1,3 +1,5 @@
+// CpuBackend: the class that ties host memory (host_memory.h), the stream emulator (streams.h)
+// and fault injection (faults.h) to the Backend primitives, and runs launches on the thread pool.
 #include "metrale/cpu_backend.h"
 
 #include <fmt/format.h>
@@ -5,13 +7,14 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/log.h"
 #include "core/published.h"
+#include "cpu/faults.h"
 #include "cpu/host_memory.h"
+#include "cpu/streams.h"
 #include "cpu/thread_pool.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -19,32 +22,12 @@
 namespace metrale {
 namespace {
 
-using Work = std::function<void()>;
-
-constexpr std::uint64_t kDefaultStream = 1;
 // Launch limits of current NVIDIA GPUs, enforced here too so a bad launch fails on the CPU
 // before it ever reaches a GPU.
 constexpr std::uint32_t kMaxGridX = 0x7fffffff;
 constexpr std::uint32_t kMaxGridYZ = 65535;
 constexpr std::uint64_t kMaxBlockThreads = 1024;
 constexpr std::uint32_t kMaxSharedBytes = 232448;  // 227 KiB, Hopper's opt-in maximum
-
-struct StreamState {
-  bool capturing = false;
-  bool invalidated = false;
-  std::string invalidated_by;
-  std::vector<Work> recorded;
-};
-
-// Every fallible primitive (CpuBackend::fault_call_names). Each counts as one numbered call for
-// CpuFaults::fail_call_at and fails, when chosen, before it does anything. Releases are left out:
-// on the CPU they fail only for a handle that is not live, which is the caller's error.
-constexpr std::string_view kFaultCalls[] = {
-    "alloc",        "alloc_managed", "alloc_pinned",  "create_stream",      "create_event",
-    "record_event", "wait_event",    "synchronize",   "synchronize_device", "event_synchronize",
-    "kernel",       "launch",        "copy_h2d",      "copy_d2h",           "copy_d2d",
-    "copy_2d",      "memset",        "begin_capture", "end_capture",        "launch_graph",
-};
 
 std::string_view alloc_call(MemoryKind kind) {
   switch (kind) {
@@ -83,75 +66,14 @@ struct CpuBackend::Impl {
   cpu::ThreadPool pool;
   cpu::HostMemory memory;
   OpCache cache;
+  cpu::FaultInjector faults;
+  cpu::Streams streams;
 
-  mutable std::mutex faults_mu;
-  CpuFaults faults;
-  std::uint64_t alloc_calls = 0;
-  std::uint64_t fault_calls = 0;
-  std::vector<std::string_view> call_log;  // names from kFaultCalls, when faults.record_calls
-
-  // Counts one fallible call (call is one of kFaultCalls) and throws when it is the one chosen
-  // to fail. Every primitive calls this before any side effect, so a failure leaves nothing
-  // half-done.
-  void fault_point(std::string_view call) {
-    std::lock_guard lock(faults_mu);
-    const std::uint64_t n = ++fault_calls;
-    if (faults.record_calls) call_log.push_back(call);
-    if (faults.fail_call_at != n) return;
-    const bool alloc = call.starts_with("alloc");
-    throw Error(alloc ? ErrorCode::kOutOfMemory : ErrorCode::kDriver, "cpu",
-                fmt::format("{}: injected failure (call #{})", call, n));
-  }
-
-  mutable std::mutex mu;  // streams, events, graphs, kernels
-  std::unordered_map<std::uint64_t, StreamState> streams{{kDefaultStream, StreamState{}}};
-  std::unordered_set<std::uint64_t> events;
-  std::unordered_map<std::uint64_t, std::shared_ptr<const std::vector<Work>>> graphs;
+  mutable std::mutex kernels_mu;
   std::unordered_map<std::uint64_t, std::string> kernel_names;  // resolved handles
-  std::uint64_t next_id = kDefaultStream + 1;
-
-  StreamState& stream_locked(std::string_view api, StreamHandle s) {
-    const auto it = streams.find(s.value());
-    if (it == streams.end()) {
-      throw Error(ErrorCode::kInvalidArgument, api,
-                  fmt::format("stream 0x{:x} is not a live stream of the cpu backend", s.value()));
-    }
-    return it->second;
-  }
-
-  // Runs work now, or records it when the stream is capturing.
-  void submit(std::string_view api, StreamHandle s, Work work) {
-    {
-      std::lock_guard lock(mu);
-      StreamState& st = stream_locked(api, s);
-      if (st.capturing) {
-        if (st.invalidated) {
-          throw Error(ErrorCode::kCapture, api,
-                      fmt::format("the capture on stream 0x{:x} was invalidated by {}", s.value(),
-                                  st.invalidated_by));
-        }
-        st.recorded.push_back(std::move(work));
-        return;
-      }
-    }
-    work();
-  }
-
-  // Blocking work on stream s: not allowed while s captures (and it spoils the capture).
-  void forbid_capture(std::string_view api, StreamHandle s) {
-    std::lock_guard lock(mu);
-    StreamState& st = stream_locked(api, s);
-    if (!st.capturing) return;
-    st.invalidated = true;
-    if (st.invalidated_by.empty()) st.invalidated_by = std::string(api);
-    throw Error(ErrorCode::kCapture, api,
-                fmt::format("stream 0x{:x} is capturing: a synchronizing call inside a capture "
-                            "invalidates it",
-                            s.value()));
-  }
 
   const HostKernel& kernel_of(std::string_view api, KernelHandle k) {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(kernels_mu);
     if (!kernel_names.contains(k.value())) {
       throw Error(ErrorCode::kInvalidArgument, api,
                   fmt::format("kernel 0x{:x} was not resolved by this cpu backend", k.value()));
@@ -205,25 +127,19 @@ CpuBackend::~CpuBackend() {
 }
 
 void CpuBackend::set_faults(CpuFaults faults) {
-  std::lock_guard lock(impl_->faults_mu);
-  impl_->faults = std::move(faults);
-  impl_->alloc_calls = 0;
-  impl_->fault_calls = 0;
-  impl_->call_log.clear();
+  impl_->faults.set(std::move(faults));
 }
 
 std::uint64_t CpuBackend::fault_call_count() const {
-  std::lock_guard lock(impl_->faults_mu);
-  return impl_->fault_calls;
+  return impl_->faults.count();
 }
 
 std::vector<std::string> CpuBackend::fault_calls() const {
-  std::lock_guard lock(impl_->faults_mu);
-  return {impl_->call_log.begin(), impl_->call_log.end()};
+  return impl_->faults.calls();
 }
 
 std::span<const std::string_view> CpuBackend::fault_call_names() noexcept {
-  return kFaultCalls;
+  return cpu::fault_call_names();
 }
 
 std::vector<std::string> CpuBackend::module_names() const {
@@ -240,8 +156,7 @@ const HostModule* CpuBackend::module(std::string_view name) const {
 }
 
 CpuBackend::HandleCounts CpuBackend::handle_counts() const {
-  std::lock_guard lock(impl_->mu);
-  return HandleCounts{impl_->streams.size() - 1, impl_->events.size(), impl_->graphs.size()};
+  return impl_->streams.counts();
 }
 
 std::string CpuBackend::device_name() const {
@@ -272,22 +187,8 @@ void CpuBackend::check_range(std::string_view api, std::string_view what, Device
 // ---- memory primitives ----
 
 DevicePtr CpuBackend::raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) {
-  impl_->fault_point(alloc_call(kind));
-  {
-    std::lock_guard lock(impl_->faults_mu);
-    const std::uint64_t n = ++impl_->alloc_calls;
-    if (impl_->faults.fail_alloc_at == n) {
-      throw Error(ErrorCode::kOutOfMemory, "alloc",
-                  fmt::format("injected failure of allocation #{}", n));
-    }
-    if (kind == MemoryKind::kDevice && (user_bytes > impl_->faults.max_device_alloc ||
-                                        pad_bytes > impl_->faults.max_device_alloc - user_bytes)) {
-      throw Error(ErrorCode::kOutOfMemory, "alloc",
-                  fmt::format("{} exceeds the injected device allocation cap of {}",
-                              format_bytes(user_bytes + pad_bytes),
-                              format_bytes(impl_->faults.max_device_alloc)));
-    }
-  }
+  impl_->faults.point(alloc_call(kind));
+  if (kind == MemoryKind::kDevice) impl_->faults.check_device_alloc(user_bytes, pad_bytes);
   void* p = impl_->memory.allocate(user_bytes, pad_bytes, kind);
   if (p == nullptr) {
     throw Error(ErrorCode::kOutOfMemory, "alloc", "the host allocator returned no memory");
@@ -337,7 +238,7 @@ void* host(DevicePtr p) {
 }  // namespace
 
 void CpuBackend::copy_h2d(DevicePtr dst, const void* src, std::size_t bytes) {
-  impl_->forbid_capture("copy_h2d", default_stream());
+  impl_->streams.forbid_capture("copy_h2d", default_stream());
   copy_h2d_async(dst, src, bytes, default_stream());
 }
 
@@ -346,19 +247,19 @@ void CpuBackend::copy_d2h(void* dst, DevicePtr src, std::size_t bytes) {
 }
 
 void CpuBackend::copy_d2d(DevicePtr dst, DevicePtr src, std::size_t bytes) {
-  impl_->forbid_capture("copy_d2d", default_stream());
+  impl_->streams.forbid_capture("copy_d2d", default_stream());
   copy_d2d_async(dst, src, bytes, default_stream());
 }
 
 void CpuBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t bytes,
                                 StreamHandle stream) {
   if (bytes == 0) return;
-  impl_->fault_point("copy_h2d");
+  impl_->faults.point("copy_h2d");
   if (src == nullptr) throw Error(ErrorCode::kInvalidArgument, "copy_h2d", "source is null");
   impl_->memory.check_range("copy_h2d", "destination", dst.address(), bytes);
   // Work re-checks its range when it runs, so a replayed graph whose buffer was freed fails
   // cleanly instead of writing freed memory.
-  impl_->submit("copy_h2d", stream, [this, dst, src, bytes] {
+  impl_->streams.submit("copy_h2d", stream, [this, dst, src, bytes] {
     impl_->memory.check_range("copy_h2d", "destination", dst.address(), bytes);
     std::memcpy(host(dst), src, bytes);
   });
@@ -367,22 +268,22 @@ void CpuBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t byte
 void CpuBackend::copy_d2d_async(DevicePtr dst, DevicePtr src, std::size_t bytes,
                                 StreamHandle stream) {
   if (bytes == 0) return;
-  impl_->fault_point("copy_d2d");
+  impl_->faults.point("copy_d2d");
   auto check = [this, dst, src, bytes] {
     impl_->memory.check_range("copy_d2d", "destination", dst.address(), bytes);
     impl_->memory.check_range("copy_d2d", "source", src.address(), bytes);
   };
   check();
-  impl_->submit("copy_d2d", stream, [check, dst, src, bytes] {
+  impl_->streams.submit("copy_d2d", stream, [check, dst, src, bytes] {
     check();
     std::memmove(host(dst), host(src), bytes);
   });
 }
 
 void CpuBackend::copy_d2h_after(void* dst, DevicePtr src, std::size_t bytes, StreamHandle stream) {
-  impl_->forbid_capture("copy_d2h", stream);
+  impl_->streams.forbid_capture("copy_d2h", stream);
   if (bytes == 0) return;
-  impl_->fault_point("copy_d2h");
+  impl_->faults.point("copy_d2h");
   if (dst == nullptr) throw Error(ErrorCode::kInvalidArgument, "copy_d2h", "destination is null");
   impl_->memory.check_range("copy_d2h", "source", src.address(), bytes);
   std::memcpy(dst, host(src), bytes);
@@ -392,7 +293,7 @@ void CpuBackend::copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr s
                                std::size_t src_pitch, std::size_t width_bytes, std::size_t height,
                                StreamHandle stream) {
   if (width_bytes == 0 || height == 0) return;
-  impl_->fault_point("copy_2d");
+  impl_->faults.point("copy_2d");
   if (width_bytes > dst_pitch || width_bytes > src_pitch) {
     throw Error(ErrorCode::kInvalidArgument, "copy_2d",
                 fmt::format("width {} bytes exceeds a pitch (dst {}, src {})", width_bytes,
@@ -405,7 +306,7 @@ void CpuBackend::copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr s
                               (height - 1) * src_pitch + width_bytes);
   };
   check();
-  impl_->submit("copy_2d", stream, [=] {
+  impl_->streams.submit("copy_2d", stream, [=] {
     check();
     for (std::size_t r = 0; r < height; ++r) {
       std::memmove(host(dst.offset(r * dst_pitch)), host(src.offset(r * src_pitch)), width_bytes);
@@ -414,16 +315,16 @@ void CpuBackend::copy_2d_async(DevicePtr dst, std::size_t dst_pitch, DevicePtr s
 }
 
 void CpuBackend::memset(DevicePtr dst, std::uint8_t value, std::size_t bytes) {
-  impl_->forbid_capture("memset", default_stream());
+  impl_->streams.forbid_capture("memset", default_stream());
   memset_async(dst, value, bytes, default_stream());
 }
 
 void CpuBackend::memset_async(DevicePtr dst, std::uint8_t value, std::size_t bytes,
                               StreamHandle stream) {
   if (bytes == 0) return;
-  impl_->fault_point("memset");
+  impl_->faults.point("memset");
   impl_->memory.check_range("memset", "destination", dst.address(), bytes);
-  impl_->submit("memset", stream, [this, dst, value, bytes] {
+  impl_->streams.submit("memset", stream, [this, dst, value, bytes] {
     impl_->memory.check_range("memset", "destination", dst.address(), bytes);
     std::memset(host(dst), value, bytes);
   });
@@ -433,7 +334,7 @@ void CpuBackend::memset_async(DevicePtr dst, std::uint8_t value, std::size_t byt
 
 void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,
                         StreamHandle stream, std::span<void*> params) {
-  impl_->fault_point("launch");
+  impl_->faults.point("launch");
   const HostKernel& k = impl_->kernel_of("launch", kernel);
   const std::string name = kernel_name(kernel);
   auto bad = [&](std::string what) {
@@ -471,183 +372,101 @@ void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_
     std::memcpy(storage->data() + first[i], params[i], k.param_sizes[i]);
     pointers->push_back(storage->data() + first[i]);
   }
-  impl_->submit("launch", stream, [this, &k, name, grid, block, shared_bytes, storage, pointers] {
-    impl_->run_grid(k, name, grid, block, shared_bytes, pointers->data());
-  });
+  impl_->streams.submit("launch", stream,
+                        [this, &k, name, grid, block, shared_bytes, storage, pointers] {
+                          impl_->run_grid(k, name, grid, block, shared_bytes, pointers->data());
+                        });
 }
 
 // ---- streams and events ----
 
 StreamHandle CpuBackend::default_stream() {
-  return StreamHandle{kDefaultStream};
+  return StreamHandle{cpu::Streams::kDefault};
 }
 
 StreamHandle CpuBackend::create_stream() {
-  impl_->fault_point("create_stream");
-  std::lock_guard lock(impl_->mu);
-  const std::uint64_t id = impl_->next_id++;
-  impl_->streams.emplace(id, StreamState{});
-  return StreamHandle{id};
+  impl_->faults.point("create_stream");
+  return impl_->streams.create_stream();
 }
 
 void CpuBackend::destroy_stream(StreamHandle stream) {
-  std::lock_guard lock(impl_->mu);
-  if (stream.value() == kDefaultStream) {
-    throw Error(ErrorCode::kInvalidArgument, "destroy_stream",
-                "the backend's default stream belongs to the backend");
-  }
-  if (impl_->streams.erase(stream.value()) == 0) {
-    throw Error(
-        ErrorCode::kInvalidArgument, "destroy_stream",
-        fmt::format("stream 0x{:x} is not a live stream of the cpu backend", stream.value()));
-  }
+  impl_->streams.destroy_stream(stream);
 }
 
 void CpuBackend::synchronize(StreamHandle stream) {
-  impl_->fault_point("synchronize");
-  impl_->forbid_capture("synchronize", stream);
+  impl_->faults.point("synchronize");
+  impl_->streams.forbid_capture("synchronize", stream);
 }
 
 void CpuBackend::synchronize_device() {
-  impl_->fault_point("synchronize_device");
-  std::vector<std::uint64_t> ids;
-  {
-    std::lock_guard lock(impl_->mu);
-    for (const auto& [id, _] : impl_->streams) ids.push_back(id);
-  }
-  for (std::uint64_t id : ids) {
-    try {
-      impl_->forbid_capture("synchronize_device", StreamHandle{id});
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kCapture) throw;
-      // A stream destroyed meanwhile has nothing left to wait for.
-    }
-  }
+  impl_->faults.point("synchronize_device");
+  impl_->streams.forbid_capture_anywhere("synchronize_device");
 }
 
 EventHandle CpuBackend::create_event() {
-  impl_->fault_point("create_event");
-  std::lock_guard lock(impl_->mu);
-  const std::uint64_t id = impl_->next_id++;
-  impl_->events.insert(id);
-  return EventHandle{id};
+  impl_->faults.point("create_event");
+  return impl_->streams.create_event();
 }
-
-namespace {
-Error unknown_event(std::string_view api, EventHandle e) {
-  return Error(ErrorCode::kInvalidArgument, api,
-               fmt::format("event 0x{:x} is not a live event of the cpu backend", e.value()));
-}
-}  // namespace
 
 void CpuBackend::destroy_event(EventHandle event) {
-  std::lock_guard lock(impl_->mu);
-  if (impl_->events.erase(event.value()) == 0) throw unknown_event("destroy_event", event);
+  impl_->streams.destroy_event(event);
 }
 
 void CpuBackend::record_event(EventHandle event, StreamHandle stream) {
-  impl_->fault_point("record_event");
-  {
-    std::lock_guard lock(impl_->mu);
-    if (!impl_->events.contains(event.value())) throw unknown_event("record_event", event);
-  }
+  impl_->faults.point("record_event");
+  impl_->streams.check_event("record_event", event);
   // Work before it has already run (or is recorded before it in a capture): nothing to mark.
-  impl_->submit("record_event", stream, [] {});
+  impl_->streams.submit("record_event", stream, [] {});
 }
 
 void CpuBackend::wait_event(StreamHandle stream, EventHandle event) {
-  impl_->fault_point("wait_event");
-  {
-    std::lock_guard lock(impl_->mu);
-    if (!impl_->events.contains(event.value())) throw unknown_event("wait_event", event);
-  }
-  impl_->submit("wait_event", stream, [] {});
+  impl_->faults.point("wait_event");
+  impl_->streams.check_event("wait_event", event);
+  impl_->streams.submit("wait_event", stream, [] {});
 }
 
 void CpuBackend::event_synchronize(EventHandle event) {
-  impl_->fault_point("event_synchronize");
-  std::lock_guard lock(impl_->mu);
-  if (!impl_->events.contains(event.value())) throw unknown_event("event_synchronize", event);
+  impl_->faults.point("event_synchronize");
+  impl_->streams.check_event("event_synchronize", event);
 }
 
 EventStatus CpuBackend::event_query(EventHandle event) {
-  std::lock_guard lock(impl_->mu);
-  if (!impl_->events.contains(event.value())) throw unknown_event("event_query", event);
+  impl_->streams.check_event("event_query", event);
   return EventStatus::kDone;
 }
 
 // ---- graphs ----
 
 void CpuBackend::begin_capture(StreamHandle stream) {
-  impl_->fault_point("begin_capture");
-  std::lock_guard lock(impl_->mu);
-  StreamState& st = impl_->stream_locked("begin_capture", stream);
-  if (st.capturing) {
-    throw Error(ErrorCode::kCapture, "begin_capture",
-                fmt::format("stream 0x{:x} is already capturing", stream.value()));
-  }
-  st = StreamState{};
-  st.capturing = true;
+  impl_->faults.point("begin_capture");
+  impl_->streams.begin_capture(stream);
 }
 
 // An injected failure leaves the stream capturing, as a failed cuStreamEndCapture may: error
 // paths end it with abort_capture.
 GraphHandle CpuBackend::end_capture(StreamHandle stream) {
-  impl_->fault_point("end_capture");
-  std::lock_guard lock(impl_->mu);
-  StreamState& st = impl_->stream_locked("end_capture", stream);
-  if (!st.capturing) {
-    throw Error(ErrorCode::kCapture, "end_capture",
-                fmt::format("stream 0x{:x} is not capturing", stream.value()));
-  }
-  StreamState done = std::move(st);
-  st = StreamState{};
-  if (done.invalidated) {
-    throw Error(ErrorCode::kCapture, "end_capture",
-                fmt::format("the capture on stream 0x{:x} was invalidated by {}; nothing was "
-                            "instantiated",
-                            stream.value(), done.invalidated_by));
-  }
-  const std::uint64_t id = impl_->next_id++;
-  impl_->graphs.emplace(id, std::make_shared<const std::vector<Work>>(std::move(done.recorded)));
-  return GraphHandle{id};
+  impl_->faults.point("end_capture");
+  return impl_->streams.end_capture(stream);
 }
 
 void CpuBackend::launch_graph(GraphHandle graph, StreamHandle stream) {
-  impl_->fault_point("launch_graph");
-  std::shared_ptr<const std::vector<Work>> work;
-  {
-    std::lock_guard lock(impl_->mu);
-    const auto it = impl_->graphs.find(graph.value());
-    if (it == impl_->graphs.end()) {
-      throw Error(
-          ErrorCode::kInvalidArgument, "launch_graph",
-          fmt::format("graph 0x{:x} is not a live graph of the cpu backend", graph.value()));
-    }
-    work = it->second;
-  }
-  impl_->submit("launch_graph", stream, [work] {
-    for (const Work& w : *work) w();
+  impl_->faults.point("launch_graph");
+  std::shared_ptr<const std::vector<cpu::Work>> work = impl_->streams.graph(graph);
+  impl_->streams.submit("launch_graph", stream, [work] {
+    for (const cpu::Work& w : *work) w();
   });
 }
 
 void CpuBackend::destroy_graph(GraphHandle graph) {
-  std::lock_guard lock(impl_->mu);
-  if (impl_->graphs.erase(graph.value()) == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "destroy_graph",
-                fmt::format("graph 0x{:x} is not a live graph of the cpu backend", graph.value()));
-  }
+  impl_->streams.destroy_graph(graph);
 }
 
 void CpuBackend::abort_capture(StreamHandle stream) noexcept {
-  std::lock_guard lock(impl_->mu);
-  const auto it = impl_->streams.find(stream.value());
-  if (it != impl_->streams.end()) it->second = StreamState{};
+  impl_->streams.abort_capture(stream);
 }
 
 bool CpuBackend::is_capturing(StreamHandle stream) {
-  std::lock_guard lock(impl_->mu);
-  return impl_->stream_locked("is_capturing", stream).capturing;
+  return impl_->streams.is_capturing(stream);
 }
 
 // ---- queries ----
@@ -682,7 +501,7 @@ std::vector<ModuleListing> CpuBackend::modules() const {
 }
 
 std::string CpuBackend::kernel_name(KernelHandle kernel) const {
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->kernels_mu);
   const auto it = impl_->kernel_names.find(kernel.value());
   return it == impl_->kernel_names.end() ? Backend::kernel_name(kernel) : it->second;
 }
@@ -693,27 +512,15 @@ OpCache& CpuBackend::op_cache() {
 
 KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::string_view function,
                                         const CallSite& site) {
-  impl_->fault_point("kernel");
+  impl_->faults.point("kernel");
   const std::string full = fmt::format("{}::{}", module_name, function);
-  {
-    std::lock_guard lock(impl_->mu);
-    for (const auto& [id, st] : impl_->streams) {
-      if (st.capturing) {
-        throw Error(ErrorCode::kCapture, "kernel",
-                    fmt::format("cannot resolve {} (from {}) while stream 0x{:x} is capturing: "
-                                "resolve kernels before the capture begins",
-                                full, site.str(), id));
-      }
-    }
+  if (const std::uint64_t id = impl_->streams.capturing_stream(); id != 0) {
+    throw Error(ErrorCode::kCapture, "kernel",
+                fmt::format("cannot resolve {} (from {}) while stream 0x{:x} is capturing: "
+                            "resolve kernels before the capture begins",
+                            full, site.str(), id));
   }
-  {
-    std::lock_guard lock(impl_->faults_mu);
-    const auto& deny = impl_->faults.deny_lookups;
-    if (std::find(deny.begin(), deny.end(), full) != deny.end()) {
-      throw Error(ErrorCode::kNotFound, "kernel",
-                  fmt::format("{} (from {}) denied by fault injection", full, site.str()));
-    }
-  }
+  impl_->faults.check_lookup(full, site.str());
   const HostModule* m = module(module_name);
   if (m == nullptr) {
     throw Error(ErrorCode::kNotFound, "kernel",
@@ -736,7 +543,7 @@ KernelHandle CpuBackend::resolve_kernel(std::string_view module_name, std::strin
                      if (const auto* bytes = m->find_symbol(symbol)) return *bytes;
                      return std::nullopt;
                    });
-  std::lock_guard lock(impl_->mu);
+  std::lock_guard lock(impl_->kernels_mu);
   impl_->kernel_names.emplace(h.value(), full);
   return h;
 }
