@@ -433,7 +433,10 @@ void fuzz_upload(Call& call) {
   h.tensor_scale = in.ConsumeFloatingPoint<float>();
   CpuFaults faults;
   const auto fault = in.ConsumeIntegralInRange(0, 3);
-  if (fault == 1 || fault == 2) faults.fail_alloc_at = static_cast<std::uint64_t>(fault);
+  if (fault == 1 || fault == 2) {
+    faults.fail_call_at = static_cast<std::uint64_t>(fault);
+    faults.fail_call_of = "alloc";
+  }
   if (fault == 3) faults.max_device_alloc = in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer);
   const bool valid = !h.codes.empty() && !h.scales.empty() && fault != 1 && fault != 2 &&
                      h.codes.size() <= faults.max_device_alloc &&

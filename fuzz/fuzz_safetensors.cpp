@@ -1,6 +1,7 @@
-// Fuzz target: the safetensors reader (include/metrale/safetensors.h) on a whole file's bytes,
-// through SafetensorsFile::from_bytes (the validation open() runs on a mapped file), then
-// linear_layers and load_nvfp4_linear over every layer the header names.
+// Fuzz target: the safetensors reader (include/metrale/safetensors.h) and the ModelOpt loader
+// (metrale/modelopt.h) on a whole file's bytes, through SafetensorsFile::from_bytes (the
+// validation open() runs on a mapped file), then linear_layers and load_nvfp4_linear over every
+// layer the header names.
 //
 // Invariants (any break is __builtin_trap(), so libFuzzer keeps the input):
 //  - every failure is a metrale::Error of the documented kind whose message names the file:
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "metrale/error.h"
+#include "metrale/modelopt.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
 

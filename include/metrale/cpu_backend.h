@@ -19,13 +19,21 @@ namespace metrale {
 
 // Failures a test can inject into a CPU backend.
 struct CpuFaults {
-  std::size_t max_device_alloc = SIZE_MAX;  // device allocations above this fail (OOM)
-  std::uint64_t fail_alloc_at = 0;          // the Nth allocation (1-based, any kind) fails; 0: none
-  std::vector<std::string> deny_lookups;    // "module::function" lookups that fail as not found
   // The Nth fallible call (1-based over every call CpuBackend::fault_call_names() lists, counted
   // from set_faults) fails before it does anything, with Error "[cpu] <call>: injected failure
   // (call #N)": kOutOfMemory for allocations, kDriver otherwise. 0: none.
   std::uint64_t fail_call_at = 0;
+  // When set, fail_call_at counts only the calls whose name begins with this: "alloc" makes it
+  // the Nth allocation of any kind (alloc, alloc_managed, alloc_pinned), "launch" the Nth
+  // launch. The message then says "(alloc call #N, call #M of all)". set_faults refuses a value
+  // that begins no call's name.
+  std::string fail_call_of;
+  // Device allocations above this many bytes (guard-band pad included) fail as out of memory.
+  // This is not a call position, so fail_call_at cannot say it: it is a device too small for a
+  // size, whichever call asks and however often, while managed and pinned memory still succeed
+  // (what the managed-memory fallback is tested against).
+  std::size_t max_device_alloc = SIZE_MAX;
+  std::vector<std::string> deny_lookups;  // "module::function" lookups that fail as not found
   // Keep the name of every fallible call for fault_calls(). Off by default: the list grows with
   // every call, which only a fault-injection sweep wants.
   bool record_calls = false;
@@ -42,7 +50,8 @@ class CpuBackend final : public Backend {
   // Sweeps the ledger (warning about anything left), then frees streams, events and graphs.
   ~CpuBackend() override;
 
-  // Replaces the injected faults (and restarts the counts used by fail_alloc_at, fail_call_at).
+  // Replaces the injected faults and restarts the call counts; Error(kInvalidArgument) for a
+  // fail_call_of that names no call.
   void set_faults(CpuFaults faults);
   // Fallible calls made since set_faults (or construction): the positions fail_call_at can name.
   std::uint64_t fault_call_count() const;

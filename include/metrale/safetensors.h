@@ -1,25 +1,21 @@
 // Reading safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian
 // header length, a JSON header naming each tensor's dtype, shape and byte range, then the data.
 // SafetensorsFile maps the file read-only and checks the whole header before it hands anything
-// out, so every later access is a bounds-checked view into the map. On top of it,
-// load_nvfp4_linear reads a linear layer as NVIDIA ModelOpt exports NVFP4 checkpoints (or
-// quantizes a BF16/F32 layer on load).
+// out, so every later access is a bounds-checked view into the map. Reading linear layers out of
+// such a file, as ModelOpt exports them, is metrale/modelopt.h.
 //
 // Every failure is an Error whose message names the file and, where there is one, the tensor:
 // "[safetensors] model.safetensors: tensor 'x.weight': ...". kIo for a file that cannot be read
-// or is malformed (or a layer whose tensors do not fit together), kNotFound for a missing tensor.
+// or is malformed, kNotFound for a missing tensor.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "metrale/quant.h"
 
 namespace metrale {
 
@@ -85,28 +81,5 @@ class SafetensorsFile {
   std::map<std::string, SafetensorsTensorInfo, std::less<>> tensors_;
   std::map<std::string, std::string, std::less<>> metadata_;
 };
-
-// A linear layer's NVFP4 weights and, when the file has one, its activation (input) scale.
-struct Nvfp4Linear {
-  HostQuantWeights w;                // row-major [N, K]
-  std::optional<float> input_scale;  // "<layer>.input_scale"
-  std::string source_dtype;          // dtype of "<layer>.weight": "U8" (NVFP4), "BF16" or "F32"
-};
-
-// Loads linear layer `layer` (e.g. "model.layers.0.mlp.down_proj"):
-//  - as ModelOpt exports NVFP4: "<layer>.weight" U8 [N, K/2] (E2M1 codes, low nibble = even k),
-//    "<layer>.weight_scale" F8_E4M3 [N, K/16], "<layer>.weight_scale_2" F32 of shape [] or [1]
-//    (the tensor scale; finite and >= 0);
-//  - or "<layer>.weight" BF16/F32 [N, K] (no weight_scale tensors), quantized with
-//    quantize_nvfp4.
-// K must be a positive multiple of 16. "<layer>.input_scale" (F32, [] or [1], finite) is read when
-// present. Throws Error(kNotFound) for a missing tensor, Error(kIo) for a wrong dtype or shape,
-// a NaN block scale or a non-finite weight, naming the file and tensor.
-Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer);
-
-// The layers load_nvfp4_linear accepts by their header: every "<layer>.weight" that is U8 with
-// matching weight_scale/weight_scale_2 tensors, or a BF16/F32 matrix whose K is a multiple of 16
-// (so embeddings qualify too). Sorted.
-std::vector<std::string> linear_layers(const SafetensorsFile& file);
 
 }  // namespace metrale

@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "cpu/modules/modules.h"
-
 namespace metrale {
 
 HostModule& HostModule::add_kernel(std::string name, HostKernelFn fn,
@@ -33,13 +31,6 @@ const HostKernel* HostModule::find_kernel(std::string_view name) const {
 const std::vector<std::byte>* HostModule::find_symbol(std::string_view name) const {
   const auto it = symbols_.find(name);
   return it == symbols_.end() ? nullptr : &it->second;
-}
-
-std::vector<HostModule> builtin_host_modules() {
-  std::vector<HostModule> out;
-  out.push_back(cpu::make_core_module());
-  out.push_back(cpu::make_w4a16_module());
-  return out;
 }
 
 }  // namespace metrale

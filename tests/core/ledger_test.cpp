@@ -395,7 +395,8 @@ TEST(BackendLedger, AnInjectedFailureCountsAsAFailedAllocation) {
   auto backend = make_backend();
   const DevicePtr first = backend->alloc(64);
   CpuFaults faults;
-  faults.fail_alloc_at = 1;
+  faults.fail_call_at = 1;
+  faults.fail_call_of = "alloc";
   backend->set_faults(faults);
   const Error e = expect_error([&] { backend->alloc(256); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);

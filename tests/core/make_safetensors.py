@@ -213,6 +213,12 @@ def main():
     for layer, tensors in layers.items():
         bad_layers.update(prefixed(layer, tensors))
     save(p("bad_layers.safetensors"), bad_layers)
+    # A file none of whose candidates loads, each for a reason of its own (and a norm vector).
+    no_loadable = {}
+    for layer in ("scale_shape", "odd_k", "f16", "scale2_dtype"):
+        no_loadable.update(prefixed(layer, layers[layer]))
+    no_loadable["norm.weight"] = bf16(64)
+    save(p("no_loadable_layers.safetensors"), no_loadable)
 
     # ---- malformed files, by hand ----
     def entry(dtype, shape, begin, end):

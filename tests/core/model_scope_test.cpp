@@ -331,7 +331,8 @@ TEST(ModelScope, AllocBufferRecordsTheCallersLine) {
 TEST(ModelScope, AFailedAllocBufferAddsNoResource) {
   ModelScope scope(make_backend());
   CpuFaults faults;
-  faults.fail_alloc_at = 1;
+  faults.fail_call_at = 1;
+  faults.fail_call_of = "alloc";
   dynamic_cast<CpuBackend&>(scope.backend()).set_faults(faults);
   const Error e = expect_error([&] { scope.alloc_buffer("weights", 128); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);

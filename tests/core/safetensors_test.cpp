@@ -1,9 +1,9 @@
-// The safetensors reader and the NVFP4 layer loader of metrale/safetensors.h, on files written at
-// test time by tests/core/make_safetensors.py: valid ones by the reference Python package
-// `safetensors` (a ModelOpt-style NVFP4 model, a BF16 and an F32 layer, one tensor of every dtype,
-// metadata), malformed ones built byte by byte. ctest's fixture safetensors.make_files writes them
-// and hands the folder over in METRALE_SAFETENSORS_DIR; a run without it (./core_tests) runs the
-// script itself into a temporary folder.
+// The safetensors reader (metrale/safetensors.h) and the NVFP4 layer loader (metrale/modelopt.h),
+// on files written at test time by tests/core/make_safetensors.py: valid ones by the reference
+// Python package `safetensors` (a ModelOpt-style NVFP4 model, a BF16 and an F32 layer, one tensor
+// of every dtype, metadata), malformed ones built byte by byte. ctest's fixture
+// safetensors.make_files writes them and hands the folder over in METRALE_SAFETENSORS_DIR; a run
+// without it (./core_tests) runs the script itself into a temporary folder.
 //
 // Every failure must be an Error with the right code whose message names the file and, where
 // there is one, the tensor; no failure leaves the file mapped or open.
@@ -28,6 +28,7 @@
 
 #include "core/expect_error.h"
 #include "metrale/error.h"
+#include "metrale/modelopt.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 
@@ -534,6 +535,71 @@ std::string layer_name(const ::testing::TestParamInfo<BadLayer>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layers, SafetensorsBadLayer, ::testing::ValuesIn(kBadLayers), layer_name);
+
+// Each bad layer whose header is wrong is a rejected candidate, with the tensor and the reason
+// load_nvfp4_linear gives for it; those whose header is fine are listed as loadable.
+TEST(SafetensorsNvfp4, ScanNamesEachRejectedTensorAndWhy) {
+  const auto f = SafetensorsFile::open(path_of("bad_layers.safetensors"));
+  const LinearLayerScan scan = scan_linear_layers(f);
+  EXPECT_THAT(scan.layers, ElementsAre("inf_weight", "nan_scale", "neg_scale2"));
+  std::map<std::string, const RejectedLayer*> rejected;
+  for (const RejectedLayer& r : scan.rejected) rejected[r.layer] = &r;
+  std::size_t expected = 0;
+  for (const BadLayer& b : kBadLayers) {
+    const std::string layer = b.layer;
+    if (layer == "missing" || std::count(scan.layers.begin(), scan.layers.end(), layer) != 0) {
+      continue;  // no "missing.weight" to scan; the others are loadable by their header
+    }
+    ++expected;
+    ASSERT_TRUE(rejected.contains(layer)) << layer;
+    EXPECT_EQ(rejected[layer]->tensor, b.tensor) << layer;
+    EXPECT_EQ(rejected[layer]->code, b.code) << layer;
+    EXPECT_THAT(rejected[layer]->why, HasSubstr(b.fragment)) << layer;
+  }
+  EXPECT_EQ(scan.rejected.size(), expected);
+  EXPECT_EQ(expected, 13u);
+  // Sorted by layer.
+  for (std::size_t i = 1; i < scan.rejected.size(); ++i) {
+    EXPECT_LT(scan.rejected[i - 1].layer, scan.rejected[i].layer);
+  }
+}
+
+TEST(SafetensorsNvfp4, RequireLinearLayersGivesTheLoadableLayers) {
+  const auto model = SafetensorsFile::open(path_of("model.safetensors"));
+  EXPECT_THAT(require_linear_layers(model), ElementsAre(kDown, kUp, kOProj, kQProj));
+}
+
+// A file none of whose layers loads is malformed input (kIo), and the error says, for each
+// candidate, which tensor was rejected and why.
+TEST(SafetensorsNvfp4, NoLoadableLayerNamesEachRejectedTensorAndWhy) {
+  const std::string path = path_of("no_loadable_layers.safetensors");
+  const auto f = SafetensorsFile::open(path);
+  const Error e = testing::expect_error([&] { (void)require_linear_layers(f); });
+  EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+  const std::string what = e.what();
+  EXPECT_THAT(what, StartsWith(fmt::format("[safetensors] {}: holds no linear layer metrale can "
+                                           "load; each of its 5 candidate(s) was rejected:",
+                                           path)));
+  EXPECT_THAT(what, HasSubstr("\n  tensor 'f16.weight': dtype F16 cannot be loaded as NVFP4"));
+  EXPECT_THAT(what, HasSubstr("\n  tensor 'norm.weight': shape is [64], but BF16 weights must be "
+                              "[N, K] with K a positive multiple of 16"));
+  EXPECT_THAT(what, HasSubstr("\n  tensor 'odd_k.weight': shape is [4, 4]: K = 2 x 4 is not a "
+                              "multiple of 16"));
+  EXPECT_THAT(what, HasSubstr("\n  tensor 'scale2_dtype.weight_scale_2': dtype is BF16, but the "
+                              "NVFP4 tensor scale must be F32"));
+  EXPECT_THAT(what, HasSubstr("\n  tensor 'scale_shape.weight_scale': shape is [4, 2], but "
+                              "weights U8 [4, 8] (N = 4, K = 16) need [4, 1]"));
+}
+
+TEST(SafetensorsNvfp4, NoCandidateAtAllSaysSo) {
+  const std::string path = path_of("empty.safetensors");
+  const auto f = SafetensorsFile::open(path);
+  const Error e = testing::expect_error([&] { (void)require_linear_layers(f); });
+  EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+  EXPECT_THAT(e.what(), StartsWith(fmt::format("[safetensors] {}: holds no linear layer metrale "
+                                               "can load: no tensor is named '<layer>.weight'",
+                                               path)));
+}
 
 }  // namespace
 }  // namespace metrale

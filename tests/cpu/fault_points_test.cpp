@@ -100,14 +100,32 @@ TEST(CpuFaultPoints, AFailedEndCaptureLeavesTheCaptureForAbortCapture) {
 TEST(CpuFaultPoints, FailAllocAtKeepsItsOwnCount) {
   CpuBackend b(CpuBackendOptions{.threads = 1});
   CpuFaults f;
-  f.fail_alloc_at = 2;
+  f.fail_call_at = 2;
+  f.fail_call_of = "alloc";
   b.set_faults(f);
   const StreamHandle s = b.create_stream();  // a fallible call, not an allocation
   const DevicePtr p = b.alloc(16);
-  EXPECT_THAT(expect_error([&] { b.alloc(16); }).what(), HasSubstr("allocation #2"));
+  EXPECT_THAT(expect_error([&] { b.alloc(16); }).what(),
+              HasSubstr("alloc call #2, call #3 of all"));
   EXPECT_EQ(b.fault_call_count(), 3u);
   b.free(p);
   b.destroy_stream(s);
+}
+
+// A filter that begins no call's name would never fail anything: set_faults refuses it.
+TEST(CpuFaultPoints, FailCallOfMustBeginACallName) {
+  CpuBackend b(CpuBackendOptions{.threads = 1});
+  CpuFaults f;
+  f.fail_call_at = 1;
+  f.fail_call_of = "allco";
+  const Error e = expect_error([&] { b.set_faults(f); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("[set_faults] fail_call_of 'allco' begins no fallible call's"));
+  // Refused, so nothing was replaced: the next allocation does not fail.
+  const DevicePtr p = b.alloc(16);
+  b.free(p);
+  f.fail_call_of = "launch";  // a prefix of one name is enough
+  b.set_faults(f);
 }
 
 }  // namespace

@@ -347,14 +347,15 @@ TEST(CpuMemory, DeviceAllocationCapGivesOutOfMemoryNamingTheSize) {
 TEST(CpuMemory, FailAllocAtFailsExactlyTheNthAllocationOfAnyKind) {
   CpuBackend b;
   CpuFaults faults;
-  faults.fail_alloc_at = 3;
+  faults.fail_call_at = 3;
+  faults.fail_call_of = "alloc";
   b.set_faults(faults);
   const DevicePtr first = b.alloc(16);
   const DevicePtr second = b.alloc_managed(16);
   const Error e = expect_error([&] { b.alloc_pinned(16); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
   EXPECT_THAT(e.what(), HasSubstr("[alloc_pinned] 16 B of pinned memory"));
-  EXPECT_THAT(e.what(), HasSubstr("injected failure of allocation #3"));
+  EXPECT_THAT(e.what(), HasSubstr("injected failure (alloc call #3, call #3 of all)"));
   EXPECT_EQ(b.live_alloc_count(), 2u);
   const DevicePtr fourth = b.alloc(16);
   EXPECT_EQ(b.live_alloc_count(), 3u);
@@ -365,11 +366,11 @@ TEST(CpuMemory, FailAllocAtFailsExactlyTheNthAllocationOfAnyKind) {
   EXPECT_EQ(b.alloc_stats().failed_allocations, 1u);
 
   // set_faults restarts the count.
-  faults.fail_alloc_at = 1;
+  faults.fail_call_at = 1;
   b.set_faults(faults);
   const Error again = expect_error([&] { b.alloc(16); });
   EXPECT_EQ(again.code(), ErrorCode::kOutOfMemory);
-  EXPECT_THAT(again.what(), HasSubstr("allocation #1"));
+  EXPECT_THAT(again.what(), HasSubstr("alloc call #1,"));
   const DevicePtr ok = b.alloc(16);
   b.free(ok);
   EXPECT_EQ(b.live_bytes(), 0u);

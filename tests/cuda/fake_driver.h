@@ -135,7 +135,7 @@ class FakeDriver {
   // never set).
   int max_dynamic_shared(const std::string& function) const;
 
-  struct State;  // defined in fake_driver.cpp
+  struct State;  // defined in fake_state.h
 
  private:
   std::unique_ptr<State> state_;

@@ -24,6 +24,7 @@
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
 #include "metrale/model_scope.h"
+#include "metrale/modelopt.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/ops/gemm.h"

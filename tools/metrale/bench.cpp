@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
+#include "metrale/modelopt.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/gemm.h"
@@ -147,14 +148,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (!bench.weights.empty()) {
     // Real weights: every NVFP4 (or BF16/F32, quantized on load) linear layer of the file.
     const SafetensorsFile file = SafetensorsFile::open(bench.weights);
-    for (const std::string& name : linear_layers(file)) {
+    for (const std::string& name : require_linear_layers(file)) {
       Nvfp4Linear l = load_nvfp4_linear(file, name);
       shape.layers.push_back({name, l.w.n, l.w.k});
       host.push_back(std::move(l.w));
-    }
-    if (shape.layers.empty()) {
-      throw Error(ErrorCode::kInvalidArgument, "bench",
-                  fmt::format("{} holds no linear layer metrale can load", bench.weights));
     }
   } else if (!bench.shapes.empty()) {
     for (const auto& [n, k] : bench.shapes)

@@ -1,0 +1,68 @@
+// Linear layers of a safetensors file (metrale/safetensors.h) as NVIDIA ModelOpt exports NVFP4
+// checkpoints: load_nvfp4_linear reads one (or quantizes a BF16/F32 layer on load), and
+// scan_linear_layers sorts every "<layer>.weight" of a file into the layers it can load and the
+// candidates it cannot, with the tensor at fault and why.
+//
+// Every failure is an Error whose message names the file and the tensor, as the reader's do:
+// "[safetensors] model.safetensors: tensor 'x.weight_scale': ...". kIo for a layer whose tensors
+// do not fit together (a dtype, a shape, a value), kNotFound for a missing tensor.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "metrale/error.h"
+#include "metrale/quant.h"
+#include "metrale/safetensors.h"
+
+namespace metrale {
+
+// A linear layer's NVFP4 weights and, when the file has one, its activation (input) scale.
+struct Nvfp4Linear {
+  HostQuantWeights w;                // row-major [N, K]
+  std::optional<float> input_scale;  // "<layer>.input_scale"
+  std::string source_dtype;          // dtype of "<layer>.weight": "U8" (NVFP4), "BF16" or "F32"
+};
+
+// Loads linear layer `layer` (e.g. "model.layers.0.mlp.down_proj"):
+//  - as ModelOpt exports NVFP4: "<layer>.weight" U8 [N, K/2] (E2M1 codes, low nibble = even k),
+//    "<layer>.weight_scale" F8_E4M3 [N, K/16], "<layer>.weight_scale_2" F32 of shape [] or [1]
+//    (the tensor scale; finite and >= 0);
+//  - or "<layer>.weight" BF16/F32 [N, K] (no weight_scale tensors), quantized with
+//    quantize_nvfp4.
+// K must be a positive multiple of 16. "<layer>.input_scale" (F32, [] or [1], finite) is read when
+// present. Throws Error(kNotFound) for a missing tensor, Error(kIo) for a wrong dtype or shape,
+// a NaN block scale or a non-finite weight, naming the file and tensor.
+Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer);
+
+// A "<layer>.weight" tensor that load_nvfp4_linear would refuse by the header, and why.
+struct RejectedLayer {
+  std::string layer;                // "<layer>"
+  std::string tensor;               // the tensor at fault: the weight or one of its scales
+  ErrorCode code = ErrorCode::kIo;  // what load_nvfp4_linear would throw: kIo, or kNotFound
+  std::string why;  // e.g. "shape is [4, 4]: K = 2 x 4 is not a multiple of 16, ..."
+};
+
+// Every candidate "<layer>.weight" of a file, sorted into the two kinds.
+struct LinearLayerScan {
+  std::vector<std::string> layers;      // loadable by their header, sorted
+  std::vector<RejectedLayer> rejected;  // the others, sorted by layer
+};
+
+// Sorts every "<layer>.weight" tensor of the file: accepted by its header (as linear_layers
+// lists) or rejected with the tensor at fault and the reason load_nvfp4_linear would give.
+LinearLayerScan scan_linear_layers(const SafetensorsFile& file);
+
+// The layers load_nvfp4_linear accepts by their header: every "<layer>.weight" that is U8 with
+// matching weight_scale/weight_scale_2 tensors, or a BF16/F32 matrix whose K is a multiple of 16
+// (so embeddings qualify too). Sorted.
+std::vector<std::string> linear_layers(const SafetensorsFile& file);
+
+// linear_layers, for a caller that needs at least one: when the file has none, Error(kIo) naming
+// the file and, one a line, each rejected candidate tensor with its reason (or saying that no
+// tensor is named "<layer>.weight").
+std::vector<std::string> require_linear_layers(const SafetensorsFile& file);
+
+}  // namespace metrale
