@@ -11,6 +11,7 @@ export CTEST_OUTPUT_ON_FAILURE=1
 
 scripts/install-deps.sh
 scripts/check-format.sh
+scripts/check-layering.sh
 
 jobs=$(nproc)
 cmake --preset ci
