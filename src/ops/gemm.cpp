@@ -303,7 +303,8 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
   }
 
   if (p.route == GemmRoute::kE4m3) {
-    // The seed's scratch tag for the cast activations, and one for the E4M3 weights.
+    // The contract's scratch tag for the cast activations, fp8_activation
+    // (docs/CONTRACT.md, GEMM routes), and one for the E4M3 weights.
     OpCache& cache = backend.op_cache();
     const DevicePtr a8 =
         cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_activation"), um * uk);

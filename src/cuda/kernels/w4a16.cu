@@ -1,10 +1,10 @@
-// Module "w4a16" on the GPU: the seed's BF16 → E4M3 cast, the E4M3 dequantization of the
-// weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor cores on every target;
-// the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh, e4m3_sm90.cuh) and on the
-// correctness-first warp-per-column kernel elsewhere (simple.cuh). Each entry publishes the
-// launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile (grid y; 0 = one
-// block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per split-K
-// unit; 0 = no split) and _a_e4m3. The op code sizes every launch from these alone.
+// Module "w4a16" on the GPU: the BF16 → E4M3 cast (docs/CONTRACT.md, E4M3 cast), the E4M3
+// dequantization of the weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor
+// cores on every target; the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh,
+// e4m3_sm90.cuh) and on the correctness-first warp-per-column kernel elsewhere (simple.cuh). Each
+// entry publishes the launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile
+// (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
+// split-K unit; 0 = no split) and _a_e4m3. The op code sizes every launch from these alone.
 #include <cstdint>
 
 #include "decode.cuh"
@@ -60,9 +60,10 @@ __device__ std::uint32_t gemm_e4m3_m_tile = kE4m3M;
 __device__ std::uint32_t gemm_e4m3_smem_bytes = kE4m3Smem;
 __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
 
-// The seed's cast: BF16 to E4M3, round to nearest even, saturating, no scale. Each thread reads
-// 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count that is not a multiple
-// of 16 goes element by element. in and out are 16-byte aligned (the op checks).
+// The E4M3 cast (docs/CONTRACT.md, E4M3 cast): BF16 to E4M3, round to nearest even, saturating, no
+// scale. Each thread reads 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count
+// that is not a multiple of 16 goes element by element. in and out are 16-byte aligned (the op
+// checks).
 __global__ void __launch_bounds__(kThreads) bf16_to_fp8(CastParams p) {
   const auto* in = reinterpret_cast<const std::uint16_t*>(p.in);
   auto* out = reinterpret_cast<std::uint8_t*>(p.out);
