@@ -1,5 +1,5 @@
-// The index math of the Hopper w4a16 kernels (src/kernels/tile_math.h), checked on the host: which K
-// element each lane's registers hold, the split-K ranges, the 128-byte swizzle, the wgmma
+// The index math of the Hopper w4a16 kernels (src/kernels/tile_math.h), checked on the host: which
+// K element each lane's registers hold, the split-K ranges, the 128-byte swizzle, the wgmma
 // descriptor fields and the accumulator fragments. No GPU runs here; these are the parts of the
 // kernels' correctness that do not need one.
 #include "kernels/tile_math.h"

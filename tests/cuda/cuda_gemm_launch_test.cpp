@@ -14,11 +14,11 @@
 
 #include "core/expect_error.h"
 #include "cuda/cuda_rig.h"
-#include "metrale/error.h"
 #include "kernels/gemm_params.h"
+#include "kernels/tile_math.h"
+#include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/gemm.h"
-#include "kernels/tile_math.h"
 #include "ops/gemm_reference.h"
 
 namespace metrale::cuda::testing {

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/tile_math.h"
 #include "metrale/backend.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
@@ -16,7 +17,6 @@
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/runtime.h"
-#include "kernels/tile_math.h"
 
 namespace metrale {
 namespace {

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "metrale/cpu_backend.h"
 #include "kernels/gemm_params.h"
+#include "metrale/cpu_backend.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
 #include "metrale/numerics.h"

@@ -13,8 +13,8 @@
 
 #include "epilogue.cuh"
 #include "kernels/gemm_params.h"
-#include "metrale/numerics.h"
 #include "kernels/tile_math.h"
+#include "metrale/numerics.h"
 #include "ptx.cuh"
 
 namespace metrale::kernels {

@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "kernels/gemm_params.h"
-#include "metrale/numerics.h"
 #include "kernels/tile_math.h"
+#include "metrale/numerics.h"
 
 namespace metrale::kernels {
 
