@@ -20,12 +20,8 @@ namespace {
 
 using metrale::CpuBackend;
 
-// Weights touched between two uses of the same copy: the benchmark cycles through copies of a
-// layer's weights until at least this many bytes lie between reuses, as the roof's read does.
-// With one copy, every layer smaller than a few times the last-level cache was partly served
-// from it (a 33 MB layer read at 115% of the roof on a 32 MiB L3); a model's forward pass reads
-// each layer once, so that figure described no real decode.
-// Up to kMaxCopies (Llama-3-8B o needs 57).
+// Weights touched between two uses of the same copy, and the most copies of a layer. See
+// Note [layer rotation] in docs/NOTES.md.
 constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
 // Paired rounds (kernel pass, roof read) per decode case for pct_read_bw.
 constexpr int kPairedRounds = 15;
@@ -100,7 +96,8 @@ void BM_W4a16(benchmark::State& state) {
 }
 
 // Llama-3 8B and 70B linear layers at decode (M = 1, 16) and a small prefill; NVFP4 (0) and
-// MXFP4 (1). The CPU run is a subset of issue 4's M list: M = 4096 would take minutes per case.
+// MXFP4 (1). The CPU run is a subset of the M list (docs/CONTRACT.md, GEMM goals): M = 4096 would
+// take minutes per case.
 BENCHMARK(BM_W4a16)
     ->ArgNames({"M", "N", "K", "mx"})
     ->Args({1, 6144, 4096, 0})

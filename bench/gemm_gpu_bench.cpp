@@ -127,9 +127,8 @@ int run(const Args& args) {
   std::mt19937_64 rng(std::random_device{}());
 
   // The copy roof, measured as `metrale bench` measures it (tools/metrale/roofline.cpp): eager
-  // 1 GiB device-to-device copies, bytes read + written. (Timed as graph replays instead, the
-  // same copies ran at 2.76 TB/s against 4.15 on an H200: a graph's copy nodes took a slower
-  // path, and every ratio against that roof read 1.5 times too high.)
+  // 1 GiB device-to-device copies, bytes read + written. See Note [copy roof timed eagerly] in
+  // docs/NOTES.md.
   const double copy_bw = cli::measure_roofline(b).bandwidth;
   fmt::print("device: {}; copy bandwidth {:.0f} GB/s (1 GiB device to device, read + write)\n",
              b.device_name(), copy_bw / 1e9);
@@ -142,9 +141,8 @@ int run(const Args& args) {
   bool ok = true;
   for (const Shape& sh : kShapes) {
     const HostQuantWeights hw = random_weights(sh.n, sh.k, rng);
-    // Copies of the weights that the timed calls cycle through, until 512 MiB lie between two
-    // reads of the same bytes: replaying one GEMM let a layer smaller than the 50 MB L2 of an
-    // H200 be read partly from it, which no forward pass does (docs/PERF.md).
+    // Copies of the weights that the timed calls cycle through, until 512 MiB lie between two reads
+    // of the same bytes. See Note [layer rotation] in docs/NOTES.md.
     const std::size_t layer_bytes = hw.codes.size() + hw.scales.size();
     std::vector<ops::QuantWeights> copies;
     for (std::size_t i = 0; i < std::min(kMaxCopies, kRotationBytes / layer_bytes + 1); ++i) {

@@ -6,7 +6,39 @@ include(CMakePackageConfigHelpers)
 install(TARGETS metrale EXPORT metraleTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(DIRECTORY include/metrale DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The public API, header by header: what is not listed here is internal, whatever folder it is
+# in. Kernel internals (src/kernels/: the argument block, the tile math) are never installed.
+# host_module.h, kernel_args.h and call_site.h are public because backend.h, ledger.h and
+# cpu_backend.h expose them. scripts/check-layering.sh fails when a header under
+# include/metrale/ is missing here or an installed header includes an internal one, and the
+# install test (tests/install/run.cmake) builds a consumer against this list alone.
+set(METRALE_PUBLIC_HEADERS
+  include/metrale/backend.h
+  include/metrale/call_site.h
+  include/metrale/cpu_backend.h
+  include/metrale/error.h
+  include/metrale/guard_bands.h
+  include/metrale/handles.h
+  include/metrale/host_module.h
+  include/metrale/kernel_args.h
+  include/metrale/ledger.h
+  include/metrale/model_resources.h
+  include/metrale/model_scope.h
+  include/metrale/numerics.h
+  include/metrale/op_cache.h
+  include/metrale/ops/elementwise.h
+  include/metrale/ops/gemm.h
+  include/metrale/ops/quant_weights.h
+  include/metrale/quant.h
+  include/metrale/runtime.h
+  include/metrale/safetensors.h
+  include/metrale/weights.h
+)
+foreach(header IN LISTS METRALE_PUBLIC_HEADERS)
+  get_filename_component(dir ${header} DIRECTORY)
+  string(REGEX REPLACE "^include/?" "" dir "${dir}")
+  install(FILES ${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${dir})
+endforeach()
 if(TARGET metrale-cli)
   install(TARGETS metrale-cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()

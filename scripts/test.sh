@@ -5,12 +5,13 @@
 # 60) on its committed corpus, after replaying every kept crash input (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# A failing test's own output in the log: a rare failure cannot be read back afterwards (a
-# fresh-clone run on 2026-11-30 failed ops.gemm_isa_portable once and passed 105 reruns).
+# A failing test's own output in the log. See Note [failing test output in the log] in
+# docs/NOTES.md.
 export CTEST_OUTPUT_ON_FAILURE=1
 
 scripts/install-deps.sh
 scripts/check-format.sh
+scripts/check-layering.sh
 
 jobs=$(nproc)
 cmake --preset ci

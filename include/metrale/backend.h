@@ -1,8 +1,8 @@
-// The backend interface: everything an op or a loader needs from a device (system.md §2).
-// Backend implements the rules every device shares once (ledger, call sites, guard bands,
-// typed-argument packing, metadata lookup through the OpCache); a concrete backend supplies the
-// raw primitives. Methods are thread-safe unless they say otherwise. Errors are metrale::Error
-// with the API name first.
+// The backend interface: everything an op or a loader needs from a device
+// (docs/CONTRACT.md, backend interface). Backend implements the rules every device shares once
+// (ledger, call sites, guard bands, typed-argument packing, metadata lookup through the OpCache); a
+// concrete backend supplies the raw primitives. Methods are thread-safe unless they say otherwise.
+// Errors are metrale::Error with the API name first.
 #pragma once
 
 #include <atomic>

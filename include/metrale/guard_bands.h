@@ -1,7 +1,7 @@
-// Guard bands (system.md §3): an opt-in pad after each allocation, filled with a known byte, that
-// a scan reads back to catch kernels writing past the end. Poisoning pads with different bytes
-// per allocation bisects out-of-bounds reads. This class keeps the bookkeeping only; the backend
-// reads and fills the device bytes.
+// Guard bands (docs/CONTRACT.md, guard bands): an opt-in pad after each allocation, filled with a
+// known byte, that a scan reads back to catch kernels writing past the end. Poisoning pads with
+// different bytes per allocation bisects out-of-bounds reads. This class keeps the bookkeeping
+// only; the backend reads and fills the device bytes.
 #pragma once
 
 #include <cstddef>

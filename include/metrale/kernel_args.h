@@ -1,6 +1,7 @@
-// Kernel arguments and their packing into 64-bit slots (system.md §2): a buffer takes one slot;
-// a byte blob takes ceil(len/8) slots, zero padded; each argument gets one parameter pointer to
-// its first slot. The packed form is what an untyped launch takes on every backend.
+// Kernel arguments and their packing into 64-bit slots (docs/CONTRACT.md, kernel arguments): a
+// buffer takes one slot; a byte blob takes ceil(len/8) slots, zero padded; each argument gets one
+// parameter pointer to its first slot. The packed form is what an untyped launch takes on every
+// backend.
 #pragma once
 
 #include <cstddef>

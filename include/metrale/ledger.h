@@ -1,6 +1,6 @@
-// The allocation ledger (system.md §3): every live pointer a backend handed out, with its size,
-// kind and call site. Shared by all backends; thread-safe. The ledger only records: freeing is
-// the backend's job, and the ledger is told first so a pointer is never freed twice.
+// The allocation ledger (docs/CONTRACT.md, ledger): every live pointer a backend handed out, with
+// its size, kind and call site. Shared by all backends; thread-safe. The ledger only records:
+// freeing is the backend's job, and the ledger is told first so a pointer is never freed twice.
 #pragma once
 
 #include <cstddef>

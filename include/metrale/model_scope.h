@@ -1,5 +1,5 @@
-// Model-scoped resources and their teardown (system.md §1). A model owns a backend and the
-// resources made on it; teardown releases them newest-first, tries every one even after a
+// Model-scoped resources and their teardown (docs/CONTRACT.md, teardown). A model owns a backend
+// and the resources made on it; teardown releases them newest-first, tries every one even after a
 // failure, reports each failure with its label, then sweeps the backend's ledger.
 //
 // Threads that work on a model while another may tear it down hold a ModelScope::Use for each

@@ -89,7 +89,7 @@ METRALE_HD std::uint8_t f32_to_e4m3(float f) {
   return static_cast<std::uint8_t>(sign | code);
 }
 
-// The seed's bf16_to_fp8: BF16 bits to E4M3 bits, RNE, saturating, no scale.
+// The E4M3 cast (docs/CONTRACT.md, E4M3 cast): BF16 bits to E4M3 bits, RNE, saturating, no scale.
 METRALE_HD std::uint8_t bf16_to_e4m3(std::uint16_t h) {
   return f32_to_e4m3(bf16_to_f32(h));
 }

@@ -1,7 +1,8 @@
 // Quantized weight formats on the host: NVFP4 (E2M1 codes, E4M3 scales per 16 k, one FP32
 // tensor scale) and MXFP4 (E2M1 codes, E8M0 scales per 32 k), their quantizers from FP32, and
-// dequantizers. Layouts follow system.md §5: row-major codes [N, K/2] (low nibble = even k) and
-// scales [N, K/group]; the transposed variant stores codes [K/2, N] and scales [K/group, N].
+// dequantizers. Layouts follow the contract (docs/CONTRACT.md, weight formats): row-major codes [N,
+// K/2] (low nibble = even k) and scales [N, K/group]; the transposed variant stores codes [K/2, N]
+// and scales [K/group, N].
 #pragma once
 
 #include <cstdint>

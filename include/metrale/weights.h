@@ -1,7 +1,7 @@
-// Allocation policy for model weights: device memory first, managed memory when the device is
-// full (system.md §3). Managed memory keeps a model running that would not fit, at a large cost
-// in speed, so the fallback warns once and latches for the rest of this backend's life; the next
-// model (a new backend) tries device memory again.
+// Allocation policy for model weights: device memory first, managed memory when the device is full
+// (docs/CONTRACT.md, allocation fallback). Managed memory keeps a model running that would not fit,
+// at a large cost in speed, so the fallback warns once and latches for the rest of this backend's
+// life; the next model (a new backend) tries device memory again.
 #pragma once
 
 #include <cstddef>

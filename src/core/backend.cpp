@@ -202,9 +202,8 @@ void Backend::check_range(std::string_view api, std::string_view what, DevicePtr
   }
 }
 
-// Both walk the bands under the registry's lock: reading or filling a pad from a copied list
-// raced with free() on another thread, which could free the allocation between the copy and
-// the read (a use after free found by the concurrency tests). Frees wait for the scan instead.
+// Both walk the bands under the registry's lock, so a concurrent free waits for the scan. See
+// Note [guard-band scans hold the lock] in docs/NOTES.md.
 std::size_t Backend::scan_redzones() {
   std::size_t violated = 0;
   std::vector<std::uint8_t> pad;

@@ -7,11 +7,8 @@ namespace metrale::cpu {
 namespace {
 thread_local bool t_inside_loop = false;
 
-// Spins until ready() or for at most kSpin. A condition-variable wake-up costs tens of
-// microseconds on a virtual machine, and a decode GEMV is a loop every few hundred: sleeping at
-// once made each call pay one wake-up to start its workers and another to learn they were done
-// (about a tenth of a Llama-3-8B o projection's time on the development VM). Past kSpin the
-// thread sleeps as before, so an idle pool costs nothing.
+// Spins until ready() or for at most kSpin, then sleeps. See Note [pool spin before sleep] in
+// docs/NOTES.md.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
 template <class Ready>

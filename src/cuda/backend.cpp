@@ -217,10 +217,9 @@ void CudaBackend::copy_h2d_async(DevicePtr dst, const void* src, std::size_t byt
   enter("copy_h2d");
   const CUstream s = stream_of("copy_h2d", stream);
   // From pinned memory the DMA reads after we return; wait so the caller may reuse src.
-  // Inside a capture the copy is only recorded, and a wait would invalidate the capture. The
-  // question is asked strictly, and before the copy is queued: a failed query that counted as
-  // "capturing" skipped the wait silently (found by the fault sweep), and asked afterwards it
-  // would leave a copy queued behind an error.
+  // Inside a capture the copy is only recorded, and a wait would invalidate the capture. A failed
+  // capture query is an error, asked before the copy is queued. See Note [pinned copy waits] in
+  // docs/NOTES.md.
   const bool wait = is_pinned(src, bytes) && !capture_active("copy_h2d", stream);
   check("copy_h2d", "cuMemcpyHtoDAsync", host_->api().cuMemcpyHtoDAsync(dptr(dst), src, bytes, s));
   if (wait) check("copy_h2d", "cuStreamSynchronize", host_->api().cuStreamSynchronize(s));

@@ -30,7 +30,7 @@ struct GemmParams {
   std::int64_t k_per_split = 0;
 };
 
-// Arguments of bf16_to_fp8 (the seed's cast) and dequant_e4m3.
+// Arguments of bf16_to_fp8 (docs/CONTRACT.md, E4M3 cast) and dequant_e4m3.
 struct CastParams {
   std::uint64_t in = 0;
   std::uint64_t out = 0;

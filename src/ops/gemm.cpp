@@ -466,7 +466,8 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
   check_weights(api, w);
   check_buffers(api, backend, m, w, a, c, options.bias);
   const GemmPlan p = plan_as(api, backend, m, w, options);
-  // The seed's scratch tags, grow-only in the OpCache, one set per stream.
+  // The contract's scratch tags, grow-only in the OpCache, one set per stream (docs/CONTRACT.md,
+  // OpCache).
   OpCache& cache = backend.op_cache();
   GemmWorkspace ws;
   if (p.workspace.split_k != 0) {

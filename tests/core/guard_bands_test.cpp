@@ -1,5 +1,5 @@
-// Guard bands (system.md §3): the bookkeeping, the pad check, the environment policy, and scans
-// and poisoning on a real CPU backend.
+// Guard bands (docs/CONTRACT.md, guard bands): the bookkeeping, the pad check, the environment
+// policy, and scans and poisoning on a real CPU backend.
 #include "metrale/guard_bands.h"
 
 #include <gmock/gmock.h>

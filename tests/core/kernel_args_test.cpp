@@ -1,4 +1,5 @@
-// PackedArgs: the 64-bit slot layout every untyped launch takes (system.md §2).
+// PackedArgs: the 64-bit slot layout every untyped launch takes
+// (docs/CONTRACT.md, kernel arguments).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// The allocation ledger (system.md §3) on its own, and as the CPU backend uses it: call sites,
-// frees, bad frees, the sweep, stats and the probe.
+// The allocation ledger (docs/CONTRACT.md, ledger) on its own, and as the CPU backend uses it: call
+// sites, frees, bad frees, the sweep, stats and the probe.
 #include "metrale/ledger.h"
 
 #include <fmt/format.h>

@@ -1,5 +1,6 @@
-// ModelScope teardown (system.md §1): newest-first release, every resource tried, failures
-// reported by label, then the ledger sweep; the OpCache's scratch goes last as "op scratch".
+// ModelScope teardown (docs/CONTRACT.md, teardown): newest-first release, every resource tried,
+// failures reported by label, then the ledger sweep; the OpCache's scratch goes last as "op
+// scratch".
 #include "metrale/model_scope.h"
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 // OpCache: the kernel-handle memo, grow-only scratch, the diagnostic gates and the published
-// kernel metadata of one backend (system.md §1, §3, §4). The first three tests re-make the
-// original's own.
+// kernel metadata of one backend (docs/CONTRACT.md, OpCache). The first three tests re-make the
+// original runtime's own.
 #include "metrale/op_cache.h"
 
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
-// The managed-memory fallback policy of alloc_weights (system.md §3) on the CPU backend, whose
-// fault injection caps device allocations but not managed ones.
+// The managed-memory fallback policy of alloc_weights (docs/CONTRACT.md, allocation fallback) on
+// the CPU backend, whose fault injection caps device allocations but not managed ones.
 #include "metrale/weights.h"
 
 #include <gmock/gmock.h>

@@ -537,8 +537,8 @@ TEST(CudaExec, AFailedCaptureQueryCountsAsCapturing) {
 }
 
 // A copy from pinned memory must know whether to wait before the caller reuses the source, so a
-// failed query is an error naming it, asked before anything is queued (found by the fault sweep
-// of tests/reliability: counting it as capturing skipped the wait silently).
+// failed query is an error naming it, asked before anything is queued (see Note [pinned copy waits]
+// in docs/NOTES.md).
 TEST(CudaExec, APinnedCopyWhoseCaptureQueryFailsQueuesNothing) {
   Rig rig;
   CudaBackend& b = rig.b();

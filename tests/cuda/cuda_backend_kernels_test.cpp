@@ -1,6 +1,6 @@
-// Kernel lookup on the CUDA backend (system.md §4): published metadata read into the OpCache,
-// missing and unreadable symbols, unknown modules and functions, lookups refused during a
-// capture, the lookup audit, the start-up gate (require_kernels) and the module listing.
+// Kernel lookup on the CUDA backend (docs/CONTRACT.md, kernel modules): published metadata read
+// into the OpCache, missing and unreadable symbols, unknown modules and functions, lookups refused
+// during a capture, the lookup audit, the start-up gate (require_kernels) and the module listing.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
-// The CUDA backend's memory rules on the fake driver (system.md §3): the ledger and its call
-// sites, managed memory, free and the sweep (context-gone statuses are not errors), out of
-// memory and the managed-memory fallback, pinned host memory, and guard bands.
+// The CUDA backend's memory rules on the fake driver
+// (docs/CONTRACT.md, ledger; allocation fallback): the ledger and its call sites, managed memory,
+// free and the sweep (context-gone statuses are not errors), out of memory and the managed-memory
+// fallback, pinned host memory, and guard bands.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-// Lifetimes on the CUDA backend (system.md §1): a whole model in a ModelScope torn down to
-// zero, then backend, registry and host dropped until the fake driver holds nothing; what a
-// model forgets (streams, events, graphs, memory) is destroyed with the backend; teardown on a
-// thread other than the one that built the model.
+// Lifetimes on the CUDA backend (docs/CONTRACT.md, lifetimes; teardown): a whole model in a
+// ModelScope torn down to zero, then backend, registry and host dropped until the fake driver holds
+// nothing; what a model forgets (streams, events, graphs, memory) is destroyed with the backend;
+// teardown on a thread other than the one that built the model.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

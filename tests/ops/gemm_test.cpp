@@ -1,10 +1,10 @@
-// w4a16_gemm numerics on every backend (the contract of system.md §5): fresh random data over
-// many shapes (M from 1 to 4096, N and K that are no multiple of any tile), both formats, both
-// layouts, with and without bias, on every route (auto, forced decode, tiled and e4m3), checked
-// against the float64 reference with the tolerances derived in gemm_reference.h. Outputs are
-// poisoned first and the elements past C must stay poisoned. On the CPU backend the kernels use
-// the best instruction set of the processor; ctest runs this program again with
-// METRALE_CPU_ISA=avx2 and =portable (tests/CMakeLists.txt), GemmIsa says which one ran.
+// w4a16_gemm numerics on every backend (docs/CONTRACT.md, GEMM routes): fresh random data over many
+// shapes (M from 1 to 4096, N and K that are no multiple of any tile), both formats, both layouts,
+// with and without bias, on every route (auto, forced decode, tiled and e4m3), checked against the
+// float64 reference with the tolerances derived in gemm_reference.h. Outputs are poisoned first and
+// the elements past C must stay poisoned. On the CPU backend the kernels use the best instruction
+// set of the processor; ctest runs this program again with METRALE_CPU_ISA=avx2 and =portable
+// (tests/CMakeLists.txt), GemmIsa says which one ran.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -142,7 +142,7 @@ class GemmNumerics : public GemmBackendTest {
     }
   }
 
-  // The route kAuto must take (system.md §5 and ops/gemm.h).
+  // The route kAuto must take (docs/CONTRACT.md, GEMM routes; ops/gemm.h).
   GemmRoute expected_auto(std::int64_t m, Activations activations) {
     if (activations == Activations::kAllowE4m3 && m >= ops::kE4m3MinM &&
         module_provides(b(), "gemm_e4m3")) {

@@ -184,13 +184,9 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     max_n = std::max(max_n, l.n);
     max_k = std::max(max_k, l.k);
   }
-  // Timing walks the layers in turn, as a forward pass does, so a layer is not read from a cache
-  // its own previous call filled (a layer smaller than a few times the last-level cache, 32 MiB
-  // of L3 on the development VM or 50 MB of L2 on an H200, otherwise timed partly from it).
-  // Where one block's weights are too few for that, whole copies of the block join the turn
-  // until at least kRotationBytes lie between two reads of the same bytes, up to kMaxCopies
-  // (a block of a few kilobytes, as the tests bench, would otherwise be copied 10^5 times; such
-  // a block sits in cache whatever is done, and its timing says so).
+  // Timing walks the layers in turn, as a forward pass does, joined by whole copies of the block
+  // until kRotationBytes lie between two reads of the same bytes, up to kMaxCopies. See
+  // Note [layer rotation] in docs/NOTES.md.
   constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
   std::size_t block_bytes = 0;
   for (const LayerWeights* lw : dev) {

@@ -181,7 +181,8 @@ class Checker {
     return fmt::format("M={} N={} K={}: ", m, n, k) + expect_close(out, ref, 8e-3);
   }
 
-  // The seed's cast over all 65,536 BF16 bit patterns against numerics.h's definition.
+  // The E4M3 cast (docs/CONTRACT.md, E4M3 cast) over all 65,536 BF16 bit patterns against
+  // numerics.h's definition.
   std::string cast_all() {
     Backend& b = scope_.backend();
     std::vector<std::uint16_t> in(65536);

@@ -116,7 +116,7 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
 // "base@<stream>" on any other, so GEMMs on two streams never share a buffer.
 std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_view base);
 
-// out[i] (E4M3) = RNE-saturating cast of in[i] (BF16), no scale; the seed's bf16_to_fp8.
+// out[i] (E4M3) = RNE-saturating cast of in[i] (BF16), no scale (docs/CONTRACT.md, E4M3 cast).
 void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
                        std::int64_t count);
 

@@ -37,10 +37,9 @@ namespace metrale::cpu::w4a16::detail {
 namespace {
 
 constexpr std::int64_t kStep = 128;  // weights per step: 64 code bytes
-// Prefetch distances in code bytes, each column's stream being contiguous with the next's:
-// one line into L1 a little ahead and one into L2 far ahead. The L2 hint was what lifted one
-// core's stream from DRAM from ~15 to ~20 GB/s (the hardware prefetcher alone leaves it
-// latency-bound); 16 KiB was the best of 8, 16, 24 and 32 KiB on the development VM.
+// Prefetch distances in code bytes, each column's stream being contiguous with the next's: one line
+// into L1 a little ahead and one into L2 far ahead. See Note [L2 read-ahead distance] in
+// docs/NOTES.md.
 constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
 
 // BF16 bits of E2M1 value i & 15 for i < 32.

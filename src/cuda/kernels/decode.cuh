@@ -232,8 +232,7 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
     for (int h = 0; h < 2; ++h) sp[r][h] = scale_pair_of_raw(p, scale_pairs, f.scale[r], h);
   }
   // Fully unrolled, so every byte, word and scale index below is a constant and selects
-  // nothing at run time (unrolled by 2 instead, each index was a chain of compares and selects,
-  // most of the kernel's instructions: an H200 run at 10% of its bandwidth, docs/GPU.md).
+  // nothing at run time (see Note [decode steps fully unrolled] in docs/NOTES.md).
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
     // The lane's bytes for j = 0, 1 and j = 2, 3 of step s, its activation words for the same,

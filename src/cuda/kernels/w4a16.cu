@@ -74,9 +74,10 @@ __device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_tiled_block_threads = kThreads;
 __device__ std::uint32_t gemm_e4m3_block_threads = kThreads;
 
-// The seed's cast: BF16 to E4M3, round to nearest even, saturating, no scale. Each thread reads
-// 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count that is not a multiple
-// of 16 goes element by element. in and out are 16-byte aligned (the op checks).
+// The E4M3 cast (docs/CONTRACT.md, E4M3 cast): BF16 to E4M3, round to nearest even, saturating, no
+// scale. Each thread reads 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count
+// that is not a multiple of 16 goes element by element. in and out are 16-byte aligned (the op
+// checks).
 __global__ void __launch_bounds__(kThreads) bf16_to_fp8(CastParams p) {
   const auto* in = reinterpret_cast<const std::uint16_t*>(p.in);
   auto* out = reinterpret_cast<std::uint8_t*>(p.out);
