@@ -12,6 +12,7 @@
 
 #include "core/expect_error.h"
 #include "cuda/cuda_rig.h"
+#include "cuda/status.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"

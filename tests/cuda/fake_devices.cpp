@@ -1,5 +1,6 @@
 // The fake driver's initialisation, versions, status names, devices and primary contexts.
 #include "cuda/fake_state.h"
+#include "cuda/status.h"
 
 #include <algorithm>
 #include <cstring>
