@@ -101,9 +101,9 @@ void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
   raw_free(ptr, entry->kind);
 }
 
-std::size_t Backend::sweep_unreleased() {
-  const std::vector<LedgerEntry> left = ledger_->drain();
-  if (left.empty()) return 0;
+std::vector<LedgerEntry> Backend::sweep_unreleased_entries() {
+  std::vector<LedgerEntry> left = ledger_->drain();
+  if (left.empty()) return left;
   std::size_t total = 0;
   for (const LedgerEntry& e : left) total += e.bytes;
   std::string sites;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "commands.h"
+#include "memory_fit.h"
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/numerics.h"
@@ -19,6 +20,7 @@
 #include "metrale/runtime.h"
 #include "metrale/safetensors.h"
 #include "metrale/weights.h"
+#include "planted_leak.h"
 #include "roofline.h"
 #include "sampled_check.h"
 
@@ -171,6 +173,38 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                   fmt::format("M = {} must be at least 1", m));
   }
 
+  // An impossible size is refused before anything is allocated, with the bytes it needs: one
+  // copy of each layer's NVFP4 weights (codes K/2 and scales K/16 bytes per row) on the device
+  // and, for random weights, on the host, plus the largest A and C (BF16).
+  {
+    std::size_t weights = 0, random_weights = 0, largest = 0;
+    std::int64_t widest_n = 0, widest_k = 0;
+    std::string largest_name;
+    for (std::size_t i = 0; i < shape.layers.size(); ++i) {
+      const Layer& l = shape.layers[i];
+      const std::size_t n = static_cast<std::size_t>(l.n), k = static_cast<std::size_t>(l.k);
+      const std::size_t bytes = saturating_add(saturating_mul(n, k / 2), saturating_mul(n, k / 16));
+      weights = saturating_add(weights, bytes);
+      if (host.size() <= i) random_weights = saturating_add(random_weights, bytes);
+      if (bytes >= largest) {
+        largest = bytes;
+        largest_name = l.name;
+      }
+      widest_n = std::max(widest_n, l.n);
+      widest_k = std::max(widest_k, l.k);
+    }
+    const auto rows = static_cast<std::size_t>(*std::max_element(ms.begin(), ms.end()));
+    const std::size_t a_bytes = saturating_mul(saturating_mul(rows, widest_k), 2);
+    const std::size_t c_bytes = saturating_mul(saturating_mul(rows, widest_n), 2);
+    const std::size_t device_bytes = saturating_add(weights, saturating_add(a_bytes, c_bytes));
+    const std::size_t host_bytes = saturating_add(random_weights, a_bytes);
+    require_fit(*backend, "bench",
+                shape.layers.size() == 1 ? fmt::format("{} at M = {}", largest_name, rows)
+                                         : fmt::format("the {} layers (largest {}) at M = {}",
+                                                       shape.layers.size(), largest_name, rows),
+                host_bytes, device_bytes);
+  }
+
   const std::string backend_name(backend->name()), device = backend->device_name();
   const LedgerProbe probe = backend->ledger_probe();
   ModelScope scope(std::move(backend));
@@ -319,9 +353,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     cs.pct_bw = 100.0 * cs.gbps * 1e9 / roof.bandwidth;
   }
   if (gpu) b.destroy_stream(stream);
+  plant_leak_for_tests(b);
   const std::string report_before = b.alloc_report(5);
   const TeardownReport td = scope.teardown();
-  const bool zero = probe.live_bytes() == 0 && td.failures.empty();
+  // Zero live bytes is not enough: the sweep frees what no resource released, so a leak it
+  // found fails the run too, naming the call sites.
+  const bool zero = probe.live_bytes() == 0 && td.clean();
   ok = ok && zero;
 
   // Per block: the sum of its layers at each M, and the decode-step estimate for the model.
@@ -351,6 +388,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"TFLOPs", roof.flops / 1e12},
                          {"flops_of", roof.flops_of}}},
                        {"live_bytes_after_teardown", probe.live_bytes()},
+                       {"swept_after_teardown", td.swept},
                        {"passed", ok}};
     for (const Case& cs : cases) {
       doc["layers"].push_back({{"layer", cs.layer},
@@ -374,6 +412,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
     for (const auto& f : td.failures)
       doc["teardown_failures"].push_back(f.label + ": " + f.message);
+    for (const LedgerEntry& e : td.leaks)
+      doc["teardown_leaks"].push_back({{"bytes", e.bytes}, {"site", e.site.str()}});
     fmt::print("{}\n", doc.dump(2));
     return ok ? 0 : 1;
   }
@@ -409,6 +449,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (!zero) {
     fmt::print("{}", report_before);
     for (const auto& f : td.failures) fmt::print("  {}: {}\n", f.label, f.message);
+    if (td.swept > 0) fmt::print("  leaked (the sweep freed them): {}\n", td.leak_summary());
   }
   return ok ? 0 : 1;
 }
