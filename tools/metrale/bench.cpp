@@ -173,37 +173,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                   fmt::format("M = {} must be at least 1", m));
   }
 
-  // An impossible size is refused before anything is allocated, with the bytes it needs: one
-  // copy of each layer's NVFP4 weights (codes K/2 and scales K/16 bytes per row) on the device
-  // and, for random weights, on the host, plus the largest A and C (BF16).
-  {
-    std::size_t weights = 0, random_weights = 0, largest = 0;
-    std::int64_t widest_n = 0, widest_k = 0;
-    std::string largest_name;
-    for (std::size_t i = 0; i < shape.layers.size(); ++i) {
-      const Layer& l = shape.layers[i];
-      const std::size_t n = static_cast<std::size_t>(l.n), k = static_cast<std::size_t>(l.k);
-      const std::size_t bytes = saturating_add(saturating_mul(n, k / 2), saturating_mul(n, k / 16));
-      weights = saturating_add(weights, bytes);
-      if (host.size() <= i) random_weights = saturating_add(random_weights, bytes);
-      if (bytes >= largest) {
-        largest = bytes;
-        largest_name = l.name;
-      }
-      widest_n = std::max(widest_n, l.n);
-      widest_k = std::max(widest_k, l.k);
-    }
-    const auto rows = static_cast<std::size_t>(*std::max_element(ms.begin(), ms.end()));
-    const std::size_t a_bytes = saturating_mul(saturating_mul(rows, widest_k), 2);
-    const std::size_t c_bytes = saturating_mul(saturating_mul(rows, widest_n), 2);
-    const std::size_t device_bytes = saturating_add(weights, saturating_add(a_bytes, c_bytes));
-    const std::size_t host_bytes = saturating_add(random_weights, a_bytes);
-    require_fit(*backend, "bench",
-                shape.layers.size() == 1 ? fmt::format("{} at M = {}", largest_name, rows)
-                                         : fmt::format("the {} layers (largest {}) at M = {}",
-                                                       shape.layers.size(), largest_name, rows),
-                host_bytes, device_bytes);
+  // An impossible size is refused before anything is allocated (std::bad_alloc says nothing).
+  std::vector<GemmLayerSize> sizes;
+  for (std::size_t i = 0; i < shape.layers.size(); ++i) {
+    sizes.push_back({shape.layers[i].name, shape.layers[i].n, shape.layers[i].k, host.size() <= i});
   }
+  require_gemm_fit(*backend, "bench", sizes, *std::max_element(ms.begin(), ms.end()));
 
   const std::string backend_name(backend->name()), device = backend->device_name();
   const LedgerProbe probe = backend->ledger_probe();

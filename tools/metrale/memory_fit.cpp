@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -72,6 +73,34 @@ void require_fit(const Backend& backend, std::string_view api, std::string_view 
   }
   const std::size_t host_have = host_available_bytes();
   if (host_have != kUnknown && host_bytes > host_have) refuse(host_bytes, "host memory", host_have);
+}
+
+void require_gemm_fit(const Backend& backend, std::string_view api,
+                      const std::vector<GemmLayerSize>& layers, std::int64_t max_m) {
+  std::size_t weights = 0, host_weights = 0, largest = 0;
+  std::int64_t widest_n = 0, widest_k = 0;
+  std::string largest_name;
+  for (const GemmLayerSize& l : layers) {
+    const auto n = static_cast<std::size_t>(l.n), k = static_cast<std::size_t>(l.k);
+    const std::size_t bytes = saturating_add(saturating_mul(n, k / 2), saturating_mul(n, k / 16));
+    weights = saturating_add(weights, bytes);
+    if (l.host_copy) host_weights = saturating_add(host_weights, bytes);
+    if (bytes >= largest) {
+      largest = bytes;
+      largest_name = l.name;
+    }
+    widest_n = std::max(widest_n, l.n);
+    widest_k = std::max(widest_k, l.k);
+  }
+  const auto rows = static_cast<std::size_t>(max_m);
+  const std::size_t a_bytes = saturating_mul(saturating_mul(rows, widest_k), 2);
+  const std::size_t c_bytes = saturating_mul(saturating_mul(rows, widest_n), 2);
+  require_fit(backend, api,
+              layers.size() == 1 ? fmt::format("{} at M = {}", largest_name, rows)
+                                 : fmt::format("the {} layers (largest {}) at M = {}",
+                                               layers.size(), largest_name, rows),
+              saturating_add(host_weights, a_bytes),
+              saturating_add(weights, saturating_add(a_bytes, c_bytes)));
 }
 
 }  // namespace metrale::cli
