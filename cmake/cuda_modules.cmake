@@ -35,15 +35,22 @@ function(metrale_cuda_module)
     string(REGEX MATCH "code=([a-z_0-9]+)" _ ${g})
     list(APPEND targets "\"${CMAKE_MATCH_1}\"")
   endforeach()
-  # -Xptxas -v prints registers and spills for each entry into the build log.
+  # -Xptxas -v reports registers, stack and spills for each entry; nvcc_logged.cmake writes that
+  # report to kernels/<name>.ptxas.log in the build tree instead of the terminal (the spill test,
+  # ctest cuda.kernels_do_not_spill, compiles every source for its own targets and fails on any
+  # spill).
+  set(ptxas_log ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}.ptxas.log)
   add_custom_command(OUTPUT ${fatbin}
-    COMMAND ${CMAKE_CUDA_COMPILER} -fatbin -std=c++17 -O3 -Xptxas -v ${gencode_flags}
+    BYPRODUCTS ${ptxas_log}
+    COMMAND ${CMAKE_COMMAND} -DLOG=${ptxas_log} -P ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake --
+            ${CMAKE_CUDA_COMPILER} -fatbin -std=c++17 -O3 -Xptxas -v ${gencode_flags}
             -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src
             -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
             ${PROJECT_SOURCE_DIR}/src/kernels/gemm_params.h
             ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h
             ${PROJECT_SOURCE_DIR}/src/kernels/w4a16.def ${kernel_headers}
+            ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake
     COMMENT "nvcc: module ${M_NAME} (${M_GENCODE})" VERBATIM)
   list(JOIN targets ", " targets_list)
   set(entries "")

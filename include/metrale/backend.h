@@ -68,8 +68,11 @@ class Backend {
   // the raw free, whatever it returns. Interior, foreign or already-freed pointers throw.
   void free(DevicePtr ptr);
   // Frees everything still on the ledger, warning once with the count, total and five largest
-  // call sites; failures are logged and skipped. Returns how many entries it found.
-  std::size_t sweep_unreleased();
+  // call sites; failures are logged and skipped. Returns the entries it found (size and call
+  // site of each), so a caller can fail a leak check and name where each leak was made.
+  std::vector<LedgerEntry> sweep_unreleased_entries();
+  // As sweep_unreleased_entries, returning only how many entries it found.
+  std::size_t sweep_unreleased() { return sweep_unreleased_entries().size(); }
   // Bytes currently on the ledger (pinned host memory included).
   std::size_t live_bytes() const { return ledger_->live_bytes(); }
   // Allocations currently on the ledger.

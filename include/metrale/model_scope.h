@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "metrale/handles.h"
+#include "metrale/ledger.h"
 
 namespace metrale {
 
@@ -59,9 +60,16 @@ struct TeardownReport {
   std::vector<Failure> failures;
   std::size_t released = 0;          // resources whose release returned normally
   std::size_t swept = 0;             // ledger entries the sweep had to free
+  std::size_t swept_bytes = 0;       // their bytes
+  std::vector<LedgerEntry> leaks;    // those entries, largest first, each with its call site
   std::size_t live_bytes_after = 0;  // ledger live bytes once everything ran
   // True when every release succeeded and the sweep found nothing.
   bool clean() const noexcept { return failures.empty() && swept == 0; }
+  // "" when the sweep found nothing, else "2 allocation(s), 8.0 KiB: 4.0 KiB from a.cpp:12, ..."
+  // naming up to max_sites call sites, largest first (the rest counted).
+  std::string leak_summary(std::size_t max_sites = 5) const;
+  // The sites part of leak_summary: "4.0 KiB from a.cpp:12, ..." ("" when none).
+  std::string leak_sites(std::size_t max_sites = 5) const;
 };
 
 // One loaded model: the backend it runs on and the resources it made, in creation order.

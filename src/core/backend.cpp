@@ -14,9 +14,13 @@
 namespace metrale {
 namespace {
 
+// An on/off switch: unset, "" or "0" is off, "1" on. Any other value is named in a warning with
+// the accepted ones and, as before the warning existed, taken as on.
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") != 0) log::warn("{}={} is not one of 0, 1; taken as 1 (on)", name, v);
+  return true;
 }
 
 }  // namespace
@@ -101,9 +105,9 @@ void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
   raw_free(ptr, entry->kind);
 }
 
-std::size_t Backend::sweep_unreleased() {
-  const std::vector<LedgerEntry> left = ledger_->drain();
-  if (left.empty()) return 0;
+std::vector<LedgerEntry> Backend::sweep_unreleased_entries() {
+  std::vector<LedgerEntry> left = ledger_->drain();
+  if (left.empty()) return left;
   std::size_t total = 0;
   for (const LedgerEntry& e : left) total += e.bytes;
   std::string sites;
@@ -122,7 +126,7 @@ std::size_t Backend::sweep_unreleased() {
                 format_bytes(e.bytes), e.site.str(), ex.what());
     }
   }
-  return left.size();
+  return left;
 }
 
 void Backend::launch_typed(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_t shared_bytes,

@@ -25,6 +25,22 @@ class OpCacheResource final : public ModelResource {
 
 }  // namespace
 
+std::string TeardownReport::leak_sites(std::size_t max_sites) const {
+  std::string out;
+  for (std::size_t i = 0; i < leaks.size() && i < max_sites; ++i) {
+    out += fmt::format("{}{} from {}", i ? ", " : "", format_bytes(leaks[i].bytes),
+                       leaks[i].site.str());
+  }
+  if (leaks.size() > max_sites) out += fmt::format(" and {} more", leaks.size() - max_sites);
+  return out;
+}
+
+std::string TeardownReport::leak_summary(std::size_t max_sites) const {
+  if (leaks.empty()) return {};
+  return fmt::format("{} allocation(s), {}: {}", leaks.size(), format_bytes(swept_bytes),
+                     leak_sites(max_sites));
+}
+
 void DeviceBufferResource::release(Backend& backend) {
   const DevicePtr p = ptr_;
   ptr_ = DevicePtr{};  // cleared first: a failed free must not be retried as a double free
@@ -195,11 +211,15 @@ TeardownReport ModelScope::release_all() {
       report.failures.push_back({label, "unknown exception"});
     }
   }
-  report.swept = backend_->sweep_unreleased();
+  report.leaks = backend_->sweep_unreleased_entries();
+  report.swept = report.leaks.size();
+  for (const LedgerEntry& e : report.leaks) report.swept_bytes += e.bytes;
   report.live_bytes_after = backend_->live_bytes();
   if (report.swept > 0) {
-    log::warn("teardown: the ledger sweep freed {} allocation(s) that no resource released",
-              report.swept);
+    log::warn(
+        "teardown: the ledger sweep freed {} allocation(s) that no resource released, {} in "
+        "all: {}",
+        report.swept, format_bytes(report.swept_bytes), report.leak_sites());
   }
   backend_.reset();
   return report;

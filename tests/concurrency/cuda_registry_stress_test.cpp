@@ -196,6 +196,8 @@ void run_iteration(std::uint64_t seed, Failures& failures, int& overlapped, int&
     for (const auto& f : report.failures)
       s.fail(fmt::format("teardown: {}: {}", f.label, f.message));
     if (report.live_bytes_after != 0) s.fail("teardown left live bytes");
+    // The sweep frees what no resource released: anything it found is a leak.
+    if (report.swept != 0) s.fail("the ledger sweep freed " + report.leak_summary());
   });
   for (std::thread& t : threads) t.join();
 

@@ -179,6 +179,23 @@ TEST(ModelScope, TeardownSweepsWhatNoResourceReleased) {
   EXPECT_EQ(logs.count(log::Level::kWarn, fmt::format("{} allocation(s) never freed", k)), 1u);
 }
 
+// The report names what the sweep found, so a leak check can fail with the call site.
+TEST(ModelScope, TheReportNamesEachSweptAllocationAndItsCallSite) {
+  ModelScope scope(make_backend());
+  const std::size_t n = random_size(1, 4096);
+  const int line = __LINE__ + 1;
+  (void)scope.backend().alloc(n);
+  const testing::LogCapture quiet(log::Level::kError);
+  const TeardownReport report = scope.teardown();
+  ASSERT_EQ(report.leaks.size(), 1u);
+  EXPECT_EQ(report.swept_bytes, n);
+  EXPECT_EQ(report.leaks[0].bytes, n);
+  const std::string site = fmt::format("model_scope_test.cpp:{}", line);
+  EXPECT_EQ(report.leaks[0].site.str(), site);
+  EXPECT_EQ(report.leak_summary(),
+            fmt::format("1 allocation(s), {}: {} from {}", format_bytes(n), format_bytes(n), site));
+}
+
 TEST(ModelScope, ACleanTeardownLogsNothing) {
   ModelScope scope(make_backend());
   scope.alloc_buffer("weights", random_size(1, 4096));

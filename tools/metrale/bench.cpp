@@ -11,6 +11,7 @@
 #include <random>
 
 #include "commands.h"
+#include "memory_fit.h"
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/modelopt.h"
@@ -20,6 +21,7 @@
 #include "metrale/runtime.h"
 #include "metrale/safetensors.h"
 #include "metrale/weights.h"
+#include "planted_leak.h"
 #include "roofline.h"
 #include "sampled_check.h"
 
@@ -168,6 +170,13 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                   fmt::format("M = {} must be at least 1", m));
   }
 
+  // An impossible size is refused before anything is allocated (std::bad_alloc says nothing).
+  std::vector<GemmLayerSize> sizes;
+  for (std::size_t i = 0; i < shape.layers.size(); ++i) {
+    sizes.push_back({shape.layers[i].name, shape.layers[i].n, shape.layers[i].k, host.size() <= i});
+  }
+  require_gemm_fit(*backend, "bench", sizes, *std::max_element(ms.begin(), ms.end()));
+
   const std::string backend_name(backend->name()), device = backend->device_name();
   const LedgerProbe probe = backend->ledger_probe();
   ModelScope scope(std::move(backend));
@@ -312,9 +321,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     cs.pct_bw = 100.0 * cs.gbps * 1e9 / roof.bandwidth;
   }
   if (gpu) b.destroy_stream(stream);
+  plant_leak_for_tests(b);
   const std::string report_before = b.alloc_report(5);
   const TeardownReport td = scope.teardown();
-  const bool zero = probe.live_bytes() == 0 && td.failures.empty();
+  // Zero live bytes is not enough: the sweep frees what no resource released, so a leak it
+  // found fails the run too, naming the call sites.
+  const bool zero = probe.live_bytes() == 0 && td.clean();
   ok = ok && zero;
 
   // Per block: the sum of its layers at each M, and the decode-step estimate for the model.
@@ -344,6 +356,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"TFLOPs", roof.flops / 1e12},
                          {"flops_of", roof.flops_of}}},
                        {"live_bytes_after_teardown", probe.live_bytes()},
+                       {"swept_after_teardown", td.swept},
                        {"passed", ok}};
     for (const Case& cs : cases) {
       doc["layers"].push_back({{"layer", cs.layer},
@@ -367,6 +380,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
     for (const auto& f : td.failures)
       doc["teardown_failures"].push_back(f.label + ": " + f.message);
+    for (const LedgerEntry& e : td.leaks)
+      doc["teardown_leaks"].push_back({{"bytes", e.bytes}, {"site", e.site.str()}});
     fmt::print("{}\n", doc.dump(2));
     return ok ? 0 : 1;
   }
@@ -402,6 +417,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (!zero) {
     fmt::print("{}", report_before);
     for (const auto& f : td.failures) fmt::print("  {}: {}\n", f.label, f.message);
+    if (td.swept > 0) fmt::print("  leaked (the sweep freed them): {}\n", td.leak_summary());
   }
   return ok ? 0 : 1;
 }

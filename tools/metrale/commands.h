@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,8 +33,13 @@ struct BenchOptions {
 // against roofs measured in the same run, torn down to zero live bytes.
 int run_bench(const CommonOptions& options, const BenchOptions& bench);
 
+struct CheckOptions {
+  std::optional<std::uint64_t> seed;  // the random data's seed; unset: a fresh one, printed
+};
+
 // Runs the self-check on the chosen backend: every op end to end against a float64 reference,
-// capture and replay, scratch, and a teardown that must leave zero live bytes.
-int run_check(const CommonOptions& options);
+// capture and replay, scratch, and a teardown that must leave zero live bytes and nothing for
+// the ledger sweep to free. Prints its seed: the same seed gives the same data.
+int run_check(const CommonOptions& options, const CheckOptions& check);
 
 }  // namespace metrale::cli

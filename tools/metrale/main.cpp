@@ -1,6 +1,7 @@
 // metrale: inspect the runtime's backends and check them.
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -8,6 +9,20 @@
 
 #include "commands.h"
 #include "metrale/error.h"
+
+namespace {
+
+// Exit code of a command that threw code: 2 when the user can fix the call (a bad option value,
+// a backend this machine lacks, an input file that cannot be read or is malformed), else 1.
+int exit_code(metrale::ErrorCode code) {
+  using metrale::ErrorCode;
+  return code == ErrorCode::kInvalidArgument || code == ErrorCode::kUnavailable ||
+                 code == ErrorCode::kIo
+             ? 2
+             : 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"metrale: a GPU runtime for quantized LLM inference"};
@@ -32,6 +47,10 @@ int main(int argc, char** argv) {
   add_common(info);
   CLI::App* check = app.add_subcommand("check", "self-check the chosen backend");
   add_common(check);
+  metrale::cli::CheckOptions check_opts;
+  std::uint64_t seed = 0;
+  CLI::Option* seed_opt = check->add_option(
+      "--seed", seed, "seed of the random data (check prints the one it used), to rerun a failure");
   metrale::cli::BenchOptions bench_opts;
   std::vector<std::string> shapes;
   CLI::App* bench = app.add_subcommand("bench", "time a model's GEMMs against the roofline");
@@ -59,7 +78,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (info->parsed()) return metrale::cli::run_info(opts);
-    if (check->parsed()) return metrale::cli::run_check(opts);
+    if (check->parsed()) {
+      if (seed_opt->count() > 0) check_opts.seed = seed;
+      return metrale::cli::run_check(opts, check_opts);
+    }
     if (bench->parsed()) {
       for (const std::string& s : shapes) {
         const auto x = s.find('x');
@@ -82,10 +104,7 @@ int main(int argc, char** argv) {
     }
   } catch (const metrale::Error& e) {
     std::fprintf(stderr, "metrale: %s\n", e.what());
-    return e.code() == metrale::ErrorCode::kInvalidArgument ||
-                   e.code() == metrale::ErrorCode::kUnavailable
-               ? 2
-               : 1;
+    return exit_code(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "metrale: %s\n", e.what());
     return 1;

@@ -20,6 +20,7 @@
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
 #include "metrale/runtime.h"
+#include "planted_leak.h"
 
 namespace metrale::cli {
 namespace {
@@ -51,7 +52,7 @@ std::vector<float> random_floats(std::mt19937_64& rng, std::size_t n) {
 
 class Checker {
  public:
-  explicit Checker(ModelScope& scope) : scope_(scope), rng_(std::random_device{}()) {}
+  Checker(ModelScope& scope, std::uint64_t seed) : scope_(scope), rng_(seed) {}
 
   void run(const std::string& name, const std::function<std::string()>& body) {
     Row row;
@@ -238,7 +239,11 @@ class Checker {
 
 }  // namespace
 
-int run_check(const CommonOptions& options) {
+int run_check(const CommonOptions& options, const CheckOptions& check) {
+  // One seed for all the random data, printed, so `--seed N` reruns a failure on the same data.
+  std::random_device entropy;
+  const std::uint64_t seed =
+      check.seed ? *check.seed : (std::uint64_t{entropy()} << 32 | std::uint64_t{entropy()});
   std::string why;
   std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
   const std::string backend_name(backend->name());
@@ -247,7 +252,7 @@ int run_check(const CommonOptions& options) {
   std::vector<Row> rows;
   {
     ModelScope scope(std::move(backend));
-    Checker c(scope);
+    Checker c(scope, seed);
     c.run("fill_u32 (poisoned output)", [&] { return c.fill(); });
     c.run("axpy_f32 vs float64", [&] { return c.axpy(); });
     c.run("graph capture + replay", [&] { return c.graph(); });
@@ -266,12 +271,16 @@ int run_check(const CommonOptions& options) {
       }
     }
     rows = c.rows();
+    plant_leak_for_tests(scope.backend());
     const TeardownReport report = scope.teardown();
     Row teardown;
     teardown.name = "teardown to zero bytes";
-    teardown.passed = report.failures.empty() && probe.live_bytes() == 0;
+    // The sweep frees what no resource released, so zero live bytes after it proves nothing by
+    // itself: anything the sweep found is a leak, and fails the check with its call sites.
+    teardown.passed = report.clean() && probe.live_bytes() == 0;
     teardown.detail = fmt::format("{} resource(s) released, {} swept, {} live bytes after",
                                   report.released, report.swept, probe.live_bytes());
+    if (report.swept > 0) teardown.detail += "; leaked " + report.leak_summary();
     for (const auto& f : report.failures) teardown.detail += "; " + f.label + ": " + f.message;
     rows.push_back(teardown);
   }
@@ -279,8 +288,11 @@ int run_check(const CommonOptions& options) {
   bool ok = true;
   for (const Row& r : rows) ok = ok && r.passed;
   if (options.json) {
-    nlohmann::json doc{
-        {"backend", backend_name}, {"device", device}, {"chosen", why}, {"passed", ok}};
+    nlohmann::json doc{{"backend", backend_name},
+                       {"device", device},
+                       {"chosen", why},
+                       {"seed", seed},
+                       {"passed", ok}};
     doc["checks"] = nlohmann::json::array();
     for (const Row& r : rows) {
       doc["checks"].push_back(
@@ -288,7 +300,8 @@ int run_check(const CommonOptions& options) {
     }
     fmt::print("{}\n", doc.dump(2));
   } else {
-    fmt::print("metrale check on {} ({})\n  backend {}\n", backend_name, device, why);
+    fmt::print("metrale check on {} ({})\n  backend {}\n  seed {} (rerun with --seed {})\n",
+               backend_name, device, why, seed, seed);
     for (const Row& r : rows) {
       fmt::print("  {:<4}  {:<34} {:>8.1f} ms  {}\n", r.passed ? "PASS" : "FAIL", r.name, r.ms,
                  r.detail);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/log.h"
 #include "cpu/kernels/decode_bf16.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "metrale/numerics.h"
@@ -437,15 +438,21 @@ Isa best_isa() noexcept {
         best = Isa::kAvx512Bf16;
       }
     }
-    if (const char* cap = std::getenv("METRALE_CPU_ISA")) {
-      const std::string_view c(cap);
-      if (c == "portable") best = Isa::kPortable;
-      if (c == "avx2" && best < Isa::kAvx2) best = Isa::kAvx2;
-      if (c == "avx512" && best < Isa::kAvx512) best = Isa::kAvx512;
-    }
-    return best;
+    return capped_isa(best, std::getenv("METRALE_CPU_ISA"));
   }();
   return isa;
+}
+
+Isa capped_isa(Isa best, const char* cap) {
+  if (cap == nullptr || *cap == '\0') return best;
+  const std::string_view c(cap);
+  if (c == "portable") return Isa::kPortable;
+  if (c == "avx2") return best < Isa::kAvx2 ? Isa::kAvx2 : best;
+  if (c == "avx512") return best < Isa::kAvx512 ? Isa::kAvx512 : best;
+  // A typo would otherwise run the best set silently while the user thinks it is capped.
+  log::warn("METRALE_CPU_ISA={} is not one of avx512, avx2, portable; ignored ({} is used)", c,
+            to_string(best));
+  return best;
 }
 
 const char* to_string(Isa isa) noexcept {

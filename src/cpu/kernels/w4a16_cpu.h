@@ -14,6 +14,9 @@ enum class Isa { kAvx512Bf16, kAvx512, kAvx2, kPortable };
 // The best set this processor supports (METRALE_CPU_ISA=avx512|avx2|portable lowers it, for
 // tests and benchmarks).
 Isa best_isa() noexcept;
+// best lowered to the set cap names ("avx512", "avx2", "portable"; null or "" leaves best); any
+// other cap is named in a warning with the accepted values and ignored. best_isa()'s policy.
+Isa capped_isa(Isa best, const char* cap);
 // "avx512_bf16", "avx512", "avx2", "portable".
 const char* to_string(Isa isa) noexcept;
 
