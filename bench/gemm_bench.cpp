@@ -14,15 +14,16 @@
 #include "metrale/cpu_backend.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
-#include "roofline.h"
+#include "toolkit/random_weights.h"
+#include "toolkit/roofline.h"
+#include "toolkit/rotation.h"
 
 namespace {
 
 using metrale::CpuBackend;
 
-// Weights touched between two uses of the same copy, and the most copies of a layer. See
-// Note [layer rotation] in docs/NOTES.md.
-constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
+// The benchmark cycles through copies of a layer's weights (toolkit/rotation.h), as a forward
+// pass reads each layer once.
 // Paired rounds (kernel pass, roof read) per decode case for pct_read_bw.
 constexpr int kPairedRounds = 15;
 
@@ -37,14 +38,9 @@ void BM_W4a16(benchmark::State& state) {
   const auto format =
       state.range(3) ? metrale::WeightFormat::kMxfp4 : metrale::WeightFormat::kNvfp4;
   Fixture fx;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> d(0.0f, 0.02f);
-  std::vector<float> values(static_cast<std::size_t>(n * k));
-  for (float& x : values) x = d(rng);
-  const auto hq = format == metrale::WeightFormat::kNvfp4 ? metrale::quantize_nvfp4(values, n, k)
-                                                          : metrale::quantize_mxfp4(values, n, k);
-  const std::size_t layer_bytes = hq.codes.size() + hq.scales.size();
-  const std::size_t copies = std::min(kMaxCopies, kRotationBytes / layer_bytes + 1);
+  std::mt19937_64 rng(1234);
+  const metrale::HostQuantWeights hq = metrale::toolkit::random_weights(format, n, k, rng);
+  const std::size_t copies = metrale::toolkit::rotation_copies(hq.codes.size() + hq.scales.size());
   for (std::size_t i = 0; i < copies; ++i) {
     fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq));
   }
@@ -72,7 +68,7 @@ void BM_W4a16(benchmark::State& state) {
   // 30 and 50 GB/s, so a roof read once per run (or per case) compared moments, not kernels.
   if (m <= 16) {
     // The decode route moves the weights once; the tiled route (m > 16) is compute-bound.
-    static const metrale::cli::CpuReadProbe roof;
+    static const metrale::toolkit::CpuReadProbe roof;
     std::vector<double> ratios, roofs;
     for (int round = 0; round < kPairedRounds; ++round) {
       const auto t0 = std::chrono::steady_clock::now();

@@ -11,21 +11,22 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "cuda/blas_roof.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
 #include "metrale/runtime.h"
-#include "roofline.h"
-#include "sampled_check.h"
+#include "toolkit/blas_roof.h"
+#include "toolkit/random_weights.h"
+#include "toolkit/roofline.h"
+#include "toolkit/rotation.h"
+#include "toolkit/sampled_check.h"
 
 namespace {
 
@@ -68,9 +69,6 @@ double time_graph(Backend& b, StreamHandle stream, int reps, Op op) {
   return t[t.size() / 2] / reps;
 }
 
-// Up to kMaxCopies (Llama-3-8B o needs 57).
-constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
-
 // Calls that fill about 20 ms of GPU time, from one synchronized call's time.
 int reps_for(Backend& b, StreamHandle stream, const auto& op) {
   op();
@@ -80,23 +78,6 @@ int reps_for(Backend& b, StreamHandle stream, const auto& op) {
   b.synchronize(stream);
   const double once = seconds_since(t0);
   return std::clamp(static_cast<int>(0.02 / once), 1, 200);
-}
-
-// Random NVFP4 weights made directly as codes and scales (quantizing 470 M floats on the host
-// would take longer than the benchmark): scale codes 0x28..0x37 (2^-2 .. ~1.9).
-HostQuantWeights random_weights(std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
-  HostQuantWeights w;
-  w.n = n;
-  w.k = k;
-  w.tensor_scale = 0.01f;
-  w.codes.resize(static_cast<std::size_t>(n * k / 2));
-  w.scales.resize(static_cast<std::size_t>(n * k / num::kNvfp4Group));
-  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
-    const std::uint64_t r = rng();
-    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
-  }
-  for (auto& s : w.scales) s = static_cast<std::uint8_t>(0x28 + rng() % 16);
-  return w;
 }
 
 struct Args {
@@ -126,10 +107,10 @@ int run(const Args& args) {
   const StreamHandle stream = b.create_stream();
   std::mt19937_64 rng(std::random_device{}());
 
-  // The copy roof, measured as `metrale bench` measures it (tools/metrale/roofline.cpp): eager
+  // The copy roof, measured as `metrale bench` measures it (toolkit/roofline.h): eager
   // 1 GiB device-to-device copies, bytes read + written. See Note [copy roof timed eagerly] in
   // docs/NOTES.md.
-  const double copy_bw = cli::measure_roofline(b).bandwidth;
+  const double copy_bw = toolkit::measure_roofline(b).bandwidth;
   fmt::print("device: {}; copy bandwidth {:.0f} GB/s (1 GiB device to device, read + write)\n",
              b.device_name(), copy_bw / 1e9);
   fmt::print("{:<12} {:>5} {:<7} {:>10} {:>9} {:>7} {:>9} {:>10} {:>9}\n", "shape", "M", "route",
@@ -140,12 +121,12 @@ int run(const Args& args) {
   const std::int64_t max_m = *std::max_element(args.ms.begin(), args.ms.end());
   bool ok = true;
   for (const Shape& sh : kShapes) {
-    const HostQuantWeights hw = random_weights(sh.n, sh.k, rng);
-    // Copies of the weights that the timed calls cycle through, until 512 MiB lie between two reads
-    // of the same bytes. See Note [layer rotation] in docs/NOTES.md.
-    const std::size_t layer_bytes = hw.codes.size() + hw.scales.size();
+    const HostQuantWeights hw = toolkit::random_weights(WeightFormat::kNvfp4, sh.n, sh.k, rng);
+    // Copies of the weights that the timed calls cycle through (toolkit/rotation.h). See Note
+    // [layer rotation] in docs/NOTES.md.
     std::vector<ops::QuantWeights> copies;
-    for (std::size_t i = 0; i < std::min(kMaxCopies, kRotationBytes / layer_bytes + 1); ++i) {
+    const std::size_t n_copies = toolkit::rotation_copies(hw.codes.size() + hw.scales.size());
+    for (std::size_t i = 0; i < n_copies; ++i) {
       copies.push_back(ops::upload_weights(b, hw));
     }
     const ops::QuantWeights& w = copies.front();
@@ -171,17 +152,15 @@ int run(const Args& args) {
         b.synchronize(stream);
         std::vector<std::uint16_t> out(static_cast<std::size_t>(m * sh.n));
         b.copy_d2h(out.data(), c, out.size() * 2);
-        const double err = cli::sampled_error(ha, out, hw, m, e4m3, rng);
-        // The E4M3 route against the E4M3-aware reference; its bound is the loose one it had when
-        // it was compared with exact BF16 (the cast moves an activation by up to 2^-4).
-        const double tol = e4m3 ? 0.06 : 8e-3;
-        const std::string route(ops::to_string(ops::choose_route(b, m, w, opt)));
+        // Against the route's reference and bounds in the tests' table (toolkit/gemm_tolerance.h).
+        const ops::GemmRoute chosen = ops::choose_route(b, m, w, opt);
+        const toolkit::SampledCheck check = toolkit::sampled_check(ha, out, hw, m, chosen, rng);
+        const std::string route(ops::to_string(chosen));
         nlohmann::json row = {{"shape", sh.name}, {"m", m},         {"n", sh.n},
-                              {"k", sh.k},        {"route", route}, {"error", err}};
-        if (!(err <= tol)) {
+                              {"k", sh.k},        {"route", route}, {"error", check.normalized}};
+        if (!check.passed()) {
           ok = false;
-          fmt::print("{:<12} {:>5} {:<7} WRONG: sampled normalized error {:.3g}\n", sh.name, m,
-                     route, err);
+          fmt::print("{:<12} {:>5} {:<7} WRONG: {}\n", sh.name, m, route, check.str());
           row["ok"] = false;
           if (json) json << row.dump() << "\n";
           continue;
@@ -192,8 +171,8 @@ int run(const Args& args) {
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(sh.n * sh.k);
         double blas_s = 0;
         if (m >= 64 && m % 16 == 0) {
-          blas_s = cuda::measure_bf16_gemm(b, static_cast<int>(m), static_cast<int>(sh.n),
-                                           static_cast<int>(sh.k))
+          blas_s = toolkit::measure_bf16_gemm(b, static_cast<int>(m), static_cast<int>(sh.n),
+                                              static_cast<int>(sh.k))
                        .seconds;
         }
         fmt::print("{:<12} {:>5} {:<7} {:>10.1f} {:>9.0f} {:>6.1f}% {:>9.1f} {:>10} {:>9}\n",

@@ -15,6 +15,7 @@
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "metrale/ops/gemm.h"
+#include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
 #include "metrale/weights.h"
 #include "ops/gemm_reference.h"
@@ -34,17 +35,6 @@ void require(bool ok, const std::string& what) {
 }
 
 // ---- the model's resources, released newest-first by the scope ----
-
-class WeightsResource final : public ModelResource {
- public:
-  explicit WeightsResource(ops::QuantWeights w) : w_(w) {}
-  std::string label() const override { return "weights"; }
-  void release(Backend& b) override { ops::free_weights(b, w_); }  // clears w_ first
-  const ops::QuantWeights& get() const { return w_; }
-
- private:
-  ops::QuantWeights w_;
-};
 
 // Added first, so released after everything but the op scratch: counts what is still alive.
 class HandleProbe final : public ModelResource {
@@ -219,10 +209,9 @@ void run_model(ModelScope& scope, const Shapes& sh, std::mt19937_64& gen) {
   std::vector<std::byte> copy_src(kRows * kSrcPitch);
   for (std::byte& v : copy_src) v = static_cast<std::byte>(gen());
 
-  // Weights: the NVFP4 set through upload_weights, the MXFP4 set through alloc_weights (the
-  // managed-memory fallback) and pinned staging.
-  const ops::QuantWeights& d_w1 =
-      scope.add(std::make_unique<WeightsResource>(ops::upload_weights(b, w1))).get();
+  // Weights: the NVFP4 set as the weights resource (ops::WeightsResource), the MXFP4 set through
+  // alloc_weights and pinned staging; both take the managed-memory fallback.
+  const ops::QuantWeights& d_w1 = scope.add(ops::make_weights_resource(b, w1)).weights();
   const auto round_up = [](std::size_t v) { return (v + 255) / 256 * 256; };
   const std::size_t off_scales = round_up(w2.codes.size());
   const std::size_t off_a = off_scales + round_up(w2.scales.size());

@@ -1,5 +1,5 @@
 // One whole model lifecycle, the same on every backend: make the backend (discovery and module
-// loading happen in the caller's factory) → ModelScope → weights (upload_weights, and
+// loading happen in the caller's factory) → ModelScope → weights (ops::WeightsResource, and
 // alloc_weights through pinned staging), op scratch, buffers, a stream and an event → every op
 // (fill_u32, axpy_f32, copy_2d, cast_bf16_to_e4m3, w4a16_gemm on the decode, tiled and e4m3
 // routes) checked against a float64 reference on fresh random data into poisoned outputs →

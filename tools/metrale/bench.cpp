@@ -18,12 +18,15 @@
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/gemm.h"
+#include "metrale/ops/quant_weights.h"
 #include "metrale/runtime.h"
 #include "metrale/safetensors.h"
 #include "metrale/weights.h"
 #include "planted_leak.h"
-#include "roofline.h"
-#include "sampled_check.h"
+#include "toolkit/random_weights.h"
+#include "toolkit/roofline.h"
+#include "toolkit/rotation.h"
+#include "toolkit/sampled_check.h"
 
 namespace metrale::cli {
 namespace {
@@ -56,59 +59,12 @@ ModelShape model_shape(const std::string& name) {
               fmt::format("unknown model '{}' (llama3-8b or llama3-70b)", name));
 }
 
-// The weights of one layer as a model resource: allocated through the ledger with the managed
-// fallback policy, freed at teardown.
-class LayerWeights final : public ModelResource {
- public:
-  LayerWeights(Backend& b, const HostQuantWeights& host, std::string label)
-      : label_(std::move(label)), w_(ops::describe_weights(host)) {
-    w_.codes = alloc_weights(b, w_.codes_bytes);
-    try {
-      w_.scales = alloc_weights(b, w_.scales_bytes);
-      b.copy_h2d(w_.codes, host.codes.data(), w_.codes_bytes);
-      b.copy_h2d(w_.scales, host.scales.data(), w_.scales_bytes);
-    } catch (...) {
-      release(b);
-      throw;
-    }
-  }
-  std::string label() const override { return label_; }
-  void release(Backend& b) override {
-    const DevicePtr c = w_.codes, s = w_.scales;
-    w_.codes = w_.scales = DevicePtr{};
-    b.free(c);
-    b.free(s);
-  }
-  const ops::QuantWeights& weights() const { return w_; }
-
- private:
-  std::string label_;
-  ops::QuantWeights w_;
-};
-
-// Random NVFP4 weights: random codes, block scales spread over a few octaves, a small tensor
-// scale, so outputs stay in a sane range for BF16.
-HostQuantWeights random_nvfp4(std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
-  HostQuantWeights w;
-  w.n = n;
-  w.k = k;
-  w.codes.resize(static_cast<std::size_t>(n * k / 2));
-  w.scales.resize(static_cast<std::size_t>(n * k / 16));
-  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
-    const std::uint64_t r = rng();
-    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
-  }
-  std::uniform_int_distribution<int> exp(4, 9), man(0, 7);
-  for (auto& s : w.scales) s = static_cast<std::uint8_t>((exp(rng) << 3) | man(rng));
-  w.tensor_scale = 1.0f / 64.0f;
-  return w;
-}
-
 struct Case {
   std::string layer;
   std::int64_t m = 0, n = 0, k = 0;
   std::string route;
   double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
+  bool passed = false;  // the sampled check (toolkit/sampled_check.h)
 };
 
 double median(std::vector<double> v) {
@@ -141,7 +97,6 @@ class Progress {
 }  // namespace
 
 int run_bench(const CommonOptions& options, const BenchOptions& bench) {
-  constexpr double kTolerance = 1e-2;  // BF16 output rounding (≤ 2^-8) plus FP32 accumulation
   std::string why;
   std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
   const bool gpu = backend->name() != "cpu";
@@ -181,32 +136,33 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const LedgerProbe probe = backend->ledger_probe();
   ModelScope scope(std::move(backend));
   Backend& b = scope.backend();
-  Roofline roof = measure_roofline(b);
+  toolkit::Roofline roof = toolkit::measure_roofline(b);
 
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<const LayerWeights*> dev;
+  std::vector<const ops::WeightsResource*> dev;
   std::int64_t max_n = 0, max_k = 0;
   for (std::size_t i = 0; i < shape.layers.size(); ++i) {
     const Layer& l = shape.layers[i];
-    if (host.size() <= i) host.push_back(random_nvfp4(l.n, l.k, rng));
-    dev.push_back(&scope.add(std::make_unique<LayerWeights>(b, host[i], "weights " + l.name)));
+    if (host.size() <= i) {
+      host.push_back(toolkit::random_weights(WeightFormat::kNvfp4, l.n, l.k, rng));
+    }
+    dev.push_back(&scope.add(ops::make_weights_resource(b, host[i], "weights " + l.name)));
     max_n = std::max(max_n, l.n);
     max_k = std::max(max_k, l.k);
   }
-  // Timing walks the layers in turn, as a forward pass does, joined by whole copies of the block
-  // until kRotationBytes lie between two reads of the same bytes, up to kMaxCopies. See
-  // Note [layer rotation] in docs/NOTES.md.
-  constexpr std::size_t kRotationBytes = std::size_t{512} << 20, kMaxCopies = 64;
+  // Timing walks the layers in turn, as a forward pass does, so a layer is not read from a cache
+  // its own previous call filled; where one block's weights are too few for that, whole copies
+  // of the block join the turn (toolkit/rotation.h). See Note [layer rotation] in docs/NOTES.md.
   std::size_t block_bytes = 0;
-  for (const LayerWeights* lw : dev) {
+  for (const ops::WeightsResource* lw : dev) {
     block_bytes += lw->weights().codes_bytes + lw->weights().scales_bytes;
   }
-  const std::size_t copies = std::min(kMaxCopies, kRotationBytes / block_bytes + 1);
-  std::vector<std::vector<const LayerWeights*>> rotation{dev};
+  const std::size_t copies = toolkit::rotation_copies(block_bytes);
+  std::vector<std::vector<const ops::WeightsResource*>> rotation{dev};
   for (std::size_t r = 1; r < copies; ++r) {
-    std::vector<const LayerWeights*> copy;
+    std::vector<const ops::WeightsResource*> copy;
     for (std::size_t i = 0; i < shape.layers.size(); ++i) {
-      copy.push_back(&scope.add(std::make_unique<LayerWeights>(
+      copy.push_back(&scope.add(ops::make_weights_resource(
           b, host[i], fmt::format("weights {} (copy {})", shape.layers[i].name, r))));
     }
     rotation.push_back(std::move(copy));
@@ -236,15 +192,18 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       const ops::QuantWeights& w = dev[li]->weights();
       std::vector<std::uint16_t> a_rows(ha.begin(), ha.begin() + m * l.k);
       // A is [M, K] for this layer's K: the first M·K values of the activation buffer.
-      Case cs{l.name, m, l.n, l.k,
-              std::string(ops::to_string(ops::choose_route(b, m, w, gemm_options)))};
+      const ops::GemmRoute route = ops::choose_route(b, m, w, gemm_options);
+      Case cs{l.name, m, l.n, l.k, std::string(ops::to_string(route))};
       b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
       ops::w4a16_gemm(b, stream, a, m, w, c, gemm_options);
       b.synchronize(stream);
       std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
       b.copy_d2h(out.data(), c, out.size() * 2);
-      cs.error = sampled_error(a_rows, out, host[li], m, cs.route == "e4m3", rng);
-      if (!(cs.error <= kTolerance)) {
+      const toolkit::SampledCheck check =
+          toolkit::sampled_check(a_rows, out, host[li], m, route, rng);
+      cs.error = check.normalized;
+      cs.passed = check.passed();
+      if (!cs.passed) {
         ok = false;
       } else {
         timed.push_back(li);
@@ -314,7 +273,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   }
   // The bandwidth is read again after the timing and the higher reading is the roof: on a shared
   // machine it drifts with other tenants, and a dip at the start must not flatter every case.
-  roof.bandwidth = std::max(roof.bandwidth, measure_bandwidth(b));
+  roof.bandwidth = std::max(roof.bandwidth, toolkit::measure_bandwidth(b));
   roof.bandwidth_of += ", the higher of a read before and one after the timing";
   for (Case& cs : cases) {
     if (cs.seconds <= 0) continue;  // failed its check, not timed
@@ -399,12 +358,11 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   fmt::print("\n{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8} {:>6} {:>8} {:>6}  {}\n", "layer", width,
              "M", "N", "K", "route", "ms", "GB/s", "%bw", "TFLOP/s", "%peak", "check");
   for (const Case& cs : cases) {
-    const bool pass = cs.error <= kTolerance;
     fmt::print(
         "{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9.3f} {:>8.1f} {:>5.0f}% {:>8.3f} {:>5.0f}%  {} (err "
         "{:.1e})\n",
         cs.layer, width, cs.m, cs.n, cs.k, cs.route, cs.seconds * 1e3, cs.gbps, cs.pct_bw,
-        cs.tflops, cs.pct_flops, pass ? "ok" : "WRONG", cs.error);
+        cs.tflops, cs.pct_flops, cs.passed ? "ok" : "WRONG", cs.error);
   }
   fmt::print("\n{:<{}} {:>5} {:>12} {:>22}\n", "block", width, "M", "ms", "model tokens/s");
   for (const Block& bl : blocks) {

@@ -21,6 +21,8 @@
 #include "metrale/quant.h"
 #include "metrale/runtime.h"
 #include "planted_leak.h"
+#include "toolkit/gemm_reference.h"
+#include "toolkit/gemm_tolerance.h"
 
 namespace metrale::cli {
 namespace {
@@ -163,23 +165,20 @@ class Checker {
     std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
     b.copy_d2h(c.data(), dc, c.size() * 2);
     ops::free_weights(b, w);
-    std::vector<float> out(c.size());
-    std::vector<double> ref(c.size());
-    for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        double r = bias ? num::bf16_to_f32(hb[j]) : 0.0;
-        for (std::int64_t kk = 0; kk < k; ++kk) {
-          const std::uint16_t x = a[i * k + kk];
-          const double av = route == ops::GemmRoute::kE4m3 ? num::e4m3_to_f32(num::bf16_to_e4m3(x))
-                                                           : num::bf16_to_f32(x);
-          r += av * hw.weight(j, kk);
-        }
-        ref[i * n + j] = r;
-        out[i * n + j] = num::bf16_to_f32(c[i * n + j]);
-      }
+    // The float64 reference and the route's bounds of the tests' suite (tools/toolkit): the
+    // normalized error and every element within its deterministic bound.
+    const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(route, format);
+    const toolkit::Comparison cmp = toolkit::compare(
+        c, toolkit::reference(a, m, hw, bias ? hb : std::vector<std::uint16_t>{}, tol.reference));
+    if (!toolkit::within(cmp, tol.normalized)) {
+      throw Error(
+          ErrorCode::kInternal, "check",
+          fmt::format("M={} N={} K={}: {} (tolerance {:.1g})", m, n, k, cmp.str(), tol.normalized));
     }
-    // BF16 output rounding (≤ 2^-8) plus FP32 accumulation: the suite's tolerance.
-    return fmt::format("M={} N={} K={}: ", m, n, k) + expect_close(out, ref, 8e-3);
+    return fmt::format(
+        "M={} N={} K={}: normalized error {:.3g} (tolerance {:.1g}), worst element at {:.2f} of "
+        "its bound",
+        m, n, k, cmp.normalized, tol.normalized, cmp.worst);
   }
 
   // The E4M3 cast (docs/CONTRACT.md, E4M3 cast) over all 65,536 BF16 bit patterns against

@@ -1,16 +1,17 @@
-// The CUDA compute roof (src/cuda/blas_roof.h) where it cannot be measured: it answers with a
-// reason instead of throwing, before it loads cuBLASLt or allocates anything. (The measured path
-// needs a GPU: scripts/device-check.sh reaches it through `metrale bench --backend cuda`.)
+// The CUDA compute roof (tools/toolkit, toolkit/blas_roof.h) where it cannot be measured: it
+// answers with a reason instead of throwing, before it loads cuBLASLt or allocates anything. (The
+// measured path needs a GPU: scripts/device-check.sh reaches it through `metrale bench --backend
+// cuda`.)
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <tuple>
 
-#include "cuda/blas_roof.h"
 #include "metrale/cpu_backend.h"
+#include "toolkit/blas_roof.h"
 
-namespace metrale::cuda {
+namespace metrale::toolkit {
 namespace {
 
 using ::testing::HasSubstr;
@@ -45,4 +46,4 @@ TEST(BlasRoof, ASizeThatIsNoMultipleOf16IsRefusedBeforeAnythingIsLoaded) {
 }
 
 }  // namespace
-}  // namespace metrale::cuda
+}  // namespace metrale::toolkit

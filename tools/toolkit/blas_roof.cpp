@@ -1,4 +1,4 @@
-#include "cuda/blas_roof.h"
+#include "toolkit/blas_roof.h"
 
 // The toolkit's headers are not written for this project's warnings; only types and enums are
 // taken from them.
@@ -16,7 +16,7 @@
 
 #include "metrale/error.h"
 
-namespace metrale::cuda {
+namespace metrale::toolkit {
 namespace {
 
 // The cuBLASLt entry points used, typed from the toolkit's header.
@@ -221,4 +221,4 @@ Bf16Rate measure_bf16_gemm(Backend& backend, int m, int n, int k) {
   return r;
 }
 
-}  // namespace metrale::cuda
+}  // namespace metrale::toolkit

@@ -7,7 +7,7 @@
 
 #include "metrale/backend.h"
 
-namespace metrale::cuda {
+namespace metrale::toolkit {
 
 struct Bf16Rate {
   double flops = 0;    // FLOP per second; 0 when it could not be measured
@@ -24,4 +24,4 @@ Bf16Rate measure_bf16_gemm_rate(Backend& backend, int n = 8192);
 // and K multiples of 16), for a side-by-side comparison on the same shape. Never throws, as above.
 Bf16Rate measure_bf16_gemm(Backend& backend, int m, int n, int k);
 
-}  // namespace metrale::cuda
+}  // namespace metrale::toolkit

@@ -1,4 +1,4 @@
-#include "roofline.h"
+#include "toolkit/roofline.h"
 
 #include <immintrin.h>
 #include <sys/mman.h>
@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
-#if METRALE_HAVE_CUDA
-#include "cuda/blas_roof.h"
+#if METRALE_TOOLKIT_HAVE_CUDA
+#include "toolkit/blas_roof.h"
 #endif
 
-namespace metrale::cli {
+namespace metrale::toolkit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -217,8 +217,8 @@ Roofline measure_roofline(Backend& backend) {
   } else {
     r.bandwidth = device_copy_bandwidth(backend);
     r.bandwidth_of = "device-to-device copy of 1 GiB (read + write)";
-#if METRALE_HAVE_CUDA
-    const cuda::Bf16Rate rate = cuda::measure_bf16_gemm_rate(backend);
+#if METRALE_TOOLKIT_HAVE_CUDA
+    const Bf16Rate rate = measure_bf16_gemm_rate(backend);
     r.flops = rate.flops;
     r.flops_of = rate.what;
 #else
@@ -228,4 +228,4 @@ Roofline measure_roofline(Backend& backend) {
   return r;
 }
 
-}  // namespace metrale::cli
+}  // namespace metrale::toolkit

@@ -10,7 +10,7 @@
 
 #include "metrale/backend.h"
 
-namespace metrale::cli {
+namespace metrale::toolkit {
 
 struct Roofline {
   double bandwidth = 0;      // bytes per second
@@ -22,7 +22,7 @@ struct Roofline {
 // CPU: a multi-threaded read of a buffer larger than the caches (on huge pages), and FP32 FMAs
 // (BF16 dot products on AVX-512 BF16 processors, as the kernels use) in registers on every thread.
 // CUDA: a device-to-device copy (bytes read + written) and cuBLASLt's BF16 GEMM rate
-// (src/cuda/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot be loaded
+// (toolkit/blas_roof.h; flops is 0, with the reason in flops_of, where cuBLASLt cannot be loaded
 // or run).
 Roofline measure_roofline(Backend& backend);
 // The CPU read of measure_roofline, one read at a time, for benchmarks that pair each timed
@@ -44,4 +44,4 @@ class CpuReadProbe {
 // to every benchmark case on a machine whose bandwidth drifts with other tenants.
 double measure_bandwidth(Backend& backend);
 
-}  // namespace metrale::cli
+}  // namespace metrale::toolkit

@@ -1,0 +1,131 @@
+#include "toolkit/gemm_reference.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "metrale/numerics.h"
+
+namespace metrale::toolkit {
+
+double activation(std::uint16_t a, AMode mode) {
+  return mode == AMode::kBf16 ? double{num::bf16_to_f32(a)}
+                              : double{num::e4m3_to_f32(num::bf16_to_e4m3(a))};
+}
+
+Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
+                    std::span<const std::uint16_t> bias, AMode mode) {
+  const std::int64_t n = w.n, k = w.k;
+  // The weights and activations as doubles once: weight() decodes a scale per call.
+  std::vector<double> wd(static_cast<std::size_t>(n * k));
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t c = 0; c < k; ++c) wd[static_cast<std::size_t>(r * k + c)] = w.weight(r, c);
+  }
+  std::vector<double> ad(static_cast<std::size_t>(m * k)), gap(static_cast<std::size_t>(m * k));
+  for (std::size_t i = 0; i < ad.size(); ++i) {
+    ad[i] = activation(a[i], mode);
+    gap[i] = std::fabs(ad[i] - double{num::bf16_to_f32(a[i])});
+  }
+  Reference ref;
+  ref.mode = mode;
+  ref.m = m;
+  ref.n = n;
+  ref.k = k;
+  ref.value.resize(static_cast<std::size_t>(m * n));
+  ref.abs_sum.resize(ref.value.size());
+  ref.cast_gap.assign(ref.value.size(), 0.0);
+  const double* W = wd.data();
+  const double* A = ad.data();
+  const double* G = gap.data();
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double* ar = A + i * k;
+      const double* wr = W + j * k;
+      double sum = 0.0, abs = 0.0, g = 0.0;
+      for (std::int64_t c = 0; c < k; ++c) {
+        sum += ar[c] * wr[c];
+        abs += std::fabs(ar[c] * wr[c]);
+      }
+      if (mode == AMode::kE4m3) {
+        const double* gr = G + i * k;
+        for (std::int64_t c = 0; c < k; ++c) g += gr[c] * std::fabs(wr[c]);
+      }
+      if (!bias.empty()) {
+        const double b = num::bf16_to_f32(bias[static_cast<std::size_t>(j)]);
+        sum += b;
+        abs += std::fabs(b);
+      }
+      const auto at = static_cast<std::size_t>(i * n + j);
+      ref.value[at] = sum;
+      ref.abs_sum[at] = abs;
+      ref.cast_gap[at] = g;
+    }
+  }
+  return ref;
+}
+
+ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
+                                   std::int64_t col, AMode mode) {
+  ReferenceElement e;
+  for (std::int64_t c = 0; c < w.k; ++c) {
+    const double p = activation(a_row[static_cast<std::size_t>(c)], mode) * w.weight(col, c);
+    e.value += p;
+    e.abs_sum += std::fabs(p);
+  }
+  return e;
+}
+
+double element_bound(double value, double abs_sum, std::int64_t k, AMode mode) {
+  const double gamma =
+      static_cast<double>(k + 8) * kAccumUnit + (mode == AMode::kE4m3 ? kFp8MmaTerm : 0.0);
+  return kBf16Unit * std::fabs(value) + (1.0 + kBf16Unit) * gamma * abs_sum;
+}
+
+double element_bound(const Reference& ref, std::size_t i) {
+  return element_bound(ref.value[i], ref.abs_sum[i], ref.k, ref.mode);
+}
+
+std::string Comparison::str() const {
+  return fmt::format(
+      "normalized error {:.3e}, ‖ref‖ {:.4g}, {} unwritten, {} nonzero; worst element "
+      "C[{}, {}] = {} vs ref {} (bound {:.3g}, {:.3g}× the bound)",
+      normalized, ref_norm, unwritten, nonzero, worst_at < 0 ? -1 : worst_at / n,
+      worst_at < 0 ? -1 : worst_at % n, worst_out, worst_ref, worst_bound, worst);
+}
+
+Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, bool add_cast_gap) {
+  Comparison c;
+  c.n = ref.n;
+  double err2 = 0.0, ref2 = 0.0;
+  for (std::size_t i = 0; i < ref.value.size(); ++i) {
+    c.unwritten += out[i] == kPoisonBf16;
+    c.nonzero += (out[i] & 0x7FFFu) != 0;
+    const double o = num::bf16_to_f32(out[i]);
+    const double d = o - ref.value[i];
+    err2 += d * d;
+    ref2 += ref.value[i] * ref.value[i];
+    const double bound =
+        element_bound(ref, i) + (add_cast_gap ? (1.0 + kBf16Unit) * ref.cast_gap[i] : 0.0);
+    const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
+                     : bound > 0.0 ? std::fabs(d) / bound
+                     : d == 0.0    ? 0.0
+                                   : std::numeric_limits<double>::infinity();
+    if (c.worst_at < 0 || r > c.worst) {
+      c.worst = r;
+      c.worst_at = static_cast<std::int64_t>(i);
+      c.worst_out = o;
+      c.worst_ref = ref.value[i];
+      c.worst_bound = bound;
+    }
+  }
+  c.ref_norm = std::sqrt(ref2);
+  c.normalized = std::sqrt(err2) / c.ref_norm;
+  return c;
+}
+
+bool within(const Comparison& c, double tol) {
+  return c.ref_norm > 0.0 && c.nonzero > 0 && c.unwritten == 0 && c.normalized <= tol &&
+         c.worst <= 1.0;
+}
+
+}  // namespace metrale::toolkit

@@ -1,0 +1,85 @@
+// The float64 reference of the w4a16 GEMM and the comparison of a BF16 result with it, shared by
+// the tests, `metrale check`, `metrale bench` and the benchmarks (tolerances in
+// toolkit/gemm_tolerance.h).
+//
+// THE REFERENCE. C_ref[m, n] = Σ_k double(A[m, k]) × double(W[n, k]) (+ double(bias[n])), with
+// W[n, k] = HostQuantWeights::weight(n, k) of the host weights that were uploaded (its float
+// rounding is at most 2^-24 relative per weight) and A the BF16 activations, or for the e4m3
+// route the E4M3-rounded activations e4m3_to_f32(bf16_to_e4m3(A)) (the e4m3-aware reference).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "metrale/quant.h"
+#include "toolkit/gemm_tolerance.h"
+
+namespace metrale::toolkit {
+
+// memset(0xFF) leaves 0xFFFF in every BF16: a NaN, so an unwritten element makes the error NaN.
+inline constexpr std::uint8_t kPoisonByte = 0xFF;
+inline constexpr std::uint16_t kPoisonBf16 = 0xFFFF;
+
+struct Reference {
+  std::int64_t m = 0, n = 0, k = 0;
+  std::vector<double> value;     // C_ref[m, n]
+  std::vector<double> abs_sum;   // S = Σ_k |a·w| + |bias|: the scale of the FP32 roundings
+  std::vector<double> cast_gap;  // kE4m3 only: Σ_k |A8 − A|·|w| (how far the cast moved it)
+  AMode mode = AMode::kBf16;     // kE4m3: the FP8 tensor cores' accumulation term applies
+};
+
+// One element of the reference: its value and S.
+struct ReferenceElement {
+  double value = 0.0;
+  double abs_sum = 0.0;
+};
+
+// The activation as the reference sees it.
+double activation(std::uint16_t a, AMode mode);
+
+// C_ref from the host weights (any layout: HostQuantWeights::weight reads either); bias may be
+// empty.
+Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
+                    std::span<const std::uint16_t> bias, AMode mode);
+
+// C_ref[row, col] alone (no bias), for a check that samples outputs of a large GEMM; a_row is
+// A's row (K values).
+ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
+                                   std::int64_t col, AMode mode);
+
+// The deterministic per-element bound of an FP32-accumulating kernel with BF16 output, plus the
+// FP8 tensor cores' accumulation term for mode kE4m3 (derivation in gemm_tolerance.h).
+double element_bound(double value, double abs_sum, std::int64_t k, AMode mode);
+// The same for element i of ref.
+double element_bound(const Reference& ref, std::size_t i);
+
+// How an output compares with a reference.
+struct Comparison {
+  double normalized = std::numeric_limits<double>::quiet_NaN();  // ‖out − ref‖ / ‖ref‖
+  double ref_norm = 0.0;
+  double worst = 0.0;  // max over elements of |out − ref| / (bound + extra)
+  std::int64_t worst_at = -1;
+  double worst_out = 0.0, worst_ref = 0.0, worst_bound = 0.0;
+  std::int64_t unwritten = 0;  // elements still holding the poison
+  std::int64_t nonzero = 0;    // elements that are not ±0
+  std::int64_t n = 1;          // columns, for naming the worst element
+
+  // Every figure above, in one line.
+  std::string str() const;
+};
+
+// Compares BF16 out with ref. With add_cast_gap the per-element bound also allows
+// (1 + 2^-8) × the cast gap: the e4m3 route against the exact values with the e4m3-aware
+// reference's S and gap (|out − exact| ≤ |out − aware| + |aware − exact|, and the 2^-8·|ref|
+// term of the aware bound exceeds the exact one's by at most 2^-8 × the gap).
+Comparison compare(std::span<const std::uint16_t> out, const Reference& ref,
+                   bool add_cast_gap = false);
+
+// Whether c meets tol: the reference and the output not all zero, every element written, the
+// normalized error within tol and every element within its bound.
+bool within(const Comparison& c, double tol);
+
+}  // namespace metrale::toolkit

@@ -1,0 +1,34 @@
+// The check every benchmark makes before it times a GEMM: a sample of outputs against the float64
+// reference, held to the route's entry of the tolerance table (toolkit/gemm_tolerance.h).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
+
+namespace metrale::toolkit {
+
+struct SampledCheck {
+  double normalized = 0;  // ‖got − ref‖ / ‖ref‖ over the samples; infinity for an all-zero ref
+  double worst = 0;       // max over the samples of |got − ref| / its per-element bound
+  double tolerance = 0;  // the table's bound on normalized
+  int samples = 0;
+  // Whether normalized and every sample are within their bounds.
+  bool passed() const noexcept { return normalized <= tolerance && worst <= 1.0; }
+  // "normalized error …, worst sample … of its bound" for a report.
+  std::string str() const;
+};
+
+// Samples outputs of C[M, N] = A · dequant(W)ᵀ (BF16 A and C, row-major) computed by `route`
+// (the one that ran, not kAuto) and compares them with the float64 reference the table names for
+// it (the e4m3-aware one for kE4m3). Throws Error(kInvalidArgument) when a or c is smaller than
+// the shape or m < 1.
+SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
+                           const HostQuantWeights& w, std::int64_t m, ops::GemmRoute route,
+                           std::mt19937_64& rng, int samples = 96);
+
+}  // namespace metrale::toolkit

@@ -1,0 +1,56 @@
+#include "toolkit/sampled_check.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+#include "toolkit/gemm_reference.h"
+#include "toolkit/gemm_tolerance.h"
+
+namespace metrale::toolkit {
+
+std::string SampledCheck::str() const {
+  return fmt::format(
+      "normalized error {:.1e} (tolerance {:.1g}), worst of {} samples at {:.2f} of its bound",
+      normalized, tolerance, samples, worst);
+}
+
+SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
+                           const HostQuantWeights& w, std::int64_t m, ops::GemmRoute route,
+                           std::mt19937_64& rng, int samples) {
+  if (m < 1 || samples < 1 || a.size() < static_cast<std::size_t>(m * w.k) ||
+      c.size() < static_cast<std::size_t>(m * w.n)) {
+    throw Error(ErrorCode::kInvalidArgument, "sampled_check",
+                fmt::format("M = {}, {} samples, {} activations and {} outputs for N = {}, K = {}",
+                            m, samples, a.size(), c.size(), w.n, w.k));
+  }
+  const GemmTolerance tol = gemm_tolerance(route, w.format);
+  std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
+  SampledCheck r;
+  r.tolerance = tol.normalized;
+  r.samples = samples;
+  double num = 0, den = 0;
+  for (int s = 0; s < samples; ++s) {
+    const std::int64_t i = pick_m(rng), j = pick_n(rng);
+    const ReferenceElement ref = reference_element(
+        a.subspan(static_cast<std::size_t>(i * w.k), static_cast<std::size_t>(w.k)), w, j,
+        tol.reference);
+    const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * w.n + j)]);
+    const double d = got - ref.value;
+    num += d * d;
+    den += ref.value * ref.value;
+    const double bound = element_bound(ref.value, ref.abs_sum, w.k, tol.reference);
+    // NaN (an unwritten output) and a nonzero error against a zero bound are infinitely far.
+    const double ratio = std::isnan(d) ? INFINITY
+                         : bound > 0.0 ? std::fabs(d) / bound
+                         : d == 0.0    ? 0.0
+                                       : INFINITY;
+    r.worst = std::max(r.worst, ratio);
+  }
+  r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
+  return r;
+}
+
+}  // namespace metrale::toolkit
