@@ -24,6 +24,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/ledger.h
   include/metrale/model_resources.h
   include/metrale/model_scope.h
+  include/metrale/modelopt.h
   include/metrale/numerics.h
   include/metrale/op_cache.h
   include/metrale/ops/elementwise.h

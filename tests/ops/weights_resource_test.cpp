@@ -159,14 +159,16 @@ TEST(WeightsResource, AFailedUploadLeavesNothingAllocated) {
   CpuFaults f;
   f.max_device_alloc = kCap;
   // Allocation #2 is the managed fallback of the oversized codes: no memory is left to fall to.
-  f.fail_alloc_at = 2;
+  f.fail_call_at = 2;
+  f.fail_call_of = "alloc";
   b->set_faults(f);
   const testing::LogCapture logs;
   const Error e = testing::expect_error([&] { ops::WeightsResource(*b, host_weights(64, 256)); });
   EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
   EXPECT_EQ(b->live_alloc_count(), 0u);
   // The scales' allocation fails after the codes were made: they are freed.
-  f.fail_alloc_at = 2;
+  f.fail_call_at = 2;
+  f.fail_call_of = "alloc";
   f.max_device_alloc = SIZE_MAX;
   b->set_faults(f);
   const Error e2 = testing::expect_error([&] { ops::upload_weights(*b, host_weights(16, 64)); });
