@@ -244,13 +244,15 @@ GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& byt
 }
 
 std::string GemmPlan::describe() const {
-  std::string s = fmt::format("route {} M={} N={} K={}:", to_string(route), m, n, k);
+  std::string s = fmt::format("{} M={} N={} K={}:", to_string(route), m, n, k);
+  const char* sep = " ";
   for (const PlannedLaunch& l : launches) {
-    s += fmt::format(" {} grid {}x{}x{} block {}{};", backend->kernel_name(l.kernel), l.grid.x,
-                     l.grid.y, l.grid.z, l.block.x,
-                     l.smem_bytes != 0 ? fmt::format(" smem {}", l.smem_bytes) : "");
+    s += fmt::format("{}{} {}x{}x{} x {} threads", sep, backend->kernel_name(l.kernel), l.grid.x,
+                     l.grid.y, l.grid.z, l.block.x);
+    if (l.smem_bytes != 0) s += fmt::format(" + {} B shared", l.smem_bytes);
+    sep = ", ";
   }
-  s += fmt::format(" split-K {} x {}; workspace {} bytes", splits, k_per_split, workspace.total());
+  s += fmt::format("; split-K {} x {}; workspace {} B", splits, k_per_split, workspace.total());
   return s;
 }
 
@@ -452,6 +454,26 @@ void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeig
   run_as("run", plan, stream, a, w, c, workspace, bias);
 }
 
+GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
+  if (plan.backend == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "scratch_workspace",
+                "the plan is empty (made by no call to plan())");
+  }
+  // The contract's scratch tags, grow-only in the OpCache, one set per stream (docs/CONTRACT.md,
+  // OpCache).
+  Backend& backend = *plan.backend;
+  OpCache& cache = backend.op_cache();
+  GemmWorkspace ws;
+  const auto part = [&](std::string_view tag, std::uint64_t bytes) {
+    return bytes == 0 ? DevicePtr{}
+                      : cache.scratch(backend, gemm_scratch_tag(backend, stream, tag), bytes);
+  };
+  ws.split_k = part("gemm_split_k", plan.workspace.split_k);
+  ws.a_e4m3 = part("fp8_activation", plan.workspace.a_e4m3);
+  ws.w_e4m3 = part("fp8_weights", plan.workspace.w_e4m3);
+  return ws;
+}
+
 GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
                        const GemmOptions& options) {
   return plan_as("w4a16_gemm", backend, m, w, options).route;
@@ -466,22 +488,7 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
   check_weights(api, w);
   check_buffers(api, backend, m, w, a, c, options.bias);
   const GemmPlan p = plan_as(api, backend, m, w, options);
-  // The contract's scratch tags, grow-only in the OpCache, one set per stream (docs/CONTRACT.md,
-  // OpCache).
-  OpCache& cache = backend.op_cache();
-  GemmWorkspace ws;
-  if (p.workspace.split_k != 0) {
-    ws.split_k = cache.scratch(backend, gemm_scratch_tag(backend, stream, "gemm_split_k"),
-                               p.workspace.split_k);
-  }
-  if (p.workspace.a_e4m3 != 0) {
-    ws.a_e4m3 = cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_activation"),
-                              p.workspace.a_e4m3);
-  }
-  if (p.workspace.w_e4m3 != 0) {
-    ws.w_e4m3 = cache.scratch(backend, gemm_scratch_tag(backend, stream, "fp8_weights"),
-                              p.workspace.w_e4m3);
-  }
+  const GemmWorkspace ws = scratch_workspace(p, stream);
   launch_planned(p, stream, a, w, c, ws, options.bias);
 }
 

@@ -63,6 +63,7 @@ struct Case {
   std::string layer;
   std::int64_t m = 0, n = 0, k = 0;
   std::string route;
+  std::string plan;  // ops::GemmPlan::describe() of the plan that ran
   double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
   bool passed = false;  // the sampled check (toolkit/sampled_check.h)
 };
@@ -186,16 +187,22 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     // Every layer is checked first; the ones that pass are then timed together, in turns.
     std::vector<std::size_t> timed;  // layers that passed, and their entries in cases
     std::vector<std::size_t> case_of(shape.layers.size());
+    // One plan per layer at this M, made once and run for the check and every timed call (any
+    // copy of the layer's weights has its shape, format and layout).
+    std::vector<ops::GemmPlan> plans;
+    std::vector<ops::GemmWorkspace> workspaces;
     for (std::size_t li = 0; li < shape.layers.size(); ++li) {
       const Layer& l = shape.layers[li];
       progress.step(cases.size(), fmt::format("{} M={}", l.name, m));
       const ops::QuantWeights& w = dev[li]->weights();
       std::vector<std::uint16_t> a_rows(ha.begin(), ha.begin() + m * l.k);
       // A is [M, K] for this layer's K: the first M·K values of the activation buffer.
-      const ops::GemmRoute route = ops::choose_route(b, m, w, gemm_options);
-      Case cs{l.name, m, l.n, l.k, std::string(ops::to_string(route))};
+      plans.push_back(ops::plan(b, m, w, gemm_options));
+      workspaces.push_back(ops::scratch_workspace(plans.back(), stream));
+      const ops::GemmRoute route = plans.back().route;
+      Case cs{l.name, m, l.n, l.k, std::string(ops::to_string(route)), plans.back().describe()};
       b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
-      ops::w4a16_gemm(b, stream, a, m, w, c, gemm_options);
+      ops::run(plans.back(), stream, a, w, c, workspaces.back(), gemm_options.bias);
       b.synchronize(stream);
       std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
       b.copy_d2h(out.data(), c, out.size() * 2);
@@ -220,7 +227,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       for (std::size_t r = 0; r < rotation.size(); ++r) {
         for (std::size_t li : timed) {
           b.begin_capture(stream);
-          ops::w4a16_gemm(b, stream, a, m, rotation[r][li]->weights(), c, gemm_options);
+          ops::run(plans[li], stream, a, rotation[r][li]->weights(), c, workspaces[li],
+                   gemm_options.bias);
           graphs[r][li] = b.end_capture(stream);
         }
       }
@@ -230,7 +238,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       if (bench.graph) {
         b.launch_graph(graphs[r][li], stream);
       } else {
-        ops::w4a16_gemm(b, stream, a, m, rotation[r][li]->weights(), c, gemm_options);
+        ops::run(plans[li], stream, a, rotation[r][li]->weights(), c, workspaces[li],
+                 gemm_options.bias);
       }
       b.synchronize(stream);
       return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -323,6 +332,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                {"N", cs.n},
                                {"K", cs.k},
                                {"route", cs.route},
+                               {"plan", cs.plan},
                                {"ms", cs.seconds * 1e3},
                                {"GBps", cs.gbps},
                                {"TFLOPs", cs.tflops},
@@ -364,6 +374,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
         cs.layer, width, cs.m, cs.n, cs.k, cs.route, cs.seconds * 1e3, cs.gbps, cs.pct_bw,
         cs.tflops, cs.pct_flops, cs.passed ? "ok" : "WRONG", cs.error);
   }
+  fmt::print("\nplans (as run):\n");
+  for (const Case& cs : cases) fmt::print("  {:<{}} {}\n", cs.layer, width, cs.plan);
   fmt::print("\n{:<{}} {:>5} {:>12} {:>22}\n", "block", width, "M", "ms", "model tokens/s");
   for (const Block& bl : blocks) {
     fmt::print("{:<{}} {:>5} {:>12.3f} {:>14.1f} ({} blocks)\n", "block", width, bl.m,

@@ -161,7 +161,9 @@ class Checker {
     o.activations = route == ops::GemmRoute::kE4m3 ? ops::Activations::kAllowE4m3
                                                    : ops::Activations::kExactBf16;
     if (bias) o.bias = dbias;
-    ops::w4a16_gemm(b, b.default_stream(), da, m, w, dc, o);
+    const ops::GemmPlan plan = ops::plan(b, m, w, o);
+    ops::run(plan, b.default_stream(), da, w, dc, ops::scratch_workspace(plan, b.default_stream()),
+             o.bias);
     std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
     b.copy_d2h(c.data(), dc, c.size() * 2);
     ops::free_weights(b, w);
@@ -176,9 +178,9 @@ class Checker {
           fmt::format("M={} N={} K={}: {} (tolerance {:.1g})", m, n, k, cmp.str(), tol.normalized));
     }
     return fmt::format(
-        "M={} N={} K={}: normalized error {:.3g} (tolerance {:.1g}), worst element at {:.2f} of "
-        "its bound",
-        m, n, k, cmp.normalized, tol.normalized, cmp.worst);
+        "normalized error {:.3g} (tolerance {:.1g}), worst element at {:.2f} of its bound; plan "
+        "{}",
+        cmp.normalized, tol.normalized, cmp.worst, plan.describe());
   }
 
   // The E4M3 cast (docs/CONTRACT.md, E4M3 cast) over all 65,536 BF16 bit patterns against

@@ -78,7 +78,8 @@ struct GemmPlan {
   std::vector<PlannedLaunch> launches;
   GemmWorkspaceBytes workspace;
 
-  // One line: "route decode: gemm_decode grid 128x1x4 block 256 smem 0, split-K 4 x 1024, ...".
+  // One line, e.g. "decode M=1 N=4096 K=4096: w4a16::gemm_decode 128x1x4 x 256 threads,
+  // w4a16::gemm_split_reduce 16x1x1 x 256 threads; split-K 4 x 1024; workspace 65536 B".
   std::string describe() const;
 };
 
@@ -96,6 +97,11 @@ GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
 // sizes), then launches. No lookup, no lock of the op layer and no formatting when it succeeds.
 void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
          const GemmWorkspace& workspace, DevicePtr bias = {});
+
+// The workspace of plan for work queued on stream: the OpCache's grow-only scratch under
+// gemm_scratch_tag ("gemm_split_k", "fp8_activation", "fp8_weights"), null for parts the plan
+// does not use.
+GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream);
 
 // The route plan() would take (throws as plan() would).
 GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
