@@ -96,7 +96,8 @@ TEST_F(PlanRun, APlanNamesItsRouteKernelsGridAndWorkspace) {
   EXPECT_EQ(g.block.x, g.kernel.meta.block_threads);
   EXPECT_EQ(p.splits, 1);
   EXPECT_EQ(p.workspace.total(), 0u);
-  EXPECT_THAT(p.describe(), HasSubstr("decode M=3 N=300 K=256: w4a16::gemm_decode 2x1x1 x 256 threads"));
+  EXPECT_THAT(p.describe(),
+              HasSubstr("decode M=3 N=300 K=256: w4a16::gemm_decode 2x1x1 x 256 threads"));
 
   GemmOptions e4m3;
   e4m3.activations = Activations::kAllowE4m3;
