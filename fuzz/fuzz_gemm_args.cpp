@@ -314,7 +314,8 @@ void fuzz_gemm(Call& call, bool route_only) {
       if (options.activations == ops::Activations::kAllowE4m3 && m >= ops::kE4m3MinM) {
         want = ops::GemmRoute::kE4m3;
       } else {
-        want = m <= ops::kDecodeMaxM ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled;
+        want = m <= ops::decode_max_m(call.backend()) ? ops::GemmRoute::kDecode
+                                                      : ops::GemmRoute::kTiled;
       }
     }
     valid = !(want == ops::GemmRoute::kE4m3 && options.activations == ops::Activations::kExactBf16);

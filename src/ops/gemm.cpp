@@ -178,6 +178,25 @@ GemmRoute route_of(Backend& backend, std::int64_t m, const GemmOptions& options)
   return m <= decode_max_m(backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
 }
 
+// The route's GEMM kernel, refused where it would cast A to E4M3 for a caller that asked for
+// exact BF16 activations.
+const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRoute route,
+                                  const GemmOptions& options) {
+  if (route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
+  }
+  const ResolvedKernel& gemm = backend.op_cache().kernel(backend, kModule, entry_of(route));
+  if (route != GemmRoute::kE4m3 && options.activations == Activations::kExactBf16 &&
+      Backend::kernel_casts_a_to_e4m3(gemm)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} casts A to E4M3 (it publishes {}_a_e4m3), but the caller asked "
+                            "for exact BF16 activations",
+                            backend.kernel_name(gemm), entry_of(route)));
+  }
+  return gemm;
+}
+
 void log_route(Backend& backend, GemmRoute route, std::int64_t m, std::int64_t n, std::int64_t k) {
   const auto mm = static_cast<std::uint32_t>(m), nn = static_cast<std::uint32_t>(n),
              kk = static_cast<std::uint32_t>(k);
@@ -357,19 +376,8 @@ GemmPlan plan_as(std::string_view api, Backend& backend, std::int64_t m, const Q
   p.flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
             (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
             (options.bias ? kGemmBias : 0u);
-  if (p.route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
-  }
   OpCache& cache = backend.op_cache();
-  const ResolvedKernel& gemm = cache.kernel(backend, kModule, entry_of(p.route));
-  if (p.route != GemmRoute::kE4m3 && options.activations == Activations::kExactBf16 &&
-      Backend::kernel_casts_a_to_e4m3(gemm)) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("{} casts A to E4M3 (it publishes {}_a_e4m3), but the caller asked "
-                            "for exact BF16 activations",
-                            backend.kernel_name(gemm), entry_of(p.route)));
-  }
+  const ResolvedKernel& gemm = check_route(api, backend, p.route, options);
 
   if (p.route == GemmRoute::kE4m3) {
     p.launches.push_back(
@@ -474,9 +482,12 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
   return ws;
 }
 
-GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
+GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights&,
                        const GemmOptions& options) {
-  return plan_as("w4a16_gemm", backend, m, w, options).route;
+  constexpr std::string_view api = "w4a16_gemm";
+  const GemmRoute route = route_of(backend, m, options);
+  check_route(api, backend, route, options);
+  return route;
 }
 
 void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,

@@ -103,7 +103,8 @@ void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeig
 // does not use.
 GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream);
 
-// The route plan() would take (throws as plan() would).
+// The route plan() would take for M and options, whatever the weights (throws as plan() would
+// for a route the backend lacks or the options forbid).
 GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
                        const GemmOptions& options = {});
 
