@@ -10,10 +10,10 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // scale_index
 #include "epilogue.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
+#include "operands.cuh"
 #include "ptx.cuh"
 
 namespace metrale::kernels {
