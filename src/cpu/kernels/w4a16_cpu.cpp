@@ -497,8 +497,8 @@ void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   // What an FP8 tensor core computes: E4M3 × E4M3 products (exact in FP32), summed in FP32
   // within each K-group, then scaled by the group's FP32 scale and accumulated in FP32.
   const Tables& t = tables();
-  const auto* a8 = at<const std::uint8_t>(p.a);
-  const auto* w8 = at<const std::uint8_t>(p.codes);
+  const auto* a_e4m3 = at<const std::uint8_t>(p.a);
+  const auto* w_e4m3 = at<const std::uint8_t>(p.codes);
   GemmParams scales_only = p;
   const Weights w(scales_only);
   for (std::int64_t n = n0; n < n1; ++n) {
@@ -507,7 +507,7 @@ void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
       for (std::int64_t g = 0; g < p.k / w.group; ++g) {
         float part = 0.0f;
         for (std::int64_t k = g * w.group; k < (g + 1) * w.group; ++k) {
-          part += t.e4m3[a8[m * p.k + k]] * t.e4m3[w8[n * p.k + k]];
+          part += t.e4m3[a_e4m3[m * p.k + k]] * t.e4m3[w_e4m3[n * p.k + k]];
         }
         sum += part * w.scale(n, g);
       }

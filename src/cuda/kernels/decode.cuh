@@ -4,7 +4,9 @@
 // shared memory in a fixed order. Per K block a lane loads one 16-byte run of codes for each of
 // its 4 weight rows and dequantizes in registers: the E4M3/E8M0 block scale is folded into the
 // BF16 weight, which is exact (an E2M1 value has 2 significant bits, a scale at most 4). Grid z
-// splits K; each slice writes FP32 partials that gemm_split_reduce sums in slice order.
+// splits K; each slice writes FP32 partials that gemm_split_reduce (split_reduce.cuh) sums in
+// slice order. The weight loads and the dequantization are shared with the tiled kernel
+// (operands.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +17,7 @@
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
 #include "metrale/numerics.h"
+#include "operands.cuh"
 #include "ptx.cuh"
 
 namespace metrale::kernels {
@@ -35,112 +38,6 @@ template <int MT>
 struct DecodeActs {
   uint4 act[MT][4];
 };
-
-// 32 codes of weight row n from k0 (a multiple of 32), of which `valid` (0, 16 or 32) lie in K;
-// the rest read as code 0. The layout is a template parameter so that the row-major loop
-// carries none of the transposed path's byte loads (registers and instructions).
-template <bool kTr>
-__device__ __forceinline__ uint4 decode_load_codes(const GemmParams& p, std::int64_t n,
-                                                   std::int64_t k0, int valid) {
-  uint4 v = make_uint4(0, 0, 0, 0);
-  if (n >= p.n || valid == 0) return v;
-  const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
-  if constexpr (kTr) {
-    // Codes [K/2, N]: a byte per row of the packed matrix. Correct, not tuned. Unrolled with
-    // constant indices so the words stay in registers (an indexed array would live in local
-    // memory).
-    std::uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      if (2 * i < valid) w[i / 4] |= std::uint32_t{codes[(k0 / 2 + i) * p.n + n]} << (8 * (i % 4));
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  const std::uint8_t* src = codes + n * (p.k / 2) + k0 / 2;
-  // A row is K/2 bytes, a multiple of 8; a 16-byte load needs rows of a multiple of 16.
-  if (valid == 32 && (p.k / 2) % 16 == 0) return ptx::ldg16(src);
-  const uint2 lo = ptx::ldg8(src);
-  v.x = lo.x;
-  v.y = lo.y;
-  if (valid == 32) {
-    const uint2 hi = ptx::ldg8(src + 8);
-    v.z = hi.x;
-    v.w = hi.y;
-  }
-  return v;
-}
-
-// Where the block scale of row n, group g sits, in either layout.
-__device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::int64_t n,
-                                                    std::int64_t g, bool tr) {
-  const bool mx = p.flags & kGemmMxfp4;
-  const std::int64_t groups = p.k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
-  return tr ? g * p.n + n : n * groups + g;
-}
-__device__ __forceinline__ std::int64_t scale_index(const GemmParams& p, std::int64_t n,
-                                                    std::int64_t g) {
-  return scale_index(p, n, g, p.flags & kGemmTransposed);
-}
-
-// The raw scale codes of row n for the 32 K from k0 (a multiple of 32), `valid` of them inside
-// K: the first 16's in byte 0, the second 16's in byte 1 (MXFP4: byte 0 covers all 32); 0 where
-// outside N or K (the codes there are 0 too, and code 0 is a finite scale in both formats, so
-// nothing outside K can turn a sum into NaN). Predicated loads into a zeroed register: a select
-// after a load would wait for it. The usual case, both NVFP4 scales in one aligned 16-bit load,
-// takes no arithmetic, so nothing waits on the load until the scales are used.
-template <bool kTr>
-__device__ __forceinline__ std::uint32_t load_scales_raw(const GemmParams& p, std::int64_t n,
-                                                         std::int64_t k0, int valid) {
-  const bool mx = p.flags & kGemmMxfp4, tr = kTr;
-  const auto* sc = reinterpret_cast<const std::uint8_t*>(p.scales);
-  const std::int64_t g0 = mx ? k0 / 32 : k0 / 16;
-  std::uint32_t v = 0;
-  if (n < p.n && valid > 0) {
-    const std::int64_t at = scale_index(p, n, g0, tr);
-    if (mx || valid == 16) {
-      v = sc[at];
-    } else if (!tr && at % 2 == 0) {
-      v = *reinterpret_cast<const std::uint16_t*>(sc + at);
-    } else {
-      v = sc[at] | std::uint32_t{sc[tr ? at + p.n : at + 1]} << 8;
-    }
-  }
-  return v;
-}
-
-// A row-major run's raw scale codes with no checks (an interior run, K a multiple of 32): the
-// NVFP4 pair in one aligned 16-bit load, the MXFP4 code in one byte; as load_scales_raw packs
-// them.
-__device__ __forceinline__ std::uint32_t ldg_scales_raw(const std::uint8_t* sc, bool mx) {
-  return mx ? std::uint32_t{__ldg(sc)}
-            : std::uint32_t{__ldg(reinterpret_cast<const unsigned short*>(sc))};
-}
-
-// Fills table[code] with every scale code's BF16 pair (s, s), one entry a thread of a 256-thread
-// block, and waits for the whole table: the kernels read scales from it instead of converting
-// (the conversion is exact, numerics.h).
-__device__ __forceinline__ void fill_scale_pairs(const GemmParams& p, std::uint32_t* table) {
-  const auto code = static_cast<std::uint8_t>(threadIdx.x);
-  table[threadIdx.x] =
-      num::bf16_pair_of((p.flags & kGemmMxfp4) ? num::e8m0_to_f32(code) : num::e4m3_to_f32(code));
-  __syncthreads();
-}
-
-// Scale h (0: the first 16 K, 1: the second) of raw codes from load_scales_raw, as its table
-// entry.
-__device__ __forceinline__ std::uint32_t scale_pair_of_raw(const GemmParams& p,
-                                                           const std::uint32_t* table,
-                                                           std::uint32_t raw, int h) {
-  const bool mx = p.flags & kGemmMxfp4;
-  return table[(h && !mx ? raw >> 8 : raw) & 0xFFu];
-}
-
-// The number of lane t's 32 K from kb that lie before k_end: 0, 16 or 32 (K is a multiple of
-// 16).
-__device__ __forceinline__ int decode_valid(std::int64_t kb, std::int64_t k_end, int t) {
-  const std::int64_t left = k_end - (kb + 32 * t);
-  return left >= 32 ? 32 : (left > 0 ? static_cast<int>(left) : 0);
-}
 
 // Lane (g, t)'s weights of the K block at kb, for the 32 rows from n0. Outside [k_begin, k_end)
 // or N the codes and the scale codes read as 0, so a NaN scale outside K cannot leak in.
@@ -168,11 +65,11 @@ __device__ __forceinline__ void decode_load_weights(DecodeCodes& f, const GemmPa
       return;
     }
   }
-  const int valid = decode_valid(kb, k_end, t);
+  const int valid = valid_k(kb, k_end, t);
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const std::int64_t n = n0 + g + 8 * r;
-    f.codes[r] = decode_load_codes<kTr>(p, n, k0, valid);
+    f.codes[r] = load_codes<kTr>(p, n, k0, valid);
     f.scale[r] = load_scales_raw<kTr>(p, n, k0, valid);
   }
 }
@@ -183,7 +80,7 @@ __device__ __forceinline__ void decode_load_acts(DecodeActs<MT>& f, const GemmPa
                                                  std::int64_t m0, std::int64_t kb,
                                                  std::int64_t k_end, int g, int t) {
   const std::int64_t k0 = kb + 32 * t;
-  const int valid = decode_valid(kb, k_end, t);
+  const int valid = valid_k(kb, k_end, t);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const std::int64_t m = m0 + 8 * mt + g;
@@ -196,26 +93,12 @@ __device__ __forceinline__ void decode_load_acts(DecodeActs<MT>& f, const GemmPa
   }
 }
 
-// Word i of v, by selects: an index unknown at compile time into an array would put the array
-// in local memory.
-__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
+// Half-word i of v and chunk i of v, by selects as word_of (operands.cuh).
 __device__ __forceinline__ std::uint32_t halfword_of(const uint4& v, int i) {
   return (word_of(v, i / 2) >> (16 * (i % 2))) & 0xFFFFu;
 }
 __device__ __forceinline__ uint4 chunk_of(const uint4 (&v)[4], int i) {
   return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-}
-
-// Four codes (j = 0..3 of one step) of a row, times its scale pair, as the two A-fragment
-// registers (j = 0, 1) and (j = 2, 3): exact products (numerics.h, host-tested).
-__device__ __forceinline__ void decode_quad(std::uint32_t codes16, std::uint32_t scale_pair,
-                                            std::uint32_t* r01, std::uint32_t* r23) {
-  std::uint32_t p01, p23;
-  num::e2m1x4_to_bf16(codes16, &p01, &p23);
-  *r01 = num::bf16x2_mul(p01, scale_pair);
-  *r23 = num::bf16x2_mul(p23, scale_pair);
 }
 
 // The 8 MMA steps of one K block into acc[row tile][activation tile].
@@ -252,8 +135,8 @@ __device__ __forceinline__ void decode_mma(const GemmParams& p, float (&acc)[2][
       ptx::pin(hi_codes);
       // Fragment registers: (row g, j = 0,1), (row g + 8, j = 0,1), (g, j = 2,3), (g + 8, 2,3).
       std::uint32_t a[4];
-      decode_quad(lo_codes, second ? sp[2 * rt][1] : sp[2 * rt][0], &a[0], &a[2]);
-      decode_quad(hi_codes, second ? sp[2 * rt + 1][1] : sp[2 * rt + 1][0], &a[1], &a[3]);
+      dequant_quad(lo_codes, second ? sp[2 * rt][1] : sp[2 * rt][0], &a[0], &a[2]);
+      dequant_quad(hi_codes, second ? sp[2 * rt + 1][1] : sp[2 * rt + 1][0], &a[1], &a[3]);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const uint4 x01 = chunk_of(x4.act[mt], word01 / 4), x23 = chunk_of(x4.act[mt], word23 / 4);
@@ -356,17 +239,6 @@ __device__ void decode_block(const GemmParams& p) {
   } else {
     decode_block_of<false>(p, red, scale_pairs);
   }
-}
-
-// C = Σ_z partial[z] in slice order, then tensor scale, bias and one rounding to BF16.
-__device__ void split_reduce(const GemmParams& p, std::int64_t i) {
-  if (i >= p.m * p.n) return;
-  const auto* ws = reinterpret_cast<const float*>(p.workspace);
-  const std::int64_t plane = p.m * p.n;
-  float sum = 0.0f;
-  for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
-  reinterpret_cast<std::uint16_t*>(p.out)[i] =
-      static_cast<std::uint16_t>(final_bf16(p, i % p.n, sum));
 }
 
 }  // namespace metrale::kernels

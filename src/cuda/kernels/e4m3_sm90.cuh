@@ -1,6 +1,6 @@
 // The E4M3 route's GEMM on Hopper FP8 tensor cores (wgmma E4M3, QGMMA in SASS), sm_90a only:
-// C = Σ_groups (A8 · W8ᵀ over the group) × scale[n, group], in FP32, times the tensor scale.
-// A8 and W8 are E4M3 [M, K] and [N, K] (bf16_to_fp8 and dequant_e4m3 wrote them); the block
+// C = Σ_groups (A · Wᵀ over the group) × scale[n, group], in FP32, times the tensor scale.
+// A and W are E4M3 bytes [M, K] and [N, K] (bf16_to_fp8 and dequant_e4m3 wrote them); the block
 // scales stay out of the FP8 values because E4M3 cannot hold a scaled E2M1 value exactly. An
 // FP8 MMA sums 32 K, a scale group is 16: each group's 16 bytes sit in a 32-byte slot whose
 // upper half is zero, so one MMA sums exactly one group into a fresh FP32 tile (a stage's four
@@ -10,10 +10,10 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // scale_index
 #include "epilogue.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
+#include "operands.cuh"
 #include "ptx.cuh"
 
 namespace metrale::kernels {
@@ -54,8 +54,8 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
   const std::int64_t n_block = std::int64_t{blockIdx.x} * tl::kE4m3NTile;
   const std::int64_t k_stage = std::int64_t{kGroups} * tl::kE4m3Group;
   const std::int64_t k_tiles = (p.k + k_stage - 1) / k_stage;
-  const auto* a8 = reinterpret_cast<const std::uint8_t*>(p.a);
-  const auto* w8 = reinterpret_cast<const std::uint8_t*>(p.codes);
+  const auto* a_e4m3 = reinterpret_cast<const std::uint8_t*>(p.a);
+  const auto* w_e4m3 = reinterpret_cast<const std::uint8_t*>(p.codes);
   const int group_div = (p.flags & kGemmMxfp4) ? 2 : 1;  // scale groups of 16 K per block scale
 
   // One stage: A's 128 x 4 group chunks (2 a thread), W's 64 x 4 (1 a thread), and the 64 x 4
@@ -72,14 +72,14 @@ __device__ void e4m3_block_sm90(const GemmParams& p) {
       const bool in = m < p.m && k < p.k;
       ptx::cp_async16(a_addr(s) + tl::swizzle128(static_cast<std::uint32_t>(row),
                                                  static_cast<std::uint32_t>(32 * q)),
-                      in ? a8 + m * p.k + k : a8, in ? 16 : 0);
+                      in ? a_e4m3 + m * p.k + k : a_e4m3, in ? 16 : 0);
     }
     const int row = threadIdx.x / kGroups, q = threadIdx.x % kGroups;
     const std::int64_t n = n_block + row, k = kt * k_stage + q * tl::kE4m3Group;
     const bool in = n < p.n && k < p.k;
     ptx::cp_async16(b_addr(s) + tl::swizzle128(static_cast<std::uint32_t>(row),
                                                static_cast<std::uint32_t>(32 * q)),
-                    in ? w8 + n * p.k + k : w8, in ? 16 : 0);
+                    in ? w_e4m3 + n * p.k + k : w_e4m3, in ? 16 : 0);
     std::uint32_t raw = 0;
     if (in)
       raw = reinterpret_cast<const std::uint8_t*>(

@@ -11,10 +11,10 @@
 
 #include <cstdint>
 
-#include "decode.cuh"  // the code and scale loads, the scale table, decode_quad
 #include "epilogue.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
+#include "operands.cuh"
 #include "ptx.cuh"
 
 namespace metrale::kernels {
@@ -34,8 +34,8 @@ struct TiledCodes {
 template <bool kTr>
 __device__ __forceinline__ void tiled_load_codes(TiledCodes& c, const GemmParams& p, std::int64_t n,
                                                  std::int64_t k0) {
-  const int valid = decode_valid(k0, p.k, 0);
-  c.codes = decode_load_codes<kTr>(p, n, k0, valid);
+  const int valid = valid_k(k0, p.k, 0);
+  c.codes = load_codes<kTr>(p, n, k0, valid);
   c.scales = load_scales_raw<kTr>(p, n, k0, valid);
 }
 
@@ -50,8 +50,8 @@ __device__ __forceinline__ void tiled_store_codes(const GemmParams& p, unsigned 
   for (int q = 0; q < 4; ++q) {
     const std::uint32_t w = word_of(c.codes, q);  // 8 codes; a group is 16
     uint4 v;
-    decode_quad(w & 0xFFFF, pair[q / 2], &v.x, &v.y);
-    decode_quad(w >> 16, pair[q / 2], &v.z, &v.w);
+    dequant_quad(w & 0xFFFF, pair[q / 2], &v.x, &v.y);
+    dequant_quad(w >> 16, pair[q / 2], &v.z, &v.w);
     const std::uint32_t at = tiles::swizzle128(static_cast<std::uint32_t>(row),
                                                static_cast<std::uint32_t>((4 * half + q) * 16));
     *reinterpret_cast<uint4*>(tile + at) = v;

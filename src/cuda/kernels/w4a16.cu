@@ -15,6 +15,7 @@
 #include "metrale/numerics.h"
 #include "ptx.cuh"
 #include "simple.cuh"
+#include "split_reduce.cuh"
 #include "tiled_sm90.cuh"
 
 namespace {

@@ -1,0 +1,23 @@
+// The split-K reduction: each K slice of a split GEMM (the decode route's grid z) writes FP32
+// partials of C, and this sums them in slice order, so the result does not depend on timing.
+#pragma once
+
+#include <cstdint>
+
+#include "epilogue.cuh"
+#include "kernels/gemm_params.h"
+
+namespace metrale::kernels {
+
+// C = Σ_z partial[z] in slice order, then tensor scale, bias and one rounding to BF16.
+__device__ void split_reduce(const GemmParams& p, std::int64_t i) {
+  if (i >= p.m * p.n) return;
+  const auto* ws = reinterpret_cast<const float*>(p.workspace);
+  const std::int64_t plane = p.m * p.n;
+  float sum = 0.0f;
+  for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
+  reinterpret_cast<std::uint16_t*>(p.out)[i] =
+      static_cast<std::uint16_t>(final_bf16(p, i % p.n, sum));
+}
+
+}  // namespace metrale::kernels
