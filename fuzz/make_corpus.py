@@ -2,7 +2,7 @@
 """Writes the generated seeds of the committed corpus (fuzz/corpus/<target>/):
 
 - fuzz_safetensors/layer-*.safetensors: real files from the reference package, through
-  tests/core/make_safetensors.py's writer, each a few hundred bytes, so the fuzzer mutates whole
+  tests/io/make_safetensors.py's writer, each a few hundred bytes, so the fuzzer mutates whole
   NVFP4, BF16 and F32 layers quickly. The malformed seeds beside them are that script's own
   files, copied.
 - fuzz_gemm_args/*: calls encoded the way fuzz_gemm_args.cpp decodes them (FuzzedDataProvider
@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "core"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "io"))
 import make_safetensors as st  # noqa: E402
 
 

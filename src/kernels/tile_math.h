@@ -1,6 +1,6 @@
 // The index math of the Hopper w4a16 kernels: tile sizes, which K element a lane's register
 // holds, split-K ranges, the 128-byte shared-memory swizzle, wgmma descriptors and accumulator
-// fragments. Everything is __host__ __device__ so host tests (tests/core/tile_math_test.cpp)
+// fragments. Everything is __host__ __device__ so host tests (tests/kernels/tile_math_test.cpp)
 // check what no GPU here can run, and the kernels and the op code share one definition.
 #pragma once
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "concurrency/stress.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/op_cache.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
 #include "cuda/driver_loader.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "metrale/runtime.h"
 

@@ -13,10 +13,10 @@
 
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cuda/backend.h"
-#include "cuda/cuda_rig.h"
 #include "cuda/fake_driver.h"
 #include "cuda/host.h"
 #include "cuda/module_registry.h"
+#include "cuda/rig.h"
 #include "kernels/gemm_params.h"
 #include "metrale/kernel_args.h"
 

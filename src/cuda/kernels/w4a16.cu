@@ -52,7 +52,7 @@ extern "C" {
 #undef METRALE_W4A16_ENTRY
 
 // Published metadata (read at lookup with cuModuleGetGlobal; checked offline against the code by
-// tests/offline/fatbin_offline_test.cpp).
+// tests/offline/fatbin_test.cpp).
 __device__ std::uint32_t bf16_to_fp8_n_tile = kThreads * kCastPerThread;  // elements
 __device__ std::uint32_t dequant_e4m3_n_tile = kDequantRowsPerBlock;      // weight rows
 __device__ std::uint32_t gemm_split_reduce_n_tile = kReducePerBlock;      // outputs of M x N

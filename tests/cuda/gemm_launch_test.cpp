@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "support/log_capture.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "support/log_capture.h"
@@ -104,7 +104,7 @@ TEST(CudaKernels, UnknownModulesAndFunctionsAreNotFound) {
   const Error mod = expect_error([&] { b.op_cache().kernel(b, "w4a16", "gemm"); });
   EXPECT_EQ(mod.code(), ErrorCode::kNotFound);
   EXPECT_THAT(mod.what(), HasSubstr("module 'w4a16' is not loaded on Fake H200 (sm_90)"));
-  EXPECT_THAT(mod.what(), HasSubstr("cuda_backend_kernels_test.cpp:"));
+  EXPECT_THAT(mod.what(), HasSubstr("backend_kernels_test.cpp:"));
   const Error fn = expect_error([&] { b.op_cache().kernel(b, "core", "gemv"); });
   EXPECT_EQ(fn.code(), ErrorCode::kNotFound);
   EXPECT_THAT(fn.what(), HasSubstr("module 'core' has no kernel 'gemv'"));
@@ -164,7 +164,7 @@ TEST(CudaKernels, TheLookupAuditRecordsEveryLookupWithItsCaller) {
   EXPECT_EQ(audit[0].module, "core");
   EXPECT_EQ(audit[0].function, "fill_u32");
   EXPECT_TRUE(audit[0].resolved);
-  EXPECT_EQ(audit[0].site.file_name(), "cuda_backend_kernels_test.cpp");
+  EXPECT_EQ(audit[0].site.file_name(), "backend_kernels_test.cpp");
   EXPECT_EQ(audit[0].site.line, static_cast<std::uint32_t>(ok_line));
   EXPECT_TRUE(audit[0].error.empty());
   EXPECT_EQ(audit[1].function, "missing");
@@ -173,7 +173,7 @@ TEST(CudaKernels, TheLookupAuditRecordsEveryLookupWithItsCaller) {
   EXPECT_THAT(audit[1].error, HasSubstr("has no kernel 'missing'"));
   // Through the OpCache the caller is still the test, not the cache.
   EXPECT_EQ(audit[2].function, "axpy_f32");
-  EXPECT_EQ(audit[2].site.file_name(), "cuda_backend_kernels_test.cpp");
+  EXPECT_EQ(audit[2].site.file_name(), "backend_kernels_test.cpp");
   EXPECT_EQ(audit[2].site.line, static_cast<std::uint32_t>(cached_line));
 }
 

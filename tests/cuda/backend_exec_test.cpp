@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"

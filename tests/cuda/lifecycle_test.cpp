@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "metrale/error.h"
 #include "metrale/model_resources.h"
 #include "metrale/model_scope.h"

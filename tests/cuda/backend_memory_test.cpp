@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
-#include "cuda/cuda_rig.h"
+#include "cuda/rig.h"
 #include "cuda/status.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -29,7 +29,7 @@ using ::testing::Not;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 std::string site(int line) {
-  return "cuda_backend_memory_test.cpp:" + std::to_string(line);
+  return "backend_memory_test.cpp:" + std::to_string(line);
 }
 
 std::size_t warn_lines(const LogCapture& logs) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the safetensors files that tests/core/safetensors_test.cpp reads, into OUTDIR.
+"""Writes the safetensors files that tests/io/safetensors_test.cpp reads, into OUTDIR.
 
 Valid files come from the reference package `safetensors` (its low-level `serialize`, so the
 header, the dtype names, the tensor order and the padding are the reference writer's own).

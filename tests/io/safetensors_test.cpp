@@ -1,5 +1,5 @@
 // The safetensors reader (metrale/safetensors.h) and the NVFP4 layer loader (metrale/modelopt.h),
-// on files written at test time by tests/core/make_safetensors.py: valid ones by the reference
+// on files written at test time by tests/io/make_safetensors.py: valid ones by the reference
 // Python package `safetensors` (a ModelOpt-style NVFP4 model, a BF16 and an F32 layer, one tensor
 // of every dtype, metadata), malformed ones built byte by byte. ctest's fixture
 // safetensors.make_files writes them and hands the folder over in METRALE_SAFETENSORS_DIR; a run
