@@ -99,6 +99,11 @@ class Backend {
   // CPU backend, which owns all memory its kernels can reach, refuses those too.
   virtual void check_range(std::string_view api, std::string_view what, DevicePtr ptr,
                            std::uint64_t bytes) const;
+  // Throws Error(kInvalidArgument) "[api] <what> ..." unless [ptr, ptr + bytes) lies inside one
+  // allocation on this backend's ledger: for buffers that must be the backend's own (a GEMM's
+  // workspace), where check_range would let memory from elsewhere through.
+  void check_owned_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                         std::uint64_t bytes) const;
 
   // ---- copies (bytes == 0 is a no-op; ranges must lie inside one allocation) ----
   // Blocking host-to-device copy.

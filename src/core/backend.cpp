@@ -191,6 +191,16 @@ void Backend::check_args(KernelHandle, std::span<const KernelArg>) {}
 // What the ledger can tell: a range that starts inside one of this backend's allocations must
 // end inside it. A pointer into no allocation is let through: it may be memory the caller got
 // elsewhere (another library's allocator), which only the driver can judge.
+void Backend::check_owned_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                                std::uint64_t bytes) const {
+  if (!ledger_->containing(ptr.address())) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("{} 0x{:x} lies in no allocation of this {} backend", what,
+                            ptr.address(), name()));
+  }
+  check_range(api, what, ptr, bytes);
+}
+
 void Backend::check_range(std::string_view api, std::string_view what, DevicePtr ptr,
                           std::uint64_t bytes) const {
   if (!ptr || bytes == 0) return;

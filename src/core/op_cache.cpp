@@ -192,8 +192,10 @@ void OpCache::publish_snapshot_locked() {
     while (snap->slots[i].kernel != nullptr) i = (i + 1) & snap->mask;
     snap->slots[i] = Snapshot::Slot{hash, key.module, key.function, &entry.resolved};
   }
-  snapshot_.store(snap.get(), std::memory_order_release);
+  // Kept before it is published: if keeping it throws, no reader can have seen it.
+  const Snapshot* published = snap.get();
   snapshots_.push_back(std::move(snap));
+  snapshot_.store(published, std::memory_order_release);
 }
 
 DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,

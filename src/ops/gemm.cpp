@@ -169,13 +169,26 @@ PlannedLaunch flat_launch(std::string_view api, Backend& backend, const Resolved
       block_of(api, backend, k), 0};
 }
 
-GemmRoute route_of(Backend& backend, std::int64_t m, const GemmOptions& options) {
+std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
+  const ResolvedKernel& k =
+      backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kDecode));
+  if (k.meta.max_m == 0) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} publishes no largest M (gemm_decode_max_m is missing or 0): the "
+                            "automatic route cannot tell decode from tiled",
+                            backend.kernel_name(k)));
+  }
+  return k.meta.max_m;
+}
+
+GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m,
+                   const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
   if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
       module_has(backend, entry_of(GemmRoute::kE4m3))) {
     return GemmRoute::kE4m3;
   }
-  return m <= decode_max_m(backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
+  return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
 }
 
 // The route's GEMM kernel, refused where it would cast A to E4M3 for a caller that asked for
@@ -219,12 +232,35 @@ std::uint64_t align_up(std::uint64_t v) {
   return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
-// A workspace part the plan needs must be there, aligned, and inside one allocation.
+// A workspace part the plan needs must be there, aligned, inside one of the backend's own
+// allocations (a kernel writes it), and clear of every buffer of the call.
 void check_workspace_part(std::string_view api, Backend& backend, const char* name, DevicePtr p,
-                          std::uint64_t bytes) {
+                          std::uint64_t bytes, std::initializer_list<Range> others) {
   if (bytes == 0) return;
   check_pointer(api, name, p);
-  backend.check_range(api, name, p, bytes);
+  backend.check_owned_range(api, name, p, bytes);
+  check_no_overlap(api, Range{name, p.address(), bytes}, others);
+}
+
+// A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
+// fit its own route, M, N, K and split (so no kernel runs on a grid or buffer sized for another).
+void check_plan(std::string_view api, const GemmPlan& plan) {
+  const bool e4m3 = plan.route == GemmRoute::kE4m3;
+  const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u);
+  const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(plan.n),
+             uk = static_cast<std::uint64_t>(plan.k);
+  const bool sizes =
+      plan.m >= 1 && plan.n >= 1 && plan.k >= 1 && plan.splits >= 1 &&
+      (!e4m3 || (plan.workspace.a_e4m3 >= um * uk && plan.workspace.w_e4m3 >= un * uk)) &&
+      (plan.splits == 1 || plan.workspace.split_k / (um * un * sizeof(float)) >=
+                               static_cast<std::uint64_t>(plan.splits));
+  if (plan.launches.size() != launches || !sizes) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("the plan does not fit itself ({} launch(es) for route {} with {} "
+                            "split(s); M={} N={} K={}): make it with plan()",
+                            plan.launches.size(), to_string(plan.route), plan.splits, plan.m,
+                            plan.n, plan.k));
+  }
 }
 
 }  // namespace
@@ -276,15 +312,7 @@ std::string GemmPlan::describe() const {
 }
 
 std::int64_t decode_max_m(Backend& backend) {
-  const ResolvedKernel& k =
-      backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kDecode));
-  if (k.meta.max_m == 0) {
-    throw Error(ErrorCode::kNotFound, "plan",
-                fmt::format("{} publishes no largest M (gemm_decode_max_m is missing or 0): the "
-                            "automatic route cannot tell decode from tiled",
-                            backend.kernel_name(k)));
-  }
-  return k.meta.max_m;
+  return decode_max_m_as("decode_max_m", backend);
 }
 
 namespace {
@@ -366,7 +394,7 @@ GemmPlan plan_as(std::string_view api, Backend& backend, std::int64_t m, const Q
 
   GemmPlan p;
   p.backend = &backend;
-  p.route = route_of(backend, m, options);
+  p.route = route_of(api, backend, m, options);
   p.m = m;
   p.n = w.n;
   p.k = w.k;
@@ -413,6 +441,17 @@ GemmPlan plan_as(std::string_view api, Backend& backend, std::int64_t m, const Q
     p.launches.push_back(
         flat_launch(api, backend, cache.kernel(backend, kModule, "gemm_split_reduce"), m * w.n));
   }
+  // The parts laid end to end must be countable: total() and carve() do not check again.
+  std::uint64_t total = 0;
+  for (const std::uint64_t part : {p.workspace.split_k, p.workspace.a_e4m3, p.workspace.w_e4m3}) {
+    if (part > UINT64_MAX - kWorkspaceAlign ||
+        __builtin_add_overflow(total, align_up(part), &total)) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("the workspace of M={} N={} K={} would be more bytes than 64 bits "
+                              "can count",
+                              m, w.n, w.k));
+    }
+  }
   log_route(backend, p.route, m, w.n, w.k);
   return p;
 }
@@ -440,13 +479,25 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
                 plan.bias ? "the plan adds a bias, but bias is null"
                           : "bias is given, but the plan was made without one");
   }
+  check_plan(api, plan);
   check_weights(api, w);
   check_buffers(api, backend, plan.m, w, a, c, bias);
-  check_workspace_part(api, backend, "split-K workspace", workspace.split_k,
-                       plan.workspace.split_k);
-  check_workspace_part(api, backend, "E4M3 A workspace", workspace.a_e4m3, plan.workspace.a_e4m3);
-  check_workspace_part(api, backend, "E4M3 weights workspace", workspace.w_e4m3,
-                       plan.workspace.w_e4m3);
+  const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(w.n),
+             uk = static_cast<std::uint64_t>(w.k);
+  const Range ra{"A", a.address(), um * uk * 2}, rc{"C", c.address(), um * un * 2},
+      rcodes{"weight codes", w.codes.address(), w.codes_bytes},
+      rscales{"weight scales", w.scales.address(), w.scales_bytes},
+      rbias{"bias", bias.address(), bias ? un * 2 : 0};
+  const GemmWorkspaceBytes& need = plan.workspace;
+  const Range rsplit{"split-K workspace", workspace.split_k.address(), need.split_k},
+      ra8{"E4M3 A workspace", workspace.a_e4m3.address(), need.a_e4m3},
+      rw8{"E4M3 weights workspace", workspace.w_e4m3.address(), need.w_e4m3};
+  check_workspace_part(api, backend, rsplit.name, workspace.split_k, need.split_k,
+                       {ra, rc, rcodes, rscales, rbias, ra8, rw8});
+  check_workspace_part(api, backend, ra8.name, workspace.a_e4m3, need.a_e4m3,
+                       {ra, rc, rcodes, rscales, rbias, rw8});
+  check_workspace_part(api, backend, rw8.name, workspace.w_e4m3, need.w_e4m3,
+                       {ra, rc, rcodes, rscales, rbias});
 
   launch_planned(plan, stream, a, w, c, workspace, bias);
 }
@@ -485,7 +536,7 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
 GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights&,
                        const GemmOptions& options) {
   constexpr std::string_view api = "w4a16_gemm";
-  const GemmRoute route = route_of(backend, m, options);
+  const GemmRoute route = route_of(api, backend, m, options);
   check_route(api, backend, route, options);
   return route;
 }

@@ -200,6 +200,22 @@ TEST_F(PlanRun, RunRefusesWeightsBiasAndWorkspaceThatDoNotFitThePlan) {
       },
       "E4M3 weights workspace");
   b_.free(small);
+  // A workspace over the caller's own buffers, or a plan edited after plan(), is refused too.
+  const DevicePtr ws = b_.alloc(pe.workspace.total());
+  GemmWorkspace over_a = GemmWorkspace::carve(ws, pe.workspace);
+  over_a.a_e4m3 = l.da;
+  refused([&] { run(pe, b_.default_stream(), l.da, l.w, l.dc, over_a); }, "E4M3 A workspace [");
+  GemmWorkspace over_c = GemmWorkspace::carve(ws, pe.workspace);
+  over_c.w_e4m3 = l.dc;  // C is M x N BF16: exactly the N x K bytes of the E4M3 weights here
+  refused([&] { run(pe, b_.default_stream(), l.da, l.w, l.dc, over_c); }, "overlaps C [");
+  GemmPlan edited = pe;
+  edited.m = 2 * pe.m;
+  refused(
+      [&] {
+        run(edited, b_.default_stream(), l.da, l.w, l.dc, GemmWorkspace::carve(ws, pe.workspace));
+      },
+      "the plan does not fit itself");
+  b_.free(ws);
 }
 
 TEST(GemmPlanLifetime, APlanIsRefusedOnceItsModelIsTornDown) {

@@ -63,8 +63,10 @@ struct GemmWorkspace {
 
 // Everything decided before a GEMM runs: checked shapes, the route, the resolved kernels with
 // their published launch shapes, the grid, the split of K and the workspace. Valid for the
-// backend it was made on until that backend's OpCache is released; reusable for any A and C of
-// its M and any weights of its shape, format and layout.
+// backend it was made on until that backend's OpCache is released (run() then refuses it; it
+// must not outlive the backend object itself); reusable on any stream for any A and C of its M
+// and any weights of its shape, format and layout. Its fields are for reading: run() refuses a
+// plan whose launches or workspace no longer fit its route, M, N, K and split.
 struct GemmPlan {
   Backend* backend = nullptr;
   GemmRoute route = GemmRoute::kAuto;
@@ -85,16 +87,20 @@ struct GemmPlan {
 
 // Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
 // sizes, chooses the route (kAuto: e4m3 when allowed and M ≥ kE4m3MinM and the module has it,
-// else decode up to the M the decode kernel publishes as its largest, else tiled), resolves the
+// else decode up to the M gemm_decode publishes as its largest, else tiled: so kAuto needs the
+// module's gemm_decode, which both backends' modules have), resolves the
 // kernels and sizes every launch from their published metadata. Throws Error(kInvalidArgument)
 // for bad shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no
 // tile or block size. Launches nothing.
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
               const GemmOptions& options = {});
 
-// Queues the planned GEMM on stream: checks that the weights match the plan and that A, C, the
-// weights, the bias and the workspace lie inside the backend's allocations (alignment, overlap,
-// sizes), then launches. No lookup, no lock of the op layer and no formatting when it succeeds.
+// Queues the planned GEMM on stream: checks that the weights match the plan, that A, C, the
+// weights and the bias lie inside the backend's allocations (alignment, overlap, sizes), and
+// that each workspace part lies inside one of the backend's own allocations, clear of every
+// other buffer; then launches. No lookup, no lock of the op layer and no formatting when it
+// succeeds. A workspace must not be in use by work on another stream (scratch_workspace keeps
+// one set per stream).
 void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
          const GemmWorkspace& workspace, DevicePtr bias = {});
 

@@ -83,7 +83,9 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_tiled", kTiledTile},   {"gemm_e4m3", kE4m3Tile},
 };
 
-// Publishes the entry's N tile and block size, and the decode route's largest M.
+// Publishes the entry's N tile and block size, and the decode route's largest M. No entry
+// publishes _split_k: the CPU GEMM kernels write C themselves and ignore GemmParams::splits, so
+// a split would leave gemm_split_reduce summing partials nobody wrote.
 void publish_meta(HostModule& m, std::string_view entry) {
   const auto* t = std::find_if(std::begin(kTiles), std::end(kTiles),
                                [&](const auto& x) { return x.first == entry; });
