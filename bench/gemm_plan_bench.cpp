@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/gemm_params.h"
+#include "kernels/manifest.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
@@ -31,15 +32,9 @@ CpuBackendOptions noop_w4a16() {
     HostModule fake("w4a16");
     for (const HostKernel& k : m.kernels()) {
       fake.add_kernel(k.name, noop, {k.param_sizes.at(0)});  // one argument block each
-      for (const char* suffix : {
-#define METRALE_PUBLISHED_U32(field) "_" #field,
-#define METRALE_PUBLISHED_FLAG(field) "_" #field,
-#include "kernels/published.def"
-#undef METRALE_PUBLISHED_U32
-#undef METRALE_PUBLISHED_FLAG
-           }) {
-        if (const auto* bytes = m.find_symbol(k.name + suffix))
-          fake.publish(k.name + suffix, *bytes);
+      for (const std::string_view suffix : manifest::kPublishedSuffixes) {
+        const std::string symbol = k.name + std::string(suffix);
+        if (const auto* bytes = m.find_symbol(symbol)) fake.publish(symbol, *bytes);
       }
     }
     m = std::move(fake);

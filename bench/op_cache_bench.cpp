@@ -1,6 +1,6 @@
 // The hit cost of OpCache::kernel next to a plain std::unordered_map lookup, in the same run,
-// at 1 and 2 threads. The OpCache hit takes a shared lock and hashes two names; the baseline
-// has no lock and one prebuilt std::string key. See docs/PERF.md for the method.
+// at 1 and 2 threads. The OpCache hit hashes two names and probes a lock-free snapshot; the
+// baseline has no lock and one prebuilt std::string key. See docs/PERF.md for the method.
 #include <benchmark/benchmark.h>
 
 #include <string>

@@ -317,10 +317,16 @@ std::int64_t decode_max_m(Backend& backend) {
 
 namespace {
 
+// The byte ranges of one call's buffers.
+struct CallRanges {
+  Range a, c, codes, scales, bias;
+};
+
 // The checks every call makes before anything is looked up or launched: A, C and the bias
-// present and aligned, C overlapping no input, and every range inside one allocation.
-void check_buffers(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
-                   DevicePtr a, DevicePtr c, DevicePtr bias) {
+// present and aligned, C overlapping no input, and every range inside one allocation. Returns
+// the ranges it checked.
+CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
+                         const QuantWeights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
   check_pointer(api, "A", a);
   check_pointer(api, "C", c);
   if (bias) check_pointer(api, "bias", bias);
@@ -328,11 +334,11 @@ void check_buffers(std::string_view api, Backend& backend, std::int64_t m, const
              uk = static_cast<std::uint64_t>(w.k);
   const std::uint64_t a_bytes = bytes_of(api, "A", um, uk, 2),
                       c_bytes = bytes_of(api, "C", um, un, 2);
-  check_no_overlap(
-      api, Range{"C", c.address(), c_bytes},
-      {Range{"A", a.address(), a_bytes}, Range{"weight codes", w.codes.address(), w.codes_bytes},
-       Range{"weight scales", w.scales.address(), w.scales_bytes},
-       Range{"bias", bias.address(), bias ? un * 2 : 0}});
+  const CallRanges r{Range{"A", a.address(), a_bytes}, Range{"C", c.address(), c_bytes},
+                     Range{"weight codes", w.codes.address(), w.codes_bytes},
+                     Range{"weight scales", w.scales.address(), w.scales_bytes},
+                     Range{"bias", bias.address(), bias ? un * 2 : 0}};
+  check_no_overlap(api, r.c, {r.a, r.codes, r.scales, r.bias});
   // The kernels read and write these ranges without bounds; a backend that knows its
   // allocations refuses any that lies outside one.
   backend.check_range(api, "A", a, a_bytes);
@@ -340,6 +346,7 @@ void check_buffers(std::string_view api, Backend& backend, std::int64_t m, const
   backend.check_range(api, "weight scales", w.scales, w.scales_bytes);
   if (bias) backend.check_range(api, "bias", bias, un * 2);
   backend.check_range(api, "C", c, c_bytes);
+  return r;
 }
 
 // The planned launches, in order, on checked buffers.
@@ -381,16 +388,24 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
   }
 }
 
-GemmPlan plan_as(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
-                 const GemmOptions& options) {
+// What plan() checks before it looks anything up: M, the weights, and A and C sizes that 64
+// bits can count.
+void check_plan_args(std::string_view api, std::int64_t m, const QuantWeights& w) {
   if (m < 1)
     throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
   check_weights(api, w);
-  if (options.bias) check_pointer(api, "bias", options.bias);
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
   (void)bytes_of(api, "A", um, uk, 2);
   (void)bytes_of(api, "C", um, un, 2);
+}
+
+// The plan of arguments check_plan_args has passed: route, kernels, launches, workspace.
+GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
+                      const GemmOptions& options) {
+  if (options.bias) check_pointer(api, "bias", options.bias);
+  const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
+             uk = static_cast<std::uint64_t>(w.k);
 
   GemmPlan p;
   p.backend = &backend;
@@ -481,23 +496,17 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
   }
   check_plan(api, plan);
   check_weights(api, w);
-  check_buffers(api, backend, plan.m, w, a, c, bias);
-  const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(w.n),
-             uk = static_cast<std::uint64_t>(w.k);
-  const Range ra{"A", a.address(), um * uk * 2}, rc{"C", c.address(), um * un * 2},
-      rcodes{"weight codes", w.codes.address(), w.codes_bytes},
-      rscales{"weight scales", w.scales.address(), w.scales_bytes},
-      rbias{"bias", bias.address(), bias ? un * 2 : 0};
+  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias);
   const GemmWorkspaceBytes& need = plan.workspace;
   const Range rsplit{"split-K workspace", workspace.split_k.address(), need.split_k},
       ra8{"E4M3 A workspace", workspace.a_e4m3.address(), need.a_e4m3},
       rw8{"E4M3 weights workspace", workspace.w_e4m3.address(), need.w_e4m3};
   check_workspace_part(api, backend, rsplit.name, workspace.split_k, need.split_k,
-                       {ra, rc, rcodes, rscales, rbias, ra8, rw8});
+                       {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8});
   check_workspace_part(api, backend, ra8.name, workspace.a_e4m3, need.a_e4m3,
-                       {ra, rc, rcodes, rscales, rbias, rw8});
+                       {r.a, r.c, r.codes, r.scales, r.bias, rw8});
   check_workspace_part(api, backend, rw8.name, workspace.w_e4m3, need.w_e4m3,
-                       {ra, rc, rcodes, rscales, rbias});
+                       {r.a, r.c, r.codes, r.scales, r.bias});
 
   launch_planned(plan, stream, a, w, c, workspace, bias);
 }
@@ -505,7 +514,9 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
 }  // namespace
 
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w, const GemmOptions& options) {
-  return plan_as("plan", backend, m, w, options);
+  constexpr std::string_view api = "plan";
+  check_plan_args(api, m, w);
+  return plan_checked(api, backend, m, w, options);
 }
 
 void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
@@ -545,11 +556,9 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options) {
   constexpr std::string_view api = "w4a16_gemm";
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
-  if (m < 1)
-    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
-  check_weights(api, w);
-  check_buffers(api, backend, m, w, a, c, options.bias);
-  const GemmPlan p = plan_as(api, backend, m, w, options);
+  check_plan_args(api, m, w);
+  (void)check_buffers(api, backend, m, w, a, c, options.bias);
+  const GemmPlan p = plan_checked(api, backend, m, w, options);
   const GemmWorkspace ws = scratch_workspace(p, stream);
   launch_planned(p, stream, a, w, c, ws, options.bias);
 }

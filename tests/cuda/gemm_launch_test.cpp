@@ -15,6 +15,7 @@
 #include "core/expect_error.h"
 #include "cuda/rig.h"
 #include "kernels/gemm_params.h"
+#include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
@@ -146,15 +147,6 @@ ModuleSpec launch_module() {
   m.entries = {"gemm_decode", "gemm_split_reduce", "gemm_tiled"};
   for (const std::string& e : m.entries) m.fake.publish_u32(e + "_block_threads", kBlockThreads);
   return m;
-}
-
-// The entry names of kernels/w4a16.def.
-std::vector<std::string> manifest_entries() {
-  return {
-#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
-#include "kernels/w4a16.def"
-#undef METRALE_W4A16_ENTRY
-  };
 }
 
 struct Case {
@@ -347,7 +339,7 @@ TEST(GemmLaunch, AKernelThatPublishesNoBlockSizeIsRefusedWhenPlanningNamingIt) {
 }
 
 TEST(GemmLaunch, EntriesOfTheLaunchModuleAreManifestEntries) {
-  const std::vector<std::string> manifest = manifest_entries();
+  const auto& manifest = manifest::kW4a16Entries;
   for (const std::string& e : launch_module().entries) {
     EXPECT_NE(std::find(manifest.begin(), manifest.end(), e), manifest.end()) << e;
   }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 
 namespace {
@@ -89,11 +90,7 @@ const std::vector<Module>& modules() {
       {"core", METRALE_CORE_FATBIN, {"fill_u32", "axpy_f32"}, core_published},
       {"w4a16",
        METRALE_W4A16_FATBIN,
-       {
-#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
-#include "kernels/w4a16.def"
-#undef METRALE_W4A16_ENTRY
-       },
+       {metrale::manifest::kW4a16Entries.begin(), metrale::manifest::kW4a16Entries.end()},
        w4a16_published},
   };
   return all;

@@ -21,6 +21,7 @@
 
 #include "core/expect_error.h"
 #include "kernels/gemm_params.h"
+#include "kernels/manifest.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
@@ -105,14 +106,8 @@ CpuBackendOptions counting_backend() {
       g_names[i] = k.name;
       wrapped.add_kernel(k.name, kCounted[i], {k.param_sizes[0]});
       // Every field a kernel may publish (kernels/published.def), copied as the module has it.
-      for (const char* suffix : {
-#define METRALE_PUBLISHED_U32(field) "_" #field,
-#define METRALE_PUBLISHED_FLAG(field) "_" #field,
-#include "kernels/published.def"
-#undef METRALE_PUBLISHED_U32
-#undef METRALE_PUBLISHED_FLAG
-           }) {
-        const std::string symbol = k.name + suffix;
+      for (const std::string_view suffix : manifest::kPublishedSuffixes) {
+        const std::string symbol = k.name + std::string(suffix);
         if (const auto* bytes = m.find_symbol(symbol)) wrapped.publish(symbol, *bytes);
       }
       ++i;

@@ -18,6 +18,7 @@
 #include "cuda/module_registry.h"
 #include "cuda/rig.h"
 #include "kernels/gemm_params.h"
+#include "kernels/manifest.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::testing::reliability {
@@ -85,11 +86,8 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_tiled_a_e4m3", 0)
       .publish_u32("gemm_e4m3_a_e4m3", 1);
   // Every entry of the manifest, each with the block size it publishes.
-  m.entries = {
-#define METRALE_W4A16_ENTRY(entry, Params, route) #entry,
-#include "kernels/w4a16.def"
-#undef METRALE_W4A16_ENTRY
-  };
+  m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
+                   metrale::manifest::kW4a16Entries.end());
   for (const std::string& e : m.entries) {
     if (!f.contains(e)) throw std::logic_error("fake w4a16 module: no fake for entry " + e);
     m.fake.publish_u32(e + "_block_threads", kBlockThreads);
