@@ -11,6 +11,8 @@ enum GemmFlags : std::uint32_t {
   kGemmMxfp4 = 1u << 0,       // E8M0 scales per 32 k (else NVFP4: E4M3 scales per 16 k)
   kGemmTransposed = 1u << 1,  // codes [K/2, N], scales [K/group, N] (else [N, K/2], [N, K/group])
   kGemmBias = 1u << 2,        // add BF16 bias[N]
+  // codes and scales in the decode layout (kernels/decode_layout.h; gemm_decode_packed only)
+  kGemmDecodePacked = 1u << 3,
 };
 
 struct GemmParams {
@@ -22,6 +24,9 @@ struct GemmParams {
   std::int64_t m = 0, n = 0, k = 0;
   float tensor_scale = 1.0f;
   std::uint32_t flags = 0;
+  // kGemmDecodePacked: the weights are stored times 2^-weight_fold (decode_layout.h); the kernel
+  // multiplies each sum by 2^weight_fold before tensor_scale.
+  std::int32_t weight_fold = 0;
   // Split-K (kernels that publish <entry>_split_k): grid z has `splits` slices of k_per_split
   // K each, which write FP32 partials [splits, M, N] to `workspace` for gemm_split_reduce.
   // splits = 1: no split, workspace unused, the kernel writes C itself.
