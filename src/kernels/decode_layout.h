@@ -11,6 +11,9 @@
 
 namespace metrale::decode_layout {
 
+// What a kernel that reads this layout publishes as <entry>_layout (kernels/published.def).
+inline constexpr std::uint32_t kLayoutId = 1;
+
 // ---- the grid of tiles ----
 
 inline constexpr int kTileN = 32;    // weight rows per tile: a block's output columns
@@ -83,8 +86,7 @@ METRALE_HD CodeSlot code_slot(std::int64_t n, std::int64_t k, std::int64_t kb_co
 
 // Where the scale code of row n for K k sits in the scales buffer (after the table): lane (g, t)
 // keeps its 8 (NVFP4) or 4 (MXFP4) codes together, byte 2 r + group (NVFP4: group s / 4) or r.
-METRALE_HD std::int64_t scale_byte(std::int64_t n, std::int64_t k, std::int64_t kb_count,
-                                   bool mx) {
+METRALE_HD std::int64_t scale_byte(std::int64_t n, std::int64_t k, std::int64_t kb_count, bool mx) {
   const std::int64_t tile = n / kTileN, kb = k / kBlockK;
   const int nl = static_cast<int>(n % kTileN), kl = static_cast<int>(k % kBlockK);
   const int g = nl % 8, r = nl / 8, t = kl / 32, group = (kl % 32) / 16;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
@@ -48,13 +49,16 @@ constexpr RouteEntry kRouteEntries[] = {
 #undef METRALE_W4A16_ENTRY
 };
 
-// The manifest's entry for a route.
+// The manifest's entry for a route: its first (the one for weights in their source layout).
 const char* entry_of(GemmRoute route) {
   for (const RouteEntry& e : kRouteEntries) {
     if (e.route == route && route != GemmRoute::kAuto) return e.entry;
   }
   return "?";
 }
+
+// The decode route's kernel for weights in the decode layout.
+constexpr const char* kPackedDecodeEntry = "gemm_decode_packed";
 
 struct Range {
   const char* name;
@@ -94,6 +98,31 @@ std::uint64_t bytes_of(std::string_view api, std::string_view what, std::uint64_
   return abc;
 }
 
+// Weights in the decode layout: its padded buffer sizes (kernels/decode_layout.h) and a fold
+// whose power of two a float holds.
+void check_packed_weights(std::string_view api, const QuantWeights& w) {
+  const bool mx = w.format == WeightFormat::kMxfp4;
+  // N and K are at least 1 here; past 2^40 the padded sizes below could not be counted.
+  if (w.n > (std::int64_t{1} << 40) || w.k > (std::int64_t{1} << 40)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("packed weights are {}x{}; the decode layout takes N and K up to 2^40",
+                            w.n, w.k));
+  }
+  const auto codes = static_cast<std::uint64_t>(decode_layout::code_bytes(w.n, w.k));
+  const auto scales = static_cast<std::uint64_t>(decode_layout::scale_bytes(w.n, w.k, mx));
+  if (w.codes_bytes != codes || w.scales_bytes != scales) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("packed weight codes and scales are {} and {} bytes; {} {}x{} in the "
+                    "decode layout needs {} and {}",
+                    w.codes_bytes, w.scales_bytes, to_string(w.format), w.n, w.k, codes, scales));
+  }
+  if (w.fold < -128 || w.fold > 127) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("packed weights fold {}; it must lie in [-128, 127]", w.fold));
+  }
+}
+
 void check_weights(std::string_view api, const QuantWeights& w) {
   const int group = group_size(w.format);
   if (w.n < 1 || w.k < 1) {
@@ -110,12 +139,14 @@ void check_weights(std::string_view api, const QuantWeights& w) {
   const auto un = static_cast<std::uint64_t>(w.n), uk = static_cast<std::uint64_t>(w.k);
   const std::uint64_t codes = bytes_of(api, "the weights", un, uk, 1) / 2;  // [N, K/2]
   const std::uint64_t scales = un * (uk / static_cast<std::uint64_t>(group));
-  if (w.codes_bytes != codes) {
+  if (w.packing == WeightPacking::kDecode) {
+    check_packed_weights(api, w);
+  } else if (w.codes_bytes != codes) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weight codes are {} bytes; {} {}x{} needs {} ([N, K/2])",
                             w.codes_bytes, to_string(w.format), w.n, w.k, codes));
   }
-  if (w.scales_bytes != scales) {
+  if (w.packing == WeightPacking::kSource && w.scales_bytes != scales) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weight scales are {} bytes; {} {}x{} needs {} ([N, K/{}])",
                             w.scales_bytes, to_string(w.format), w.n, w.k, scales, group));
@@ -181,9 +212,11 @@ std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
   return k.meta.max_m;
 }
 
-GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m,
+GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
                    const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
+  // Only the decode route reads the decode layout; it takes every M.
+  if (w.packing == WeightPacking::kDecode) return GemmRoute::kDecode;
   if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
       module_has(backend, entry_of(GemmRoute::kE4m3))) {
     return GemmRoute::kE4m3;
@@ -194,12 +227,26 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m,
 // The route's GEMM kernel, refused where it would cast A to E4M3 for a caller that asked for
 // exact BF16 activations.
 const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRoute route,
-                                  const GemmOptions& options) {
+                                  const QuantWeights& w, const GemmOptions& options) {
   if (route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
   }
-  const ResolvedKernel& gemm = backend.op_cache().kernel(backend, kModule, entry_of(route));
+  const bool packed = w.packing == WeightPacking::kDecode;
+  if (packed && route != GemmRoute::kDecode) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("route {} reads weights in their source layout, but these were "
+                            "uploaded in the decode layout (only the decode route reads it)",
+                            to_string(route)));
+  }
+  const ResolvedKernel& gemm =
+      backend.op_cache().kernel(backend, kModule, packed ? kPackedDecodeEntry : entry_of(route));
+  if (packed && gemm.meta.layout != decode_layout::kLayoutId) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} publishes layout {}, not the decode layout ({}) these weights are "
+                            "in",
+                            backend.kernel_name(gemm), gemm.meta.layout, decode_layout::kLayoutId));
+  }
   if (route != GemmRoute::kE4m3 && options.activations == Activations::kExactBf16 &&
       Backend::kernel_casts_a_to_e4m3(gemm)) {
     throw Error(ErrorCode::kInvalidArgument, api,
@@ -224,6 +271,10 @@ void log_route(Backend& backend, GemmRoute route, std::int64_t m, std::int64_t n
 
 const char* layout_name(WeightLayout layout) {
   return layout == WeightLayout::kTransposed ? "transposed" : "row-major";
+}
+
+const char* packing_name(WeightPacking packing) {
+  return packing == WeightPacking::kDecode ? "decode" : "source";
 }
 
 constexpr std::uint64_t kWorkspaceAlign = 256;
@@ -364,6 +415,7 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
   params.k = w.k;
   params.tensor_scale = w.tensor_scale;
   params.flags = plan.flags;
+  params.weight_fold = plan.fold;
   params.splits = plan.splits;
   params.k_per_split = plan.k_per_split;
   params.workspace = workspace.split_k.address();
@@ -409,18 +461,22 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
 
   GemmPlan p;
   p.backend = &backend;
-  p.route = route_of(api, backend, m, options);
+  p.route = route_of(api, backend, m, w, options);
   p.m = m;
   p.n = w.n;
   p.k = w.k;
   p.format = w.format;
   p.layout = w.layout;
+  p.packing = w.packing;
+  p.fold = w.fold;
   p.bias = static_cast<bool>(options.bias);
+  const bool packed = w.packing == WeightPacking::kDecode;
+  // Packed weights carry no source layout for a kernel to read: the flag says the decode one.
   p.flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
-            (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
-            (options.bias ? kGemmBias : 0u);
+            (!packed && w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
+            (packed ? kGemmDecodePacked : 0u) | (options.bias ? kGemmBias : 0u);
   OpCache& cache = backend.op_cache();
-  const ResolvedKernel& gemm = check_route(api, backend, p.route, options);
+  const ResolvedKernel& gemm = check_route(api, backend, p.route, w, options);
 
   if (p.route == GemmRoute::kE4m3) {
     p.launches.push_back(
@@ -483,6 +539,13 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
                 "the plan's backend was torn down (its op cache is released); plan again on a "
                 "live backend");
   }
+  if (w.packing != plan.packing || w.fold != plan.fold) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("weights are in the {} layout (fold {}); the plan is for the {} "
+                    "layout (fold {})",
+                    packing_name(w.packing), w.fold, packing_name(plan.packing), plan.fold));
+  }
   if (w.n != plan.n || w.k != plan.k || w.format != plan.format || w.layout != plan.layout) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weights are {} {}x{} {}; the plan is for {} {}x{} {}",
@@ -544,11 +607,11 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
   return ws;
 }
 
-GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights&,
+GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
                        const GemmOptions& options) {
   constexpr std::string_view api = "w4a16_gemm";
-  const GemmRoute route = route_of(api, backend, m, options);
-  check_route(api, backend, route, options);
+  const GemmRoute route = route_of(api, backend, m, w, options);
+  check_route(api, backend, route, w, options);
   return route;
 }
 

@@ -1,10 +1,16 @@
 #include "metrale/ops/quant_weights.h"
 
+#include <chrono>
 #include <exception>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
+#include "kernels/decode_layout.h"
+#include "metrale/op_cache.h"
 #include "metrale/weights.h"
+#include "ops/decode_pack.h"
 
 namespace metrale::ops {
 
@@ -34,25 +40,54 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
   return d;
 }
 
+bool uploads_decode_layout(Backend& backend, UploadLayout upload) {
+  if (upload != UploadLayout::kBackendPreferred) return upload == UploadLayout::kDecode;
+  constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
+  if (!backend.has_module(kModule)) return false;
+  bool listed = false;
+  for (const ModuleListing& m : backend.modules()) {
+    if (m.name != kModule) continue;
+    for (const std::string& k : m.kernels) listed = listed || k == kEntry;
+  }
+  if (!listed) return false;
+  const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
+  return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
+}
+
 WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,
-                                 std::source_location loc)
+                                 UploadLayout upload, std::source_location loc)
     : label_(std::move(label)) {
+  // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
+  std::optional<PackedDecodeWeights> packed;
+  if (uploads_decode_layout(backend, upload)) {
+    const auto start = std::chrono::steady_clock::now();
+    packed = pack_for_decode(host);
+    pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const std::vector<std::uint8_t>& hcodes = packed ? packed->codes : host.codes;
+  const std::vector<std::uint8_t>& hscales = packed ? packed->scales : host.scales;
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from a half-built object: GCC 12 at -O2 dropped such an object's member initializers on the
   // path that throws, and the fault sweep (tests/reliability) caught a catch block freeing stack
   // garbage.
-  const DevicePtr codes = alloc_weights(backend, host.codes.size(), loc);
+  const DevicePtr codes = alloc_weights(backend, hcodes.size(), loc);
   DevicePtr scales;
   try {
-    scales = alloc_weights(backend, host.scales.size(), loc);
-    backend.copy_h2d(codes, host.codes.data(), host.codes.size());
-    backend.copy_h2d(scales, host.scales.data(), host.scales.size());
+    scales = alloc_weights(backend, hscales.size(), loc);
+    backend.copy_h2d(codes, hcodes.data(), hcodes.size());
+    backend.copy_h2d(scales, hscales.data(), hscales.size());
   } catch (...) {
     free_quietly(backend, codes);
     free_quietly(backend, scales);
     throw;
   }
   w_ = describe_weights(host);
+  if (packed) {
+    w_.packing = WeightPacking::kDecode;
+    w_.fold = packed->fold;
+    w_.codes_bytes = hcodes.size();
+    w_.scales_bytes = hscales.size();
+  }
   w_.codes = codes;
   w_.scales = scales;
 }
@@ -69,13 +104,14 @@ QuantWeights WeightsResource::take() noexcept {
 
 std::unique_ptr<WeightsResource> make_weights_resource(Backend& backend,
                                                        const HostQuantWeights& host,
-                                                       std::string label,
+                                                       std::string label, UploadLayout upload,
                                                        std::source_location loc) {
-  return std::make_unique<WeightsResource>(backend, host, std::move(label), loc);
+  return std::make_unique<WeightsResource>(backend, host, std::move(label), upload, loc);
 }
 
-QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w, std::source_location loc) {
-  return WeightsResource(backend, w, "weights", loc).take();
+QuantWeights upload_weights(Backend& backend, const HostQuantWeights& w, UploadLayout upload,
+                            std::source_location loc) {
+  return WeightsResource(backend, w, "weights", upload, loc).take();
 }
 
 // Frees both buffers even when the first free fails (a refused free must not leave the other

@@ -19,12 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/decode_layout.h"
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+namespace dl = metrale::decode_layout;
 namespace tl = metrale::tiles;
 
 // ---- what the kernel sources say (the expectations) ----
@@ -56,6 +58,12 @@ Published w4a16_published(const std::string& target) {
       {"gemm_decode_n_tile", u32(tl::kDecodeNTile)},
       {"gemm_decode_split_k", u32(tl::kDecodeSplitUnit)},
       {"gemm_decode_a_e4m3", 0},
+      {"gemm_decode_packed_n_tile", u32(dl::kTileN)},
+      {"gemm_decode_packed_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_decode_packed_a_e4m3", 0},
+      {"gemm_decode_packed_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_decode_packed_layout", dl::kLayoutId},
+      {"gemm_decode_packed_max_m", u32(tl::kDecodeMaxM)},
       {"gemm_tiled_n_tile", wgmma ? u32(tl::kTiledNTile) : kSimpleWarps},
       {"gemm_tiled_m_tile", wgmma ? u32(tl::kTiledMTile) : 0},
       {"gemm_tiled_smem_bytes", wgmma ? u32(tl::kTiledSmemBytes) : 0},
@@ -367,9 +375,10 @@ TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
     std::string target, function, opcode;
   };
   const std::vector<Want> wants = {
-      {"sm_90a", "gemm_tiled", "HGMMA"}, {"sm_90a", "gemm_e4m3", "QGMMA"},
-      {"sm_80", "gemm_decode", "HMMA"},  {"sm_89", "gemm_decode", "HMMA"},
-      {"sm_90a", "gemm_decode", "HMMA"},
+      {"sm_90a", "gemm_tiled", "HGMMA"},       {"sm_90a", "gemm_e4m3", "QGMMA"},
+      {"sm_80", "gemm_decode", "HMMA"},        {"sm_89", "gemm_decode", "HMMA"},
+      {"sm_90a", "gemm_decode", "HMMA"},       {"sm_80", "gemm_decode_packed", "HMMA"},
+      {"sm_89", "gemm_decode_packed", "HMMA"}, {"sm_90a", "gemm_decode_packed", "HMMA"},
   };
   const Module& w4a16 = module_named("w4a16");
   for (const auto& w : wants) {

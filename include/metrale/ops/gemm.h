@@ -73,6 +73,8 @@ struct GemmPlan {
   std::int64_t m = 0, n = 0, k = 0;
   WeightFormat format = WeightFormat::kNvfp4;
   WeightLayout layout = WeightLayout::kRowMajor;
+  WeightPacking packing = WeightPacking::kSource;
+  std::int32_t fold = 0;  // the weights' (QuantWeights::fold)
   bool bias = false;
   std::uint32_t flags = 0;  // the kernels' GemmFlags
   std::int64_t splits = 1, k_per_split = 0;

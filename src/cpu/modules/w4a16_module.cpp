@@ -9,8 +9,10 @@
 #include <string_view>
 #include <utility>
 
+#include "cpu/kernels/decode_packed_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
+#include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
@@ -43,6 +45,12 @@ void gemm_decode(const HostBlock& b) {
   const auto p = read_param<GemmParams>(b.params, 0);
   const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
   if (n0 < n1) w4a16::gemm_decode(p, n0, n1, w4a16::best_isa());
+}
+
+void gemm_decode_packed(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
+  if (n0 < n1) w4a16::gemm_decode_packed(p, n0, n1);
 }
 
 void gemm_tiled(const HostBlock& b) {
@@ -78,12 +86,15 @@ void dequant_e4m3(const HostBlock& b) {
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
-    {"bf16_to_fp8", kCastTile},   {"dequant_e4m3", kDequantTile},
-    {"gemm_decode", kDecodeTile}, {"gemm_split_reduce", kReduceTile},
-    {"gemm_tiled", kTiledTile},   {"gemm_e4m3", kE4m3Tile},
+    {"bf16_to_fp8", kCastTile},         {"dequant_e4m3", kDequantTile},
+    {"gemm_decode", kDecodeTile},       {"gemm_decode_packed", kDecodeTile},
+    {"gemm_split_reduce", kReduceTile}, {"gemm_tiled", kTiledTile},
+    {"gemm_e4m3", kE4m3Tile},
 };
 
-// Publishes the entry's N tile and block size, and the decode route's largest M. No entry
+// Publishes the entry's N tile and block size, the decode route's largest M, and the layout
+// gemm_decode_packed reads (with no largest M: it is the CPU's reference for that layout, not its
+// best decode, so uploads that follow the backend's preference keep the source layout). No entry
 // publishes _split_k: the CPU GEMM kernels write C themselves and ignore GemmParams::splits, so
 // a split would leave gemm_split_reduce summing partials nobody wrote.
 void publish_meta(HostModule& m, std::string_view entry) {
@@ -96,6 +107,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   const std::string e(entry);
   m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
   if (entry == "gemm_decode") m.publish_u32(e + "_max_m", kDecodeMaxM);
+  if (entry == "gemm_decode_packed") m.publish_u32(e + "_layout", decode_layout::kLayoutId);
 }
 
 }  // namespace

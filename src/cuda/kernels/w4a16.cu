@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "decode.cuh"
+#include "decode_packed.cuh"
 #include "e4m3_sm90.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
@@ -59,6 +60,12 @@ __device__ std::uint32_t gemm_split_reduce_n_tile = kReducePerBlock;      // out
 __device__ std::uint32_t gemm_decode_n_tile = tl::kDecodeNTile;
 __device__ std::uint32_t gemm_decode_split_k = tl::kDecodeSplitUnit;
 __device__ std::uint32_t gemm_decode_a_e4m3 = 0;
+__device__ std::uint32_t gemm_decode_packed_n_tile = metrale::decode_layout::kTileN;
+__device__ std::uint32_t gemm_decode_packed_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_decode_packed_a_e4m3 = 0;
+__device__ std::uint32_t gemm_decode_packed_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_decode_packed_layout = metrale::decode_layout::kLayoutId;
+__device__ std::uint32_t gemm_decode_packed_max_m = tl::kDecodeMaxM;
 __device__ std::uint32_t gemm_tiled_n_tile = kTiledN;
 __device__ std::uint32_t gemm_tiled_m_tile = kTiledM;
 __device__ std::uint32_t gemm_tiled_smem_bytes = kTiledSmem;
@@ -141,6 +148,10 @@ __global__ void __launch_bounds__(kThreads) dequant_e4m3(CastParams p) {
 
 __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_decode(GemmParams p) {
   k::decode_block(p);
+}
+
+__global__ void __launch_bounds__(tl::kDecodeThreads, 1) gemm_decode_packed(GemmParams p) {
+  k::decode_packed_block(p);
 }
 
 __global__ void __launch_bounds__(kThreads) gemm_split_reduce(GemmParams p) {
