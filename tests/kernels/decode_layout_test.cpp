@@ -235,7 +235,7 @@ void emulate_tile(const Weights& w, const Packed& p, std::int64_t tile,
           for (int i = 0; i < 2; ++i) {
             const std::int64_t k = kb * kBlockK + 32 * t + 4 * s + 2 * i;
             const auto at = [&](std::int64_t kk) -> std::uint32_t {
-              return m < m_rows ? acts[static_cast<std::size_t>(m * w.k + kk)] : 0;
+              return m < m_rows && kk < w.k ? acts[static_cast<std::size_t>(m * w.k + kk)] : 0;
             };
             b[mt][lane][i] = at(k) | at(k + 1) << 16;
           }
@@ -260,9 +260,9 @@ void emulate_tile(const Weights& w, const Packed& p, std::int64_t tile,
   }
 }
 
-// Random E2M1 codes, scale codes (E4M3 without its NaNs; E8M0 in a window of 24 codes, NaN
-// excluded) and BF16 activations.
-Weights random_weights(std::mt19937_64& gen, std::int64_t n, std::int64_t k, bool mx) {
+// Random E2M1 codes, scale codes (E4M3 without its NaNs; E8M0 in a window of 24 codes from
+// `mx_base`, or from a random base when it is negative) and BF16 activations.
+Weights random_weights(std::mt19937_64& gen, std::int64_t n, std::int64_t k, bool mx, int mx_base) {
   Weights w;
   w.n = n;
   w.k = k;
@@ -270,7 +270,7 @@ Weights random_weights(std::mt19937_64& gen, std::int64_t n, std::int64_t k, boo
   w.codes.resize(static_cast<std::size_t>(n * k));
   for (auto& c : w.codes) c = static_cast<std::uint8_t>(gen() & 0xFu);
   w.scales.resize(static_cast<std::size_t>(n * (k / w.group())));
-  const int base = static_cast<int>(gen() % (255 - 24));
+  const int base = mx_base >= 0 ? mx_base : static_cast<int>(gen() % (255 - 24));
   for (auto& s : w.scales) {
     if (mx) {
       s = static_cast<std::uint8_t>(base + static_cast<int>(gen() % 24));
@@ -290,35 +290,43 @@ std::vector<std::uint16_t> random_acts(std::mt19937_64& gen, int m, std::int64_t
   return a;
 }
 
-// Every warp of a 2-tile W, emulated, against C^T[n][m] = sum_k A[m][k] e2m1(W[n,k]) scale(n,k)
-// in double; the error is normalized by the sum of the terms' magnitudes (the products are exact,
-// so only the double sums' rounding remains).
-void check_data_path(bool mx, std::int64_t k, int m_rows) {
+struct Case {
+  bool mx = false;
+  std::int64_t n = 0, k = 0;  // N and K need not be whole tiles and K blocks
+  int m_rows = 0;             // activation rows, 1..16
+  int mx_base = -1;           // the E8M0 window's first code; negative: random
+};
+
+// Every warp of W, emulated, against C^T[n][m] = sum_k A[m][k] e2m1(W[n,k]) scale(n,k) in
+// double; the error is normalized by the sum of the terms' magnitudes (the products are exact,
+// so only the double sums' rounding remains). Padding rows and activation columns must be 0.
+void check_data_path(const Case& c) {
   const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed_text(seed) + (mx ? " MXFP4" : " NVFP4") + " K " + std::to_string(k) + " M " +
-               std::to_string(m_rows));
+  SCOPED_TRACE(seed_text(seed) + (c.mx ? " MXFP4" : " NVFP4") + " N " + std::to_string(c.n) +
+               " K " + std::to_string(c.k) + " M " + std::to_string(c.m_rows) + " E8M0 base " +
+               std::to_string(c.mx_base));
   std::mt19937_64 gen(seed);
-  const Weights w = random_weights(gen, 2 * kTileN, k, mx);
-  const std::vector<std::uint16_t> acts = random_acts(gen, m_rows, k);
+  const Weights w = random_weights(gen, c.n, c.k, c.mx, c.mx_base);
+  const std::vector<std::uint16_t> acts = random_acts(gen, c.m_rows, c.k);
   const Packed p = pack(w);
   double worst = 0;
-  for (std::int64_t tile = 0; tile < 2; ++tile) {
+  for (std::int64_t tile = 0; tile < padded_n(c.n) / kTileN; ++tile) {
     double out[kTileN][16];
-    emulate_tile(w, p, tile, acts, m_rows, out);
+    emulate_tile(w, p, tile, acts, c.m_rows, out);
     if (::testing::Test::HasFatalFailure()) return;
     for (int nl = 0; nl < kTileN; ++nl) {
       const std::int64_t n = tile * kTileN + nl;
       for (int m = 0; m < 16; ++m) {
+        if (m >= c.m_rows || n >= c.n) {
+          ASSERT_EQ(out[nl][m], 0.0) << "padding: n " << n << " m " << m;
+          continue;
+        }
         double want = 0, mag = 0;
-        for (std::int64_t kk = 0; kk < k && m < m_rows; ++kk) {
-          const double term = num::bf16_to_f32(acts[static_cast<std::size_t>(m * k + kk)]) *
+        for (std::int64_t kk = 0; kk < c.k; ++kk) {
+          const double term = num::bf16_to_f32(acts[static_cast<std::size_t>(m * c.k + kk)]) *
                               num::e2m1_to_f32(w.code(n, kk)) * w.scale(n, kk);
           want += term;
           mag += std::fabs(term);
-        }
-        if (m >= m_rows) {
-          ASSERT_EQ(out[nl][m], 0.0) << "padding column m " << m << " n " << n;
-          continue;
         }
         const double err = mag > 0 ? std::fabs(out[nl][m] - want) / mag : std::fabs(out[nl][m]);
         worst = std::max(worst, err);
@@ -331,16 +339,21 @@ void check_data_path(bool mx, std::int64_t k, int m_rows) {
 }
 
 TEST(DecodeLayoutEmulation, OneWarpPerTileGivesTheNvfp4DotProducts) {
-  check_data_path(false, kBlockK, 16);
-  check_data_path(false, 2 * kBlockK, 16);
-  check_data_path(false, 2 * kBlockK, 1);
-  check_data_path(false, kBlockK, 11);
+  check_data_path({false, 2 * kTileN, kBlockK, 16});
+  check_data_path({false, 2 * kTileN, 2 * kBlockK, 16});
+  check_data_path({false, 2 * kTileN, 2 * kBlockK, 1});
+  check_data_path({false, kTileN, kBlockK, 11});
+  check_data_path({false, 40, 176, 16});  // padded to 2 tiles x 2 K blocks
 }
 
+// E8M0 windows at both ends of the finite codes too: 0..23 (code 0 is 2^-127) and 231..254.
 TEST(DecodeLayoutEmulation, OneWarpPerTileGivesTheMxfp4DotProducts) {
-  check_data_path(true, kBlockK, 16);
-  check_data_path(true, 2 * kBlockK, 16);
-  check_data_path(true, 2 * kBlockK, 3);
+  check_data_path({true, 2 * kTileN, kBlockK, 16});
+  check_data_path({true, 2 * kTileN, 2 * kBlockK, 16});
+  check_data_path({true, 2 * kTileN, 2 * kBlockK, 3});
+  check_data_path({true, 2 * kTileN, 2 * kBlockK, 16, 0});
+  check_data_path({true, 2 * kTileN, 2 * kBlockK, 16, 254 - 23});
+  check_data_path({true, 40, 160, 7});  // padded to 2 tiles x 2 K blocks
 }
 
 // ---- the bit maps ----
