@@ -54,5 +54,12 @@ target_compile_definitions(sass_budget_test PRIVATE
 metrale_warnings(sass_budget_test)
 add_dependencies(sass_budget_test metrale)
 
-add_test(NAME cuda.fatbin_offline.sass_budget COMMAND sass_budget_test)
-set_tests_properties(cuda.fatbin_offline.sass_budget PROPERTIES LABELS cuda TIMEOUT 120)
+# The budget on gemm_decode_packed; METRALE_SASS_BUDGET_KERNEL=gemm_decode in the environment of
+# a direct run shows today's kernel failing it. The reader's cases, and today's kernel seen over
+# budget, are a test of their own, so that they pass while the budget fails.
+add_test(NAME cuda.fatbin_offline.sass_budget COMMAND sass_budget_test
+  --gtest_filter=SassBudget.DecodeLoopsMeetTheBudget)
+add_test(NAME cuda.fatbin_offline.sass_reader COMMAND sass_budget_test
+  --gtest_filter=SassReader.*:SassBudget.TodaysDecodeIsOverBudget)
+set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader PROPERTIES
+  LABELS cuda TIMEOUT 120)
