@@ -227,22 +227,41 @@ namespace {
 
 // What a path is chosen by, best first under the choice's order.
 struct PathKey {
-  int hmma = 0, calls = 0, load_bytes = 0, instrs = 0;
+  int hmma = 0, calls = 0, instrs = 0;
 
   void add(const Instr& i) {
     hmma += i.mnemonic == "HMMA";
     calls += i.mnemonic == "CALL";
-    load_bytes += load_bytes_of(i);
     ++instrs;
   }
   bool better_than(const PathKey& o, PathChoice c) const {
     if (c == PathChoice::kShortest) {
       return std::make_tuple(hmma, -instrs) > std::make_tuple(o.hmma, -o.instrs);
     }
-    return std::make_tuple(hmma, -calls, load_bytes, -instrs) >
-           std::make_tuple(o.hmma, -o.calls, o.load_bytes, -o.instrs);
+    return std::make_tuple(hmma, -calls, -instrs) > std::make_tuple(o.hmma, -o.calls, -o.instrs);
   }
 };
+
+// Whether the steady state must not take the forward branch at b: it skips an if-then whose
+// body holds loads or MMAs (the branch is taken only when that work is done, as when no K block
+// is left to prefetch). An if-then: every jump out of (b, target) lands on target, so the
+// skipped code has no other way round it, unlike one arm of an if-else.
+bool skips_work(const std::vector<Instr>& code, std::size_t b, std::size_t target) {
+  bool work = false;
+  for (std::size_t i = b + 1; i < target; ++i) {
+    const Instr& in = code[i];
+    work = work || in.mnemonic == "HMMA" || load_bytes_of(in) > 0;
+    if (in.mnemonic == "EXIT" || in.mnemonic == "RET" || in.mnemonic == "BRX" ||
+        in.mnemonic == "JMX") {
+      return false;
+    }
+    if (is_branch(in)) {
+      const auto j = index_of(code, branch_target(in));
+      if (!j || *j <= b || *j > target) return false;
+    }
+  }
+  return work;
+}
 
 }  // namespace
 
@@ -280,7 +299,12 @@ std::vector<std::size_t> loop_path(const std::vector<Instr>& code, const Loop& l
         }
       } else if (target > in.addr) {
         // A forward branch inside the body; one past its end leaves the loop.
-        if (const auto j = index_of(code, target); j && *j <= loop.latch) offer(*j - loop.head, k);
+        const auto j = index_of(code, target);
+        if (j && *j <= loop.latch &&
+            (choice == PathChoice::kShortest || !is_conditional(in) ||
+             !skips_work(code, loop.head + k, *j))) {
+          offer(*j - loop.head, k);
+        }
       }  // an inner loop's back edge: its body is counted once
     } else if (in.mnemonic == "EXIT" || in.mnemonic == "RET" || in.mnemonic == "BRX" ||
                in.mnemonic == "JMX") {

@@ -69,10 +69,11 @@ Tally tally_body(const std::vector<Instr>& code, const Loop& loop);
 
 // How loop_path chooses among the paths through a loop's body.
 enum class PathChoice {
-  // The steady state: the most HMMAs (every MMA step runs), then the fewest calls (a call is a
-  // slow path, such as a 64-bit division), then the most bytes loaded (the loads for later
-  // iterations are issued; where a boundary path loads more, it is chosen: the count errs high,
-  // never low), then the fewest instructions (interior steps take no boundary path).
+  // The steady state: no conditional branch over an if-then that loads or multiplies (those
+  // are skipped only when the work is done, such as a prefetch past the last K block), then the
+  // most HMMAs (every MMA step runs), the fewest calls (a call is a slow path, such as a 64-bit
+  // division), and the fewest instructions (of an if-else's arms, interior steps take the one
+  // without the bounds checks).
   kSteady,
   // A lower bound: the most HMMAs, then the fewest instructions, whatever it skips.
   kShortest,
