@@ -156,9 +156,10 @@ void print(const std::string& kernel, const KernelReport& k) {
   std::fflush(stdout);
 }
 
-// Each loop's weights agree with its HMMAs: 8 weights per lane per HMMA and n8 tile, 1 or 2
-// tiles (M <= 8 or M <= 16).
-void expect_weights_match_mmas(const LoopReport& l) {
+// Each loop's weights agree with its HMMAs (8 weights per lane per HMMA and n8 tile, 1 or 2
+// tiles: M <= 8 or M <= 16), and its steady path loads at least the weights' codes (half a
+// byte each), so the counts cover the weight stream.
+void expect_consistent(const LoopReport& l) {
   EXPECT_GT(l.weights, 0) << fmt::format("loop {:#x}: no BF16 multiply on its path", l.begin);
   if (l.weights == 0) return;
   const int product = l.path.hmma * 8;
@@ -166,6 +167,10 @@ void expect_weights_match_mmas(const LoopReport& l) {
       "loop {:#x}: {} HMMA x 8 = {} is neither 1 nor 2 x the {} weights/lane that "
       "its {} BF16x2 multiplies scale",
       l.begin, l.path.hmma, product, l.weights, l.path.bf16_mul);
+  EXPECT_GE(2 * l.path.load_bytes, l.weights) << fmt::format(
+      "loop {:#x}: the steady path loads {} B/lane, less than the codes of its {} "
+      "weights/lane: it skips the weight loads",
+      l.begin, l.path.load_bytes, l.weights);
 }
 
 class SassBudget : public ::testing::Test {
@@ -195,7 +200,7 @@ TEST_F(SassBudget, DecodeLoopsMeetTheBudget) {
   ASSERT_FALSE(k.loops.empty()) << kernel << " has no loop that runs HMMAs";
   for (const auto& l : k.loops) {
     SCOPED_TRACE(fmt::format("{} loop {:#x}-{:#x}", kernel, l.begin, l.end));
-    expect_weights_match_mmas(l);
+    expect_consistent(l);
     if (l.weights == 0) continue;
     EXPECT_LE(l.per_weight(l.path.instrs), kIssuedPerWeight)
         << fmt::format("issued {} instructions for {} weights/lane", l.path.instrs, l.weights);
@@ -216,7 +221,7 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
   EXPECT_EQ(k.loops.size(), 4u) << "gemm_decode: 2 layouts x 2 M variants";
   for (const auto& l : k.loops) {
     SCOPED_TRACE(fmt::format("gemm_decode loop {:#x}-{:#x}", l.begin, l.end));
-    expect_weights_match_mmas(l);
+    expect_consistent(l);
     EXPECT_TRUE(l.over_budget());
   }
 }
