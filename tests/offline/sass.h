@@ -3,6 +3,7 @@
 // counts over a loop's body and over its steady-state path.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,9 +23,10 @@ struct Instr {
 // listing has no such function.
 std::vector<Instr> parse_function(const std::string& listing, const std::string& function);
 
-// Whether `i` may transfer control: a guarded BRA, or a BRA with a predicate operand
-// (BRA P1, 0x270) or a .DIV/.CONV form, is conditional.
+// Whether `i` is a BRA.
 bool is_branch(const Instr& i);
+// Whether `i` may also fall through: guarded (not @PT), with a predicate operand
+// (BRA P1, 0x270), or a .DIV/.CONV/.U form.
 bool is_conditional(const Instr& i);
 
 // The target address of a BRA (its last 0x literal); throws std::runtime_error without one.
@@ -52,7 +54,7 @@ struct Tally {
   int hmma = 0;        // HMMA (mma.sync)
   int bf16_mul = 0;    // BF16x2 multiplies: HMUL2.BF16*, or HFMA2.BF16* with a -RZ addend
   int integer = 0;     // integer_pipe()
-  int imad = 0;        // IMAD* (the FMA pipe)
+  int imad = 0;        // IMAD* and IMUL (the FMA pipe)
   int isetp = 0;       // ISETP
   int predicated = 0;  // guarded by a predicate (@P..)
   int branches = 0;    // BRA, the loop branch included
@@ -61,6 +63,7 @@ struct Tally {
   int load_bytes = 0;  // bytes a lane loads from global or shared memory (16 where unknown)
   std::map<std::string, int> by_mnemonic;
 
+  // Counts one more instruction.
   void add(const Instr& i);
 };
 

@@ -1,7 +1,12 @@
 // The decode kernel's instruction budget, proven on its sm_90a SASS without a GPU: each
 // innermost loop that runs HMMAs (the steady state of one M variant and layout) issues at most
 // 3 instructions, at most 1.25 of them on the integer pipe, per weight per lane, and the kernel
-// touches no local memory. The reader's own cases run on small hand-written listings.
+// touches no local memory. The reader's own cases run on small hand-written listings
+// (sass_test.cpp).
+//
+// The counts are taken along each loop's steady path (sass.h, PathChoice::kSteady: interior
+// steps, prefetches issued, no boundary arm); the whole body and the shortest path are printed
+// beside them. The integer pipe's opcodes are listed in sass.cpp (integer_pipe).
 //
 // Weights per lane: every weight passes through exactly one BF16 multiply by its block scale,
 // and one HMUL2 (BF16x2) scales 2 weights of a lane, so a loop iteration's weights per lane are
@@ -9,7 +14,8 @@
 // per n8 activation tile, so HMMAs x 8 = weights x (1 for M <= 8, 2 for M <= 16).
 //
 // METRALE_SASS_BUDGET_KERNEL=gemm_decode runs the budget case on another entry (today's decode
-// kernel, which is over budget).
+// kernel, which is over budget). Spills are cuda.fatbin_offline's (STACK and LOCAL of every
+// entry on every target); here the kernel's SASS itself is searched for LDL/STL.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -37,6 +43,7 @@ const std::string kDefaultKernel = "gemm_decode_packed";
 
 // ---- running cuobjdump (as fatbin_test.cpp does) ----
 
+// s as one single-quoted shell word.
 std::string quoted(const std::string& s) {
   std::string q = "'";
   for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -48,6 +55,7 @@ struct Ran {
   std::string output;  // stdout and stderr
 };
 
+// Runs a shell command, its stdout and stderr together.
 Ran run(const std::string& command) {
   Ran r;
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
@@ -60,7 +68,8 @@ Ran run(const std::string& command) {
   return r;
 }
 
-// cuobjdump prints SASS through nvdisasm, which it looks for on PATH.
+// cuobjdump with `args` on the w4a16 fatbin. It prints SASS through nvdisasm, which it looks
+// for on PATH.
 Ran cuobjdump(const std::string& args) {
   const std::string nvdisasm_dir = fs::path(METRALE_NVDISASM).parent_path().string();
   return run("PATH=" + quoted(nvdisasm_dir) + ":\"$PATH\" " + quoted(METRALE_CUOBJDUMP) + " " +
@@ -74,7 +83,10 @@ struct LoopReport {
   sass::Tally body, path, shortest;
   int weights = 0;  // per lane per iteration, from the path's BF16 multiplies
 
+  // count per weight per lane.
+  // count per weight per lane.
   double per_weight(int count) const { return weights == 0 ? 0.0 : double(count) / weights; }
+  // Whether the steady path is over either budget.
   bool over_budget() const {
     return per_weight(path.instrs) > kIssuedPerWeight ||
            per_weight(path.integer) > kIntegerPerWeight;
@@ -96,6 +108,8 @@ int registers_of(const std::string& kernel) {
   return reg == std::string::npos ? -1 : std::atoi(r.output.c_str() + reg + 4);
 }
 
+// The kernel's SASS on kTarget, its registers and its innermost HMMA loops, counted; found is
+// false where the cubin has no such function. Throws std::runtime_error where cuobjdump fails.
 KernelReport analyze(const std::string& kernel) {
   KernelReport k;
   const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
@@ -130,6 +144,7 @@ std::string integer_mix(const sass::Tally& t) {
   return out.empty() ? "none" : out;
 }
 
+// The report's figures on stdout (they reach the ctest log).
 void print(const std::string& kernel, const KernelReport& k) {
   std::printf("%s %s: %d registers, %d instructions, %zu innermost HMMA loop(s)\n", kTarget.c_str(),
               kernel.c_str(), k.registers, k.whole.instrs, k.loops.size());
