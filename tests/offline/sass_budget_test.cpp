@@ -84,7 +84,6 @@ struct LoopReport {
   int weights = 0;  // per lane per iteration, from the path's BF16 multiplies
 
   // count per weight per lane.
-  // count per weight per lane.
   double per_weight(int count) const { return weights == 0 ? 0.0 : double(count) / weights; }
   // Whether the steady path is over either budget.
   bool over_budget() const {
