@@ -1,0 +1,243 @@
+// The decode kernel's instruction budget, proven on its sm_90a SASS without a GPU: each
+// innermost loop that runs HMMAs (the steady state of one M variant and layout) issues at most
+// 3 instructions, at most 1.25 of them on the integer pipe, per weight per lane, and the kernel
+// touches no local memory. The reader's own cases run on small hand-written listings
+// (sass_test.cpp).
+//
+// The counts are taken along each loop's steady path (sass.h, PathChoice::kSteady: interior
+// steps, prefetches issued, no boundary arm); the whole body and the shortest path are printed
+// beside them. The integer pipe's opcodes are listed in sass.cpp (integer_pipe).
+//
+// Weights per lane: every weight passes through exactly one BF16 multiply by its block scale,
+// and one HMUL2 (BF16x2) scales 2 weights of a lane, so a loop iteration's weights per lane are
+// 2 x its HMUL2s. Cross-check: an m16n8k16 HMMA consumes 8 weights per lane (16 x 16 / 32), once
+// per n8 activation tile, so HMMAs x 8 = weights x (1 for M <= 8, 2 for M <= 16).
+//
+// METRALE_SASS_BUDGET_KERNEL=gemm_decode runs the budget case on another entry (today's decode
+// kernel, which is over budget). Spills are cuda.fatbin_offline's (STACK and LOCAL of every
+// entry on every target); here the kernel's SASS itself is searched for LDL/STL.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sass.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sass = metrale::offline::sass;
+
+constexpr double kIssuedPerWeight = 3.0;
+constexpr double kIntegerPerWeight = 1.25;
+const std::string kTarget = "sm_90a";
+const std::string kDefaultKernel = "gemm_decode_packed";
+
+// ---- running cuobjdump (as fatbin_test.cpp does) ----
+
+// s as one single-quoted shell word.
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Ran {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a shell command, its stdout and stderr together.
+Ran run(const std::string& command) {
+  Ran r;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[65536];
+  std::size_t got = 0;
+  while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+// cuobjdump with `args` on the w4a16 fatbin. It prints SASS through nvdisasm, which it looks
+// for on PATH.
+Ran cuobjdump(const std::string& args) {
+  const std::string nvdisasm_dir = fs::path(METRALE_NVDISASM).parent_path().string();
+  return run("PATH=" + quoted(nvdisasm_dir) + ":\"$PATH\" " + quoted(METRALE_CUOBJDUMP) + " " +
+             args + " " + quoted(METRALE_W4A16_FATBIN));
+}
+
+// ---- one kernel's loops ----
+
+struct LoopReport {
+  std::uint64_t begin = 0, end = 0;  // addresses of the head and of the loop branch
+  sass::Tally body, path, shortest;
+  int weights = 0;  // per lane per iteration, from the path's BF16 multiplies
+
+  // count per weight per lane.
+  double per_weight(int count) const { return weights == 0 ? 0.0 : double(count) / weights; }
+  // Whether the steady path is over either budget.
+  bool over_budget() const {
+    return per_weight(path.instrs) > kIssuedPerWeight ||
+           per_weight(path.integer) > kIntegerPerWeight;
+  }
+};
+
+struct KernelReport {
+  bool found = false;
+  int registers = -1;
+  sass::Tally whole;  // the function, every instruction once
+  std::vector<LoopReport> loops;
+};
+
+// The registers cuobjdump -res-usage gives the function on kTarget, or -1.
+int registers_of(const std::string& kernel) {
+  const Ran r = cuobjdump("-res-usage -arch " + kTarget + " -fun " + kernel);
+  const std::size_t at = r.output.find("Function " + kernel + ":");
+  const std::size_t reg = at == std::string::npos ? at : r.output.find("REG:", at);
+  return reg == std::string::npos ? -1 : std::atoi(r.output.c_str() + reg + 4);
+}
+
+// The kernel's SASS on kTarget, its registers and its innermost HMMA loops, counted; found is
+// false where the cubin has no such function. Throws std::runtime_error where cuobjdump fails.
+KernelReport analyze(const std::string& kernel) {
+  KernelReport k;
+  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
+  if (r.status != 0) throw std::runtime_error("cuobjdump -sass failed:\n" + r.output);
+  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
+  k.found = !code.empty();
+  if (!k.found) return k;
+  for (const auto& i : code) k.whole.add(i);
+  k.registers = registers_of(kernel);
+  for (const auto& l : sass::innermost_mma_loops(code)) {
+    LoopReport lr;
+    lr.begin = code[l.head].addr;
+    lr.end = code[l.latch].addr;
+    lr.body = sass::tally_body(code, l);
+    lr.path = sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kSteady));
+    lr.shortest = sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kShortest));
+    lr.weights = 2 * lr.path.bf16_mul;
+    k.loops.push_back(std::move(lr));
+  }
+  return k;
+}
+
+// The integer-pipe opcodes of a tally, most frequent first: "LOP3 x120, PRMT x96, ...".
+std::string integer_mix(const sass::Tally& t) {
+  std::vector<std::pair<int, std::string>> v;
+  for (const auto& [m, n] : t.by_mnemonic) {
+    if (sass::integer_pipe(m)) v.emplace_back(-n, m);
+  }
+  std::sort(v.begin(), v.end());
+  std::string out;
+  for (const auto& [n, m] : v) out += fmt::format("{}{} x{}", out.empty() ? "" : ", ", m, -n);
+  return out.empty() ? "none" : out;
+}
+
+// The report's figures on stdout (they reach the ctest log).
+void print(const std::string& kernel, const KernelReport& k) {
+  std::printf("%s %s: %d registers, %d instructions, %zu innermost HMMA loop(s)\n", kTarget.c_str(),
+              kernel.c_str(), k.registers, k.whole.instrs, k.loops.size());
+  for (const auto& l : k.loops) {
+    const int per_tile = l.weights == 0 ? 0 : l.path.hmma * 8 / l.weights;
+    std::printf(
+        "  loop %#lx-%#lx: steady path %d of %d body instructions; %d HMMA, %d BF16x2 multiplies"
+        " -> %d weights/lane (HMMA x 8 / %d n8 tile(s) = %d)\n"
+        "    per weight per lane: issued %.2f (body %.2f, shortest %.2f), integer pipe %.2f (body "
+        "%.2f, shortest %.2f), IMAD %.2f"
+        "  [budget %.2f issued, %.2f integer]%s\n"
+        "    path: ISETP %d, predicated %d, branches %d, calls %d, loaded %d B/lane; body: ISETP "
+        "%d, predicated %d, calls %d\n"
+        "    integer pipe on the path: %s\n",
+        static_cast<unsigned long>(l.begin), static_cast<unsigned long>(l.end), l.path.instrs,
+        l.body.instrs, l.path.hmma, l.path.bf16_mul, l.weights, per_tile,
+        per_tile == 0 ? 0 : l.path.hmma * 8 / per_tile, l.per_weight(l.path.instrs),
+        l.per_weight(l.body.instrs), l.per_weight(l.shortest.instrs), l.per_weight(l.path.integer),
+        l.per_weight(l.body.integer), l.per_weight(l.shortest.integer), l.per_weight(l.path.imad),
+        kIssuedPerWeight, kIntegerPerWeight, l.over_budget() ? "  OVER BUDGET" : "", l.path.isetp,
+        l.path.predicated, l.path.branches, l.path.calls, l.path.load_bytes, l.body.isetp,
+        l.body.predicated, l.body.calls, integer_mix(l.path).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// Each loop's weights agree with its HMMAs (8 weights per lane per HMMA and n8 tile, 1 or 2
+// tiles: M <= 8 or M <= 16), and its steady path loads at least the weights' codes (half a
+// byte each), so the counts cover the weight stream.
+void expect_consistent(const LoopReport& l) {
+  EXPECT_GT(l.weights, 0) << fmt::format("loop {:#x}: no BF16 multiply on its path", l.begin);
+  if (l.weights == 0) return;
+  const int product = l.path.hmma * 8;
+  EXPECT_TRUE(product == l.weights || product == 2 * l.weights) << fmt::format(
+      "loop {:#x}: {} HMMA x 8 = {} is neither 1 nor 2 x the {} weights/lane that "
+      "its {} BF16x2 multiplies scale",
+      l.begin, l.path.hmma, product, l.weights, l.path.bf16_mul);
+  EXPECT_GE(2 * l.path.load_bytes, l.weights) << fmt::format(
+      "loop {:#x}: the steady path loads {} B/lane, less than the codes of its {} "
+      "weights/lane: it skips the weight loads",
+      l.begin, l.path.load_bytes, l.weights);
+}
+
+class SassBudget : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(METRALE_CUOBJDUMP).empty() || std::string(METRALE_NVDISASM).empty()) {
+      FAIL() << "cuobjdump or nvdisasm was not found when cmake ran: run scripts/install-deps.sh "
+                "(it installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), then re-run cmake";
+    }
+    for (const char* tool : {METRALE_CUOBJDUMP, METRALE_NVDISASM}) {
+      ASSERT_TRUE(fs::exists(tool)) << tool << " is gone: run scripts/install-deps.sh";
+    }
+    ASSERT_TRUE(fs::exists(METRALE_W4A16_FATBIN))
+        << METRALE_W4A16_FATBIN << " is missing: build the metrale target";
+  }
+};
+
+// The decode kernel's steady state stays within the per-weight budget on every MMA loop.
+TEST_F(SassBudget, DecodeLoopsMeetTheBudget) {
+  const char* env = std::getenv("METRALE_SASS_BUDGET_KERNEL");
+  const std::string kernel = env != nullptr && *env != '\0' ? env : kDefaultKernel;
+  const KernelReport k = analyze(kernel);
+  ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << " of "
+                       << METRALE_W4A16_FATBIN << ")";
+  print(kernel, k);
+  EXPECT_EQ(k.whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  ASSERT_FALSE(k.loops.empty()) << kernel << " has no loop that runs HMMAs";
+  for (const auto& l : k.loops) {
+    SCOPED_TRACE(fmt::format("{} loop {:#x}-{:#x}", kernel, l.begin, l.end));
+    expect_consistent(l);
+    if (l.weights == 0) continue;
+    EXPECT_LE(l.per_weight(l.path.instrs), kIssuedPerWeight)
+        << fmt::format("issued {} instructions for {} weights/lane", l.path.instrs, l.weights);
+    EXPECT_LE(l.per_weight(l.path.integer), kIntegerPerWeight)
+        << fmt::format("{} integer-pipe instructions for {} weights/lane ({})", l.path.integer,
+                       l.weights, integer_mix(l.path));
+    EXPECT_EQ(l.path.calls, 0) << "a call on the steady path: its instructions are not counted";
+  }
+}
+
+// The reader sees today's decode kernel as it is: four MMA loops (M <= 8 and M <= 16, row-major
+// and transposed), each consistent and each over budget. A reader that lost instructions or
+// loops would pass any kernel; this case keeps it honest.
+TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
+  const KernelReport k = analyze("gemm_decode");
+  if (!k.found) GTEST_SKIP() << "gemm_decode is not in the cubin any more";
+  print("gemm_decode", k);
+  EXPECT_EQ(k.loops.size(), 4u) << "gemm_decode: 2 layouts x 2 M variants";
+  for (const auto& l : k.loops) {
+    SCOPED_TRACE(fmt::format("gemm_decode loop {:#x}-{:#x}", l.begin, l.end));
+    expect_consistent(l);
+    EXPECT_TRUE(l.over_budget());
+  }
+}
+
+}  // namespace
