@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <system_error>
+#include <thread>
 
 #include "kernels/decode_layout.h"
 #include "metrale/error.h"
@@ -124,7 +126,8 @@ void gather(const HostQuantWeights& w, std::int64_t tile, std::int64_t kb, Block
   const int bytes = static_cast<int>(std::min<std::int64_t>(dl::kBlockK, w.k - k0) / 2);
   const int groups = bytes * 2 / group;
   const std::int64_t row_bytes = w.k / 2, row_groups = w.k / group;
-  std::memset(&b, 0, sizeof b);
+  // Only a block at the edge of N or K has padding to clear.
+  if (rows < dl::kTileN || bytes < dl::kBlockK / 2) std::memset(&b, 0, sizeof b);
   if (w.layout == WeightLayout::kRowMajor) {
     for (int r = 0; r < rows; ++r) {
       std::memcpy(b.codes[r], w.codes.data() + (n0 + r) * row_bytes + k0 / 2, bytes);
@@ -214,15 +217,50 @@ PackedDecodeWeights pack_for_decode(const HostQuantWeights& w) {
   write_table(mx, p.fold, p.scales.data());
   const std::int64_t tiles = dl::padded_n(w.n) / dl::kTileN, kbs = dl::k_blocks(w.k);
   const std::int64_t lane_scales = std::int64_t{dl::kLanes} * dl::scale_bytes_per_lane(mx);
-  Block b;
-  for (std::int64_t tile = 0; tile < tiles; ++tile) {
-    for (std::int64_t kb = 0; kb < kbs; ++kb) {
-      const std::int64_t i = tile * kbs + kb;
-      gather(w, tile, kb, b);
-      emit(b, mx, p.codes.data() + i * dl::kTileBlockBytes,
-           p.scales.data() + dl::kTableBytes + i * lane_scales);
+  const auto pack_block = [&](Block& b, std::int64_t tile, std::int64_t kb) {
+    const std::int64_t i = tile * kbs + kb;
+    gather(w, tile, kb, b);
+    emit(b, mx, p.codes.data() + i * dl::kTileBlockBytes,
+         p.scales.data() + dl::kTableBytes + i * lane_scales);
+  };
+  // Blocks in the order the source is stored: tile by tile through K for row-major sources; for
+  // transposed ones K block by K block across the tiles, so each source row of N codes is read
+  // front to back (tile-major order uses 32 of every 64-byte line and must fetch the line again
+  // for the next tile once a tile's 64 x 224 lines have been evicted).
+  const bool transposed = w.layout == WeightLayout::kTransposed;
+  const auto pack_tiles = [&](std::int64_t t0, std::int64_t t1) {
+    Block b;
+    if (transposed) {
+      for (std::int64_t kb = 0; kb < kbs; ++kb) {
+        for (std::int64_t tile = t0; tile < t1; ++tile) pack_block(b, tile, kb);
+      }
+    } else {
+      for (std::int64_t tile = t0; tile < t1; ++tile) {
+        for (std::int64_t kb = 0; kb < kbs; ++kb) pack_block(b, tile, kb);
+      }
     }
+  };
+  // Tiles are independent: a large matrix is cut into one range of tiles per hardware thread (up
+  // to 16), each of at least kBlocksPerThread tile blocks (2 MiB of codes), so small weights stay
+  // on the caller's thread.
+  constexpr std::int64_t kBlocksPerThread = 1024;
+  const std::int64_t hw = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+  const std::int64_t parts =
+      std::clamp<std::int64_t>(tiles * kbs / kBlocksPerThread, 1, std::min<std::int64_t>(hw, 16));
+  std::vector<std::thread> threads;
+  std::int64_t done = 0;
+  try {
+    for (std::int64_t i = 1; i < parts; ++i) {
+      const std::int64_t t0 = tiles * i / parts, t1 = tiles * (i + 1) / parts;
+      threads.emplace_back(pack_tiles, t0, t1);
+      done = t1;
+    }
+  } catch (const std::system_error&) {
+    // No thread to spare: the ranges not started are packed on this thread below.
   }
+  pack_tiles(0, tiles / parts);
+  if (done < tiles) pack_tiles(std::max(done, tiles / parts), tiles);
+  for (std::thread& t : threads) t.join();
   return p;
 }
 
