@@ -7,12 +7,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -224,44 +226,56 @@ TEST(DecodePack, Mxfp4FoldsFromTheLargestFiniteCodeAndIsExactWithin133BinadesOfI
   EXPECT_TRUE(std::isnan(packed_weight(p, 255, 2)));
 }
 
-// Whether pack_for_decode(w) throws Error(kInvalidArgument) naming itself and `value`.
-void expect_rejected(const HostQuantWeights& w, const std::string& value) {
+// Whether pack_for_decode(w) throws Error(kInvalidArgument) naming itself and every fragment.
+void expect_rejected(const HostQuantWeights& w, const std::vector<std::string>& fragments) {
   try {
     pack_for_decode(w);
-    ADD_FAILURE() << "accepted; expected an error naming " << value;
+    ADD_FAILURE() << "accepted; expected an error naming " << fragments.front();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
     EXPECT_EQ(e.api(), "pack_for_decode") << e.what();
-    EXPECT_NE(e.message().find(value), std::string::npos) << e.what() << " lacks " << value;
+    for (const std::string& f : fragments) {
+      EXPECT_NE(e.message().find(f), std::string::npos) << e.what() << " lacks " << f;
+    }
   }
 }
 
+// Source buffers of the sizes n x k asks for (k / group rounded down), so only the shape is bad.
+HostQuantWeights sized(WeightFormat format, std::int64_t n, std::int64_t k) {
+  HostQuantWeights w;
+  w.format = format;
+  w.n = n;
+  w.k = k;
+  w.codes.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, n * k / 2)), 0x21);
+  w.scales.assign(static_cast<std::size_t>(std::max<std::int64_t>(0, n * (k / group_size(format)))),
+                  1);
+  return w;
+}
+
 TEST(DecodePack, BadShapesAndSizesAreErrorsNamingTheValue) {
+  expect_rejected(sized(WeightFormat::kMxfp4, 0, 96), {"n = 0"});
+  expect_rejected(sized(WeightFormat::kMxfp4, -3, 96), {"n = -3"});
+  expect_rejected(sized(WeightFormat::kNvfp4, 4, 0), {"k = 0"});
+  expect_rejected(sized(WeightFormat::kNvfp4, 4, -16), {"k = -16"});
+  // A multiple of 16, not of MXFP4's 32; and not of NVFP4's 16.
+  expect_rejected(sized(WeightFormat::kMxfp4, 40, 80), {"k = 80", "32"});
+  expect_rejected(sized(WeightFormat::kNvfp4, 4, 24), {"k = 24", "16"});
   const HostQuantWeights good = random_source(WeightFormat::kMxfp4, 40, 96);
   HostQuantWeights w = good;
-  w.n = 0;
-  expect_rejected(w, "n = 0");
-  w = good;
-  w.n = -3;
-  expect_rejected(w, "n = -3");
-  w = good;
-  w.k = 0;
-  expect_rejected(w, "k = 0");
-  w = good;
-  w.k = 80;  // a multiple of 16, not of MXFP4's 32
-  expect_rejected(w, "k = 80");
-  w = random_source(WeightFormat::kNvfp4, 4, 32);
-  w.k = 24;
-  expect_rejected(w, "k = 24");
-  w = good;
   w.codes.pop_back();
-  expect_rejected(w, std::to_string(good.codes.size() - 1));
+  expect_rejected(w, {std::to_string(good.codes.size()), std::to_string(good.codes.size() - 1)});
   w = good;
   w.scales.push_back(0);
-  expect_rejected(w, std::to_string(good.scales.size() + 1));
+  expect_rejected(w, {std::to_string(good.scales.size()), std::to_string(good.scales.size() + 1)});
   w = good;
   w.n = std::int64_t{1} << 62;
-  expect_rejected(w, std::to_string(w.n));
+  expect_rejected(w, {std::to_string(w.n)});
+  w = good;
+  w.format = static_cast<WeightFormat>(7);
+  expect_rejected(w, {"format 7"});
+  w = good;
+  w.layout = static_cast<WeightLayout>(5);
+  expect_rejected(w, {"layout 5"});
   // The read-backs refuse a position outside the padded weights.
   const PackedDecodeWeights p = pack_for_decode(good);
   EXPECT_THROW(packed_code(p, dl::padded_n(40), 0), Error);
