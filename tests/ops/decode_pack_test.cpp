@@ -51,6 +51,13 @@ std::uint8_t source_scale_code(const HostQuantWeights& w, std::int64_t n, std::i
                                              : w.scales[(k / group) * w.n + n];
 }
 
+// Entry `code` of the scales buffer's table (a BF16 pair).
+std::uint32_t table_entry(const PackedDecodeWeights& p, int code) {
+  std::uint32_t e;
+  std::memcpy(&e, p.scales.data() + 4 * code, 4);
+  return e;
+}
+
 // Bit-equal floats, or both NaN.
 bool same_float(float a, float b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -172,6 +179,7 @@ TEST(DecodePack, EveryE4m3ScaleTimesEveryE2m1CodeIsExactAndNanStaysNan) {
   const HostQuantWeights w = every_code_times(WeightFormat::kNvfp4, all);
   const PackedDecodeWeights p = pack_for_decode(w);
   EXPECT_EQ(p.fold, dl::kNvfp4Fold);
+  EXPECT_EQ(table_entry(p, 0x7E), 0x7F607F60u);  // 448 x 2^119 = 1.75 x 2^127, BF16's top binade
   for (int c = 0; c < 256; ++c) EXPECT_EQ(mismatches(p, w, c), 0) << "E4M3 scale code " << c;
   for (const int nan : {0x7F, 0xFF}) EXPECT_TRUE(std::isnan(packed_weight(p, nan, 2)));
 }
@@ -204,6 +212,7 @@ TEST(DecodePack, Mxfp4FoldsFromTheLargestFiniteCodeAndIsExactWithin133BinadesOfI
   const HostQuantWeights w = every_code_times(WeightFormat::kMxfp4, all);
   const PackedDecodeWeights p = pack_for_decode(w);
   ASSERT_EQ(p.fold, 126);
+  EXPECT_EQ(table_entry(p, 254), 0x7F007F00u);  // the largest code's entry is 2^127
   EXPECT_EQ(pack_for_decode(every_code_times(WeightFormat::kMxfp4, {3, 255, 200})).fold, 72);
   EXPECT_EQ(pack_for_decode(every_code_times(WeightFormat::kMxfp4, {255, 255})).fold, 0);
   for (int c = 254 - 133; c <= 254; ++c) EXPECT_EQ(mismatches(p, w, c), 0) << "E8M0 code " << c;
