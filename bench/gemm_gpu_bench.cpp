@@ -90,7 +90,7 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--quick") {
-      a.ms = {1, 16, 4096};
+      a.ms = {1, 2, 4, 8, 16, 4096};
     } else if (s == "--json" && i + 1 < argc) {
       a.json = argv[++i];
     } else {
@@ -124,12 +124,23 @@ int run(const Args& args) {
     const HostQuantWeights hw = toolkit::random_weights(WeightFormat::kNvfp4, sh.n, sh.k, rng);
     // Copies of the weights that the timed calls cycle through (toolkit/rotation.h). See Note
     // [layer rotation] in docs/NOTES.md.
-    std::vector<ops::QuantWeights> copies;
+    // Both layouts: decode runs on each, side by side (the decode layout's kernel against
+    // today's), where the backend's decode kernel prefers the decode layout.
+    std::vector<ops::QuantWeights> copies, packed;
     const std::size_t n_copies = toolkit::rotation_copies(hw.codes.size() + hw.scales.size());
+    const bool pack = ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred);
+    double pack_s = 0;
     for (std::size_t i = 0; i < n_copies; ++i) {
       copies.push_back(ops::upload_weights(b, hw));
+      if (!pack) continue;
+      const auto t0 = Clock::now();
+      packed.push_back(ops::upload_weights(b, hw, ops::UploadLayout::kDecode));
+      if (i == 0) pack_s = seconds_since(t0);
     }
-    const ops::QuantWeights& w = copies.front();
+    if (pack) {
+      fmt::print("{:<12} repack into the decode layout and upload: {:.1f} ms\n", sh.name,
+                 pack_s * 1e3);
+    }
     std::vector<std::uint16_t> ha(static_cast<std::size_t>(max_m * sh.k));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (auto& x : ha) x = num::f32_to_bf16(u(rng));
@@ -137,15 +148,20 @@ int run(const Args& args) {
     const DevicePtr c = b.alloc(static_cast<std::size_t>(max_m * sh.n) * 2);
     b.copy_h2d(a, ha.data(), ha.size() * 2);
     for (const std::int64_t m : args.ms) {
-      // The exact-BF16 route for every M; the E4M3 route too where auto would take it.
-      for (const bool e4m3 : {false, true}) {
-        if (e4m3 && m < ops::kE4m3MinM) continue;
+      // The exact-BF16 route for every M; the E4M3 route too where auto would take it; and
+      // the decode layout's kernel where decode runs.
+      enum class Variant { kExact, kE4m3, kPacked };
+      for (const Variant v : {Variant::kExact, Variant::kE4m3, Variant::kPacked}) {
+        if (v == Variant::kE4m3 && m < ops::kE4m3MinM) continue;
+        if (v == Variant::kPacked && (packed.empty() || m > ops::decode_max_m(b))) continue;
         ops::GemmOptions opt;
-        if (e4m3) opt.activations = ops::Activations::kAllowE4m3;
+        if (v == Variant::kE4m3) opt.activations = ops::Activations::kAllowE4m3;
+        const std::vector<ops::QuantWeights>& set = v == Variant::kPacked ? packed : copies;
+        const ops::QuantWeights& w = set.front();
         std::size_t next = 0;
         const auto gemm = [&] {
-          ops::w4a16_gemm(b, stream, a, m, copies[next], c, opt);
-          next = next + 1 == copies.size() ? 0 : next + 1;
+          ops::w4a16_gemm(b, stream, a, m, set[next], c, opt);
+          next = next + 1 == set.size() ? 0 : next + 1;
         };
         b.memset(c, 0xFF, static_cast<std::size_t>(m * sh.n) * 2);
         gemm();
@@ -155,9 +171,12 @@ int run(const Args& args) {
         // Against the route's reference and bounds in the tests' table (toolkit/gemm_tolerance.h).
         const ops::GemmRoute chosen = ops::choose_route(b, m, w, opt);
         const toolkit::SampledCheck check = toolkit::sampled_check(ha, out, hw, m, chosen, rng);
-        const std::string route(ops::to_string(chosen));
+        // "decode-dl": the decode route on the decode layout (gemm_decode_packed).
+        const std::string route =
+            std::string(ops::to_string(chosen)) + (v == Variant::kPacked ? "-dl" : "");
         nlohmann::json row = {{"shape", sh.name}, {"m", m},         {"n", sh.n},
                               {"k", sh.k},        {"route", route}, {"error", check.normalized}};
+        if (v == Variant::kPacked) row["pack_ms"] = pack_s * 1e3;
         if (!check.passed()) {
           ok = false;
           fmt::print("{:<12} {:>5} {:<7} WRONG: {}\n", sh.name, m, route, check.str());
@@ -166,7 +185,10 @@ int run(const Args& args) {
           continue;
         }
         const double s = time_graph(b, stream, reps_for(b, stream, gemm), gemm);
-        const double bytes = static_cast<double>(w.codes_bytes + w.scales_bytes) +
+        // The weights' own bytes in either layout (the decode layout's padding and table are
+        // overhead, not work).
+        (void)w;
+        const double bytes = static_cast<double>(hw.codes.size() + hw.scales.size()) +
                              2.0 * static_cast<double>(m * sh.k + m * sh.n);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(sh.n * sh.k);
         double blas_s = 0;
@@ -190,6 +212,7 @@ int run(const Args& args) {
     b.free(c);
     b.free(a);
     for (ops::QuantWeights& cw : copies) ops::free_weights(b, cw);
+    for (ops::QuantWeights& cw : packed) ops::free_weights(b, cw);
   }
   b.destroy_stream(stream);
   b.op_cache().release(b);

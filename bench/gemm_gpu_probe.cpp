@@ -34,11 +34,16 @@ struct Case {
   std::int64_t m, n, k;
   WeightFormat format = WeightFormat::kNvfp4;
   WeightLayout layout = WeightLayout::kRowMajor;
+  // The device under test gets the weights in the decode layout (gemm_decode_packed); the CPU
+  // reference always runs on the source layout.
+  bool packed = false;
 };
 
 using R = ops::GemmRoute;
 constexpr WeightFormat kMx = WeightFormat::kMxfp4;
 constexpr WeightLayout kT = WeightLayout::kTransposed;
+constexpr WeightFormat kNv = WeightFormat::kNvfp4;
+constexpr WeightLayout kRm = WeightLayout::kRowMajor;
 
 // One tile, several tiles, ragged edges, the other format and layout, split-K, a real layer.
 const Case kCases[] = {
@@ -51,6 +56,13 @@ const Case kCases[] = {
     {R::kE4m3, 64, 64, 256},         {R::kE4m3, 128, 256, 1024},
     {R::kE4m3, 200, 300, 1040},      {R::kE4m3, 100, 264, 544, kMx},
     {R::kE4m3, 4096, 1024, 2048},
+    // The decode layout: one tile, ragged N and K (K not a multiple of 128), M at 8, 16 and
+    // past 16, split-K on real layers, MXFP4, a transposed source.
+    {R::kDecode, 1, 32, 128, kNv, kRm, true},      {R::kDecode, 8, 300, 1040, kNv, kRm, true},
+    {R::kDecode, 16, 1024, 4096, kNv, kRm, true},  {R::kDecode, 1, 8192, 8192, kNv, kRm, true},
+    {R::kDecode, 2, 4096, 14336, kNv, kRm, true},  {R::kDecode, 3, 520, 1024, kMx, kRm, true},
+    {R::kDecode, 13, 200, 4000, kMx, kRm, true},   {R::kDecode, 5, 256, 512, kNv, kT, true},
+    {R::kDecode, 40, 96, 176, kNv, kRm, true},
 };
 
 HostQuantWeights random_weights(const Case& c, std::mt19937_64& rng) {
@@ -64,8 +76,9 @@ HostQuantWeights random_weights(const Case& c, std::mt19937_64& rng) {
 
 // C = A·Wᵀ on `b`, C poisoned with NaN first.
 std::vector<std::uint16_t> run_on(Backend& b, const Case& c, const std::vector<std::uint16_t>& a,
-                                  const HostQuantWeights& hw) {
-  ops::QuantWeights w = ops::upload_weights(b, hw);
+                                  const HostQuantWeights& hw, bool packed) {
+  ops::QuantWeights w =
+      ops::upload_weights(b, hw, packed ? ops::UploadLayout::kDecode : ops::UploadLayout::kSource);
   const std::size_t mn = static_cast<std::size_t>(c.m * c.n);
   const DevicePtr da = b.alloc(a.size() * 2), dc = b.alloc(mn * 2);
   b.copy_h2d(da, a.data(), a.size() * 2);
@@ -123,7 +136,8 @@ bool probe(Backend& gpu, Backend& cpu, const Case& c, std::mt19937_64& rng, std:
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<std::uint16_t> a(static_cast<std::size_t>(c.m * c.k));
   for (auto& x : a) x = num::f32_to_bf16(u(rng));
-  const std::vector<std::uint16_t> got = run_on(gpu, c, a, w), want = run_on(cpu, c, a, w);
+  const std::vector<std::uint16_t> got = run_on(gpu, c, a, w, c.packed),
+                                   want = run_on(cpu, c, a, w, false);
 
   double num = 0, den = 0, rms = 0;
   for (const std::uint16_t v : want) rms += std::pow(num::bf16_to_f32(v), 2);
@@ -148,8 +162,9 @@ bool probe(Backend& gpu, Backend& cpu, const Case& c, std::mt19937_64& rng, std:
     }
   }
   const double err = den > 0 ? std::sqrt(num / den) : 0;
-  fmt::print("{:<7} {} {:<10} M={:<5} N={:<5} K={:<5} err {:.2e} bad {}/{} unwritten {}{}\n",
-             ops::to_string(c.route), to_string(c.format),
+  const std::string route = std::string(ops::to_string(c.route)) + (c.packed ? "-dl" : "");
+  fmt::print("{:<9} {} {:<10} M={:<5} N={:<5} K={:<5} err {:.2e} bad {}/{} unwritten {}{}\n",
+             route, to_string(c.format),
              c.layout == WeightLayout::kRowMajor ? "row-major" : "transposed", c.m, c.n, c.k, err,
              bad, c.m * c.n, unwritten, bad ? " WRONG" : "");
   if (bad) {
@@ -161,15 +176,20 @@ bool probe(Backend& gpu, Backend& cpu, const Case& c, std::mt19937_64& rng, std:
 
 int run(int argc, char** argv) {
   std::string dir, backend = "cuda";
+  bool packed_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     if (s == "--dump" && i + 1 < argc) {
       dir = argv[++i];
+    } else if (s == "--decode-layout-only") {  // the decode layout's cases alone
+      packed_only = true;
     } else if (s == "--backend" && i + 1 < argc) {  // another backend in place of CUDA (a test)
       backend = argv[++i];
     } else {
       throw Error(ErrorCode::kInvalidArgument, "gemm_gpu_probe",
-                  fmt::format("unknown argument '{}' (use --dump DIR, --backend NAME)", s));
+                  fmt::format("unknown argument '{}' (use --dump DIR, --backend NAME, "
+                              "--decode-layout-only)",
+                              s));
     }
   }
   auto gpu = create_backend(backend);
@@ -178,8 +198,10 @@ int run(int argc, char** argv) {
   std::ofstream dump;
   if (!dir.empty()) dump.open(dir + "/probe.bin", std::ios::binary);
   fmt::print("device: {}\n", gpu->device_name());
-  int wrong = 0;
+  int wrong = 0, ran = 0;
   for (const Case& c : kCases) {
+    if (packed_only && !c.packed) continue;
+    ++ran;
     try {
       wrong += !probe(*gpu, *cpu, c, rng, dump.is_open() ? &dump : nullptr);
     } catch (const Error& e) {
@@ -192,7 +214,7 @@ int run(int argc, char** argv) {
   }
   gpu->op_cache().release(*gpu);
   cpu->op_cache().release(*cpu);
-  fmt::print("{} of {} cases wrong; live bytes {} ({}) {} (cpu)\n", wrong, std::size(kCases),
+  fmt::print("{} of {} cases wrong; live bytes {} ({}) {} (cpu)\n", wrong, ran,
              gpu->live_bytes(), backend, cpu->live_bytes());
   return wrong == 0 && gpu->live_bytes() == 0 ? 0 : 1;
 }

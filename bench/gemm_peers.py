@@ -65,7 +65,7 @@ def int4pack(torch, w_codes, n, k):
 
 def main():
     quick = "--quick" in sys.argv
-    ms = [1, 16, 4096] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 512, 4096]
+    ms = [1, 2, 4, 8, 16, 4096] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 512, 4096]
     try:
         import torch
     except ImportError:

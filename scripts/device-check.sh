@@ -96,7 +96,7 @@ if [[ -n "$first_failed" ]] && command -v compute-sanitizer >/dev/null; then
 fi
 # Every Llama-3 shape at M = 1, 16, 4096 against the copy bandwidth and cuBLASLt BF16 measured
 # in the same run.
-step bench-gemm-gpu 120 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
+step bench-gemm-gpu 150 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
 step check-cuda 30 "$build/metrale" check --backend cuda
 step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
 # torch's peers on the same shapes (a line saying why where torch is absent).

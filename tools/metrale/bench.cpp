@@ -140,34 +140,53 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   toolkit::Roofline roof = toolkit::measure_roofline(b);
 
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<const ops::WeightsResource*> dev;
   std::int64_t max_n = 0, max_k = 0;
   for (std::size_t i = 0; i < shape.layers.size(); ++i) {
     const Layer& l = shape.layers[i];
     if (host.size() <= i) {
       host.push_back(toolkit::random_weights(WeightFormat::kNvfp4, l.n, l.k, rng));
     }
-    dev.push_back(&scope.add(ops::make_weights_resource(b, host[i], "weights " + l.name)));
     max_n = std::max(max_n, l.n);
     max_k = std::max(max_k, l.k);
   }
+  // The decode layout where the backend prefers it (its decode kernel reads it) for the M that
+  // decode takes; the source layout for the rest (only the decode route reads the decode layout).
+  const std::int64_t decode_m = ops::decode_max_m(b);
+  const bool packed_wanted =
+      ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred) &&
+      std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; });
+  const bool source_wanted =
+      !packed_wanted ||
+      std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m > decode_m; });
   // Timing walks the layers in turn, as a forward pass does, so a layer is not read from a cache
   // its own previous call filled; where one block's weights are too few for that, whole copies
   // of the block join the turn (toolkit/rotation.h). See Note [layer rotation] in docs/NOTES.md.
-  std::size_t block_bytes = 0;
-  for (const ops::WeightsResource* lw : dev) {
-    block_bytes += lw->weights().codes_bytes + lw->weights().scales_bytes;
-  }
-  const std::size_t copies = toolkit::rotation_copies(block_bytes);
-  std::vector<std::vector<const ops::WeightsResource*>> rotation{dev};
-  for (std::size_t r = 1; r < copies; ++r) {
-    std::vector<const ops::WeightsResource*> copy;
-    for (std::size_t i = 0; i < shape.layers.size(); ++i) {
-      copy.push_back(&scope.add(ops::make_weights_resource(
-          b, host[i], fmt::format("weights {} (copy {})", shape.layers[i].name, r))));
+  double pack_seconds = 0;
+  const auto upload_rotation = [&](ops::UploadLayout layout, const char* tag) {
+    std::vector<std::vector<const ops::WeightsResource*>> rot;
+    std::size_t copies = 1;
+    for (std::size_t r = 0; r < copies; ++r) {
+      std::vector<const ops::WeightsResource*> copy;
+      std::size_t block_bytes = 0;
+      for (std::size_t i = 0; i < shape.layers.size(); ++i) {
+        const std::string label =
+            r == 0 ? fmt::format("weights {}{}", shape.layers[i].name, tag)
+                   : fmt::format("weights {}{} (copy {})", shape.layers[i].name, tag, r);
+        copy.push_back(&scope.add(ops::make_weights_resource(b, host[i], label, layout)));
+        if (r == 0) pack_seconds += copy.back()->pack_seconds();
+        block_bytes += copy.back()->weights().codes_bytes + copy.back()->weights().scales_bytes;
+      }
+      if (r == 0) copies = toolkit::rotation_copies(block_bytes);
+      rot.push_back(std::move(copy));
     }
-    rotation.push_back(std::move(copy));
-  }
+    return rot;
+  };
+  const auto rotation_source = source_wanted
+                                   ? upload_rotation(ops::UploadLayout::kSource, "")
+                                   : std::vector<std::vector<const ops::WeightsResource*>>{};
+  const auto rotation_packed = packed_wanted
+                                   ? upload_rotation(ops::UploadLayout::kDecode, " (decode layout)")
+                                   : std::vector<std::vector<const ops::WeightsResource*>>{};
   const std::int64_t max_m = *std::max_element(ms.begin(), ms.end());
   const DevicePtr a =
       scope.alloc_buffer("activations", static_cast<std::size_t>(max_m * max_k * 2));
@@ -184,6 +203,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   bool ok = true;
   Progress progress(isatty(STDOUT_FILENO) && !options.json, ms.size() * shape.layers.size());
   for (std::int64_t m : ms) {
+    const auto& rotation = packed_wanted && m <= decode_m ? rotation_packed : rotation_source;
+    const std::vector<const ops::WeightsResource*>& dev = rotation.front();
     // Every layer is checked first; the ones that pass are then timed together, in turns.
     std::vector<std::size_t> timed;  // layers that passed, and their entries in cases
     std::vector<std::size_t> case_of(shape.layers.size());
@@ -271,9 +292,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
     for (std::size_t li : timed) {
       Case& cs = cases[case_of[li]];
-      const ops::QuantWeights& w = dev[li]->weights();
       cs.seconds = median(t[li]);
-      const double bytes = static_cast<double>(w.codes_bytes + w.scales_bytes) +
+      // The weights' own bytes (the source layout's), whichever layout streamed them: the
+      // decode layout's padding and scale table are overhead the kernel pays, not work.
+      const double bytes = static_cast<double>(host[li].codes.size() + host[li].scales.size()) +
                            static_cast<double>(m * cs.k * 2 + m * cs.n * 2);
       cs.gbps = bytes / cs.seconds / 1e9;
       cs.tflops = 2.0 * static_cast<double>(m * cs.n * cs.k) / cs.seconds / 1e12;
@@ -323,6 +345,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"bandwidth_of", roof.bandwidth_of},
                          {"TFLOPs", roof.flops / 1e12},
                          {"flops_of", roof.flops_of}}},
+                       {"decode_layout_pack_s", pack_seconds},
                        {"live_bytes_after_teardown", probe.live_bytes()},
                        {"swept_after_teardown", td.swept},
                        {"passed", ok}};
@@ -363,6 +386,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
              roof.bandwidth_of,
              roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)
                             : roof.flops_of);
+  if (packed_wanted) {
+    fmt::print("  decode layout for M <= {}: {} layer(s) repacked at upload in {:.1f} ms\n",
+               decode_m, shape.layers.size(), pack_seconds * 1e3);
+  }
   std::size_t width = 8;
   for (const Layer& l : shape.layers) width = std::max(width, l.name.size());
   fmt::print("\n{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8} {:>6} {:>8} {:>6}  {}\n", "layer", width,
