@@ -47,21 +47,33 @@ constexpr WeightLayout kRm = WeightLayout::kRowMajor;
 
 // One tile, several tiles, ragged edges, the other format and layout, split-K, a real layer.
 const Case kCases[] = {
-    {R::kDecode, 1, 256, 512},       {R::kDecode, 8, 300, 1040},
-    {R::kDecode, 16, 1024, 4096},    {R::kDecode, 1, 8192, 8192},
-    {R::kDecode, 3, 520, 1024, kMx}, {R::kDecode, 5, 256, 512, WeightFormat::kNvfp4, kT},
-    {R::kTiled, 128, 128, 256},      {R::kTiled, 256, 384, 1024},
-    {R::kTiled, 200, 300, 1040},     {R::kTiled, 1, 256, 512},
-    {R::kTiled, 130, 264, 544, kMx}, {R::kTiled, 4096, 1024, 2048},
-    {R::kE4m3, 64, 64, 256},         {R::kE4m3, 128, 256, 1024},
-    {R::kE4m3, 200, 300, 1040},      {R::kE4m3, 100, 264, 544, kMx},
+    {R::kDecode, 1, 256, 512},
+    {R::kDecode, 8, 300, 1040},
+    {R::kDecode, 16, 1024, 4096},
+    {R::kDecode, 1, 8192, 8192},
+    {R::kDecode, 3, 520, 1024, kMx},
+    {R::kDecode, 5, 256, 512, WeightFormat::kNvfp4, kT},
+    {R::kTiled, 128, 128, 256},
+    {R::kTiled, 256, 384, 1024},
+    {R::kTiled, 200, 300, 1040},
+    {R::kTiled, 1, 256, 512},
+    {R::kTiled, 130, 264, 544, kMx},
+    {R::kTiled, 4096, 1024, 2048},
+    {R::kE4m3, 64, 64, 256},
+    {R::kE4m3, 128, 256, 1024},
+    {R::kE4m3, 200, 300, 1040},
+    {R::kE4m3, 100, 264, 544, kMx},
     {R::kE4m3, 4096, 1024, 2048},
     // The decode layout: one tile, ragged N and K (K not a multiple of 128), M at 8, 16 and
     // past 16, split-K on real layers, MXFP4, a transposed source.
-    {R::kDecode, 1, 32, 128, kNv, kRm, true},      {R::kDecode, 8, 300, 1040, kNv, kRm, true},
-    {R::kDecode, 16, 1024, 4096, kNv, kRm, true},  {R::kDecode, 1, 8192, 8192, kNv, kRm, true},
-    {R::kDecode, 2, 4096, 14336, kNv, kRm, true},  {R::kDecode, 3, 520, 1024, kMx, kRm, true},
-    {R::kDecode, 13, 200, 4000, kMx, kRm, true},   {R::kDecode, 5, 256, 512, kNv, kT, true},
+    {R::kDecode, 1, 32, 128, kNv, kRm, true},
+    {R::kDecode, 8, 300, 1040, kNv, kRm, true},
+    {R::kDecode, 16, 1024, 4096, kNv, kRm, true},
+    {R::kDecode, 1, 8192, 8192, kNv, kRm, true},
+    {R::kDecode, 2, 4096, 14336, kNv, kRm, true},
+    {R::kDecode, 3, 520, 1024, kMx, kRm, true},
+    {R::kDecode, 13, 200, 4000, kMx, kRm, true},
+    {R::kDecode, 5, 256, 512, kNv, kT, true},
     {R::kDecode, 40, 96, 176, kNv, kRm, true},
 };
 
@@ -163,10 +175,9 @@ bool probe(Backend& gpu, Backend& cpu, const Case& c, std::mt19937_64& rng, std:
   }
   const double err = den > 0 ? std::sqrt(num / den) : 0;
   const std::string route = std::string(ops::to_string(c.route)) + (c.packed ? "-dl" : "");
-  fmt::print("{:<9} {} {:<10} M={:<5} N={:<5} K={:<5} err {:.2e} bad {}/{} unwritten {}{}\n",
-             route, to_string(c.format),
-             c.layout == WeightLayout::kRowMajor ? "row-major" : "transposed", c.m, c.n, c.k, err,
-             bad, c.m * c.n, unwritten, bad ? " WRONG" : "");
+  fmt::print("{:<9} {} {:<10} M={:<5} N={:<5} K={:<5} err {:.2e} bad {}/{} unwritten {}{}\n", route,
+             to_string(c.format), c.layout == WeightLayout::kRowMajor ? "row-major" : "transposed",
+             c.m, c.n, c.k, err, bad, c.m * c.n, unwritten, bad ? " WRONG" : "");
   if (bad) {
     fmt::print("   rows {}\n   cols {}\n   first{}\n", runs(rows), runs(cols), first);
     if (dump && c.m * c.n <= (1 << 20)) write_case(*dump, c, a, w, got, want);
@@ -214,8 +225,8 @@ int run(int argc, char** argv) {
   }
   gpu->op_cache().release(*gpu);
   cpu->op_cache().release(*cpu);
-  fmt::print("{} of {} cases wrong; live bytes {} ({}) {} (cpu)\n", wrong, ran,
-             gpu->live_bytes(), backend, cpu->live_bytes());
+  fmt::print("{} of {} cases wrong; live bytes {} ({}) {} (cpu)\n", wrong, ran, gpu->live_bytes(),
+             backend, cpu->live_bytes());
   return wrong == 0 && gpu->live_bytes() == 0 ? 0 : 1;
 }
 
