@@ -133,12 +133,15 @@ class Checker {
   }
 
   // One w4a16_gemm case on random data against the float64 reference: bf16 A (E4M3-rounded A
-  // for the e4m3 route) times the dequantized host weights. Output poisoned first.
-  std::string gemm(ops::GemmRoute route, WeightFormat format, WeightLayout layout, bool bias) {
+  // for the e4m3 route) times the dequantized host weights. Output poisoned first. `upload`:
+  // kDecode runs the decode route on the decode layout (at M past 16 too).
+  std::string gemm(ops::GemmRoute route, WeightFormat format, WeightLayout layout, bool bias,
+                   ops::UploadLayout upload = ops::UploadLayout::kSource) {
     Backend& b = scope_.backend();
-    std::uniform_int_distribution<std::int64_t> pick_m(1,
-                                                       route == ops::GemmRoute::kDecode ? 16 : 96),
-        pick_n(1, 300), pick_g(1, 12);
+    const bool packed = upload == ops::UploadLayout::kDecode;
+    std::uniform_int_distribution<std::int64_t> pick_m(
+        1, packed ? 40 : (route == ops::GemmRoute::kDecode ? 16 : 96)),
+        pick_n(1, 300), pick_g(1, packed ? 40 : 12);
     const std::int64_t m = pick_m(rng_), n = pick_n(rng_), k = pick_g(rng_) * group_size(format);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> wf(static_cast<std::size_t>(n * k));
@@ -149,7 +152,7 @@ class Checker {
     std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), hb(static_cast<std::size_t>(n));
     for (auto& x : a) x = num::f32_to_bf16(normal(rng_));
     for (auto& x : hb) x = num::f32_to_bf16(normal(rng_));
-    ops::QuantWeights w = ops::upload_weights(b, hw);
+    ops::QuantWeights w = ops::upload_weights(b, hw, upload);
     const DevicePtr da = scope_.alloc_buffer("gemm A", a.size() * 2);
     const DevicePtr dc = scope_.alloc_buffer("gemm C", static_cast<std::size_t>(m * n) * 2);
     const DevicePtr dbias = scope_.alloc_buffer("gemm bias", hb.size() * 2);
@@ -269,6 +272,19 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                             bias ? " +bias" : ""),
                 [&] { return c.gemm(route, format, layout, bias); });
         }
+      }
+    }
+    // The decode layout (made at upload; gemm_decode_packed on CUDA, its CPU twin here).
+    for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+      for (const auto layout : {WeightLayout::kRowMajor, WeightLayout::kTransposed}) {
+        const bool bias = layout == WeightLayout::kTransposed;
+        c.run(fmt::format("w4a16 decode-dl {} {}{}", to_string(format),
+                          layout == WeightLayout::kRowMajor ? "rows" : "transposed",
+                          bias ? " +bias" : ""),
+              [&] {
+                return c.gemm(ops::GemmRoute::kDecode, format, layout, bias,
+                              ops::UploadLayout::kDecode);
+              });
       }
     }
     rows = c.rows();
