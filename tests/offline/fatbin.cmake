@@ -25,7 +25,8 @@ endif()
 
 # Not linked to metrale (the test reads no library code), but built after it, so the fatbins the
 # library embeds are fresh when the test runs.
-add_executable(fatbin_offline_test ${CMAKE_CURRENT_LIST_DIR}/fatbin_test.cpp)
+add_executable(fatbin_offline_test ${CMAKE_CURRENT_LIST_DIR}/fatbin_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shell.cpp)
 target_include_directories(fatbin_offline_test PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(fatbin_offline_test PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
 target_compile_features(fatbin_offline_test PRIVATE cxx_std_20)
@@ -44,7 +45,8 @@ set_tests_properties(cuda.fatbin_offline PROPERTIES LABELS cuda TIMEOUT 300)
 # its sm_90a SASS (sass_budget_test.cpp). Its name starts with cuda.fatbin_offline so that every
 # rule for that test (a carried build skips it in scripts/device-check.sh) covers it too.
 add_executable(sass_budget_test ${CMAKE_CURRENT_LIST_DIR}/sass_budget_test.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/sass_test.cpp ${CMAKE_CURRENT_LIST_DIR}/sass.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/sass_test.cpp ${CMAKE_CURRENT_LIST_DIR}/sass.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shell.cpp)
 target_link_libraries(sass_budget_test PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)
 target_compile_features(sass_budget_test PRIVATE cxx_std_20)
 target_compile_definitions(sass_budget_test PRIVATE

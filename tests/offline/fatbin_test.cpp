@@ -22,6 +22,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
+#include "shell.h"
 
 namespace {
 
@@ -113,33 +114,12 @@ const Module& module_named(const std::string& name) {
 
 // ---- running cuobjdump ----
 
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using metrale::offline::quoted;
+using metrale::offline::Ran;
+using metrale::offline::run;
 
-struct Ran {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
-Ran run(const std::string& command) {
-  Ran r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[65536];
-  std::size_t got = 0;
-  while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
-  const int raw = pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return r;
-}
-
-// cuobjdump prints SASS through nvdisasm, which it looks for on PATH.
 std::string cuobjdump(const std::string& args) {
-  const std::string nvdisasm_dir = fs::path(METRALE_NVDISASM).parent_path().string();
-  return "PATH=" + quoted(nvdisasm_dir) + ":\"$PATH\" " + quoted(METRALE_CUOBJDUMP) + " " + args;
+  return metrale::offline::cuobjdump_command(METRALE_CUOBJDUMP, METRALE_NVDISASM, args);
 }
 
 // ---- the ELF64 of a cubin ----

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "sass.h"
+#include "shell.h"
 
 namespace {
 
@@ -41,39 +42,16 @@ constexpr double kIntegerPerWeight = 1.25;
 const std::string kTarget = "sm_90a";
 const std::string kDefaultKernel = "gemm_decode_packed";
 
-// ---- running cuobjdump (as fatbin_test.cpp does) ----
+// ---- running cuobjdump ----
 
-// s as one single-quoted shell word.
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using metrale::offline::quoted;
+using metrale::offline::Ran;
+using metrale::offline::run;
 
-struct Ran {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs a shell command, its stdout and stderr together.
-Ran run(const std::string& command) {
-  Ran r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[65536];
-  std::size_t got = 0;
-  while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
-  const int raw = pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return r;
-}
-
-// cuobjdump with `args` on the w4a16 fatbin. It prints SASS through nvdisasm, which it looks
-// for on PATH.
+// cuobjdump with `args` on the w4a16 fatbin.
 Ran cuobjdump(const std::string& args) {
-  const std::string nvdisasm_dir = fs::path(METRALE_NVDISASM).parent_path().string();
-  return run("PATH=" + quoted(nvdisasm_dir) + ":\"$PATH\" " + quoted(METRALE_CUOBJDUMP) + " " +
-             args + " " + quoted(METRALE_W4A16_FATBIN));
+  return run(metrale::offline::cuobjdump_command(METRALE_CUOBJDUMP, METRALE_NVDISASM, args) + " " +
+             quoted(METRALE_W4A16_FATBIN));
 }
 
 // ---- one kernel's loops ----
