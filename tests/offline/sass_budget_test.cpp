@@ -18,7 +18,6 @@
 // entry on every target); here the kernel's SASS itself is searched for LDL/STL.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
