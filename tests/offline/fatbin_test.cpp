@@ -268,13 +268,9 @@ int count_opcode(const std::string& sass, const std::string& mnemonic) {
 class FatbinOffline : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::string(METRALE_CUOBJDUMP).empty() || std::string(METRALE_NVDISASM).empty()) {
-      FAIL() << "cuobjdump or nvdisasm was not found when cmake ran: run scripts/install-deps.sh "
-                "(it installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), then re-run cmake";
-    }
-    for (const char* tool : {METRALE_CUOBJDUMP, METRALE_NVDISASM}) {
-      ASSERT_TRUE(fs::exists(tool)) << tool << " is gone: run scripts/install-deps.sh";
-    }
+    const std::string missing =
+        metrale::offline::missing_disassemblers(METRALE_CUOBJDUMP, METRALE_NVDISASM);
+    if (!missing.empty()) FAIL() << missing;
     for (const auto& m : modules()) {
       ASSERT_TRUE(fs::exists(m.fatbin)) << m.fatbin << " is missing: build the metrale target";
     }

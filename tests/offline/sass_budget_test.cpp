@@ -167,13 +167,9 @@ void expect_consistent(const LoopReport& l) {
 class SassBudget : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::string(METRALE_CUOBJDUMP).empty() || std::string(METRALE_NVDISASM).empty()) {
-      FAIL() << "cuobjdump or nvdisasm was not found when cmake ran: run scripts/install-deps.sh "
-                "(it installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), then re-run cmake";
-    }
-    for (const char* tool : {METRALE_CUOBJDUMP, METRALE_NVDISASM}) {
-      ASSERT_TRUE(fs::exists(tool)) << tool << " is gone: run scripts/install-deps.sh";
-    }
+    const std::string missing =
+        metrale::offline::missing_disassemblers(METRALE_CUOBJDUMP, METRALE_NVDISASM);
+    if (!missing.empty()) FAIL() << missing;
     ASSERT_TRUE(fs::exists(METRALE_W4A16_FATBIN))
         << METRALE_W4A16_FATBIN << " is missing: build the metrale target";
   }

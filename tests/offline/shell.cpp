@@ -31,4 +31,15 @@ std::string cuobjdump_command(const std::string& cuobjdump, const std::string& n
   return "PATH=" + quoted(dir) + ":\"$PATH\" " + quoted(cuobjdump) + " " + args;
 }
 
+std::string missing_disassemblers(const std::string& cuobjdump, const std::string& nvdisasm) {
+  if (cuobjdump.empty() || nvdisasm.empty()) {
+    return "cuobjdump or nvdisasm was not found when cmake ran: run scripts/install-deps.sh (it "
+           "installs nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm), then re-run cmake";
+  }
+  for (const std::string& tool : {cuobjdump, nvdisasm}) {
+    if (!std::filesystem::exists(tool)) return tool + " is gone: run scripts/install-deps.sh";
+  }
+  return {};
+}
+
 }  // namespace metrale::offline

@@ -23,4 +23,8 @@ Ran run(const std::string& command);
 std::string cuobjdump_command(const std::string& cuobjdump, const std::string& nvdisasm,
                               const std::string& args);
 
+// Why the offline tests cannot run the disassemblers found when cmake ran (not found then, or
+// gone since), or empty when both are there.
+std::string missing_disassemblers(const std::string& cuobjdump, const std::string& nvdisasm);
+
 }  // namespace metrale::offline
