@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "kernels/decode_layout.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -162,6 +163,21 @@ TEST_F(PackedErrors, PackedWeightsWithWrongSizesOrAFoldOutOfRangeAreRefused) {
     w.fold = fold;
     EXPECT_EQ(plan(*b_, kM, w).fold, fold);
   }
+}
+
+// Padded sizes that 64 bits cannot count: N = 2^32 rows of K = 2^32 - 16 pad to 2^32 x 2^32
+// codes, 2^63 bytes, past what a signed 64-bit product holds (it wrapped to 0, so a description
+// claiming an empty codes buffer passed). Planning only: the buffers are never read.
+TEST_F(PackedErrors, PaddedSizesPast64BitsAreRefused) {
+  QuantWeights w = packed_;
+  w.n = std::int64_t{1} << 32;
+  w.k = (std::int64_t{1} << 32) - 16;
+  w.codes_bytes = 0;
+  w.scales_bytes = static_cast<std::size_t>(decode_layout::scale_bytes(w.n, w.k, false));
+  const Error e = expect_error([&] { (void)plan(*b_, 1, w); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("[plan] the packed weights would be 4294967296 x 4294967296 x "
+                                  "1 bytes, more than 64 bits can count"));
 }
 
 // The upload's device memory: what the ledger counted (allocations ever made) and holds.
