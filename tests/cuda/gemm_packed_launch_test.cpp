@@ -285,6 +285,47 @@ TEST(GemmPackedLaunch, SplitKResultsAreTheSameBitsEveryRun) {
   rig.b().op_cache().release(rig.b());
 }
 
+// plan -> run with the split-K workspace carved from one caller's buffer (poisoned first) gives
+// the same bits as w4a16_gemm with OpCache scratch.
+TEST(GemmPackedLaunch, PlanAndRunWithACarvedWorkspaceMatchTheOneCall) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  Rig rig(RigOptions{.modules = {core_module(), packed_module()}});
+  CudaBackend& b = rig.b();
+  std::mt19937_64 gen(seed), again(seed);
+  const Case c{5, 45, 1024, WeightFormat::kNvfp4, WeightLayout::kTransposed, false};
+  const std::vector<std::uint16_t> one_call = run_packed(rig, c, gen);
+  // The same data as run_packed drew.
+  HostQuantWeights row =
+      ref::quantize(c.format, ref::random_weight_values(again, c.n, c.k), c.n, c.k);
+  ops::QuantWeights w =
+      ops::upload_weights(b, with_layout(row, c.layout), ops::UploadLayout::kBackendPreferred);
+  const auto a = ref::random_activations(again, static_cast<std::size_t>(c.m * c.k));
+  const DevicePtr da = b.alloc(a.size() * 2);
+  b.copy_h2d(da, a.data(), a.size() * 2);
+  const auto elems = static_cast<std::size_t>(c.m * c.n);
+  const DevicePtr dc = b.alloc(elems * 2);
+  b.memset(dc, ref::kPoisonByte, elems * 2);
+  const ops::GemmPlan p = ops::plan(b, c.m, w);
+  ASSERT_GT(p.splits, 1);
+  EXPECT_EQ(p.packing, ops::WeightPacking::kDecode);
+  EXPECT_EQ(p.fold, dl::kNvfp4Fold);
+  EXPECT_THAT(p.describe(), HasSubstr("decode M=5 N=45 K=1024: w4a16::gemm_decode_packed 4x1x"));
+  const DevicePtr ws = b.alloc(p.workspace.total());
+  b.memset(ws, ref::kPoisonByte, p.workspace.total());
+  ops::run(p, b.default_stream(), da, w, dc, ops::GemmWorkspace::carve(ws, p.workspace));
+  b.synchronize(b.default_stream());
+  std::vector<std::uint16_t> out(elems);
+  b.copy_d2h(out.data(), dc, elems * 2);
+  EXPECT_EQ(out, one_call);
+  b.free(ws);
+  b.free(dc);
+  b.free(da);
+  ops::free_weights(b, w);
+  b.op_cache().release(b);
+  EXPECT_EQ(b.live_bytes(), 0u);
+}
+
 TEST(GemmPackedLaunch, EnoughColumnBlocksMeanNoSplitAndNoWorkspace) {
   const std::uint64_t seed = ref::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));
