@@ -108,7 +108,12 @@ void check_packed_weights(std::string_view api, const QuantWeights& w) {
                 fmt::format("packed weights are {}x{}; the decode layout takes N and K up to 2^40",
                             w.n, w.k));
   }
-  const auto codes = static_cast<std::uint64_t>(decode_layout::code_bytes(w.n, w.k));
+  // Counted in 64 unsigned bits, checked: decode_layout::code_bytes' signed product of the padded
+  // N and K wraps past 2^63 (2^32 rows of 2^32 - 16 K padded to 0 bytes of codes).
+  const std::uint64_t codes =
+      bytes_of(api, "the packed weights", static_cast<std::uint64_t>(decode_layout::padded_n(w.n)),
+               static_cast<std::uint64_t>(decode_layout::padded_k(w.k)), 1) /
+      2;
   const auto scales = static_cast<std::uint64_t>(decode_layout::scale_bytes(w.n, w.k, mx));
   if (w.codes_bytes != codes || w.scales_bytes != scales) {
     throw Error(

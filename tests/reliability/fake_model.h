@@ -11,12 +11,14 @@
 #include <string>
 #include <utility>
 
+#include "cpu/kernels/decode_packed_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cuda/backend.h"
 #include "cuda/fake_driver.h"
 #include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "cuda/rig.h"
+#include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
 #include "kernels/manifest.h"
 #include "metrale/kernel_args.h"
@@ -63,6 +65,7 @@ inline fake::ModuleSpec w4a16_module() {
         k::gemm_decode(p, a, b, k::best_isa());
       },
       cols);
+  f["gemm_decode_packed"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_packed, cols);
   f["gemm_tiled"] = tiled_entry<GemmParams>(
       kTiledTile,
       [](const GemmParams& p, std::int64_t a, std::int64_t b) {
@@ -77,12 +80,17 @@ inline fake::ModuleSpec w4a16_module() {
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
       .publish_u32("gemm_split_reduce_n_tile", kReduceTile)
       .publish_u32("gemm_decode_max_m", kDecodeMaxM)
+      .publish_u32("gemm_decode_packed_n_tile", kDecodeTile)
+      // The decode layout with no largest M, as the CPU module: uploads that follow the
+      // backend's preference keep the source layout, so the lifecycle is what it was.
+      .publish_u32("gemm_decode_packed_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
       .publish_u32("bf16_to_fp8_n_tile", kCastTile)
       .publish_u32("dequant_e4m3_n_tile", kDequantTile)
       // Exact-BF16 routes say so; the e4m3 route says it casts A.
       .publish_u32("gemm_decode_a_e4m3", 0)
+      .publish_u32("gemm_decode_packed_a_e4m3", 0)
       .publish_u32("gemm_tiled_a_e4m3", 0)
       .publish_u32("gemm_e4m3_a_e4m3", 1);
   // Every entry of the manifest, each with the block size it publishes.
