@@ -298,8 +298,20 @@ void check_workspace_part(std::string_view api, Backend& backend, const char* na
   check_no_overlap(api, Range{name, p.address(), bytes}, others);
 }
 
+// The kernels' GemmFlags for weights of this format, source layout and packing, with or without
+// a bias. Packed weights carry no source layout for a kernel to read: their flag says the
+// decode one.
+std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking packing,
+                         bool bias) {
+  const bool packed = packing == WeightPacking::kDecode;
+  return (format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
+         (!packed && layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
+         (packed ? kGemmDecodePacked : 0u) | (bias ? kGemmBias : 0u);
+}
+
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
-// fit its own route, M, N, K and split (so no kernel runs on a grid or buffer sized for another).
+// fit its own route, M, N, K and split, or whose kernel flags do not say its own weights (so no
+// kernel runs on a grid, buffer or layout meant for another).
 void check_plan(std::string_view api, const GemmPlan& plan) {
   const bool e4m3 = plan.route == GemmRoute::kE4m3;
   const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u);
@@ -310,6 +322,15 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
       (!e4m3 || (plan.workspace.a_e4m3 >= um * uk && plan.workspace.w_e4m3 >= un * uk)) &&
       (plan.splits == 1 || plan.workspace.split_k / (um * un * sizeof(float)) >=
                                static_cast<std::uint64_t>(plan.splits));
+  const std::uint32_t flags = gemm_flags(plan.format, plan.layout, plan.packing, plan.bias);
+  if (plan.flags != flags) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("the plan's kernel flags are {:#x}, but its weights ({} {}, {} layout{}) "
+                    "need {:#x}: make it with plan()",
+                    plan.flags, to_string(plan.format), layout_name(plan.layout),
+                    packing_name(plan.packing), plan.bias ? ", bias" : "", flags));
+  }
   if (plan.launches.size() != launches || !sizes) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("the plan does not fit itself ({} launch(es) for route {} with {} "
@@ -475,11 +496,7 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   p.packing = w.packing;
   p.fold = w.fold;
   p.bias = static_cast<bool>(options.bias);
-  const bool packed = w.packing == WeightPacking::kDecode;
-  // Packed weights carry no source layout for a kernel to read: the flag says the decode one.
-  p.flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
-            (!packed && w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
-            (packed ? kGemmDecodePacked : 0u) | (options.bias ? kGemmBias : 0u);
+  p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias);
   OpCache& cache = backend.op_cache();
   const ResolvedKernel& gemm = check_route(api, backend, p.route, w, options);
 

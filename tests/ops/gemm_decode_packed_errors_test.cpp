@@ -15,6 +15,7 @@
 
 #include "core/expect_error.h"
 #include "kernels/decode_layout.h"
+#include "kernels/gemm_params.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -95,6 +96,27 @@ TEST_F(PackedErrors, RoutesThatReadTheSourceLayoutAreRefusedNamingTheRoute) {
   decode.route = GemmRoute::kDecode;
   EXPECT_EQ(plan(*b_, kM, packed_, decode).route, GemmRoute::kDecode);
   EXPECT_EQ(plan(*b_, 100, packed_).route, GemmRoute::kDecode);
+}
+
+// A plan edited to say other weights than the ones its kernel flags were made for is refused
+// before anything launches: the packed kernel on source-layout buffers, or the transposed flag
+// on row-major codes.
+TEST_F(PackedErrors, RunRefusesAPlanWhoseFlagsDoNotSayItsWeights) {
+  const StreamHandle s = b_->default_stream();
+  GemmPlan edited = plan(*b_, kM, packed_);
+  edited.packing = WeightPacking::kSource;
+  edited.fold = 0;
+  const Error e1 =
+      expect_error([&] { run(edited, s, a_, source_, c_, scratch_workspace(edited, s)); });
+  EXPECT_EQ(e1.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e1.what(), HasSubstr("[run] the plan's kernel flags are 0x8, but its weights (nvfp4 "
+                                   "row-major, source layout) need 0x0"));
+  GemmPlan relaid = plan(*b_, kM, source_);
+  relaid.flags |= kGemmTransposed;
+  const Error e2 =
+      expect_error([&] { run(relaid, s, a_, source_, c_, scratch_workspace(relaid, s)); });
+  EXPECT_EQ(e2.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e2.what(), HasSubstr("[run] the plan's kernel flags are 0x2, but its weights"));
 }
 
 TEST_F(PackedErrors, RunRefusesWeightsInAnotherLayoutOrFoldThanThePlan) {
