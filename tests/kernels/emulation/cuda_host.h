@@ -71,22 +71,23 @@ inline uint3 thread_index() {
   return uint3{static_cast<unsigned>(current_fiber()), 0u, 0u};
 }
 
-// Records a fault unless [p, p + bytes) lies inside a readable buffer and p is aligned to
-// `align` (what the device's load instruction requires).
-inline void check_load(const void* p, std::size_t bytes, std::size_t align, const char* what) {
+// Whether [p, p + bytes) lies inside a readable buffer and p is aligned to `align` (what the
+// device's load instruction requires); records a fault where not (the load then reads zeros).
+inline bool check_load(const void* p, std::size_t bytes, std::size_t align, const char* what) {
   const auto at = reinterpret_cast<std::uintptr_t>(p);
   if (at % align != 0) {
     fault(std::string(what) + ": a misaligned load at " + std::to_string(at));
-    return;
+    return false;
   }
   for (const Region& r : grid_state().readable) {
     const auto b = reinterpret_cast<std::uintptr_t>(r.begin);
-    if (at >= b && at + bytes <= b + r.bytes) return;
+    if (at >= b && at + bytes <= b + r.bytes) return true;
   }
   fault(std::string(what) + ": a load of " + std::to_string(bytes) + " bytes at " +
         std::to_string(at) + " outside every readable buffer (thread " +
         std::to_string(current_fiber()) + ", block " + std::to_string(grid_state().block.x) + "," +
         std::to_string(grid_state().block.z) + ")");
+  return false;
 }
 
 // BF16 half `half` of a register as float.
@@ -166,8 +167,9 @@ inline void __syncthreads() {
 // A read-only load: a plain one, checked.
 template <class T>
 T __ldg(const T* p) {
-  ::metrale::emulation::check_load(p, sizeof(T), alignof(T), "__ldg");
-  T v;
-  std::memcpy(&v, p, sizeof(T));
+  T v{};
+  if (::metrale::emulation::check_load(p, sizeof(T), alignof(T), "__ldg")) {
+    std::memcpy(&v, p, sizeof(T));
+  }
   return v;
 }

@@ -10,19 +10,17 @@
 
 namespace metrale::ptx {
 
-// ld.global.nc.v4.u32: 16 aligned bytes.
+// ld.global.nc.v4.u32: 16 aligned bytes (zeros and a fault outside the readable buffers).
 inline uint4 ldg16(const void* p) {
-  emulation::check_load(p, 16, 16, "ptx::ldg16");
-  uint4 v;
-  std::memcpy(&v, p, 16);
+  uint4 v{};
+  if (emulation::check_load(p, 16, 16, "ptx::ldg16")) std::memcpy(&v, p, 16);
   return v;
 }
 
-// ld.global.nc.v2.u32: 8 aligned bytes.
+// ld.global.nc.v2.u32: 8 aligned bytes (zeros and a fault outside the readable buffers).
 inline uint2 ldg8(const void* p) {
-  emulation::check_load(p, 8, 8, "ptx::ldg8");
-  uint2 v;
-  std::memcpy(&v, p, 8);
+  uint2 v{};
+  if (emulation::check_load(p, 8, 8, "ptx::ldg8")) std::memcpy(&v, p, 8);
   return v;
 }
 
