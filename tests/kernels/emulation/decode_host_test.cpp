@@ -1,16 +1,22 @@
-// gemm_decode_packed's own source (src/cuda/kernels/decode_packed.cuh) run on the host: every
-// block of the grid, its 256 threads as fibers with the warp MMA emulated from the PTX ISA's
-// fragment rules (cuda_host.h), on weights packed by ops::pack_for_decode and arguments filled as
-// ops/gemm.cpp fills them, with and without split-K (then split_reduce.cuh's own code sums the
-// slices). The output is checked against a float64 product of the source weights, with C
-// poisoned (an element the kernel does not write fails) and a poisoned tail past C and past the
-// workspace that must stay as it was. What this reaches that the layout's tests cannot: the
-// kernel's pointer math per warp and lane, its register-set rotation, K slices, the partial last
-// K block, M beyond 16, the shared-memory sum and the fold.
+// The decode kernels' own sources run on the host: gemm_decode_packed (cuda/kernels/
+// decode_packed.cuh) on weights packed by ops::pack_for_decode, and gemm_decode (decode.cuh) on
+// the source layouts, every block of the grid with its 256 threads as fibers and the warp MMA
+// emulated from the PTX ISA's fragment rules (cuda_host.h), arguments filled as ops/gemm.cpp
+// fills them, with and without split-K (then split_reduce.cuh's own code sums the slices). The
+// output is checked against a float64 product of the source weights, with C poisoned (an element
+// the kernel does not write fails) and a poisoned tail past C and past the workspace that must
+// stay as it was. What this reaches that the layout's tests cannot: the kernels' pointer math per
+// warp and lane, their register-set rotation, K slices, the partial last K block, M beyond 16,
+// the shared-memory sum and the fold.
 #include "cuda_host.h"  // first: the CUDA language on the host
 
+// nvcc's warnings are not ours: decode.cuh's warp loop reuses a name (-Wshadow).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#include "cuda/kernels/decode.cuh"
 #include "cuda/kernels/decode_packed.cuh"
 #include "cuda/kernels/split_reduce.cuh"
+#pragma GCC diagnostic pop
 
 #include <gtest/gtest.h>
 
@@ -107,53 +113,85 @@ struct KernelRun {
   std::int64_t splits = 1;
 };
 
-// What ops/gemm.cpp's plan and launch_planned give gemm_decode_packed (and gemm_split_reduce)
-// for a device of `sm_count` SMs (0: no split), run on the host.
-KernelRun run_kernel(const ops::PackedDecodeWeights& pk, const std::vector<std::uint16_t>& a,
-                     const std::vector<std::uint16_t>& bias, std::int64_t m, int sm_count) {
+// Weights as a kernel reads them, and the kernel.
+struct KernelWeights {
+  const std::vector<std::uint8_t>* codes = nullptr;
+  const std::vector<std::uint8_t>* scales = nullptr;
+  std::int64_t n = 0, k = 0;
+  std::uint32_t flags = 0;  // format, layout, packing
+  std::int32_t fold = 0;
+  float tensor_scale = 1.0f;
+  void (*block)(const GemmParams&) = nullptr;  // the kernel's body
+};
+
+// gemm_decode_packed on the decode layout.
+KernelWeights packed_kernel(const ops::PackedDecodeWeights& pk) {
   const bool mx = pk.format == WeightFormat::kMxfp4;
+  return {&pk.codes,
+          &pk.scales,
+          pk.n,
+          pk.k,
+          kGemmDecodePacked | (mx ? kGemmMxfp4 : 0u),
+          pk.fold,
+          pk.tensor_scale,
+          [](const GemmParams& p) { kernels::decode_packed_block(p); }};
+}
+
+// gemm_decode on the source layout (row-major or transposed).
+KernelWeights source_kernel(const HostQuantWeights& w) {
+  const std::uint32_t flags = (w.format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
+                              (w.layout == WeightLayout::kTransposed ? kGemmTransposed : 0u);
+  return {&w.codes, &w.scales, w.n, w.k, flags, 0, w.tensor_scale, [](const GemmParams& p) {
+            kernels::decode_block(p);
+          }};
+}
+
+// What ops/gemm.cpp's plan and launch_planned give the kernel (and gemm_split_reduce) for a
+// device of `sm_count` SMs (0: no split), run on the host.
+KernelRun run_kernel(const KernelWeights& kw, const std::vector<std::uint16_t>& a,
+                     const std::vector<std::uint16_t>& bias, std::int64_t m, int sm_count) {
   KernelRun run;
-  run.c.assign(static_cast<std::size_t>(m * pk.n), kPoisonC);
+  run.c.assign(static_cast<std::size_t>(m * kw.n), kPoisonC);
   run.c.resize(run.c.size() + kTail, kPoisonTail);
   GemmParams p;
   p.a = address(a.data());
-  p.codes = address(pk.codes.data());
-  p.scales = address(pk.scales.data());
+  p.codes = address(kw.codes->data());
+  p.scales = address(kw.scales->data());
   p.out = address(run.c.data());
   p.bias = bias.empty() ? 0 : address(bias.data());
   p.m = m;
-  p.n = pk.n;
-  p.k = pk.k;
-  p.tensor_scale = pk.tensor_scale;
-  p.flags = kGemmDecodePacked | (mx ? kGemmMxfp4 : 0u) | (bias.empty() ? 0u : kGemmBias);
-  p.weight_fold = pk.fold;
-  // The grid from what the entry publishes: x over N by gemm_decode_packed_n_tile, z over K
-  // slices of gemm_decode_packed_split_k units when the N tiles alone leave SMs idle (the plan's
-  // 2 blocks an SM, at most 16 slices).
-  dim3 grid(static_cast<unsigned>((pk.n + decode_layout::kTileN - 1) / decode_layout::kTileN));
-  tiles::SplitK split{1, pk.k};
+  p.n = kw.n;
+  p.k = kw.k;
+  p.tensor_scale = kw.tensor_scale;
+  p.flags = kw.flags | (bias.empty() ? 0u : kGemmBias);
+  p.weight_fold = kw.fold;
+  // The grid from what both entries publish: x over N by <entry>_n_tile (32), z over K slices
+  // of <entry>_split_k units (kDecodeSplitUnit) when the N tiles alone leave SMs idle (the
+  // plan's 2 blocks an SM, at most 16 slices).
+  static_assert(decode_layout::kTileN == tiles::kDecodeNTile);
+  dim3 grid(static_cast<unsigned>((kw.n + tiles::kDecodeNTile - 1) / tiles::kDecodeNTile));
+  tiles::SplitK split{1, kw.k};
   if (sm_count > 0) {
-    split = tiles::plan_split_k(pk.k, tiles::kDecodeSplitUnit, grid.x, 2 * sm_count, 16);
+    split = tiles::plan_split_k(kw.k, tiles::kDecodeSplitUnit, grid.x, 2 * sm_count, 16);
   }
   grid.z = static_cast<unsigned>(split.splits);
   p.splits = split.splits;
   p.k_per_split = split.k_per_split;
   run.splits = split.splits;
   if (split.splits > 1) {
-    run.workspace.assign(static_cast<std::size_t>(split.splits * m * pk.n),
+    run.workspace.assign(static_cast<std::size_t>(split.splits * m * kw.n),
                          std::nanf("0x7FC00001"));
     run.workspace.resize(run.workspace.size() + kTail, 12345.0f);
     p.workspace = address(run.workspace.data());
   }
   std::vector<emu::Region> readable = {{a.data(), a.size() * 2},
-                                       {pk.codes.data(), pk.codes.size()},
-                                       {pk.scales.data(), pk.scales.size()}};
+                                       {kw.codes->data(), kw.codes->size()},
+                                       {kw.scales->data(), kw.scales->size()}};
   if (!bias.empty()) readable.push_back({bias.data(), bias.size() * 2});
-  run.error = emu::run_grid(grid, tiles::kDecodeThreads, readable,
-                            [&p] { kernels::decode_packed_block(p); });
+  run.error = emu::run_grid(grid, tiles::kDecodeThreads, readable, [&p, &kw] { kw.block(p); });
   if (run.error.empty() && split.splits > 1) {
     // gemm_split_reduce's threads, a whole last block of them (those past M x N return).
-    const std::int64_t outputs = m * pk.n, threads = 256;
+    const std::int64_t outputs = m * kw.n, threads = 256;
     for (std::int64_t i = 0; i < (outputs + threads - 1) / threads * threads; ++i) {
       kernels::split_reduce(p, i);
     }
@@ -196,48 +234,63 @@ void expect_matches(const KernelRun& run, const Reference& ref, std::int64_t m, 
 struct Shape {
   WeightFormat format;
   std::int64_t m;
+  WeightLayout layout = WeightLayout::kRowMajor;  // gemm_decode's source layout
 };
 
 std::string shape_name(const testing::TestParamInfo<Shape>& info) {
-  return std::string(info.param.format == WeightFormat::kMxfp4 ? "Mxfp4" : "Nvfp4") + "M" +
+  return std::string(info.param.format == WeightFormat::kMxfp4 ? "Mxfp4" : "Nvfp4") +
+         (info.param.layout == WeightLayout::kTransposed ? "Transposed" : "") + "M" +
          std::to_string(info.param.m);
+}
+
+std::mt19937_64 seeded_rng() {
+  std::random_device rd;
+  const std::uint64_t seed = (std::uint64_t{rd()} << 32) | rd();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  return std::mt19937_64(seed);
+}
+
+// N = 72: two whole tiles and one of 8 rows. NVFP4 K = 5200 (128 x 40.625; lane 2's last 32 K
+// half inside): every warp takes 5 whole K blocks, so the register sets wrap, and warp 0 also
+// the partial last one. MXFP4 K = 4160 (128 x 32.5): 4 whole K blocks a warp, the packed
+// kernel's loop leaving at its condition.
+constexpr std::int64_t kN = 72;
+std::int64_t k_of(WeightFormat format) {
+  return format == WeightFormat::kMxfp4 ? 4160 : 5200;
+}
+
+// One kernel on weights w (kw: as the kernel reads them) for M random rows of A, without and
+// with bias, and without split-K and split as planned for an H200 (132 SMs: 6 or 5 slices of
+// one K block a warp, the last only the partial block) and for a device of 2 SMs (2 slices of 3
+// K blocks a warp, the second starting at K block 24 and ending on the partial one).
+void check_kernel(const HostQuantWeights& w, const KernelWeights& kw, std::int64_t m,
+                  std::mt19937_64& rng) {
+  const std::vector<std::uint16_t> a = random_bf16(static_cast<std::size_t>(m * w.k), rng);
+  for (const bool with_bias : {false, true}) {
+    const std::vector<std::uint16_t> bias =
+        with_bias ? random_bf16(static_cast<std::size_t>(w.n), rng) : std::vector<std::uint16_t>{};
+    const Reference ref = reference(w, a, bias, m);
+    for (const int sms : {0, 132, 2}) {
+      const std::string what =
+          "M " + std::to_string(m) + (with_bias ? " bias" : "") +
+          (sms == 0 ? ", no split" : ", split for " + std::to_string(sms) + " SMs");
+      const KernelRun run = run_kernel(kw, a, bias, m, sms);
+      if (sms != 0) {
+        EXPECT_GT(run.splits, 1) << what;
+      }
+      expect_matches(run, ref, m, w.n, what);
+    }
+  }
 }
 
 class DecodePackedOnHost : public testing::TestWithParam<Shape> {};
 
-// N = 72: two whole tiles and one of 8 rows. NVFP4 K = 5200 (128 x 40.625; lane 2's last 32 K
-// half inside): every warp takes 5 whole K blocks, so the four register sets wrap, and warp 0
-// also the partial last one. MXFP4 K = 4160 (128 x 32.5): 4 whole K blocks a warp, the loop
-// leaving at its condition. Split-K as planned for an H200 (132 SMs: 6 or 5 slices of one K
-// block a warp, the last only the partial block) and for a device of 2 SMs (2 slices of 3 K
-// blocks a warp, the second starting at K block 24 and ending on the partial one).
 TEST_P(DecodePackedOnHost, MatchesTheSourceWeightsWithAndWithoutSplitK) {
   const Shape s = GetParam();
-  const bool mx = s.format == WeightFormat::kMxfp4;
-  const std::int64_t n = 72, k = mx ? 4160 : 5200;
-  std::random_device rd;
-  const std::uint64_t seed = (std::uint64_t{rd()} << 32) | rd();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const HostQuantWeights w = random_weights(s.format, n, k, rng);
+  std::mt19937_64 rng = seeded_rng();
+  const HostQuantWeights w = random_weights(s.format, kN, k_of(s.format), rng);
   const ops::PackedDecodeWeights pk = ops::pack_for_decode(w);
-  const std::vector<std::uint16_t> a = random_bf16(static_cast<std::size_t>(s.m * k), rng);
-  for (const bool with_bias : {false, true}) {
-    const std::vector<std::uint16_t> bias =
-        with_bias ? random_bf16(static_cast<std::size_t>(n), rng) : std::vector<std::uint16_t>{};
-    const Reference ref = reference(w, a, bias, s.m);
-    for (const int sms : {0, 132, 2}) {
-      const std::string what =
-          "M " + std::to_string(s.m) + (with_bias ? " bias" : "") +
-          (sms == 0 ? ", no split" : ", split for " + std::to_string(sms) + " SMs");
-      const KernelRun run = run_kernel(pk, a, bias, s.m, sms);
-      if (sms != 0) {
-        EXPECT_GT(run.splits, 1) << what;
-      }
-      expect_matches(run, ref, s.m, n, what);
-    }
-  }
+  check_kernel(w, packed_kernel(pk), s.m, rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -249,6 +302,27 @@ INSTANTIATE_TEST_SUITE_P(
                     Shape{WeightFormat::kMxfp4, 5}, Shape{WeightFormat::kMxfp4, 8},
                     Shape{WeightFormat::kMxfp4, 9}, Shape{WeightFormat::kMxfp4, 16},
                     Shape{WeightFormat::kMxfp4, 17}, Shape{WeightFormat::kMxfp4, 40}),
+    shape_name);
+
+// gemm_decode, the kernel for weights in their source layout, through the same emulation.
+class DecodeOnHost : public testing::TestWithParam<Shape> {};
+
+TEST_P(DecodeOnHost, MatchesTheSourceWeightsWithAndWithoutSplitK) {
+  const Shape s = GetParam();
+  std::mt19937_64 rng = seeded_rng();
+  HostQuantWeights w = random_weights(s.format, kN, k_of(s.format), rng);
+  if (s.layout == WeightLayout::kTransposed) w = with_layout(w, WeightLayout::kTransposed);
+  check_kernel(w, source_kernel(w), s.m, rng);
+}
+
+constexpr WeightLayout kT = WeightLayout::kTransposed;
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DecodeOnHost,
+    testing::Values(Shape{WeightFormat::kNvfp4, 1}, Shape{WeightFormat::kNvfp4, 9},
+                    Shape{WeightFormat::kNvfp4, 17}, Shape{WeightFormat::kNvfp4, 1, kT},
+                    Shape{WeightFormat::kNvfp4, 9, kT}, Shape{WeightFormat::kMxfp4, 1},
+                    Shape{WeightFormat::kMxfp4, 9}, Shape{WeightFormat::kMxfp4, 17},
+                    Shape{WeightFormat::kMxfp4, 1, kT}, Shape{WeightFormat::kMxfp4, 9, kT}),
     shape_name);
 
 }  // namespace
