@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -245,9 +246,12 @@ std::string shape_name(const testing::TestParamInfo<Shape>& info) {
          (info.param.k != 0 ? "K" + std::to_string(info.param.k) : "");
 }
 
+// A fresh seed each run, printed; METRALE_EMULATION_SEED replays one.
 std::mt19937_64 seeded_rng() {
   std::random_device rd;
-  const std::uint64_t seed = (std::uint64_t{rd()} << 32) | rd();
+  std::uint64_t seed = (std::uint64_t{rd()} << 32) | rd();
+  if (const char* fixed = std::getenv("METRALE_EMULATION_SEED"))
+    seed = std::strtoull(fixed, nullptr, 10);
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   return std::mt19937_64(seed);
 }
@@ -263,8 +267,8 @@ std::int64_t k_of(WeightFormat format) {
 
 // One kernel on weights w (kw: as the kernel reads them) for M random rows of A, without and
 // with bias, and without split-K and split as planned for an H200 (132 SMs: 6 or 5 slices of
-// one K block a warp, the last only the partial block) and for a device of 2 SMs (2 slices of 3
-// K blocks a warp, the second starting at K block 24 and ending on the partial one).
+// one K block a warp, the last only the partial block) and for a device of 2 SMs (2 slices: 3 K
+// blocks a warp, then the rest from K block 24, ending on the partial one).
 void check_kernel(const HostQuantWeights& w, const KernelWeights& kw, std::int64_t m,
                   std::mt19937_64& rng) {
   const std::vector<std::uint16_t> a = random_bf16(static_cast<std::size_t>(m * w.k), rng);
