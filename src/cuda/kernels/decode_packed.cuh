@@ -40,9 +40,7 @@ template <int kRot>
 __device__ __forceinline__ std::uint32_t rotated_fields(std::uint32_t w, std::uint32_t mask) {
   static_assert(kRot > 0 && kRot < 32, "a rotation by 1..31");
   std::uint32_t lo, hi;
-  asm("{\n\t.reg .u64 t;\n\tmul.wide.u32 t, %2, %3;\n\tmov.b64 {%0, %1}, t;\n\t}"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w), "n"(1u << (32 - kRot)));
+  ptx::mul_wide_u32<(1u << (32 - kRot))>(w, lo, hi);
   return (lo | hi) & mask;
 }
 

@@ -1,9 +1,15 @@
 // Thin wrappers over the PTX the w4a16 kernels use: read-only 16-byte loads, cp.async, the
 // m16n8k16 BF16 MMA (sm_80+), and on sm_90a the wgmma family (BF16 and E4M3) with its fences.
-// Device code only; each wrapper is one instruction or one fixed sequence.
+// Device code only; each wrapper is one instruction or one fixed sequence. A host build that runs
+// kernel code (METRALE_KERNEL_HOST_EMULATION, tests/kernels/emulation) takes its own definitions
+// of the wrappers from kernel_host_ptx.h instead.
 #pragma once
 
 #include <cstdint>
+
+#if defined(METRALE_KERNEL_HOST_EMULATION)
+#include "kernel_host_ptx.h"
+#else
 
 namespace metrale::ptx {
 
@@ -39,6 +45,15 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The 64-bit product w · kC as its two 32-bit halves: one IMAD.WIDE.U32, on the FMA pipe.
+template <std::uint32_t kC>
+__device__ __forceinline__ void mul_wide_u32(std::uint32_t w, std::uint32_t& lo,
+                                             std::uint32_t& hi) {
+  asm("{\n\t.reg .u64 t;\n\tmul.wide.u32 t, %2, %3;\n\tmov.b64 {%0, %1}, t;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w), "n"(kC));
 }
 
 // D += A · B for one m16n8k16 tile: A row-major BF16 (4 registers), B column-major BF16
@@ -129,3 +144,5 @@ __device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], std::uint64
 #endif  // sm_90a
 
 }  // namespace metrale::ptx
+
+#endif  // METRALE_KERNEL_HOST_EMULATION
