@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "decode_reduce.cuh"
 #include "epilogue.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
@@ -187,29 +188,7 @@ __device__ void decode_rows(const GemmParams& p, std::int64_t n0, std::int64_t m
       if (kb + i * kStride < k_end) step(kb + i * kStride, w[i], w[(i + kSets - 1) % kSets]);
     }
   }
-#pragma unroll
-  for (int rt = 0; rt < 2; ++rt) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        red[warp][16 * rt + tl::mma_acc_row(lane, i)][8 * mt + tl::mma_acc_col(lane, i)] =
-            acc[rt][mt][i];
-      }
-    }
-  }
-  __syncthreads();
-  // Consecutive threads take consecutive columns, so the stores coalesce; warps are summed in
-  // index order, so the result does not depend on timing.
-  for (int o = threadIdx.x; o < tl::kDecodeNTile * 8 * MT; o += tl::kDecodeThreads) {
-    const int nl = o % tl::kDecodeNTile, ml = o / tl::kDecodeNTile;
-    const std::int64_t n = n0 + nl, m = m0 + ml;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < tl::kDecodeWarps; ++w) sum += red[w][nl][ml];
-    if (n < p.n && m < p.m) store_output(p, m, n, sum);
-  }
-  __syncthreads();  // red is reused by the next rows
+  store_decode_rows<MT>(p, acc, n0, m0, 1.0f, red);
 }
 
 template <bool kTr>

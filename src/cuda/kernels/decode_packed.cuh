@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "decode_reduce.cuh"
 #include "epilogue.cuh"
 #include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
@@ -192,30 +193,8 @@ __device__ void packed_rows(const GemmParams& p, std::int64_t tile, std::int64_t
     packed_load<kMx>(set[0], codes, scales);
     packed_mma<MT, kMx>(acc, set[0], rows, kb * dl::kBlockK + 32 * t, p.k, true, table);
   }
-#pragma unroll
-  for (int rt = 0; rt < 2; ++rt) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        red[warp][16 * rt + tl::mma_acc_row(lane, i)][8 * mt + tl::mma_acc_col(lane, i)] =
-            acc[rt][mt][i];
-      }
-    }
-  }
-  __syncthreads();
-  // Warps summed in index order (the result does not depend on timing), then the fold: the
-  // weights were multiplied by 2^-fold, an exact power of two.
-  const std::int64_t n0 = tile * dl::kTileN;
-  for (int o = threadIdx.x; o < tl::kDecodeNTile * 8 * MT; o += tl::kDecodeThreads) {
-    const int nl = o % tl::kDecodeNTile, ml = o / tl::kDecodeNTile;
-    const std::int64_t n = n0 + nl, m = m0 + ml;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < tl::kDecodeWarps; ++w) sum += red[w][nl][ml];
-    if (n < p.n && m < p.m) store_output(p, m, n, sum * fold);
-  }
-  __syncthreads();  // red is reused by the next rows
+  // The weights were multiplied by 2^-fold: the fold, an exact power of two, comes back here.
+  store_decode_rows<MT>(p, acc, tile * dl::kTileN, m0, fold, red);
 }
 
 template <bool kMx>
