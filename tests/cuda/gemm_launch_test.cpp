@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "cuda/fake_gemm.h"
 #include "cuda/rig.h"
 #include "kernels/gemm_params.h"
 #include "kernels/manifest.h"
@@ -36,11 +37,6 @@ constexpr std::uint32_t kTiledSmem = 64 * 1024, kReduceTile = 128;
 // Unlike the real kernels' 256: a launch with any block but the published one is caught.
 constexpr std::uint32_t kBlockThreads = 96;
 
-template <class T>
-T* at(std::uint64_t address) {
-  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
-}
-
 // W[n, k] from the device buffers GemmParams points at (fake device memory is host memory).
 float weight_of(const GemmParams& p, std::int64_t n, std::int64_t k) {
   const bool mx = p.flags & kGemmMxfp4, tr = p.flags & kGemmTransposed;
@@ -61,57 +57,14 @@ float dot(const GemmParams& p, std::int64_t m, std::int64_t n, std::int64_t k0, 
   return sum;
 }
 
-void store(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
-  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
-}
-
-// gemm_decode that can split K: block (x, z) computes its kDecodeTile columns over slice z,
-// into the workspace when the launch splits, else straight into C.
+// gemm_decode that can split K, from the source layout (fake_gemm.h).
 FakeFunction split_decode() {
-  FakeFunction f;
-  f.param_sizes = {sizeof(GemmParams)};
-  f.body = [](const FakeLaunch& l) {
-    const auto p = read_param<GemmParams>(l.params, 0);
-    for (std::int64_t z = 0; z < l.grid[2]; ++z) {
-      std::int64_t k0 = 0, k1 = p.k;
-      if (p.splits > 1) tiles::split_k_range(p.k, p.k_per_split, z, &k0, &k1);
-      for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
-        for (std::int64_t n = bx * kDecodeTile; n < (bx + 1) * kDecodeTile && n < p.n; ++n) {
-          for (std::int64_t m = 0; m < p.m; ++m) {
-            const float sum = dot(p, m, n, k0, k1);
-            if (p.splits > 1) {
-              at<float>(p.workspace)[(z * p.m + m) * p.n + n] = sum;
-            } else {
-              store(p, m, n, sum);
-            }
-          }
-        }
-      }
-    }
-  };
-  return f;
+  return fake_split_decode(kDecodeTile, weight_of);
 }
 
-// gemm_split_reduce: block x sums kReduceTile outputs over the slices, in slice order.
-FakeFunction split_reduce() {
-  FakeFunction f;
-  f.param_sizes = {sizeof(GemmParams)};
-  f.body = [](const FakeLaunch& l) {
-    const auto p = read_param<GemmParams>(l.params, 0);
-    const auto* ws = at<const float>(p.workspace);
-    for (std::int64_t i = 0; i < std::int64_t{l.grid[0]} * kReduceTile && i < p.m * p.n; ++i) {
-      float sum = 0.0f;
-      for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * p.m * p.n + i];
-      store(p, i / p.n, i % p.n, sum);
-    }
-  };
-  return f;
-}
-
-// gemm_tiled with an M tile: block (x, y) writes rows [y·kTiledMTile, +kTiledMTile) of its
-// columns, and nothing unless the launch gave it the shared memory it publishes.
+// gemm_tiled with an M tile// gemm_tiled with an M tile: block (x, y) writes rows [y·kTiledMTile,
+// +kTiledMTile) of its columns, and nothing unless the launch gave it the shared memory it
+// publishes.
 FakeFunction m_tiled() {
   FakeFunction f;
   f.param_sizes = {sizeof(GemmParams)};
@@ -122,7 +75,7 @@ FakeFunction m_tiled() {
       for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
         for (std::int64_t n = bx * kTiledTile; n < (bx + 1) * kTiledTile && n < p.n; ++n) {
           for (std::int64_t m = by * kTiledMTile; m < (by + 1) * kTiledMTile && m < p.m; ++m) {
-            store(p, m, n, dot(p, m, n, 0, p.k));
+            store_c(p, m, n, dot(p, m, n, 0, p.k));
           }
         }
       }
@@ -135,7 +88,7 @@ ModuleSpec launch_module() {
   ModuleSpec m;
   m.name = "w4a16";
   m.fake.functions["gemm_decode"] = split_decode();
-  m.fake.functions["gemm_split_reduce"] = split_reduce();
+  m.fake.functions["gemm_split_reduce"] = fake_split_reduce(kReduceTile);
   m.fake.functions["gemm_tiled"] = m_tiled();
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
       .publish_u32("gemm_decode_split_k", kSplitUnit)

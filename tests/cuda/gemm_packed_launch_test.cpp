@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "cuda/fake_gemm.h"
 #include "cuda/rig.h"
 #include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
@@ -41,11 +42,6 @@ using ::testing::HasSubstr;
 constexpr std::uint32_t kPackedTile = 12, kPackedSplit = 96, kReduceTile = 128;
 constexpr std::uint32_t kPackedThreads = 160;
 
-template <class T>
-T* at(std::uint64_t address) {
-  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
-}
-
 std::uint32_t word_at(const std::uint8_t* p) {
   std::uint32_t w = 0;
   std::memcpy(&w, p, sizeof w);
@@ -66,59 +62,13 @@ float packed_weight_of(const GemmParams& p, std::int64_t n, std::int64_t k) {
   return std::ldexp(num::bf16_to_f32(half), p.weight_fold);
 }
 
-void store(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
-  float v = sum * p.tensor_scale;
-  if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
-  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
-}
-
 // gemm_decode_packed: block (x, z) of the launched grid computes its kPackedTile columns over K
-// slice z, into the workspace when the launch splits, else into C. Without kGemmDecodePacked
-// (or with a source-layout flag) it writes nothing: the buffers are not in a layout it reads.
+// slice z (fake_gemm.h). Without kGemmDecodePacked (or with a source-layout flag) it writes
+// nothing: the buffers are not in a layout it reads.
 FakeFunction packed_decode() {
-  FakeFunction f;
-  f.param_sizes = {sizeof(GemmParams)};
-  f.body = [](const FakeLaunch& l) {
-    const auto p = read_param<GemmParams>(l.params, 0);
-    if ((p.flags & kGemmDecodePacked) == 0 || (p.flags & kGemmTransposed) != 0) return;
-    const auto* a = at<const std::uint16_t>(p.a);
-    for (std::int64_t z = 0; z < l.grid[2]; ++z) {
-      std::int64_t k0 = 0, k1 = p.k;
-      if (p.splits > 1) tiles::split_k_range(p.k, p.k_per_split, z, &k0, &k1);
-      for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
-        for (std::int64_t n = bx * kPackedTile; n < (bx + 1) * kPackedTile && n < p.n; ++n) {
-          for (std::int64_t m = 0; m < p.m; ++m) {
-            float sum = 0.0f;
-            for (std::int64_t k = k0; k < k1; ++k) {
-              sum += num::bf16_to_f32(a[m * p.k + k]) * packed_weight_of(p, n, k);
-            }
-            if (p.splits > 1) {
-              at<float>(p.workspace)[(z * p.m + m) * p.n + n] = sum;
-            } else {
-              store(p, m, n, sum);
-            }
-          }
-        }
-      }
-    }
-  };
-  return f;
-}
-
-// gemm_split_reduce: block x sums kReduceTile outputs over the slices, in slice order.
-FakeFunction split_reduce() {
-  FakeFunction f;
-  f.param_sizes = {sizeof(GemmParams)};
-  f.body = [](const FakeLaunch& l) {
-    const auto p = read_param<GemmParams>(l.params, 0);
-    const auto* ws = at<const float>(p.workspace);
-    for (std::int64_t i = 0; i < std::int64_t{l.grid[0]} * kReduceTile && i < p.m * p.n; ++i) {
-      float sum = 0.0f;
-      for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * p.m * p.n + i];
-      store(p, i / p.n, i % p.n, sum);
-    }
-  };
-  return f;
+  return fake_split_decode(kPackedTile, packed_weight_of, [](const GemmParams& p) {
+    return (p.flags & kGemmDecodePacked) != 0 && (p.flags & kGemmTransposed) == 0;
+  });
 }
 
 struct Published {
@@ -133,7 +83,7 @@ ModuleSpec packed_module(const Published& pub = {}) {
   ModuleSpec m;
   m.name = "w4a16";
   m.fake.functions["gemm_decode"] = FakeFunction{{}, {sizeof(GemmParams)}};
-  m.fake.functions["gemm_split_reduce"] = split_reduce();
+  m.fake.functions["gemm_split_reduce"] = fake_split_reduce(kReduceTile);
   m.fake.publish_u32("gemm_decode_n_tile", 8)
       .publish_u32("gemm_decode_max_m", 16)
       .publish_u32("gemm_decode_block_threads", 256)
