@@ -187,7 +187,6 @@ int run(const Args& args) {
         const double s = time_graph(b, stream, reps_for(b, stream, gemm), gemm);
         // The weights' own bytes in either layout (the decode layout's padding and table are
         // overhead, not work).
-        (void)w;
         const double bytes = static_cast<double>(hw.codes.size() + hw.scales.size()) +
                              2.0 * static_cast<double>(m * sh.k + m * sh.n);
         const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(sh.n * sh.k);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "metrale/numerics.h"  // METRALE_HD
 
@@ -136,6 +137,20 @@ METRALE_HD int code_bit_position(int reg, int half, int bit) {
     rot = kRotate3;
   }
   return (out + rot) % 32;
+}
+
+// W[n, k] times 2^-fold, as BF16 bits, the way gemm_decode_packed computes it from a codes and
+// a scales buffer in this layout (the word's field pair times its table pair, one BF16
+// multiply). For host readers: the packer's read-back and the fake driver's kernel.
+inline std::uint16_t weight_bits(const std::uint8_t* codes, const std::uint8_t* scales,
+                                 std::int64_t n, std::int64_t k, std::int64_t kb_count, bool mx) {
+  const CodeSlot slot = code_slot(n, k, kb_count);
+  std::uint32_t word = 0, pair = 0;
+  std::memcpy(&word, codes + slot.byte, 4);
+  std::memcpy(&pair, scales + 4 * std::int64_t{scales[scale_byte(n, k, kb_count, mx)]}, 4);
+  std::uint32_t fields[4];
+  dequant_word_fields(word, fields);
+  return static_cast<std::uint16_t>(num::bf16x2_mul(fields[slot.reg], pair) >> (16 * slot.half));
 }
 
 // ---- scales ----

@@ -284,15 +284,9 @@ std::uint8_t packed_scale_code(const PackedDecodeWeights& p, std::int64_t n, std
 
 float packed_weight(const PackedDecodeWeights& p, std::int64_t n, std::int64_t k) {
   check_read("packed_weight", p, n, k);
-  const bool mx = p.format == WeightFormat::kMxfp4;
-  const std::int64_t kbs = dl::k_blocks(p.k);
-  const dl::CodeSlot slot = dl::code_slot(n, k, kbs);
-  std::uint32_t fields[4];
-  dl::dequant_word_fields(load_word(p.codes.data() + slot.byte), fields);
-  const std::uint8_t sc = p.scales[static_cast<std::size_t>(dl::scale_byte(n, k, kbs, mx))];
-  const std::uint32_t pair = num::bf16x2_mul(fields[slot.reg], load_word(p.scales.data() + 4 * sc));
-  const auto half = static_cast<std::uint16_t>(pair >> (16 * slot.half));
-  return std::ldexp(num::bf16_to_f32(half), p.fold);
+  const std::uint16_t bits = dl::weight_bits(p.codes.data(), p.scales.data(), n, k,
+                                             dl::k_blocks(p.k), p.format == WeightFormat::kMxfp4);
+  return std::ldexp(num::bf16_to_f32(bits), p.fold);
 }
 
 }  // namespace metrale::ops

@@ -42,24 +42,12 @@ using ::testing::HasSubstr;
 constexpr std::uint32_t kPackedTile = 12, kPackedSplit = 96, kReduceTile = 128;
 constexpr std::uint32_t kPackedThreads = 160;
 
-std::uint32_t word_at(const std::uint8_t* p) {
-  std::uint32_t w = 0;
-  std::memcpy(&w, p, sizeof w);
-  return w;
-}
-
 // W[n, k] as gemm_decode_packed computes it from the packed buffers, tensor scale not included.
 float packed_weight_of(const GemmParams& p, std::int64_t n, std::int64_t k) {
-  const bool mx = (p.flags & kGemmMxfp4) != 0;
-  const std::int64_t kbs = dl::k_blocks(p.k);
-  const dl::CodeSlot slot = dl::code_slot(n, k, kbs);
-  std::uint32_t fields[4];
-  dl::dequant_word_fields(word_at(at<const std::uint8_t>(p.codes) + slot.byte), fields);
-  const auto* scales = at<const std::uint8_t>(p.scales);
-  const std::uint8_t code = scales[dl::scale_byte(n, k, kbs, mx)];
-  const std::uint32_t pair = num::bf16x2_mul(fields[slot.reg], word_at(scales + 4 * code));
-  const auto half = static_cast<std::uint16_t>(pair >> (16 * slot.half));
-  return std::ldexp(num::bf16_to_f32(half), p.weight_fold);
+  const std::uint16_t bits =
+      dl::weight_bits(at<const std::uint8_t>(p.codes), at<const std::uint8_t>(p.scales), n, k,
+                      dl::k_blocks(p.k), (p.flags & kGemmMxfp4) != 0);
+  return std::ldexp(num::bf16_to_f32(bits), p.weight_fold);
 }
 
 // gemm_decode_packed: block (x, z) of the launched grid computes its kPackedTile columns over K
