@@ -206,6 +206,8 @@ class Backend {
   virtual std::vector<ModuleListing> modules() const = 0;
   // Whether a module of that name is loaded for this model.
   virtual bool has_module(std::string_view module) const = 0;
+  // Whether a loaded module of that name lists the kernel (no lookup, nothing resolved).
+  bool has_kernel(std::string_view module, std::string_view function) const;
   // The N tile the kernel publishes (<function>_n_tile); Error(kNotFound) naming the kernel when
   // it publishes none or 0.
   std::uint32_t kernel_n_tile(const ResolvedKernel& kernel) const;

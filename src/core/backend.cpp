@@ -163,6 +163,17 @@ std::vector<KernelLookup> Backend::lookup_audit() const {
   return audit_;
 }
 
+bool Backend::has_kernel(std::string_view module, std::string_view function) const {
+  if (!has_module(module)) return false;
+  for (const ModuleListing& m : modules()) {
+    if (m.name != module) continue;
+    for (const std::string& k : m.kernels) {
+      if (k == function) return true;
+    }
+  }
+  return false;
+}
+
 std::uint32_t Backend::kernel_n_tile(const ResolvedKernel& kernel) const {
   const std::uint32_t tile = kernel.meta.n_tile;
   if (tile == 0) {

@@ -146,31 +146,22 @@ void check_weights(std::string_view api, const QuantWeights& w) {
   const std::uint64_t scales = un * (uk / static_cast<std::uint64_t>(group));
   if (w.packing == WeightPacking::kDecode) {
     check_packed_weights(api, w);
-  } else if (w.codes_bytes != codes) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("weight codes are {} bytes; {} {}x{} needs {} ([N, K/2])",
-                            w.codes_bytes, to_string(w.format), w.n, w.k, codes));
-  }
-  if (w.packing == WeightPacking::kSource && w.scales_bytes != scales) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("weight scales are {} bytes; {} {}x{} needs {} ([N, K/{}])",
-                            w.scales_bytes, to_string(w.format), w.n, w.k, scales, group));
+  } else {
+    if (w.codes_bytes != codes) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("weight codes are {} bytes; {} {}x{} needs {} ([N, K/2])",
+                              w.codes_bytes, to_string(w.format), w.n, w.k, codes));
+    }
+    if (w.scales_bytes != scales) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("weight scales are {} bytes; {} {}x{} needs {} ([N, K/{}])",
+                              w.scales_bytes, to_string(w.format), w.n, w.k, scales, group));
+    }
   }
   if (!(w.tensor_scale > 0.0f) || !std::isfinite(w.tensor_scale)) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("tensor scale {} is not a positive finite number", w.tensor_scale));
   }
-}
-
-bool module_has(Backend& backend, std::string_view entry) {
-  if (!backend.has_module(kModule)) return false;
-  for (const ModuleListing& m : backend.modules()) {
-    if (m.name != kModule) continue;
-    for (const std::string& k : m.kernels) {
-      if (k == entry) return true;
-    }
-  }
-  return false;
 }
 
 // ceil(count / tile) as a grid dimension; Error(kInvalidArgument) past what a launch can hold.
@@ -223,7 +214,7 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
   // Only the decode route reads the decode layout; it takes every M.
   if (w.packing == WeightPacking::kDecode) return GemmRoute::kDecode;
   if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
-      module_has(backend, entry_of(GemmRoute::kE4m3))) {
+      backend.has_kernel(kModule, entry_of(GemmRoute::kE4m3))) {
     return GemmRoute::kE4m3;
   }
   return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;

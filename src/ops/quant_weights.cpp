@@ -43,13 +43,7 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
 bool uploads_decode_layout(Backend& backend, UploadLayout upload) {
   if (upload != UploadLayout::kBackendPreferred) return upload == UploadLayout::kDecode;
   constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
-  if (!backend.has_module(kModule)) return false;
-  bool listed = false;
-  for (const ModuleListing& m : backend.modules()) {
-    if (m.name != kModule) continue;
-    for (const std::string& k : m.kernels) listed = listed || k == kEntry;
-  }
-  if (!listed) return false;
+  if (!backend.has_kernel(kModule, kEntry)) return false;
   const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
   return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
 }
