@@ -16,6 +16,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/backend.h
   include/metrale/call_site.h
   include/metrale/cpu_backend.h
+  include/metrale/dense_gemm.h
   include/metrale/error.h
   include/metrale/guard_bands.h
   include/metrale/handles.h

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "metrale/dense_gemm.h"
 #include "metrale/guard_bands.h"
 #include "metrale/handles.h"
 #include "metrale/kernel_args.h"
@@ -218,6 +219,20 @@ class Backend {
   // This backend's OpCache; every backend owns exactly one.
   virtual OpCache& op_cache() = 0;
 
+  // ---- dense GEMMs (dense_gemm.h: the library a backend has, cuBLASLt on CUDA) ----
+  // Why this backend runs no dense GEMM of kind, or "" when it does. Default: it has no library.
+  virtual std::string dense_gemm_unavailable(DenseKind kind) const;
+  // The plan for shape: checks the shape, then asks the library (once per shape: the backend
+  // memoizes it) for its algorithm and workspace. Throws Error(kInvalidArgument) for a bad
+  // shape, Error(kUnavailable) with dense_gemm_unavailable's reason, Error(kNotFound) when the
+  // library has no algorithm for the shape.
+  DenseGemmPlan plan_dense_gemm(const DenseGemmShape& shape);
+  // Queues the planned GEMM on stream: checks that every buffer of args is present, aligned and
+  // inside one allocation, that C overlaps no input and that the workspace is this backend's own
+  // memory of at least the plan's bytes, clear of the other buffers; then runs it. Throws
+  // Error(kInvalidArgument) naming the buffer, Error(kState) once the OpCache was released.
+  void run_dense_gemm(const DenseGemmPlan& plan, const DenseGemmArgs& args, StreamHandle stream);
+
   // ---- guard bands and debugging ----
   // Sets the guard-band policy for later allocations (initially from METRALE_REDZONE*).
   void set_guard_bands(const GuardBandConfig& config) { guards_.configure(config); }
@@ -246,6 +261,12 @@ class Backend {
   // Throws kInvalidArgument when args do not fit kernel's parameters. Optional: the default
   // accepts anything (the CUDA driver does not say what a kernel takes).
   virtual void check_args(KernelHandle kernel, std::span<const KernelArg> args);
+  // The library's plan for a checked shape (plan_dense_gemm has checked it and that the kind is
+  // available). Default: throws Error(kUnavailable) with dense_gemm_unavailable's reason.
+  virtual DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape);
+  // Queues a checked run (run_dense_gemm has checked every buffer). Default: throws as above.
+  virtual void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
+                                      StreamHandle stream);
   // Extra words for a pointer free() did not find on the ledger. Optional: default "".
   virtual std::string describe_unknown_pointer(DevicePtr ptr) const;
   // The ledger, for subclasses that sweep in their destructor.
