@@ -123,6 +123,7 @@ class CpuBackend final : public Backend {
   bool has_module(std::string_view module) const override;
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override;
+  std::string dense_gemm_unavailable(DenseKind kind) const override;
 
  protected:
   DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) override;
@@ -133,6 +134,9 @@ class CpuBackend final : public Backend {
                                 const CallSite& site) override;
   std::string describe_unknown_pointer(DevicePtr ptr) const override;
   void check_args(KernelHandle kernel, std::span<const KernelArg> args) override;
+  DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape) override;
+  void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
+                              StreamHandle stream) override;
 
  private:
   struct Impl;

@@ -9,6 +9,7 @@ std::vector<HostModule> builtin_host_modules() {
   std::vector<HostModule> out;
   out.push_back(cpu::make_core_module());
   out.push_back(cpu::make_w4a16_module());
+  out.push_back(cpu::make_blas_module());
   return out;
 }
 

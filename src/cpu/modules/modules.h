@@ -11,4 +11,8 @@ HostModule make_core_module();
 // Module "w4a16": the quantized GEMM routes and the E4M3 casts (src/ops/gemm.cpp runs them).
 HostModule make_w4a16_module();
 
+// Module "blas": the dense GEMMs behind CpuBackend::run_dense_gemm, one kernel per DenseKind
+// (gemm_bf16, gemm_e4m3_block128), each publishing its N tile.
+HostModule make_blas_module();
+
 }  // namespace metrale::cpu
