@@ -27,6 +27,8 @@ struct BenchOptions {
   bool graph = false;            // replay each GEMM as a graph
   bool allow_e4m3 = false;       // let GEMMs with M >= 64 cast A to E4M3 (the e4m3 route)
   int repeats = 7;               // timed runs after the warm-up
+  // Every route side by side with the dense BF16 baseline; unset: on a GPU only.
+  std::optional<bool> compare_routes;
 };
 
 // One transformer block's linear layers on the chosen backend: checked against float64, timed
