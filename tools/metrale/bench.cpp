@@ -345,6 +345,15 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
           continue;
         }
       }
+      // Above a few decode batches the decode route re-reads every weight once per batch of
+      // decode_m rows: minutes of a GPU's time on a prefill M for a figure nobody would choose.
+      if (v.route == ops::GemmRoute::kDecode && m > 4 * decode_m) {
+        skipped.push_back(
+            fmt::format("decode at M={}: it reads the weights once per {} rows; not "
+                        "timed above M = {}",
+                        m, decode_m, 4 * decode_m));
+        continue;
+      }
       if (v.dense_bf16 && !baseline_skipped.empty()) {
         skipped.push_back(fmt::format("bf16 at M={}: {}", m, baseline_skipped));
         continue;
