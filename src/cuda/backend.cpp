@@ -43,12 +43,17 @@ using cuda::is_sticky_fault;
 using cuda::ModuleRegistry;
 using cuda::throw_status;
 
-CudaBackend::CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleRegistry> registry)
-    : host_(std::move(host)), registry_(std::move(registry)) {
-  if (!host_ || !registry_) {
-    throw Error(ErrorCode::kInvalidArgument, "CudaBackend", "host and registry are required");
-  }
+namespace {
+// p, or Error(kInvalidArgument) when null: checked before any member uses it.
+template <class T>
+std::shared_ptr<T> required(std::shared_ptr<T> p) {
+  if (!p) throw Error(ErrorCode::kInvalidArgument, "CudaBackend", "host and registry are required");
+  return p;
 }
+}  // namespace
+
+CudaBackend::CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleRegistry> registry)
+    : host_(required(std::move(host))), registry_(required(std::move(registry))) {}
 
 CudaBackend::~CudaBackend() {
   // A model may be dropped on a thread that never called into it.
@@ -326,6 +331,24 @@ void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32
     if (w != CUDA_SUCCESS) {
       fail("launch", fmt::format("{} (debug sync after the launch)", where), w, true);
     }
+  }
+}
+
+// ---- dense GEMMs (cuBLASLt, cuda/dense_gemm.h) ----
+
+DenseGemmPlan CudaBackend::plan_dense_gemm_checked(const DenseGemmShape& shape) {
+  enter("plan_dense_gemm");
+  return dense_.plan(shape);
+}
+
+void CudaBackend::run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
+                                         StreamHandle stream) {
+  enter("run_dense_gemm");
+  const CUstream s = stream_of("run_dense_gemm", stream);
+  dense_.run(plan, args, s);
+  if (debug_sync() && !is_capturing(stream)) {
+    const CUresult w = host_->api().cuStreamSynchronize(s);
+    if (w != CUDA_SUCCESS) fail("run_dense_gemm", "cuStreamSynchronize (debug sync)", w, true);
   }
 }
 

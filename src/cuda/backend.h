@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/dense_gemm.h"
 #include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "metrale/backend.h"
@@ -89,6 +90,11 @@ class CudaBackend final : public Backend {
   bool has_module(std::string_view module) const override { return registry_->has(module); }
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override { return cache_; }
+  // cuBLASLt's reason when it is not loaded; for e4m3-block128 also a device below sm_90 or a
+  // library older than 12.9. "" when this backend runs the kind.
+  std::string dense_gemm_unavailable(DenseKind kind) const override {
+    return dense_.unavailable(kind);
+  }
 
  protected:
   DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) override;
@@ -97,6 +103,9 @@ class CudaBackend final : public Backend {
   void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
   ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
                                 const CallSite& site) override;
+  DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape) override;
+  void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
+                              StreamHandle stream) override;
 
  private:
   struct KernelInfo {
@@ -129,6 +138,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<cuda::CudaHost> host_;
   std::shared_ptr<cuda::ModuleRegistry> registry_;
   OpCache cache_;
+  // After host_: its cuBLASLt handle is destroyed while the host (context, table) still lives.
+  cuda::DenseGemms dense_{*host_};
 
   mutable std::mutex mu_;  // the sets below; never held across a driver call
   std::set<std::uint64_t> streams_;

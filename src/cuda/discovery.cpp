@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cuda/dense_gemm.h"
 #include "cuda/module_registry.h"
 
 namespace metrale::cuda {
@@ -39,6 +40,8 @@ std::vector<std::pair<std::string, std::string>> device_properties(const CudaBac
                              static_cast<double>(d.total_memory) / (1 << 30),
                              static_cast<double>(backend.free_memory()) / (1 << 30))},
       {"driver", fmt::format("CUDA {}.{}", d.driver_version / 1000, d.driver_version % 1000 / 10)},
+      // Loads cuBLASLt (once per process) to say which dense GEMMs this backend offers.
+      {"dense GEMMs", describe_dense_gemms(backend.host().blas(), d.cc)},
   };
   for (const std::string& s : backend.registry().skipped()) out.push_back({"skipped", s});
   return out;

@@ -59,10 +59,12 @@ DeviceInfo query_device(const DriverApi& api, int ordinal) {
   return info;
 }
 
-std::shared_ptr<CudaHost> CudaHost::create(const DriverApi& api, int ordinal, int driver_version) {
+std::shared_ptr<CudaHost> CudaHost::create(const DriverApi& api, int ordinal, int driver_version,
+                                           BlasSource blas) {
   DeviceInfo info = query_device(api, ordinal);
   info.driver_version = driver_version;
   std::shared_ptr<CudaHost> host(new CudaHost(api, std::move(info)));
+  host->blas_source_ = std::move(blas);
   if (const CUresult s = api.cuDeviceGet(&host->device_, ordinal); s != CUDA_SUCCESS) {
     throw_status(&api, "cuda", "cuDeviceGet", s);
   }
@@ -113,7 +115,7 @@ std::shared_ptr<CudaHost> CudaHost::process(int ordinal) {
     try {
       const DriverLoad& load = load_driver();
       if (load.api == nullptr) throw Error(ErrorCode::kUnavailable, "cuda", load.reason);
-      slot->host = create(*load.api, ordinal, load.driver_version);
+      slot->host = create(*load.api, ordinal, load.driver_version, [] { return load_blas(); });
       // Keep the process host alive past every static destructor.
       new std::shared_ptr<CudaHost>(slot->host);
     } catch (const Error& e) {
@@ -129,6 +131,24 @@ std::shared_ptr<CudaHost> CudaHost::process(int ordinal) {
   }
   if (slot->error) throw *slot->error;
   return slot->host;
+}
+
+const BlasLoad& CudaHost::blas() const {
+  std::call_once(blas_once_, [this] {
+    if (!blas_source_) {
+      blas_.reason = "cuBLASLt unavailable: this CUDA host was made without the library";
+      return;
+    }
+    try {
+      blas_ = blas_source_();
+      if (blas_.api == nullptr && blas_.reason.empty())
+        blas_.reason = "cuBLASLt unavailable: its loader gave no table and no reason";
+    } catch (const std::exception& e) {  // a source is not supposed to throw; say so, never crash
+      blas_ = BlasLoad{};
+      blas_.reason = fmt::format("cuBLASLt unavailable: loading it threw: {}", e.what());
+    }
+  });
+  return blas_;
 }
 
 void CudaHost::bind() const {

@@ -2,10 +2,13 @@
 // every model of the process, and that context's sticky-fault latch (the rules: status.h).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "cuda/blas_loader.h"
 #include "cuda/driver_api.h"
 #include "cuda/module_image.h"
 #include "cuda/status.h"
@@ -28,11 +31,17 @@ struct DeviceInfo {
 // Reads the device's properties (cuDeviceGet + attributes); throws Error naming the call.
 DeviceInfo query_device(const DriverApi& api, int ordinal);
 
+// Where a host's cuBLASLt comes from: called once, the first time the host is asked for it
+// (loading the library costs time a process that runs no dense GEMM should not pay).
+using BlasSource = std::function<BlasLoad()>;
+
 class CudaHost {
  public:
-  // Builds a host on api for ordinal: primary context retained, one non-blocking stream.
+  // Builds a host on api for ordinal: primary context retained, one non-blocking stream; its
+  // cuBLASLt from blas (none when empty: dense GEMMs are then unavailable, with that reason).
   // Throws Error(kUnavailable) when the ordinal has no device, Error(kDriver) on other failures.
-  static std::shared_ptr<CudaHost> create(const DriverApi& api, int ordinal, int driver_version);
+  static std::shared_ptr<CudaHost> create(const DriverApi& api, int ordinal, int driver_version,
+                                          BlasSource blas = {});
   // The process-wide host on the real driver, built on first use. A failed first creation is
   // remembered and thrown again to every later caller; asking for another ordinal is an error.
   static std::shared_ptr<CudaHost> process(int ordinal);
@@ -47,6 +56,9 @@ class CudaHost {
   const DeviceInfo& info() const noexcept { return info_; }
   CUcontext context() const noexcept { return context_; }
   CUstream stream() const noexcept { return stream_; }
+  // The host's cuBLASLt, loaded on the first call (thread-safe; the same answer afterwards).
+  // Never throws: an unusable library is a BlasLoad with a reason.
+  const BlasLoad& blas() const;
 
   // Makes the context current on the calling thread.
   void bind() const;
@@ -71,6 +83,9 @@ class CudaHost {
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
   FaultLatch fault_;
+  BlasSource blas_source_;
+  mutable std::once_flag blas_once_;
+  mutable BlasLoad blas_;
 };
 
 }  // namespace metrale::cuda

@@ -147,6 +147,8 @@ struct RigOptions {
   std::function<void(DriverApi&)> tweak_api = nullptr;
   bool make_registry = true;
   bool make_backend = true;
+  // The host's cuBLASLt (tests/cuda/fake_blas.h); empty: none, dense GEMMs unavailable.
+  BlasSource blas = {};
 };
 
 // A fake driver with cuInit done, then (as asked) host, registry and backend on device 0.
@@ -161,7 +163,7 @@ class Rig {
     if (options.tweak_api) options.tweak_api(table);
     EXPECT_EQ(table.cuInit(0), CUDA_SUCCESS);
     if (!options.make_registry) return;
-    host = CudaHost::create(table, 0, kDriverVersion);
+    host = CudaHost::create(table, 0, kDriverVersion, std::move(options.blas));
     registry = ModuleRegistry::load(host, modules.span());
     if (options.make_backend) make_backend();
   }

@@ -1,0 +1,490 @@
+// The CUDA backend's dense GEMMs on cuBLASLt, against the fake library (fake_blas.h) on the fake
+// driver: loading and its failures, availability per kind, the heuristic memo, workspace sizes
+// and growth, the numbers (BF16, bias, block-scaled E4M3) against a float64 reference, one
+// workspace per stream, and the handle's life.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "cuda/blas_loader.h"
+#include "cuda/discovery.h"
+#include "cuda/fake_blas.h"
+#include "cuda/rig.h"
+#include "metrale/dense_gemm.h"
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+#include "metrale/op_cache.h"
+
+namespace metrale::cuda::testing {
+namespace {
+
+using metrale::testing::expect_error;
+using num::bf16_to_f32;
+using num::e4m3_to_f32;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A fake cuBLASLt, then a fake driver with host, registry and backend that use it. The fake
+// library is declared first, so it outlives the host that holds its table.
+struct BlasRig {
+  explicit BlasRig(FakeDevice device = {}) : rig(options(fb, device)) {}
+  static RigOptions options(const FakeBlas& fb, FakeDevice device) {
+    RigOptions o;
+    o.devices = {device};
+    // Machine code for exactly this device, so the registry runs the module on it.
+    o.modules[0].targets = {fmt::format("sm_{}{}", device.cc_major, device.cc_minor)};
+    o.blas = fb.source();
+    return o;
+  }
+  CudaBackend& b() { return rig.b(); }
+
+  FakeBlas fb;
+  Rig rig;
+};
+
+// An upload of v into a new allocation of backend.
+template <class T>
+DevicePtr upload(Backend& b, const std::vector<T>& v) {
+  const DevicePtr p = b.alloc(v.size() * sizeof(T));
+  b.copy_h2d(p, v.data(), v.size() * sizeof(T));
+  return p;
+}
+
+std::uint64_t next(std::uint64_t& x) {
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return x;
+}
+
+// BF16 values in about [-1, 1), of every exponent from 2^-8.
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint16_t> v(n);
+  for (auto& e : v) {
+    const std::uint64_t r = next(seed);
+    e = static_cast<std::uint16_t>(((r >> 63) << 15) | ((0x77 + (r >> 8) % 8) << 7) | (r & 0x7F));
+  }
+  return v;
+}
+
+// Finite E4M3 codes (no NaN: 0x7F / 0xFF).
+std::vector<std::uint8_t> random_e4m3(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint8_t> v(n);
+  for (auto& e : v) {
+    e = static_cast<std::uint8_t>(next(seed) % 0x7F);
+    if (next(seed) & 1) e |= 0x80;
+  }
+  return v;
+}
+
+// Scales in [0.25, 4): far enough apart that a scale read from the wrong place shows.
+std::vector<float> random_scales(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v(n);
+  for (auto& e : v) e = 0.25f * static_cast<float>(1 + next(seed) % 15);
+  return v;
+}
+
+// ‖out − ref‖ / ‖ref‖ over C[M, N] (BF16 out); infinite when out holds a NaN (the poison).
+double normalized_error(const std::vector<std::uint16_t>& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double o = bf16_to_f32(out[i]);
+    if (!std::isfinite(o)) return INFINITY;
+    num += (o - ref[i]) * (o - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The contract's C = A · Bᵀ (+ bias) in float64, row-major.
+std::vector<double> reference_bf16(const DenseGemmShape& s, const std::vector<std::uint16_t>& a,
+                                   const std::vector<std::uint16_t>& b,
+                                   const std::vector<std::uint16_t>& bias) {
+  std::vector<double> c(static_cast<std::size_t>(s.m * s.n));
+  for (std::int64_t m = 0; m < s.m; ++m) {
+    for (std::int64_t n = 0; n < s.n; ++n) {
+      double acc = s.bias ? bf16_to_f32(bias[static_cast<std::size_t>(n)]) : 0.0;
+      for (std::int64_t k = 0; k < s.k; ++k) {
+        acc += double(bf16_to_f32(a[static_cast<std::size_t>(m * s.k + k)])) *
+               bf16_to_f32(b[static_cast<std::size_t>(n * s.k + k)]);
+      }
+      c[static_cast<std::size_t>(m * s.n + n)] = acc;
+    }
+  }
+  return c;
+}
+
+// The contract's block-scaled E4M3 product in float64: a_scales[kb * M + m],
+// b_scales[(n / 128) * ceil(K/128) + kb].
+std::vector<double> reference_e4m3(const DenseGemmShape& s, const std::vector<std::uint8_t>& a,
+                                   const std::vector<std::uint8_t>& b, const std::vector<float>& sa,
+                                   const std::vector<float>& sb) {
+  const std::int64_t kbs = (s.k + 127) / 128;
+  std::vector<double> c(static_cast<std::size_t>(s.m * s.n));
+  for (std::int64_t m = 0; m < s.m; ++m) {
+    for (std::int64_t n = 0; n < s.n; ++n) {
+      double acc = 0;
+      for (std::int64_t kb = 0; kb < kbs; ++kb) {
+        double part = 0;
+        for (std::int64_t k = kb * 128; k < std::min(s.k, kb * 128 + 128); ++k) {
+          part += double(e4m3_to_f32(a[static_cast<std::size_t>(m * s.k + k)])) *
+                  e4m3_to_f32(b[static_cast<std::size_t>(n * s.k + k)]);
+        }
+        acc += part * sa[static_cast<std::size_t>(kb * s.m + m)] *
+               sb[static_cast<std::size_t>((n / 128) * kbs + kb)];
+      }
+      c[static_cast<std::size_t>(m * s.n + n)] = acc;
+    }
+  }
+  return c;
+}
+
+// C poisoned with BF16 NaN, so an element the GEMM leaves unwritten shows.
+DevicePtr poisoned_c(Backend& b, const DenseGemmShape& s) {
+  const std::size_t bytes = static_cast<std::size_t>(s.m * s.n) * 2;
+  const DevicePtr c = b.alloc(bytes);
+  b.memset(c, 0xFF, bytes);
+  return c;
+}
+
+std::vector<std::uint16_t> download_c(Backend& b, DevicePtr c, const DenseGemmShape& s) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(s.m * s.n));
+  b.copy_d2h(out.data(), c, out.size() * 2);
+  return out;
+}
+
+// One BF16 GEMM of shape on the rig; the normalized error against float64.
+double bf16_error(BlasRig& r, const DenseGemmShape& s) {
+  Backend& b = r.b();
+  const auto a = random_bf16(static_cast<std::size_t>(s.m * s.k), 11);
+  const auto w = random_bf16(static_cast<std::size_t>(s.n * s.k), 23);
+  const auto bias = random_bf16(static_cast<std::size_t>(s.n), 37);
+  const DenseGemmPlan plan = b.plan_dense_gemm(s);
+  DenseGemmArgs args;
+  args.a = upload(b, a);
+  args.b = upload(b, w);
+  args.c = poisoned_c(b, s);
+  if (s.bias) args.bias = upload(b, bias);
+  b.run_dense_gemm(plan, args, b.default_stream());
+  b.synchronize(b.default_stream());
+  const double err = normalized_error(download_c(b, args.c, s), reference_bf16(s, a, w, bias));
+  for (DevicePtr p : {args.a, args.b, args.c, args.bias}) {
+    if (p) b.free(p);
+  }
+  return err;
+}
+
+// BF16 output: one rounding (2^-9 relative) over FP32 sums of exact products.
+constexpr double kBf16OutTolerance = 4e-3;
+
+// ---- loading ----
+
+TEST(BlasLoader, AMissingLibraryIsAReasonNotACrash) {
+  const BlasLoad load = load_blas_from("libcublasLt-that-does-not-exist.so.13");
+  EXPECT_EQ(load.api, nullptr);
+  EXPECT_THAT(load.reason,
+              StartsWith("cuBLASLt unavailable: cannot load libcublasLt-that-does-not-exist"));
+}
+
+TEST(BlasLoader, ALibraryWithoutTheEntryPointsIsRefused) {
+  // libm is on every machine and exports none of cuBLASLt's entry points.
+  const BlasLoad load = load_blas_from("libm.so.6");
+  EXPECT_EQ(load.api, nullptr);
+  EXPECT_THAT(load.reason, StartsWith("cuBLASLt unavailable: libm.so.6 lacks cublasLtGetVersion"));
+}
+
+TEST(BlasLoader, VersionsReadAsMajorMinorPatch) {
+  EXPECT_EQ(blas_version_string(130100), "13.1.0");
+  EXPECT_EQ(blas_version_string(kBlockScaledBlasVersion), "12.9.0");
+}
+
+// ---- availability ----
+
+TEST(DenseGemm, ALoadFailureMakesEveryKindUnavailableWithItsReason) {
+  BlasRig r;
+  r.fb.fail_load("cuBLASLt unavailable: cannot load libcublasLt.so.13 (not here)");
+  for (DenseKind kind : {DenseKind::kBf16, DenseKind::kE4m3Block128}) {
+    EXPECT_EQ(r.b().dense_gemm_unavailable(kind),
+              "cuBLASLt unavailable: cannot load libcublasLt.so.13 (not here)");
+  }
+  const Error e = expect_error([&] { r.b().plan_dense_gemm({DenseKind::kBf16, 16, 16, 16}); });
+  EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+  EXPECT_THAT(e.what(), HasSubstr("cannot load libcublasLt.so.13"));
+  EXPECT_EQ(r.fb.calls("cublasLtCreate"), 0u);
+}
+
+TEST(DenseGemm, AHostWithoutALibrarySaysSo) {
+  Rig rig;  // no blas source
+  EXPECT_EQ(rig.b().dense_gemm_unavailable(DenseKind::kBf16),
+            "cuBLASLt unavailable: this CUDA host was made without the library");
+}
+
+TEST(DenseGemm, BlockScaledE4m3NeedsSm90AndCublasLt129) {
+  {
+    BlasRig r;
+    EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kBf16), "");
+    EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128), "");
+  }
+  {
+    FakeDevice ada;
+    ada.cc_major = 8;
+    ada.cc_minor = 9;
+    BlasRig r(ada);
+    EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kBf16), "");
+    EXPECT_THAT(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128),
+                HasSubstr("needs sm_90 or newer; this device is sm_89"));
+  }
+  {
+    BlasRig r;
+    r.fb.set_version(120800);
+    EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kBf16), "");
+    EXPECT_THAT(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128),
+                HasSubstr("cuBLASLt 12.8.0 (fake cuBLASLt) has no block-scaled FP8"));
+  }
+}
+
+TEST(DenseGemm, InfoSaysWhichLibraryAndWhichKinds) {
+  BlasRig r;
+  EXPECT_EQ(describe_dense_gemms(r.rig.host->blas(), {9, 0}),
+            "cuBLASLt 13.1.0 (fake cuBLASLt): bf16, e4m3-block128");
+  EXPECT_EQ(describe_dense_gemms(r.rig.host->blas(), {8, 0}),
+            "cuBLASLt 13.1.0 (fake cuBLASLt): bf16; not e4m3-block128: cuBLASLt's block-scaled "
+            "FP8 (e4m3-block128) needs sm_90 or newer; this device is sm_80");
+  BlasLoad missing;
+  missing.reason = "cuBLASLt unavailable: cannot load libcublasLt.so.13 (gone)";
+  EXPECT_EQ(describe_dense_gemms(missing, {9, 0}),
+            "none (cuBLASLt unavailable: cannot load libcublasLt.so.13 (gone))");
+  const auto properties = device_properties(r.b());
+  EXPECT_THAT(properties,
+              ::testing::Contains(std::pair<std::string, std::string>{
+                  "dense GEMMs", "cuBLASLt 13.1.0 (fake cuBLASLt): bf16, e4m3-block128"}));
+}
+
+// ---- the heuristic ----
+
+TEST(DenseGemm, AFailedHeuristicIsAnErrorNamingTheCallAndTheShape) {
+  BlasRig r;
+  r.fb.fail_heuristic(CUBLAS_STATUS_INTERNAL_ERROR);
+  const DenseGemmShape s{DenseKind::kBf16, 64, 32, 48};
+  Error e = expect_error([&] { r.b().plan_dense_gemm(s); });
+  EXPECT_EQ(e.code(), ErrorCode::kDriver);
+  EXPECT_THAT(e.what(), HasSubstr("[plan_dense_gemm] cublasLtMatmulAlgoGetHeuristic returned "
+                                  "CUBLAS_STATUS_INTERNAL_ERROR (14) for the dense GEMM bf16 "
+                                  "M=64 N=32 K=48"));
+  r.fb.fail_heuristic(CUBLAS_STATUS_SUCCESS);
+  r.fb.no_algorithm(true);
+  e = expect_error([&] { r.b().plan_dense_gemm(s); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), HasSubstr("cublasLtMatmulAlgoGetHeuristic has no algorithm for the dense "
+                                  "GEMM bf16 M=64 N=32 K=48"));
+  // A failure is not memoized: the next plan asks again, and nothing leaked meanwhile.
+  r.fb.no_algorithm(false);
+  EXPECT_NO_THROW(r.b().plan_dense_gemm(s));
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 3u);
+  EXPECT_EQ(r.fb.live_descriptors(), 0);
+}
+
+TEST(DenseGemm, TheHeuristicIsAskedOncePerShape) {
+  BlasRig r;
+  const DenseGemmShape s1{DenseKind::kBf16, 64, 32, 48};
+  const DenseGemmShape s2{DenseKind::kBf16, 64, 32, 48, true};
+  const DenseGemmPlan p1 = r.b().plan_dense_gemm(s1);
+  const DenseGemmPlan again = r.b().plan_dense_gemm(s1);
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 1u);
+  EXPECT_EQ(again.algorithm, p1.algorithm);
+  EXPECT_EQ(again.describe, p1.describe);
+  const DenseGemmPlan p2 = r.b().plan_dense_gemm(s2);
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 2u);
+  EXPECT_NE(p2.algorithm, p1.algorithm);
+  EXPECT_EQ(p1.describe, "cuBLASLt 13.1.0 bf16 algo 1 tile 7");
+  EXPECT_EQ(r.fb.live_descriptors(), 0);
+}
+
+// ---- workspace ----
+
+TEST(DenseGemm, AShapeThatNeedsMoreWorkspaceGrowsTheStreamsScratch) {
+  BlasRig r;
+  CudaBackend& b = r.b();
+  const StreamHandle stream = b.default_stream();
+  const std::string tag = fmt::format("dense-gemm-workspace:{:x}", stream.value());
+  r.fb.set_workspace(std::size_t{1} << 20);
+  const DenseGemmShape small{DenseKind::kBf16, 16, 16, 16};
+  const DenseGemmPlan p1 = b.plan_dense_gemm(small);
+  EXPECT_EQ(p1.workspace_bytes, std::uint64_t{1} << 20);
+  r.fb.set_workspace(std::size_t{4} << 20);
+  const DenseGemmShape big{DenseKind::kBf16, 32, 16, 16};
+  const DenseGemmPlan p2 = b.plan_dense_gemm(big);
+  EXPECT_EQ(p2.workspace_bytes, std::uint64_t{4} << 20);
+
+  DenseGemmArgs args;
+  const auto data = random_bf16(32 * 16, 5);
+  args.a = upload(b, data);
+  args.b = upload(b, data);
+  args.c = b.alloc(32 * 16 * 2);
+  args.workspace = b.op_cache().scratch(b, tag, p1.workspace_bytes);
+  args.workspace_bytes = p1.workspace_bytes;
+  EXPECT_NO_THROW(b.run_dense_gemm(p1, args, stream));
+  // The first shape's workspace is too small for the second: refused before the library runs.
+  const Error e = expect_error([&] { b.run_dense_gemm(p2, args, stream); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("workspace_bytes = 1048576; the plan needs 4194304"));
+  EXPECT_EQ(r.fb.matmuls().size(), 1u);
+  // The stream's scratch grows (the old buffer is retired, not freed) and the run goes through.
+  args.workspace = b.op_cache().scratch(b, tag, p2.workspace_bytes);
+  args.workspace_bytes = p2.workspace_bytes;
+  EXPECT_EQ(b.op_cache().retired_scratch_count(), 1u);
+  EXPECT_NO_THROW(b.run_dense_gemm(p2, args, stream));
+  ASSERT_EQ(r.fb.matmuls().size(), 2u);
+  EXPECT_EQ(r.fb.matmuls()[1].workspace_bytes, std::size_t{4} << 20);
+  for (DevicePtr p : {args.a, args.b, args.c}) b.free(p);
+  b.op_cache().release(b);
+}
+
+TEST(DenseGemm, AnAlgorithmNeedingMoreThanTheMaximumWorkspaceIsNotChosen) {
+  BlasRig r;
+  r.fb.set_workspace(kMaxDenseWorkspace + 1);
+  const Error e = expect_error([&] { r.b().plan_dense_gemm({DenseKind::kBf16, 16, 16, 16}); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), HasSubstr("within 32 MiB of workspace"));
+}
+
+TEST(DenseGemm, TwoStreamsRunWithTheirOwnWorkspaces) {
+  BlasRig r;
+  CudaBackend& b = r.b();
+  r.fb.set_workspace(64 << 10);
+  const DenseGemmShape s{DenseKind::kBf16, 16, 32, 64};
+  const DenseGemmPlan plan = b.plan_dense_gemm(s);
+  const StreamHandle streams[2] = {b.create_stream(), b.create_stream()};
+  const auto data = random_bf16(32 * 64, 9);
+  DenseGemmArgs args[2];
+  for (int i = 0; i < 2; ++i) {
+    args[i].a = upload(b, data);
+    args[i].b = upload(b, data);
+    args[i].c = b.alloc(16 * 32 * 2);
+    args[i].workspace = b.op_cache().scratch(
+        b, fmt::format("dense-gemm-workspace:{:x}", streams[i].value()), plan.workspace_bytes);
+    args[i].workspace_bytes = plan.workspace_bytes;
+    b.run_dense_gemm(plan, args[i], streams[i]);
+  }
+  const std::vector<FakeMatmul> runs = r.fb.matmuls();
+  ASSERT_EQ(runs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(runs[i].stream), streams[i].value());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(runs[i].workspace), args[i].workspace.address());
+  }
+  const std::uint64_t w0 = args[0].workspace.address(), w1 = args[1].workspace.address();
+  EXPECT_TRUE(w0 + plan.workspace_bytes <= w1 || w1 + plan.workspace_bytes <= w0)
+      << "the two streams' workspaces overlap";
+  for (auto& a : args) {
+    for (DevicePtr p : {a.a, a.b, a.c}) b.free(p);
+  }
+  for (StreamHandle st : streams) b.destroy_stream(st);
+  b.op_cache().release(b);
+}
+
+// ---- numbers ----
+
+TEST(DenseGemm, Bf16MatchesTheFloat64Reference) {
+  BlasRig r;
+  EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 24, 40, 200}), kBf16OutTolerance);
+  EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 1, 8, 16}), kBf16OutTolerance);
+}
+
+TEST(DenseGemm, TheBiasIsAddedPerOutputColumn) {
+  BlasRig r;
+  EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 24, 40, 200, true}), kBf16OutTolerance);
+}
+
+TEST(DenseGemm, BlockScaledE4m3MatchesTheFloat64Reference) {
+  BlasRig r;
+  Backend& b = r.b();
+  // Two N blocks (the second partial), four K blocks (the last partial), scales all distinct.
+  const DenseGemmShape s{DenseKind::kE4m3Block128, 8, 200, 450};
+  const std::int64_t kbs = 4;
+  const auto a = random_e4m3(static_cast<std::size_t>(s.m * s.k), 3);
+  const auto w = random_e4m3(static_cast<std::size_t>(s.n * s.k), 4);
+  const auto sa = random_scales(static_cast<std::size_t>(kbs * s.m), 5);
+  const auto sb = random_scales(static_cast<std::size_t>(2 * kbs), 6);
+  const DenseGemmPlan plan = b.plan_dense_gemm(s);
+  EXPECT_THAT(plan.describe, StartsWith("cuBLASLt 13.1.0 e4m3-block128 algo"));
+  DenseGemmArgs args;
+  args.a = upload(b, a);
+  args.b = upload(b, w);
+  args.a_scales = upload(b, sa);
+  args.b_scales = upload(b, sb);
+  args.c = poisoned_c(b, s);
+  b.run_dense_gemm(plan, args, b.default_stream());
+  EXPECT_LT(normalized_error(download_c(b, args.c, s), reference_e4m3(s, a, w, sa, sb)),
+            kBf16OutTolerance);
+  for (DevicePtr p : {args.a, args.b, args.a_scales, args.b_scales, args.c}) b.free(p);
+}
+
+TEST(DenseGemm, BlockScaledShapesTheLibrarysScaleLayoutCannotReadAreRefused) {
+  BlasRig r;
+  // M = 6: cuBLASLt reads A's scales with M padded to 8; K = 256: two K blocks, padded to 4.
+  for (const DenseGemmShape& s : {DenseGemmShape{DenseKind::kE4m3Block128, 6, 128, 512},
+                                  DenseGemmShape{DenseKind::kE4m3Block128, 8, 128, 256}}) {
+    const Error e = expect_error([&] { r.b().plan_dense_gemm(s); });
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_THAT(e.what(), HasSubstr("must be multiples of 4"));
+  }
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 0u);
+}
+
+// ---- failures and life ----
+
+TEST(DenseGemm, AFailedMatmulIsAnErrorNamingTheCall) {
+  BlasRig r;
+  Backend& b = r.b();
+  const DenseGemmShape s{DenseKind::kBf16, 16, 16, 16};
+  const DenseGemmPlan plan = b.plan_dense_gemm(s);
+  const auto data = random_bf16(16 * 16, 1);
+  DenseGemmArgs args;
+  args.a = upload(b, data);
+  args.b = upload(b, data);
+  args.c = b.alloc(16 * 16 * 2);
+  r.fb.fail_matmul(CUBLAS_STATUS_NOT_SUPPORTED);
+  const Error e = expect_error([&] { b.run_dense_gemm(plan, args, b.default_stream()); });
+  EXPECT_EQ(e.code(), ErrorCode::kDriver);
+  EXPECT_THAT(e.what(), HasSubstr("[run_dense_gemm] cublasLtMatmul returned "
+                                  "CUBLAS_STATUS_NOT_SUPPORTED (15) for the dense GEMM bf16"));
+  EXPECT_EQ(r.fb.live_descriptors(), 0);
+  for (DevicePtr p : {args.a, args.b, args.c}) b.free(p);
+}
+
+TEST(DenseGemm, APlanOfAnotherBackendIsRefused) {
+  BlasRig r;
+  const DenseGemmShape s{DenseKind::kBf16, 16, 16, 16};
+  const DenseGemmPlan plan = r.b().plan_dense_gemm(s);
+  CudaBackend other(r.rig.host, r.rig.registry);
+  const auto data = random_bf16(16 * 16, 1);
+  DenseGemmArgs args;
+  args.a = upload(other, data);
+  args.b = upload(other, data);
+  args.c = other.alloc(16 * 16 * 2);
+  const Error e = expect_error([&] { other.run_dense_gemm(plan, args, other.default_stream()); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("algorithm 1 is not this backend's plan"));
+  for (DevicePtr p : {args.a, args.b, args.c}) other.free(p);
+}
+
+TEST(DenseGemm, TheHandleIsMadeOnFirstUseAndDestroyedWithTheBackend) {
+  BlasRig r;
+  EXPECT_EQ(r.fb.live_handles(), 0);  // a backend that runs no dense GEMM makes none
+  r.b().plan_dense_gemm({DenseKind::kBf16, 16, 16, 16});
+  r.b().plan_dense_gemm({DenseKind::kBf16, 32, 16, 16});
+  EXPECT_EQ(r.fb.live_handles(), 1);
+  EXPECT_EQ(r.fb.calls("cublasLtCreate"), 1u);
+  r.rig.backend.reset();
+  EXPECT_EQ(r.fb.live_handles(), 0);
+  EXPECT_EQ(r.fb.calls("cublasLtDestroy"), 1u);
+}
+
+}  // namespace
+}  // namespace metrale::cuda::testing
