@@ -6,9 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "core/log.h"
 #include "kernels/decode_layout.h"
+#include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
@@ -59,6 +62,8 @@ const char* entry_of(GemmRoute route) {
 
 // The decode route's kernel for weights in the decode layout.
 constexpr const char* kPackedDecodeEntry = "gemm_decode_packed";
+// The dequant route's one kernel (its GEMM is the backend's dense GEMM).
+constexpr const char* kDequantEntry = "dequant_bf16";
 
 struct Range {
   const char* name;
@@ -235,6 +240,17 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                             "uploaded in the decode layout (only the decode route reads it)",
                             to_string(route)));
   }
+  if (route == GemmRoute::kDequant) {
+    // Its GEMM is the backend's library, not a module kernel: refused with the backend's reason
+    // where it has none. The dequantization itself keeps A exact, whatever the caller allows.
+    if (const std::string why = backend.dense_gemm_unavailable(DenseKind::kBf16); !why.empty()) {
+      throw Error(ErrorCode::kUnavailable, api,
+                  fmt::format("the dequant route runs a dense BF16 GEMM, which this backend "
+                              "lacks: {}",
+                              why));
+    }
+    return backend.op_cache().kernel(backend, kModule, kDequantEntry);
+  }
   const ResolvedKernel& gemm =
       backend.op_cache().kernel(backend, kModule, packed ? kPackedDecodeEntry : entry_of(route));
   if (packed && gemm.meta.layout != decode_layout::kLayoutId) {
@@ -305,11 +321,18 @@ std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking
 // kernel runs on a grid, buffer or layout meant for another).
 void check_plan(std::string_view api, const GemmPlan& plan) {
   const bool e4m3 = plan.route == GemmRoute::kE4m3;
+  const bool dequant = plan.route == GemmRoute::kDequant;
+  // The dequant route: its dequant_bf16 launch, then the dense GEMM, which never splits K.
   const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u);
   const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(plan.n),
              uk = static_cast<std::uint64_t>(plan.k);
+  const DenseGemmShape dense_shape{DenseKind::kBf16, plan.m, plan.n, plan.k, plan.bias};
+  const bool dense_fits = dequant ? plan.dense.has_value() && plan.dense->shape == dense_shape &&
+                                        plan.splits == 1 && plan.workspace.w_bf16 / 2 / uk >= un &&
+                                        plan.workspace.dense >= plan.dense->workspace_bytes
+                                  : !plan.dense.has_value();
   const bool sizes =
-      plan.m >= 1 && plan.n >= 1 && plan.k >= 1 && plan.splits >= 1 &&
+      plan.m >= 1 && plan.n >= 1 && plan.k >= 1 && plan.splits >= 1 && dense_fits &&
       (!e4m3 || (plan.workspace.a_e4m3 >= um * uk && plan.workspace.w_e4m3 >= un * uk)) &&
       (plan.splits == 1 || plan.workspace.split_k / (um * un * sizeof(float)) >=
                                static_cast<std::uint64_t>(plan.splits));
@@ -343,12 +366,15 @@ std::string_view to_string(GemmRoute route) noexcept {
       return "tiled";
     case GemmRoute::kE4m3:
       return "e4m3";
+    case GemmRoute::kDequant:
+      return "dequant";
   }
   return "?";
 }
 
 std::uint64_t GemmWorkspaceBytes::total() const noexcept {
-  return align_up(split_k) + align_up(a_e4m3) + align_up(w_e4m3);
+  return align_up(split_k) + align_up(a_e4m3) + align_up(w_e4m3) + align_up(w_bf16) +
+         align_up(dense);
 }
 
 GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& bytes) {
@@ -363,6 +389,8 @@ GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& byt
   w.split_k = take(bytes.split_k);
   w.a_e4m3 = take(bytes.a_e4m3);
   w.w_e4m3 = take(bytes.w_e4m3);
+  w.w_bf16 = take(bytes.w_bf16);
+  w.dense = take(bytes.dense);
   return w;
 }
 
@@ -374,6 +402,11 @@ std::string GemmPlan::describe() const {
                      l.grid.y, l.grid.z, l.block.x);
     if (l.smem_bytes != 0) s += fmt::format(" + {} B shared", l.smem_bytes);
     sep = ", ";
+  }
+  if (dense) {
+    s += fmt::format("{}dense {} {}x{}x{}{}: {}", sep, to_string(dense->shape.kind), dense->shape.m,
+                     dense->shape.n, dense->shape.k, dense->shape.bias ? " +bias" : "",
+                     dense->describe);
   }
   s += fmt::format("; split-K {} x {}; workspace {} B", splits, k_per_split, workspace.total());
   return s;
@@ -450,6 +483,24 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
     params.a = workspace.a_e4m3.address();
     params.codes = workspace.w_e4m3.address();
   }
+  if (plan.route == GemmRoute::kDequant) {
+    // BF16 W [N, K] into the workspace (the kernel reads codes, scales, tensor scale and flags;
+    // its output is W), then C = A · Wᵀ + bias by the backend's dense GEMM.
+    GemmParams deq = params;
+    deq.out = workspace.w_bf16.address();
+    const PlannedLaunch& ld = plan.launches[0];
+    backend.launch_typed(ld.kernel, ld.grid, ld.block, ld.smem_bytes, stream,
+                         std::array{KernelArg::value(deq)});
+    DenseGemmArgs args;
+    args.a = a;
+    args.b = workspace.w_bf16;
+    args.c = c;
+    args.bias = bias;
+    args.workspace = workspace.dense;
+    args.workspace_bytes = plan.workspace.dense;
+    backend.run_dense_gemm(*plan.dense, args, stream);
+    return;
+  }
   for (; i < plan.launches.size(); ++i) {
     const PlannedLaunch& l = plan.launches[i];
     backend.launch_typed(l.kernel, l.grid, l.block, l.smem_bytes, stream,
@@ -467,6 +518,24 @@ void check_plan_args(std::string_view api, std::int64_t m, const QuantWeights& w
              uk = static_cast<std::uint64_t>(w.k);
   (void)bytes_of(api, "A", um, uk, 2);
   (void)bytes_of(api, "C", um, un, 2);
+}
+
+// The end of planning: a workspace whose parts laid end to end are countable (total() and carve()
+// do not check again), and the route's log line.
+GemmPlan finish_plan(std::string_view api, Backend& backend, GemmPlan& p) {
+  std::uint64_t total = 0;
+  const GemmWorkspaceBytes& ws = p.workspace;
+  for (const std::uint64_t part : {ws.split_k, ws.a_e4m3, ws.w_e4m3, ws.w_bf16, ws.dense}) {
+    if (part > UINT64_MAX - kWorkspaceAlign ||
+        __builtin_add_overflow(total, align_up(part), &total)) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("the workspace of M={} N={} K={} would be more bytes than 64 bits "
+                              "can count",
+                              p.m, p.n, p.k));
+    }
+  }
+  log_route(backend, p.route, p.m, p.n, p.k);
+  return std::move(p);
 }
 
 // The plan of arguments check_plan_args has passed: route, kernels, launches, workspace.
@@ -490,6 +559,17 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias);
   OpCache& cache = backend.op_cache();
   const ResolvedKernel& gemm = check_route(api, backend, p.route, w, options);
+
+  if (p.route == GemmRoute::kDequant) {
+    // One dequant_bf16 thread per unit of 32 weights; the dense GEMM planned (and memoized) by the
+    // backend for this shape. Workspace: W in BF16, and whatever the GEMM library asks for.
+    p.launches.push_back(flat_launch(api, backend, gemm, dequant::unit_count(w.n, w.k)));
+    p.workspace.w_bf16 = bytes_of(api, "the BF16 weights", un, uk, 2);
+    p.dense = backend.plan_dense_gemm(DenseGemmShape{DenseKind::kBf16, m, w.n, w.k, p.bias});
+    p.workspace.dense = p.dense->workspace_bytes;
+    p.k_per_split = w.k;
+    return finish_plan(api, backend, p);
+  }
 
   if (p.route == GemmRoute::kE4m3) {
     p.launches.push_back(
@@ -525,19 +605,7 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
     p.launches.push_back(
         flat_launch(api, backend, cache.kernel(backend, kModule, "gemm_split_reduce"), m * w.n));
   }
-  // The parts laid end to end must be countable: total() and carve() do not check again.
-  std::uint64_t total = 0;
-  for (const std::uint64_t part : {p.workspace.split_k, p.workspace.a_e4m3, p.workspace.w_e4m3}) {
-    if (part > UINT64_MAX - kWorkspaceAlign ||
-        __builtin_add_overflow(total, align_up(part), &total)) {
-      throw Error(ErrorCode::kInvalidArgument, api,
-                  fmt::format("the workspace of M={} N={} K={} would be more bytes than 64 bits "
-                              "can count",
-                              m, w.n, w.k));
-    }
-  }
-  log_route(backend, p.route, m, w.n, w.k);
-  return p;
+  return finish_plan(api, backend, p);
 }
 
 void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, DevicePtr a,
@@ -576,12 +644,18 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
   const GemmWorkspaceBytes& need = plan.workspace;
   const Range rsplit{"split-K workspace", workspace.split_k.address(), need.split_k},
       ra8{"E4M3 A workspace", workspace.a_e4m3.address(), need.a_e4m3},
-      rw8{"E4M3 weights workspace", workspace.w_e4m3.address(), need.w_e4m3};
+      rw8{"E4M3 weights workspace", workspace.w_e4m3.address(), need.w_e4m3},
+      rwb{"BF16 weights workspace", workspace.w_bf16.address(), need.w_bf16},
+      rdense{"dense GEMM workspace", workspace.dense.address(), need.dense};
   check_workspace_part(api, backend, rsplit.name, workspace.split_k, need.split_k,
-                       {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8});
+                       {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8, rwb, rdense});
   check_workspace_part(api, backend, ra8.name, workspace.a_e4m3, need.a_e4m3,
-                       {r.a, r.c, r.codes, r.scales, r.bias, rw8});
+                       {r.a, r.c, r.codes, r.scales, r.bias, rw8, rwb, rdense});
   check_workspace_part(api, backend, rw8.name, workspace.w_e4m3, need.w_e4m3,
+                       {r.a, r.c, r.codes, r.scales, r.bias, rwb, rdense});
+  check_workspace_part(api, backend, rwb.name, workspace.w_bf16, need.w_bf16,
+                       {r.a, r.c, r.codes, r.scales, r.bias, rdense});
+  check_workspace_part(api, backend, rdense.name, workspace.dense, need.dense,
                        {r.a, r.c, r.codes, r.scales, r.bias});
 
   launch_planned(plan, stream, a, w, c, workspace, bias);
@@ -617,6 +691,8 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
   ws.split_k = part("gemm_split_k", plan.workspace.split_k);
   ws.a_e4m3 = part("fp8_activation", plan.workspace.a_e4m3);
   ws.w_e4m3 = part("fp8_weights", plan.workspace.w_e4m3);
+  ws.w_bf16 = part("dequant_weights", plan.workspace.w_bf16);
+  ws.dense = part("blas_workspace", plan.workspace.dense);
   return ws;
 }
 

@@ -54,6 +54,7 @@ Published w4a16_published(const std::string& target) {
   return {
       {"bf16_to_fp8_n_tile", kW4a16Threads * kCastPerThread},
       {"dequant_e4m3_n_tile", kDequantRowsPerBlock},
+      {"dequant_bf16_n_tile", kW4a16Threads},
       {"gemm_split_reduce_n_tile", kW4a16Threads},
       {"gemm_decode_n_tile", u32(tl::kDecodeNTile)},
       {"gemm_decode_split_k", u32(tl::kDecodeSplitUnit)},
@@ -75,6 +76,7 @@ Published w4a16_published(const std::string& target) {
       {"gemm_decode_max_m", u32(tl::kDecodeMaxM)},
       {"bf16_to_fp8_block_threads", kW4a16Threads},
       {"dequant_e4m3_block_threads", kW4a16Threads},
+      {"dequant_bf16_block_threads", kW4a16Threads},
       {"gemm_split_reduce_block_threads", kW4a16Threads},
       {"gemm_decode_block_threads", u32(tl::kDecodeThreads)},
       {"gemm_tiled_block_threads", kW4a16Threads},
@@ -367,6 +369,60 @@ TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
     const int n = count_opcode(r.output, w.opcode);
     std::printf("%-7s %-12s %-6s x%d\n", w.target.c_str(), w.function.c_str(), w.opcode.c_str(), n);
     EXPECT_GT(n, 0) << w.function << " on " << w.target << " has no " << w.opcode;
+  }
+}
+
+// The full opcodes (mnemonic with its modifiers, e.g. "STG.E.128") of a listing's instructions
+// whose mnemonic is `mnemonic`.
+std::vector<std::string> opcodes_of(const std::string& sass, const std::string& mnemonic) {
+  std::vector<std::string> found;
+  std::size_t pos = 0;
+  while (pos < sass.size()) {
+    const std::size_t eol = std::min(sass.find('\n', pos), sass.size());
+    const std::string line = sass.substr(pos, eol - pos);
+    pos = eol + 1;
+    const std::size_t addr = line.find("/*"), close = line.find("*/");
+    if (addr == std::string::npos || close == std::string::npos ||
+        line.find_first_not_of(" \t") != addr) {
+      continue;
+    }
+    std::size_t t = line.find_first_not_of(" \t", close + 2);
+    if (t != std::string::npos && line[t] == '@')
+      t = line.find_first_not_of(" \t", line.find(' ', t));
+    if (t == std::string::npos) continue;
+    const std::string opcode = line.substr(t, line.find_first_of(" ;", t) - t);
+    if (opcode.substr(0, opcode.find('.')) == mnemonic) found.push_back(opcode);
+  }
+  return found;
+}
+
+// dequant_bf16 is bandwidth-bound (2.5625 bytes moved per NVFP4 weight, 2.53125 per MXFP4): on
+// every target its stores are all 16 bytes wide (4 per 32 weights), its row-major codes come in
+// by one 16-byte load, and it touches no local memory (a dynamically indexed table would).
+TEST_F(FatbinOffline, DequantBf16MovesSixteenBytesPerAccess) {
+  const Module& w4a16 = module_named("w4a16");
+  for (const auto& target : kTargets) {
+    const Ran r =
+        run(cuobjdump("-sass -arch " + target + " -fun dequant_bf16 " + quoted(w4a16.fatbin)));
+    ASSERT_EQ(r.status, 0) << r.output;
+    ASSERT_NE(r.output.find("Function : dequant_bf16\n"), std::string::npos)
+        << "no SASS for dequant_bf16 on " << target;
+    const auto wide = [](const std::vector<std::string>& ops) {
+      return std::count_if(ops.begin(), ops.end(),
+                           [](const std::string& o) { return o.ends_with(".128"); });
+    };
+    const auto stores = opcodes_of(r.output, "STG"), loads = opcodes_of(r.output, "LDG");
+    std::printf("%-7s dequant_bf16: %zu STG (%ld of 16 B), %zu LDG (%ld of 16 B)\n", target.c_str(),
+                stores.size(), static_cast<long>(wide(stores)), loads.size(),
+                static_cast<long>(wide(loads)));
+    EXPECT_GE(stores.size(), 4u) << target;
+    EXPECT_EQ(wide(stores), static_cast<long>(stores.size()))
+        << "dequant_bf16 on " << target << " has stores narrower than 16 bytes";
+    EXPECT_GE(wide(loads), 1) << "dequant_bf16 on " << target << " has no 16-byte load";
+    for (const char* local : {"LDL", "STL"}) {
+      EXPECT_TRUE(opcodes_of(r.output, local).empty())
+          << "dequant_bf16 on " << target << " uses local memory (" << local << ")";
+    }
   }
 }
 

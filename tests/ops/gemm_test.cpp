@@ -1,6 +1,7 @@
 // w4a16_gemm numerics on every backend (docs/CONTRACT.md, GEMM routes): fresh random data over many
 // shapes (M from 1 to 4096, N and K that are no multiple of any tile), both formats, both layouts,
-// with and without bias, on every route (auto, forced decode, tiled and e4m3), checked against the
+// with and without bias, on every route (auto, forced decode, tiled, e4m3 and, where the backend
+// has a dense BF16 GEMM, dequant), checked against the
 // float64 reference with the tolerances derived in gemm_reference.h. Outputs are poisoned first and
 // the elements past C must stay poisoned. On the CPU backend the kernels use the best instruction
 // set of the processor; ctest runs this program again with METRALE_CPU_ISA=avx2 and =portable
@@ -115,7 +116,12 @@ class GemmNumerics : public GemmBackendTest {
 
     // The reference comes from the row-major host weights, whatever layout was uploaded.
     const Reference exact = reference(a, c.m, row, bias, AMode::kBf16);
-    if (taken != GemmRoute::kE4m3) {
+    if (taken == GemmRoute::kDequant) {
+      // BF16 weights rounded once with the tensor scale: the route's own table entry.
+      const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(taken, c.format);
+      const Comparison cmp = compare(out, reference(a, c.m, row, bias, tol));
+      EXPECT_TRUE(toolkit::within(cmp, tol)) << "against the float64 reference: " << cmp.str();
+    } else if (taken != GemmRoute::kE4m3) {
       expect_close(compare(out, exact), kNormTol, "against the float64 reference");
     } else {
       const Reference aware = reference(a, c.m, row, bias, AMode::kE4m3);
@@ -187,6 +193,8 @@ class GemmNumerics : public GemmBackendTest {
       GTEST_SKIP() << b().name() << "'s w4a16 module has no " << entry;
     }
   }
+  // Whether the backend runs the dequant route (it needs a dense BF16 GEMM).
+  bool has_dequant() { return b().dense_gemm_unavailable(DenseKind::kBf16).empty(); }
 };
 
 INSTANTIATE_TEST_SUITE_P(, GemmNumerics, ::testing::Values("cpu", "cuda"), backend_name);
@@ -251,6 +259,17 @@ TEST_P(GemmNumerics, ForcedE4m3OverEveryShape) {
   }
 }
 
+// The dequant route (explicit only) where the backend has a dense BF16 GEMM.
+TEST_P(GemmNumerics, ForcedDequantOverEveryShape) {
+  if (!has_dequant()) GTEST_SKIP() << b().dense_gemm_unavailable(DenseKind::kBf16);
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 7> ms = {1, 3, 16, 17, 64, 100, 257};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    run_all(sweep(f, ms, GemmRoute::kDequant, Activations::kExactBf16));
+    if (HasFatalFailure()) return;
+  }
+}
+
 // The e4m3 route against the exact-BF16 result, on shapes large enough for the statistical
 // tolerance kE4m3VsExactTol (gemm_reference.h) to apply.
 TEST_P(GemmNumerics, E4m3RouteStaysWithinTheCastErrorOfTheExactResult) {
@@ -292,9 +311,10 @@ TEST_P(GemmNumerics, LargeMWithSmallNAndK) {
   int i = 0;
   for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     for (const Nk nk : f == WeightFormat::kNvfp4 ? nvfp4 : mxfp4) {
-      for (const GemmRoute r :
-           {GemmRoute::kAuto, GemmRoute::kDecode, GemmRoute::kTiled, GemmRoute::kE4m3}) {
+      for (const GemmRoute r : {GemmRoute::kAuto, GemmRoute::kDecode, GemmRoute::kTiled,
+                                GemmRoute::kE4m3, GemmRoute::kDequant}) {
         if (r == GemmRoute::kE4m3 && !has_e4m3) continue;
+        if (r == GemmRoute::kDequant && !has_dequant()) continue;
         GemmCase c;
         c.format = f;
         c.m = 4096;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cpu/kernels/decode_packed_cpu.h"
+#include "cpu/kernels/dequant_bf16_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cuda/backend.h"
 #include "cuda/fake_driver.h"
@@ -19,6 +20,7 @@
 #include "cuda/module_registry.h"
 #include "cuda/rig.h"
 #include "kernels/decode_layout.h"
+#include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
 #include "kernels/manifest.h"
 #include "metrale/kernel_args.h"
@@ -32,6 +34,7 @@ namespace fake = metrale::cuda::testing;
 // unwritten, which the lifecycle's poisoned outputs catch.
 inline constexpr std::uint32_t kDecodeTile = 8, kTiledTile = 16, kE4m3Tile = 32;
 inline constexpr std::uint32_t kCastTile = 512, kDequantTile = 4, kReduceTile = 64;
+inline constexpr std::uint32_t kDequantBf16Tile = 8;  // units of 32 weights
 // The block size each entry publishes, and the decode route's largest M (as the real modules').
 inline constexpr std::uint32_t kBlockThreads = 256, kDecodeMaxM = 16;
 
@@ -75,6 +78,9 @@ inline fake::ModuleSpec w4a16_module() {
   f["gemm_e4m3"] = tiled_entry<GemmParams>(kE4m3Tile, k::gemm_e4m3, cols);
   f["bf16_to_fp8"] = tiled_entry<CastParams>(kCastTile, k::cast_bf16_to_e4m3, count);
   f["dequant_e4m3"] = tiled_entry<CastParams>(kDequantTile, k::dequant_e4m3, count);
+  f["dequant_bf16"] = tiled_entry<GemmParams>(
+      kDequantBf16Tile, k::dequant_bf16,
+      [](const GemmParams& p) { return metrale::dequant::unit_count(p.n, p.k); });
   f["gemm_split_reduce"] = tiled_entry<GemmParams>(kReduceTile, k::split_reduce,
                                                    [](const GemmParams& p) { return p.m * p.n; });
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
@@ -88,6 +94,7 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
       .publish_u32("bf16_to_fp8_n_tile", kCastTile)
       .publish_u32("dequant_e4m3_n_tile", kDequantTile)
+      .publish_u32("dequant_bf16_n_tile", kDequantBf16Tile)
       // Exact-BF16 routes say so; the e4m3 route says it casts A.
       .publish_u32("gemm_decode_a_e4m3", 0)
       .publish_u32("gemm_decode_packed_a_e4m3", 0)

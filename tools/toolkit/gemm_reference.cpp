@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "metrale/numerics.h"
 
@@ -64,6 +65,13 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
   return ref;
 }
 
+Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
+                    std::span<const std::uint16_t> bias, const GemmTolerance& tol) {
+  Reference ref = reference(a, m, w, bias, tol.reference);
+  ref.weight_rounding = tol.weight_rounding;
+  return ref;
+}
+
 ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
                                    std::int64_t col, AMode mode) {
   ReferenceElement e;
@@ -75,14 +83,16 @@ ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const H
   return e;
 }
 
-double element_bound(double value, double abs_sum, std::int64_t k, AMode mode) {
+double element_bound(double value, double abs_sum, std::int64_t k, AMode mode,
+                     double weight_rounding) {
   const double gamma =
       static_cast<double>(k + 8) * kAccumUnit + (mode == AMode::kE4m3 ? kFp8MmaTerm : 0.0);
-  return kBf16Unit * std::fabs(value) + (1.0 + kBf16Unit) * gamma * abs_sum;
+  const double uw = weight_rounding;
+  return kBf16Unit * std::fabs(value) + (1.0 + kBf16Unit) * (gamma + uw + gamma * uw) * abs_sum;
 }
 
 double element_bound(const Reference& ref, std::size_t i) {
-  return element_bound(ref.value[i], ref.abs_sum[i], ref.k, ref.mode);
+  return element_bound(ref.value[i], ref.abs_sum[i], ref.k, ref.mode, ref.weight_rounding);
 }
 
 std::string Comparison::str() const {
@@ -96,6 +106,7 @@ std::string Comparison::str() const {
 Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, bool add_cast_gap) {
   Comparison c;
   c.n = ref.n;
+  c.count = static_cast<std::int64_t>(ref.value.size());
   double err2 = 0.0, ref2 = 0.0;
   for (std::size_t i = 0; i < ref.value.size(); ++i) {
     c.unwritten += out[i] == kPoisonBf16;
@@ -126,6 +137,11 @@ Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, boo
 bool within(const Comparison& c, double tol) {
   return c.ref_norm > 0.0 && c.nonzero > 0 && c.unwritten == 0 && c.normalized <= tol &&
          c.worst <= 1.0;
+}
+
+bool within(const Comparison& c, const GemmTolerance& tol) {
+  const bool norm_applies = c.count >= tol.norm_min_outputs;
+  return within(c, norm_applies ? tol.normalized : std::numeric_limits<double>::infinity());
 }
 
 }  // namespace metrale::toolkit

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "metrale/backend.h"
+#include "metrale/dense_gemm.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
@@ -24,8 +26,12 @@ enum class GemmRoute {
   kDecode,  // small M: weights streamed once, dequantized in registers
   kTiled,   // large M: tiles of dequantized weights reused across rows of A
   kE4m3,    // A cast to E4M3, weights as E4M3, FP8 products, FP32 group scales
+  // Large M, exact BF16 activations: the weights dequantized to BF16 W [N, K] (tensor scale
+  // folded in, rounded once), then the backend's dense BF16 GEMM with the bias in its epilogue.
+  // Explicit only (kAuto does not take it yet); needs the backend's dense GEMM.
+  kDequant,
 };
-// "auto", "decode", "tiled", "e4m3".
+// "auto", "decode", "tiled", "e4m3", "dequant".
 std::string_view to_string(GemmRoute route) noexcept;
 
 struct GemmOptions {
@@ -50,13 +56,15 @@ struct GemmWorkspaceBytes {
   std::uint64_t split_k = 0;  // FP32 partials [splits, M, N]
   std::uint64_t a_e4m3 = 0;   // the e4m3 route's cast A [M, K]
   std::uint64_t w_e4m3 = 0;   // the e4m3 route's E4M3 weights [N, K]
+  std::uint64_t w_bf16 = 0;   // the dequant route's BF16 weights [N, K]
+  std::uint64_t dense = 0;    // the dequant route's dense GEMM workspace (its plan's)
   // All parts laid end to end in one buffer, each on a 256-byte boundary (GemmWorkspace::carve).
   std::uint64_t total() const noexcept;
 };
 
 // The scratch buffers of one run; each at least the planned bytes (null where 0 are planned).
 struct GemmWorkspace {
-  DevicePtr split_k, a_e4m3, w_e4m3;
+  DevicePtr split_k, a_e4m3, w_e4m3, w_bf16, dense;
   // The parts of one buffer of at least bytes.total() bytes, in the order total() lays them out.
   static GemmWorkspace carve(DevicePtr base, const GemmWorkspaceBytes& bytes);
 };
@@ -78,8 +86,11 @@ struct GemmPlan {
   bool bias = false;
   std::uint32_t flags = 0;  // the kernels' GemmFlags
   std::int64_t splits = 1, k_per_split = 0;
-  // In launch order: [cast, dequant,] gemm[, split reduce].
+  // In launch order: [cast, dequant,] gemm[, split reduce]; the dequant route: its dequant.
   std::vector<PlannedLaunch> launches;
+  // The dequant route's dense BF16 GEMM (C = A · W_bf16ᵀ + bias), run after the launches; the
+  // backend's own plan for the shape (memoized by it). Empty on every other route.
+  std::optional<DenseGemmPlan> dense;
   GemmWorkspaceBytes workspace;
 
   // One line, e.g. "decode M=1 N=4096 K=4096: w4a16::gemm_decode 128x1x4 x 256 threads,
@@ -93,7 +104,8 @@ struct GemmPlan {
 // module's gemm_decode, which both backends' modules have), resolves the
 // kernels and sizes every launch from their published metadata. Throws Error(kInvalidArgument)
 // for bad shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no
-// tile or block size. Launches nothing.
+// tile or block size, Error(kUnavailable) with the backend's reason for kDequant on a backend
+// without a dense BF16 GEMM. Launches nothing.
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
               const GemmOptions& options = {});
 
@@ -107,8 +119,8 @@ void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeig
          const GemmWorkspace& workspace, DevicePtr bias = {});
 
 // The workspace of plan for work queued on stream: the OpCache's grow-only scratch under
-// gemm_scratch_tag ("gemm_split_k", "fp8_activation", "fp8_weights"), null for parts the plan
-// does not use.
+// gemm_scratch_tag ("gemm_split_k", "fp8_activation", "fp8_weights", "dequant_weights",
+// "blas_workspace"), null for parts the plan does not use.
 GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream);
 
 // The route plan() would take for M and options, whatever the weights (throws as plan() would
@@ -127,8 +139,9 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options = {});
 
 // The OpCache tag under which w4a16_gemm keeps scratch `base` ("fp8_activation", "fp8_weights",
-// "gemm_split_k") for work queued on `stream`: base itself on the backend's default stream,
-// "base@<stream>" on any other, so GEMMs on two streams never share a buffer.
+// "gemm_split_k", "dequant_weights", "blas_workspace") for work queued on `stream`: base itself on
+// the backend's default stream, "base@<stream>" on any other, so GEMMs on two streams never share a
+// buffer.
 std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_view base);
 
 // out[i] (E4M3) = RNE-saturating cast of in[i] (BF16), no scale (docs/CONTRACT.md, E4M3 cast).

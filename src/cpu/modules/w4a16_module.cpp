@@ -10,9 +10,11 @@
 #include <utility>
 
 #include "cpu/kernels/decode_packed_cpu.h"
+#include "cpu/kernels/dequant_bf16_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
 #include "kernels/decode_layout.h"
+#include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
@@ -25,9 +27,10 @@ namespace {
 constexpr std::uint32_t kDecodeTile = 256;
 constexpr std::uint32_t kTiledTile = 64;
 constexpr std::uint32_t kE4m3Tile = 64;
-constexpr std::uint32_t kCastTile = 1 << 16;    // elements
-constexpr std::uint32_t kDequantTile = 16;      // rows
-constexpr std::uint32_t kReduceTile = 1 << 14;  // outputs of M x N
+constexpr std::uint32_t kCastTile = 1 << 16;      // elements
+constexpr std::uint32_t kDequantTile = 16;        // rows
+constexpr std::uint32_t kDequantBf16Tile = 4096;  // units of 32 weights (kernels/dequant_bf16.h)
+constexpr std::uint32_t kReduceTile = 1 << 14;    // outputs of M x N
 // The block size every entry publishes: the CPU runs a block as one host call, so this is only
 // the shape the launch checks see, kept equal to the GPU module's.
 constexpr std::uint32_t kBlockThreads = 256;
@@ -83,13 +86,19 @@ void dequant_e4m3(const HostBlock& b) {
   if (r0 < r1) w4a16::dequant_e4m3(p, r0, r1);
 }
 
+void dequant_bf16(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [u0, u1] = span_of<kDequantBf16Tile>(b, dequant::unit_count(p.n, p.k));
+  if (u0 < u1) w4a16::dequant_bf16(p, u0, u1);
+}
+
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
-    {"bf16_to_fp8", kCastTile},         {"dequant_e4m3", kDequantTile},
-    {"gemm_decode", kDecodeTile},       {"gemm_decode_packed", kDecodeTile},
-    {"gemm_split_reduce", kReduceTile}, {"gemm_tiled", kTiledTile},
-    {"gemm_e4m3", kE4m3Tile},
+    {"bf16_to_fp8", kCastTile},          {"dequant_e4m3", kDequantTile},
+    {"dequant_bf16", kDequantBf16Tile},  {"gemm_decode", kDecodeTile},
+    {"gemm_decode_packed", kDecodeTile}, {"gemm_split_reduce", kReduceTile},
+    {"gemm_tiled", kTiledTile},          {"gemm_e4m3", kE4m3Tile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout

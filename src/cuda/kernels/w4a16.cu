@@ -1,6 +1,6 @@
 // Module "w4a16" on the GPU (its entries: kernels/w4a16.def): the BF16 → E4M3 cast, the E4M3
-// dequantization of the weights, and the GEMM routes. Decode (small M) runs on mma.sync tensor
-// cores on every target; the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh,
+// and BF16 dequantizations of the weights, and the GEMM routes. Decode (small M) runs on mma.sync
+// tensor cores on every target; the tiled and E4M3 routes run on wgmma on sm_90a (tiled_sm90.cuh,
 // e4m3_sm90.cuh) and on the correctness-first warp-per-column kernel elsewhere (simple.cuh). Each
 // entry publishes the launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile
 // (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
@@ -10,6 +10,7 @@
 
 #include "decode.cuh"
 #include "decode_packed.cuh"
+#include "dequant_bf16.cuh"
 #include "e4m3_sm90.cuh"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
@@ -56,7 +57,8 @@ extern "C" {
 // tests/offline/fatbin_test.cpp).
 __device__ std::uint32_t bf16_to_fp8_n_tile = kThreads * kCastPerThread;  // elements
 __device__ std::uint32_t dequant_e4m3_n_tile = kDequantRowsPerBlock;      // weight rows
-__device__ std::uint32_t gemm_split_reduce_n_tile = kReducePerBlock;      // outputs of M x N
+__device__ std::uint32_t dequant_bf16_n_tile = kThreads;  // units of 32 weights (dequant_bf16.h)
+__device__ std::uint32_t gemm_split_reduce_n_tile = kReducePerBlock;  // outputs of M x N
 __device__ std::uint32_t gemm_decode_n_tile = tl::kDecodeNTile;
 __device__ std::uint32_t gemm_decode_split_k = tl::kDecodeSplitUnit;
 __device__ std::uint32_t gemm_decode_a_e4m3 = 0;
@@ -77,6 +79,7 @@ __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
 __device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
 __device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
 __device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
+__device__ std::uint32_t dequant_bf16_block_threads = kThreads;
 __device__ std::uint32_t gemm_split_reduce_block_threads = kThreads;
 __device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_tiled_block_threads = kThreads;
@@ -144,6 +147,12 @@ __global__ void __launch_bounds__(kThreads) dequant_e4m3(CastParams p) {
     }
     *reinterpret_cast<uint4*>(out + kk) = make_uint4(o[0], o[1], o[2], o[3]);
   }
+}
+
+// BF16 W [N, K] of the weights (codes, scales, tensor_scale, flags) into p.out: a thread per unit
+// of 32 weights (dequant_bf16.cuh).
+__global__ void __launch_bounds__(kThreads) dequant_bf16(GemmParams p) {
+  k::dequant_bf16_unit(p, static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x);
 }
 
 __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_decode(GemmParams p) {

@@ -29,6 +29,7 @@ struct Reference {
   std::vector<double> abs_sum;   // S = Σ_k |a·w| + |bias|: the scale of the FP32 roundings
   std::vector<double> cast_gap;  // kE4m3 only: Σ_k |A8 − A|·|w| (how far the cast moved it)
   AMode mode = AMode::kBf16;     // kE4m3: the FP8 tensor cores' accumulation term applies
+  double weight_rounding = 0.0;  // the weights' relative rounding (GemmTolerance::weight_rounding)
 };
 
 // One element of the reference: its value and S.
@@ -44,6 +45,9 @@ double activation(std::uint16_t a, AMode mode);
 // empty.
 Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
                     std::span<const std::uint16_t> bias, AMode mode);
+// The reference a route's tolerance holds it to: tol's activations and weight rounding.
+Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
+                    std::span<const std::uint16_t> bias, const GemmTolerance& tol);
 
 // C_ref[row, col] alone (no bias), for a check that samples outputs of a large GEMM; a_row is
 // A's row (K values).
@@ -51,8 +55,10 @@ ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const H
                                    std::int64_t col, AMode mode);
 
 // The deterministic per-element bound of an FP32-accumulating kernel with BF16 output, plus the
-// FP8 tensor cores' accumulation term for mode kE4m3 (derivation in gemm_tolerance.h).
-double element_bound(double value, double abs_sum, std::int64_t k, AMode mode);
+// FP8 tensor cores' accumulation term for mode kE4m3 and the weights' rounding (derivation in
+// gemm_tolerance.h).
+double element_bound(double value, double abs_sum, std::int64_t k, AMode mode,
+                     double weight_rounding = 0.0);
 // The same for element i of ref.
 double element_bound(const Reference& ref, std::size_t i);
 
@@ -66,6 +72,7 @@ struct Comparison {
   std::int64_t unwritten = 0;  // elements still holding the poison
   std::int64_t nonzero = 0;    // elements that are not ±0
   std::int64_t n = 1;          // columns, for naming the worst element
+  std::int64_t count = 0;      // elements compared (M·N)
 
   // Every figure above, in one line.
   std::string str() const;
@@ -81,5 +88,7 @@ Comparison compare(std::span<const std::uint16_t> out, const Reference& ref,
 // Whether c meets tol: the reference and the output not all zero, every element written, the
 // normalized error within tol and every element within its bound.
 bool within(const Comparison& c, double tol);
+// The same with a route's tolerance: its normalized bound from tol.norm_min_outputs outputs.
+bool within(const Comparison& c, const GemmTolerance& tol);
 
 }  // namespace metrale::toolkit
