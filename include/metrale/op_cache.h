@@ -42,6 +42,7 @@ struct KernelMeta {
   std::uint32_t split_k = 0;        // K per split-K unit (0: no split-K)
   std::uint32_t block_threads = 0;  // threads per block the kernel is written for
   std::uint32_t max_m = 0;          // the largest M the kernel is the best route for (0: unsaid)
+  std::uint32_t min_m = 0;          // the smallest M from which it is the best route (0: never)
   std::uint32_t layout = 0;         // weights it reads: 1 the decode layout, 0 the source layout
   bool a_e4m3 = false;              // casts its BF16 A operand to E4M3 with no scale
 };

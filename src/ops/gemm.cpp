@@ -222,7 +222,17 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
       backend.has_kernel(kModule, entry_of(GemmRoute::kE4m3))) {
     return GemmRoute::kE4m3;
   }
-  return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
+  if (m <= decode_max_m_as(api, backend)) return GemmRoute::kDecode;
+  // Dequantize → dense BF16 from the M its kernel publishes as the crossover (none: never), where
+  // the backend has the dense GEMM. See Note [route crossovers] in docs/NOTES.md.
+  if (backend.has_kernel(kModule, kDequantEntry)) {
+    const ResolvedKernel& dq = backend.op_cache().kernel(backend, kModule, kDequantEntry);
+    if (dq.meta.min_m != 0 && m >= dq.meta.min_m &&
+        backend.dense_gemm_unavailable(DenseKind::kBf16).empty()) {
+      return GemmRoute::kDequant;
+    }
+  }
+  return GemmRoute::kTiled;
 }
 
 // The route's GEMM kernel, refused where it would cast A to E4M3 for a caller that asked for

@@ -80,7 +80,7 @@ struct Variant {
 
 // The routes the side-by-side table forces, in its column order (the baseline comes last).
 constexpr ops::GemmRoute kComparedRoutes[] = {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled,
-                                              ops::GemmRoute::kE4m3};
+                                              ops::GemmRoute::kE4m3, ops::GemmRoute::kDequant};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -28,7 +28,8 @@ enum class GemmRoute {
   kE4m3,    // A cast to E4M3, weights as E4M3, FP8 products, FP32 group scales
   // Large M, exact BF16 activations: the weights dequantized to BF16 W [N, K] (tensor scale
   // folded in, rounded once), then the backend's dense BF16 GEMM with the bias in its epilogue.
-  // Explicit only (kAuto does not take it yet); needs the backend's dense GEMM.
+  // Needs the backend's dense GEMM; kAuto takes it from the M its dequant_bf16 publishes
+  // (<fn>_min_m; none: never).
   kDequant,
 };
 // "auto", "decode", "tiled", "e4m3", "dequant".
@@ -100,12 +101,13 @@ struct GemmPlan {
 
 // Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
 // sizes, chooses the route (kAuto: e4m3 when allowed and M ≥ kE4m3MinM and the module has it,
-// else decode up to the M gemm_decode publishes as its largest, else tiled: so kAuto needs the
-// module's gemm_decode, which both backends' modules have), resolves the
-// kernels and sizes every launch from their published metadata. Throws Error(kInvalidArgument)
-// for bad shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no
-// tile or block size, Error(kUnavailable) with the backend's reason for kDequant on a backend
-// without a dense BF16 GEMM. Launches nothing.
+// else decode up to the M gemm_decode publishes as its largest, else dequant from the M
+// dequant_bf16 publishes as its smallest where the backend has a dense BF16 GEMM, else tiled: so
+// kAuto needs the module's gemm_decode, which both backends' modules have), resolves the kernels
+// and sizes every launch from their published metadata. Throws Error(kInvalidArgument) for bad
+// shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no tile or block
+// size, Error(kUnavailable) with the backend's reason for kDequant on a backend without a dense
+// BF16 GEMM. Launches nothing.
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
               const GemmOptions& options = {});
 

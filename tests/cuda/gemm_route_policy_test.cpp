@@ -1,0 +1,89 @@
+// The automatic route's choice above the decode sizes, on the fake driver: dequantize → dense
+// BF16 from the M dequant_bf16 publishes as its smallest (<entry>_min_m), only where the backend
+// has a dense BF16 GEMM; the tiled kernel below it, without it, or when nothing is published.
+// The choice is read from the plan alone: nothing is launched.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/fake_blas.h"
+#include "cuda/rig.h"
+#include "kernels/gemm_params.h"
+#include "metrale/ops/gemm.h"
+
+namespace metrale::cuda::testing {
+namespace {
+
+constexpr std::uint32_t kTile = 64, kBlockThreads = 128, kDecodeMaxM = 16;
+
+// A w4a16 module with the three entries the choice looks at; dequant_bf16 publishes min_m when
+// it is not 0. No entry has a body: these tests plan only.
+ModuleSpec route_module(std::uint32_t min_m) {
+  ModuleSpec m;
+  m.name = "w4a16";
+  for (const char* e : {"gemm_decode", "gemm_tiled", "dequant_bf16"}) {
+    FakeFunction f;
+    f.param_sizes = {sizeof(GemmParams)};
+    m.fake.functions[e] = f;
+    m.fake.publish_u32(std::string(e) + "_n_tile", kTile)
+        .publish_u32(std::string(e) + "_block_threads", kBlockThreads);
+    m.entries.emplace_back(e);
+  }
+  m.fake.publish_u32("gemm_decode_max_m", kDecodeMaxM);
+  if (min_m != 0) m.fake.publish_u32("dequant_bf16_min_m", min_m);
+  return m;
+}
+
+ops::QuantWeights weights(CudaBackend& b) {
+  ops::QuantWeights w;
+  w.format = WeightFormat::kNvfp4;
+  w.n = 256;
+  w.k = 128;
+  w.codes_bytes = 256 * 64;
+  w.scales_bytes = 256 * 8;
+  w.codes = b.alloc(w.codes_bytes);
+  w.scales = b.alloc(w.scales_bytes);
+  return w;
+}
+
+ops::GemmRoute route_at(Rig& rig, std::int64_t m) {
+  const ops::QuantWeights w = weights(rig.b());
+  const ops::GemmRoute r = ops::plan(rig.b(), m, w).route;
+  rig.b().free(w.codes);
+  rig.b().free(w.scales);
+  return r;
+}
+
+TEST(GemmRoutePolicy, DequantFromThePublishedMinimumWhereADenseGemmExists) {
+  FakeBlas blas;
+  RigOptions o;
+  o.modules = {core_module(), route_module(256)};
+  o.blas = blas.source();
+  Rig rig(std::move(o));
+  EXPECT_EQ(route_at(rig, 1), ops::GemmRoute::kDecode);
+  EXPECT_EQ(route_at(rig, kDecodeMaxM), ops::GemmRoute::kDecode);
+  EXPECT_EQ(route_at(rig, kDecodeMaxM + 1), ops::GemmRoute::kTiled);
+  EXPECT_EQ(route_at(rig, 255), ops::GemmRoute::kTiled);
+  EXPECT_EQ(route_at(rig, 256), ops::GemmRoute::kDequant);
+  EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kDequant);
+}
+
+TEST(GemmRoutePolicy, TiledWithoutADenseGemm) {
+  RigOptions o;
+  o.modules = {core_module(), route_module(256)};  // no cuBLASLt
+  Rig rig(std::move(o));
+  ASSERT_FALSE(rig.b().dense_gemm_unavailable(DenseKind::kBf16).empty());
+  EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kTiled);
+}
+
+TEST(GemmRoutePolicy, TiledWhenTheDequantKernelPublishesNoMinimum) {
+  FakeBlas blas;
+  RigOptions o;
+  o.modules = {core_module(), route_module(0)};
+  o.blas = blas.source();
+  Rig rig(std::move(o));
+  EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kTiled);
+}
+
+}  // namespace
+}  // namespace metrale::cuda::testing
