@@ -17,7 +17,9 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/call_site.h
   include/metrale/cpu_backend.h
   include/metrale/dense_gemm.h
+  include/metrale/e4m3_block.h
   include/metrale/error.h
+  include/metrale/fp8_checkpoint.h
   include/metrale/guard_bands.h
   include/metrale/handles.h
   include/metrale/host_module.h

@@ -1,7 +1,7 @@
 // Fuzz target: the safetensors reader (include/metrale/safetensors.h) and the ModelOpt loader
 // (metrale/modelopt.h) on a whole file's bytes, through SafetensorsFile::from_bytes (the
 // validation open() runs on a mapped file), then linear_layers and load_nvfp4_linear over every
-// layer the header names.
+// layer the header names, and fp8_linear_layers and load_fp8_linear over every FP8 layer.
 //
 // Invariants (any break is __builtin_trap(), so libFuzzer keeps the input):
 //  - every failure is a metrale::Error of the documented kind whose message names the file:
@@ -12,7 +12,9 @@
 //    bytes(name) views exactly those bytes of the input (also after the file is moved);
 //  - linear_layers lists exactly the layers load_nvfp4_linear accepts by their header: loading
 //    a listed layer fails only for a value (kIo: NaN block scale, non-finite weight or scale),
-//    and loading any other "<layer>.weight" fails; a loaded layer has the sizes its shape says.
+//    and loading any other "<layer>.weight" fails; a loaded layer has the sizes its shape says;
+//  - fp8_linear_layers lists every F8_E4M3 "<layer>.weight"; an FP8 layer loads as a view of
+//    the file's bytes with finite, non-negative scales and no NaN code, or fails with kIo.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -25,7 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include "metrale/e4m3_block.h"
 #include "metrale/error.h"
+#include "metrale/fp8_checkpoint.h"
 #include "metrale/modelopt.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
@@ -142,6 +146,34 @@ void check_layers(const SafetensorsFile& f) {
   }
 }
 
+// fp8_linear_layers lists every F8_E4M3 "<layer>.weight"; load_fp8_linear of a listed layer
+// either fails with a named kIo or views the file's bytes with the sizes its shape says, every
+// scale finite and >= 0 and no code NaN.
+void check_fp8_layers(const SafetensorsFile& f) {
+  const std::vector<std::string> layers = metrale::fp8_linear_layers(f);
+  require(std::is_sorted(layers.begin(), layers.end()));
+  for (const std::string& name : f.names()) {
+    if (!name.ends_with(".weight") || f.info(name).dtype != "F8_E4M3") continue;
+    require(std::binary_search(layers.begin(), layers.end(), name.substr(0, name.size() - 7)));
+  }
+  for (const std::string& layer : layers) {
+    try {
+      const metrale::E4m3BlockWeightsView w = metrale::load_fp8_linear(f, layer);
+      require(w.n > 0 && w.k > 0);
+      require(w.codes.data() ==
+              reinterpret_cast<const std::uint8_t*>(f.bytes(layer + ".weight").data()));
+      require(w.codes.size() == static_cast<std::uint64_t>(w.n) * static_cast<std::uint64_t>(w.k));
+      require(w.scales.size() ==
+              static_cast<std::uint64_t>(metrale::e4m3_blocks(w.n) * metrale::e4m3_blocks(w.k)));
+      for (const float s : w.scales) require(std::isfinite(s) && s >= 0.0f);
+      for (const std::uint8_t c : w.codes) require((c & 0x7F) != 0x7F);
+    } catch (const Error& e) {
+      require(e.code() == ErrorCode::kIo);
+      require_named(e);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -159,6 +191,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     f.reset();
     check_file(moved, input);
     check_layers(moved);
+    check_fp8_layers(moved);
   } catch (...) {
     __builtin_trap();  // a non-Error exception, or an Error where none is allowed
   }

@@ -37,6 +37,8 @@ def safetensors_seeds(out):
              "y.input_scale": ("float32", (), np.array(1.0, dtype=np.float32))})
     codes = np.zeros((1, 8), dtype=np.uint8)
     st.save(p("layer-nvfp4-missing-scale.safetensors"), {"z.weight": ("uint8", codes.shape, codes)})
+    fp8, _, _, _ = st.fp8_layer(3, 130)  # scales [1, 2]: a partial second K block
+    st.save(p("layer-fp8.safetensors"), st.prefixed("f", fp8))
 
 
 def fdp(*values):

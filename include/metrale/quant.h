@@ -38,6 +38,8 @@ struct HostQuantWeights {
   float scale(std::int64_t row, std::int64_t col) const;
   // Dequantized W[n, k] = e2m1 × block scale × tensor scale.
   float weight(std::int64_t row, std::int64_t col) const;
+  // W[n, k] in float64, unrounded: e2m1 x block scale x tensor scale is exact in a double.
+  double exact_weight(std::int64_t row, std::int64_t col) const;
 };
 
 // Quantizes FP32 W[n, k] (row-major, k a multiple of 16) to NVFP4: tensor scale =

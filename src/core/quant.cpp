@@ -8,6 +8,7 @@
 #include <limits>
 #include <string_view>
 
+#include "core/rounding.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 
@@ -15,20 +16,9 @@ namespace metrale {
 
 namespace {
 
-constexpr std::uint8_t kE2m1NegativeZero = 0x8;
+using detail::to_f32_round_odd;
 
-// Double to float rounded to odd: truncate, then set the last bit when anything was dropped.
-// Rounding that float to a narrower format (E4M3, E2M1) to nearest even then gives the correctly
-// rounded result of the double itself: float keeps far more than the two extra bits round-to-odd
-// needs, so no tie is invented or lost by the float step (a plain float cast could round onto an
-// E4M3 or E2M1 midpoint and the second rounding would then go the wrong way).
-float to_f32_round_odd(double d) {
-  float f = static_cast<float>(d);  // round to nearest even
-  if (static_cast<double>(f) == d || std::isnan(d)) return f;
-  std::uint32_t u = num::f32_bits(f);
-  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) --u;  // rounded away from zero: step back
-  return num::bits_f32(u | 1u);
-}
+constexpr std::uint8_t kE2m1NegativeZero = 0x8;
 
 // The nearest E2M1 code of w / scale (scale > 0), with one canonical zero: a -0 result (a small
 // negative weight, or -0 itself) is stored as +0, so a zero block reads as all-zero bytes.
@@ -123,11 +113,16 @@ double block_scale_at(const HostQuantWeights& w, std::int64_t row, std::int64_t 
                                           : static_cast<double>(num::e8m0_to_f32(s));
 }
 
-// e2m1 × block scale × tensor scale, rounded once: the product of a 3-bit, a 4-bit (or
-// power-of-two) and a 24-bit significand is exact in double.
+// e2m1 × block scale × tensor scale, exact: the product of a 3-bit, a 4-bit (or power-of-two)
+// and a 24-bit significand fits a double (MXFP4's 2^±127 times an FP32 included).
+double exact_weight_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  return static_cast<double>(num::e2m1_to_f32(code_at(w, row, col))) * block_scale_at(w, row, col) *
+         static_cast<double>(w.tensor_scale);
+}
+
+// The exact weight rounded once to float.
 float weight_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
-  return static_cast<float>(static_cast<double>(num::e2m1_to_f32(code_at(w, row, col))) *
-                            block_scale_at(w, row, col) * static_cast<double>(w.tensor_scale));
+  return static_cast<float>(exact_weight_at(w, row, col));
 }
 
 void check_index(std::string_view api, const HostQuantWeights& w, std::int64_t row,
@@ -174,6 +169,11 @@ float HostQuantWeights::scale(std::int64_t row, std::int64_t col) const {
 float HostQuantWeights::weight(std::int64_t row, std::int64_t col) const {
   check_index("HostQuantWeights::weight", *this, row, col);
   return weight_at(*this, row, col);
+}
+
+double HostQuantWeights::exact_weight(std::int64_t row, std::int64_t col) const {
+  check_index("HostQuantWeights::exact_weight", *this, row, col);
+  return exact_weight_at(*this, row, col);
 }
 
 HostQuantWeights quantize_nvfp4(std::span<const float> w, std::int64_t n, std::int64_t k) {

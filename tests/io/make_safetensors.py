@@ -17,6 +17,10 @@ Beside the files, raw little-endian sidecars (*.bin) hold what was written, and 
 layer the dequantized weights computed here (e2m1 x e4m3 x tensor scale, exact in float64, then
 rounded once to float32), so the test compares against Python's values, not its own.
 
+The FP8 layers (fp8_*.safetensors, tests/io/fp8_checkpoint_test.cpp) follow the DeepSeek-V3 /
+Qwen FP8 export: "<layer>.weight" float8_e4m3fn [N, K] and "<layer>.weight_scale_inv" float32
+[ceil(N/128), ceil(K/128)]; their sidecar holds the dequantized weights in float64 (exact).
+
 Malformed files are written by hand (write_raw): the format itself is built here byte by byte.
 
 Usage: make_safetensors.py OUTDIR
@@ -116,6 +120,94 @@ def nvfp4_layer(n, k, tensor_scale, input_scale=None, scale2_shape=()):
     if input_scale is not None:
         tensors["input_scale"] = ("float32", (), np.array(input_scale, dtype=np.float32))
     return tensors, packed, scales, deq
+
+
+def fp8_layer(n, k):
+    """A DeepSeek-V3 / Qwen FP8 layer: its tensors, codes, scales and dequantized weights [n, k].
+
+    "<layer>.weight" float8_e4m3fn [n, k] (every finite code but NaN's 0x7F/0xFF) and
+    "<layer>.weight_scale_inv" float32 [ceil(n/128), ceil(k/128)], the multiplier of each
+    128 x 128 block; the dequantized weights are e4m3 x scale in float64 (exact).
+    """
+    codes = RNG.integers(0, 256, size=(n, k), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # NaN codes become 1.0
+    nb, kb = -(-n // 128), -(-k // 128)
+    scales = RNG.uniform(1e-4, 1e-2, size=(nb, kb)).astype(np.float32)
+    deq = np.empty((n, k), dtype=np.float64)
+    for r in range(n):
+        for c in range(k):
+            deq[r, c] = e4m3_value(int(codes[r, c])) * float(scales[r // 128, c // 128])
+    tensors = {
+        "weight": ("float8_e4m3fn", codes.shape, codes),
+        "weight_scale_inv": ("float32", scales.shape, scales),
+    }
+    return tensors, codes, scales, deq
+
+
+def fp8_files(p):
+    """The FP8 checkpoint files of tests/io/fp8_checkpoint_test.cpp."""
+    down, codes, scales, deq = fp8_layer(200, 300)  # partial blocks on both axes
+    o_proj, _, _, _ = fp8_layer(128, 128)
+    model = {}
+    model.update(prefixed("model.layers.0.mlp.down_proj", down))
+    model.update(prefixed("model.layers.0.self_attn.o_proj", o_proj))
+    norm = f32_to_bf16_bits(np.ones(64))
+    model["model.norm.weight"] = ("bfloat16", norm.shape, norm)
+    save(p("fp8_model.safetensors"), model, {"format": "pt", "quant_method": "fp8"})
+    codes.tofile(p("fp8_down.codes.bin"))
+    scales.astype("<f4").tofile(p("fp8_down.scales.bin"))
+    deq.astype("<f8").tofile(p("fp8_down.dequant.bin"))
+
+    def f8(shape, fill=0x38):
+        return ("float8_e4m3fn", shape, np.full(shape, fill, dtype=np.uint8))
+
+    def f32(shape, value=1.0):
+        return ("float32", shape, np.full(shape, value, dtype=np.float32))
+
+    good = {"weight": f8((4, 8)), "weight_scale_inv": f32((1, 1))}
+    nan_code = np.full((4, 8), 0x38, dtype=np.uint8)
+    nan_code[1, 3] = 0x7F
+    neg_nan_code = np.full((4, 8), 0x38, dtype=np.uint8)
+    neg_nan_code[3, 7] = 0xFF
+    layers = {
+        "no_scale": {"weight": f8((4, 8))},
+        "no_weight": {"weight_scale_inv": f32((1, 1))},
+        "weight_bf16": {**good, "weight": ("bfloat16", (4, 8), np.zeros((4, 8), np.uint16))},
+        "weight_e5m2": {**good, "weight": ("float8_e5m2", (4, 8), np.zeros((4, 8), np.uint8))},
+        "rank1": {**good, "weight": f8((8,))},
+        "rank3": {**good, "weight": f8((2, 4, 8))},
+        "zero_n": {"weight": f8((0, 8)), "weight_scale_inv": f32((0, 1))},
+        "zero_k": {"weight": f8((4, 0)), "weight_scale_inv": f32((1, 0))},
+        "scale_bf16": {**good, "weight_scale_inv": ("bfloat16", (1, 1),
+                                                    np.full((1, 1), 0x3F80, np.uint16))},
+        "scale_shape": {"weight": f8((200, 300)), "weight_scale_inv": f32((2, 2))},
+        "scale_transposed": {"weight": f8((130, 300)), "weight_scale_inv": f32((3, 2))},
+        "scale_rank1": {**good, "weight_scale_inv": f32((1,))},
+        "nan_scale": {"weight": f8((4, 200)),
+                      "weight_scale_inv": ("float32", (1, 2),
+                                           np.array([[1.0, np.nan]], dtype=np.float32))},
+        "inf_scale": {**good, "weight_scale_inv": f32((1, 1), np.inf)},
+        "neg_scale": {**good, "weight_scale_inv": f32((1, 1), -0.5)},
+        "nan_code": {**good, "weight": ("float8_e4m3fn", (4, 8), nan_code)},
+        "neg_nan_code": {**good, "weight": ("float8_e4m3fn", (4, 8), neg_nan_code)},
+        # These load: a zero scale is an all-zero block, -0 reads as 0.
+        "zero_scale": {**good, "weight_scale_inv": f32((1, 1), 0.0)},
+        "neg_zero_scale": {**good, "weight_scale_inv": f32((1, 1), -0.0)},
+    }
+    bad = {}
+    for layer, tensors in layers.items():
+        bad.update(prefixed(layer, tensors))
+    save(p("fp8_bad_layers.safetensors"), bad)
+    # A valid file (the reference reader takes it) whose F32 scales start at data byte 3: the
+    # reference writer never places them so, hence built by hand. The header is padded to 8
+    # bytes, so only the offset misaligns them.
+    header = json.dumps({
+        "m.weight": {"dtype": "F8_E4M3", "shape": [1, 3], "data_offsets": [0, 3]},
+        "m.weight_scale_inv": {"dtype": "F32", "shape": [1, 1], "data_offsets": [3, 7]},
+    }).encode()
+    header += b" " * (-(8 + len(header)) % 8)
+    write_raw(p("fp8_misaligned.safetensors"), header,
+              bytes([0x38] * 3) + struct.pack("<f", 1.0))
 
 
 def prefixed(layer, tensors):
@@ -219,6 +311,8 @@ def main():
         no_loadable.update(prefixed(layer, layers[layer]))
     no_loadable["norm.weight"] = bf16(64)
     save(p("no_loadable_layers.safetensors"), no_loadable)
+
+    fp8_files(p)
 
     # ---- malformed files, by hand ----
     def entry(dtype, shape, begin, end):

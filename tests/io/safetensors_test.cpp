@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "io/generated_files.h"
 #include "metrale/error.h"
 #include "metrale/modelopt.h"
 #include "metrale/numerics.h"
@@ -42,53 +43,9 @@ using ::testing::StartsWith;
 
 // ---- the files ----
 
-// Runs the generator into a temporary folder (and removes it at exit) when ctest's fixture did
-// not provide one.
-class GeneratedFiles {
- public:
-  GeneratedFiles() {
-    if (const char* env = std::getenv("METRALE_SAFETENSORS_DIR"); env && *env) {
-      dir_ = env;
-      return;
-    }
-    dir_ = fs::path(::testing::TempDir()) / fmt::format("metrale-safetensors-{}", ::getpid());
-    owned_ = true;
-    const std::string cmd =
-        fmt::format("python3 '{}' '{}'", METRALE_SAFETENSORS_SCRIPT, dir_.string());
-    if (std::system(cmd.c_str()) != 0) error_ = "failed: " + cmd;
-  }
-  ~GeneratedFiles() {
-    std::error_code ec;
-    if (owned_) fs::remove_all(dir_, ec);
-  }
-  GeneratedFiles(const GeneratedFiles&) = delete;
-  GeneratedFiles& operator=(const GeneratedFiles&) = delete;
-
-  const fs::path& dir() const { return dir_; }
-  const std::string& error() const { return error_; }
-
- private:
-  fs::path dir_;
-  bool owned_ = false;
-  std::string error_;
-};
-
-const GeneratedFiles& files() {
-  static const GeneratedFiles f;
-  return f;
-}
-
-// The path of one generated file; fails the test when the files could not be made.
-std::string path_of(std::string_view name) {
-  EXPECT_EQ(files().error(), "") << "run scripts/install-deps.sh (python3 with safetensors, numpy)";
-  return (files().dir() / name).string();
-}
-
-std::vector<std::uint8_t> read_bin(std::string_view name) {
-  std::ifstream in(path_of(name), std::ios::binary);
-  EXPECT_TRUE(in) << name;
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+using testing::files;
+using testing::path_of;
+using testing::read_bin;
 
 std::vector<std::uint8_t> as_u8(std::span<const std::byte> s) {
   std::vector<std::uint8_t> out(s.size());

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
+#include "metrale/fp8_checkpoint.h"
 #include "metrale/kernel_args.h"
 #include "metrale/model_scope.h"
 #include "metrale/modelopt.h"
@@ -97,6 +100,55 @@ std::string write_safetensors(const std::string& name, const std::string& header
   out << header;
   out << std::string(data_bytes, '\x01');
   return path.string();
+}
+
+// A safetensors file with the given data bytes and its header padded with spaces to 8 bytes, as
+// the reference writer pads it, so a tensor's alignment is its offset's.
+std::string write_padded_safetensors(const std::string& name, std::string header,
+                                     const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const fs::path path =
+      fs::temp_directory_path() / fmt::format("metrale-catalogue-{}-{}", ::getpid(), name);
+  written().push_back(path);
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
+  out << header << data;
+  return path.string();
+}
+
+// An FP8 layer "l" (DeepSeek-V3 layout): "l.weight" of `weight_dtype` and `weight_shape` over
+// `codes`, then "l.weight_scale_inv" of `scale_dtype` and `scale_shape` over `scales` (either
+// left out when its dtype is empty); load_fp8_linear it.
+void load_fp8_file(const std::string& name, const std::string& weight_dtype,
+                   const std::string& weight_shape, const std::string& codes,
+                   const std::string& scale_dtype, const std::string& scale_shape,
+                   const std::string& scales) {
+  std::string header = "{";
+  if (!weight_dtype.empty()) {
+    header += fmt::format(R"("l.weight":{{"dtype":"{}","shape":{},"data_offsets":[0,{}]}})",
+                          weight_dtype, weight_shape, codes.size());
+  }
+  if (!scale_dtype.empty()) {
+    if (header.size() > 1) header += ",";
+    header +=
+        fmt::format(R"("l.weight_scale_inv":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})",
+                    scale_dtype, scale_shape, codes.size(), codes.size() + scales.size());
+  }
+  header += "}";
+  const SafetensorsFile f =
+      SafetensorsFile::open(write_padded_safetensors(name, header, codes + scales));
+  (void)load_fp8_linear(f, "l");
+}
+
+// FP32 values as little-endian bytes.
+std::string f32_bytes(std::initializer_list<float> values) {
+  std::string out;
+  for (const float v : values) {
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xFF));
+  }
+  return out;
 }
 
 std::vector<Case> cases() {
@@ -366,6 +418,43 @@ std::vector<Case> cases() {
     const SafetensorsFile f = SafetensorsFile::open(write_safetensors(
         "no-scale", R"({"l.weight":{"dtype":"U8","shape":[4,8],"data_offsets":[0,32]}})", 32));
     load_nvfp4_linear(f, "l");
+  });
+  // ---- FP8 checkpoints (DeepSeek-V3 / Qwen layout) ----
+  const std::string codes(32, '\x38');  // [4, 8] of 1.0
+  const std::string one = f32_bytes({1.0f});
+  add("safetensors", "FP8 layer without its weight_scale_inv tensor", E::kIo,
+      [=](CpuBackend&) { load_fp8_file("fp8-no-scale", "F8_E4M3", "[4,8]", codes, "", "", ""); });
+  add("safetensors", "FP8 scales without their weight", E::kIo,
+      [=](CpuBackend&) { load_fp8_file("fp8-no-weight", "", "", "", "F32", "[1,1]", one); });
+  add("safetensors", "FP8 weight that is not F8_E4M3", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-weight-dtype", "F8_E5M2", "[4,8]", codes, "F32", "[1,1]", one);
+  });
+  add("safetensors", "FP8 weight that is not a matrix", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-rank", "F8_E4M3", "[32]", codes, "F32", "[1,1]", one);
+  });
+  add("safetensors", "FP8 weight with N = 0", E::kIo,
+      [=](CpuBackend&) { load_fp8_file("fp8-empty", "F8_E4M3", "[0,8]", "", "F32", "[0,1]", ""); });
+  add("safetensors", "FP8 scales that are not F32", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-scale-dtype", "F8_E4M3", "[4,8]", codes, "BF16", "[1,2]", one);
+  });
+  add("safetensors", "FP8 scales not of shape [ceil(N/128), ceil(K/128)]", E::kIo,
+      [=](CpuBackend&) {
+        load_fp8_file("fp8-scale-shape", "F8_E4M3", "[4,8]", codes, "F32", "[1]", one);
+      });
+  add("safetensors", "FP8 scales not 4-byte aligned in the file", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-misaligned", "F8_E4M3", "[1,3]", codes.substr(0, 3), "F32", "[1,1]", one);
+  });
+  add("safetensors", "FP8 scale that is NaN", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-nan-scale", "F8_E4M3", "[4,8]", codes, "F32", "[1,1]",
+                  f32_bytes({std::numeric_limits<float>::quiet_NaN()}));
+  });
+  add("safetensors", "FP8 scale that is negative", E::kIo, [=](CpuBackend&) {
+    load_fp8_file("fp8-neg-scale", "F8_E4M3", "[4,8]", codes, "F32", "[1,1]", f32_bytes({-2.0f}));
+  });
+  add("safetensors", "FP8 weight code that is NaN", E::kIo, [=](CpuBackend&) {
+    std::string nan_codes = codes;
+    nan_codes[13] = '\x7f';
+    load_fp8_file("fp8-nan-code", "F8_E4M3", "[4,8]", nan_codes, "F32", "[1,1]", one);
   });
   return v;
 }
