@@ -63,5 +63,9 @@ add_test(NAME cuda.fatbin_offline.sass_budget COMMAND sass_budget_test
   --gtest_filter=SassBudget.DecodeLoopsMeetTheBudget)
 add_test(NAME cuda.fatbin_offline.sass_reader COMMAND sass_budget_test
   --gtest_filter=SassReader.*:SassBudget.TodaysDecodeIsOverBudget)
-set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader PROPERTIES
+# gemm_fused's wgmma takes the weights from registers, unserialized; its counts per weight.
+add_test(NAME cuda.fatbin_offline.sass_fused COMMAND sass_budget_test
+  --gtest_filter=SassBudget.Fused*)
+set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader
+  cuda.fatbin_offline.sass_fused PROPERTIES
   LABELS cuda TIMEOUT 120)

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/decode_layout.h"
+#include "kernels/fused_tile.h"
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 #include "shell.h"
@@ -81,6 +82,13 @@ Published w4a16_published(const std::string& target) {
       {"gemm_decode_block_threads", u32(tl::kDecodeThreads)},
       {"gemm_tiled_block_threads", kW4a16Threads},
       {"gemm_e4m3_block_threads", kW4a16Threads},
+      // gemm_fused: wgmma on sm_90a; elsewhere the decode-layout decode kernel's blocks.
+      {"gemm_fused_n_tile", wgmma ? u32(metrale::fused::kRows) : u32(dl::kTileN)},
+      {"gemm_fused_m_tile", wgmma ? u32(metrale::fused::kTokens) : 0},
+      {"gemm_fused_smem_bytes", wgmma ? u32(metrale::fused::kSmemBytes) : 0},
+      {"gemm_fused_block_threads", wgmma ? u32(metrale::fused::kThreads) : u32(tl::kDecodeThreads)},
+      {"gemm_fused_layout", dl::kLayoutId},
+      {"gemm_fused_a_e4m3", 0},
   };
 }
 
@@ -356,6 +364,7 @@ TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
       {"sm_80", "gemm_decode", "HMMA"},        {"sm_89", "gemm_decode", "HMMA"},
       {"sm_90a", "gemm_decode", "HMMA"},       {"sm_80", "gemm_decode_packed", "HMMA"},
       {"sm_89", "gemm_decode_packed", "HMMA"}, {"sm_90a", "gemm_decode_packed", "HMMA"},
+      {"sm_90a", "gemm_fused", "HGMMA"},       {"sm_80", "gemm_fused", "HMMA"},
   };
   const Module& w4a16 = module_named("w4a16");
   for (const auto& w : wants) {

@@ -148,9 +148,14 @@ std::optional<std::size_t> index_of(const std::vector<Instr>& code, std::uint64_
   return static_cast<std::size_t>(it - code.begin());
 }
 
+// A tensor-core MMA: mma.sync (HMMA) or wgmma (HGMMA).
+bool is_mma(const Instr& i) {
+  return i.mnemonic == "HMMA" || i.mnemonic == "HGMMA";
+}
+
 bool holds_hmma(const std::vector<Instr>& code, const Loop& l) {
   for (std::size_t i = l.head; i <= l.latch; ++i) {
-    if (code[i].mnemonic == "HMMA") return true;
+    if (is_mma(code[i])) return true;
   }
   return false;
 }
@@ -183,7 +188,13 @@ std::vector<Loop> innermost_mma_loops(const std::vector<Instr>& code) {
     const bool holds_another = std::any_of(mma.begin(), mma.end(), [&](const Loop& m) {
       return (m.head != l.head || m.latch != l.latch) && m.head >= l.head && m.latch <= l.latch;
     });
-    if (!holds_another) out.push_back(l);
+    // A loop that starts inside another and ends past it crosses it: not a loop of the source
+    // but a retry path ptxas moved out of line (an mbarrier wait's, placed after the EXITs) that
+    // jumps back into the body. The loop it crosses is the steady state.
+    const bool crosses = std::any_of(mma.begin(), mma.end(), [&](const Loop& m) {
+      return m.head < l.head && l.head <= m.latch && m.latch < l.latch;
+    });
+    if (!holds_another && !crosses) out.push_back(l);
   }
   return out;
 }
@@ -206,6 +217,7 @@ void Tally::add(const Instr& i) {
   ++instrs;
   ++by_mnemonic[i.mnemonic];
   if (i.mnemonic == "HMMA") ++hmma;
+  if (i.mnemonic == "HGMMA") ++hgmma;
   if (is_bf16_mul(i)) ++bf16_mul;
   if (integer_pipe(i.mnemonic)) ++integer;
   if (i.mnemonic == "IMAD" || i.mnemonic == "IMUL") ++imad;
@@ -230,7 +242,7 @@ struct PathKey {
   int hmma = 0, calls = 0, instrs = 0;
 
   void add(const Instr& i) {
-    hmma += i.mnemonic == "HMMA";
+    hmma += is_mma(i) ? 1 : 0;
     calls += i.mnemonic == "CALL";
     ++instrs;
   }
@@ -250,7 +262,7 @@ bool skips_work(const std::vector<Instr>& code, std::size_t b, std::size_t targe
   bool work = false;
   for (std::size_t i = b + 1; i < target; ++i) {
     const Instr& in = code[i];
-    work = work || in.mnemonic == "HMMA" || load_bytes_of(in) > 0;
+    work = work || is_mma(in) || load_bytes_of(in) > 0;
     if (in.mnemonic == "EXIT" || in.mnemonic == "RET" || in.mnemonic == "BRX" ||
         in.mnemonic == "JMX") {
       return false;

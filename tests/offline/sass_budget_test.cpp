@@ -213,4 +213,54 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
   }
 }
 
+// ---- gemm_fused: wgmma with the weights as the register operand ----
+
+// The A operand of an HGMMA: its second operand, a register (R..) in the RS form, a descriptor
+// (gdesc[..]) in the SS form.
+std::string hgmma_a_operand(const sass::Instr& i) {
+  const std::size_t first = i.operands.find(',');
+  if (first == std::string::npos) return "";
+  std::size_t b = first + 1;
+  while (b < i.operands.size() && i.operands[b] == ' ') ++b;
+  const std::size_t e = i.operands.find(',', b);
+  return i.operands.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+// Every HGMMA of the fused kernel takes A from registers, its wgmmas of one K block issue back
+// to back (one scoreboard wait, gsb0, per 8: ptxas serializes each one when it finds registers
+// of an in-flight wgmma written, C7513), it touches no local memory, and each MMA loop's steady
+// state is counted per weight per lane (8 weights per lane per HGMMA m64n128k16: 64 x 16 / 128).
+TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
+  const std::string kernel = "gemm_fused";
+  const KernelReport k = analyze(kernel);
+  ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << ")";
+  print(kernel, k);
+  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
+  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
+  int hgmma = 0, waits = 0;
+  for (const auto& i : code) {
+    if (i.mnemonic != "HGMMA") continue;
+    ++hgmma;
+    waits += i.operands.find("gsb0") != std::string::npos ? 1 : 0;
+    const std::string a = hgmma_a_operand(i);
+    EXPECT_TRUE(a.size() > 1 && a[0] == 'R' && a.find("gdesc") == std::string::npos) << fmt::format(
+        "HGMMA at {:#x} takes A as '{}', not a register: {} {}", i.addr, a, i.opcode, i.operands);
+  }
+  EXPECT_GT(hgmma, 0) << kernel << " runs no HGMMA";
+  EXPECT_EQ(waits * 8, hgmma) << "HGMMAs that wait on their own scoreboard: serialized wgmmas";
+  EXPECT_EQ(k.whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  EXPECT_EQ(k.loops.size(), 2u) << "one MMA loop per scale format (NVFP4, MXFP4)";
+  for (const auto& l : k.loops) {
+    SCOPED_TRACE(fmt::format("{} loop {:#x}-{:#x}", kernel, l.begin, l.end));
+    EXPECT_EQ(l.path.hgmma, 8) << "one K block of 128: 8 wgmma k16 steps";
+    EXPECT_EQ(l.weights, 8 * l.path.hgmma) << "every A register scaled once (HMUL2 x 2)";
+    EXPECT_EQ(l.path.calls, 0);
+    std::printf(
+        "  gemm_fused loop %#lx: %.3f issued, %.3f integer-pipe instructions per weight "
+        "per consumer thread (%d for %d)\n",
+        static_cast<unsigned long>(l.begin), l.per_weight(l.path.instrs),
+        l.per_weight(l.path.integer), l.path.instrs, l.weights);
+  }
+}
+
 }  // namespace

@@ -56,6 +56,12 @@ void gemm_decode_packed(const HostBlock& b) {
   if (n0 < n1) w4a16::gemm_decode_packed(p, n0, n1);
 }
 
+// gemm_fused's twin until the lead wires its own reference: the decode-layout kernel (the same
+// weights, any M).
+void gemm_fused(const HostBlock& b) {
+  gemm_decode_packed(b);
+}
+
 void gemm_tiled(const HostBlock& b) {
   const auto p = read_param<GemmParams>(b.params, 0);
   const auto [n0, n1] = span_of<kTiledTile>(b, p.n);
@@ -99,6 +105,7 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"dequant_bf16", kDequantBf16Tile},  {"gemm_decode", kDecodeTile},
     {"gemm_decode_packed", kDecodeTile}, {"gemm_split_reduce", kReduceTile},
     {"gemm_tiled", kTiledTile},          {"gemm_e4m3", kE4m3Tile},
+    {"gemm_fused", kDecodeTile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -116,7 +123,9 @@ void publish_meta(HostModule& m, std::string_view entry) {
   const std::string e(entry);
   m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
   if (entry == "gemm_decode") m.publish_u32(e + "_max_m", kDecodeMaxM);
-  if (entry == "gemm_decode_packed") m.publish_u32(e + "_layout", decode_layout::kLayoutId);
+  if (entry == "gemm_decode_packed" || entry == "gemm_fused") {
+    m.publish_u32(e + "_layout", decode_layout::kLayoutId);
+  }
 }
 
 }  // namespace

@@ -33,6 +33,23 @@ __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Plain shared-memory accesses at a shared address (the producer's and consumers' staged words).
+__device__ __forceinline__ void st_shared16(std::uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+__device__ __forceinline__ std::uint32_t ld_shared4(std::uint32_t addr) {
+  std::uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared8(std::uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
 // Copies 16 bytes global → shared without registers; src_bytes < 16 zero-fills the rest (0 for
 // a row or K chunk outside the matrix).
 __device__ __forceinline__ void cp_async16(std::uint32_t dst, const void* src, int src_bytes) {
@@ -72,6 +89,9 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
 // unrolled loop the compiler keeps live at once.
 __device__ __forceinline__ void pin(std::uint32_t& x) {
   asm volatile("" : "+r"(x));
+}
+__device__ __forceinline__ void pin64(std::uint64_t& x) {
+  asm volatile("" : "+l"(x));
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -140,7 +160,68 @@ __device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], std::uint64
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D (64x128 FP32 per warpgroup) += A · B with A from registers (the RS form): this thread's
+// four BF16-pair registers of A (for warp w of the warpgroup, rows 16w..16w+15 as mma.m16n8k16's
+// A fragment; PTX ISA 9.7.15.5.1.1.1, Matrix Fragments for wgmma.mma_async.m64nNk16) and B
+// K-major in shared memory (no transpose), 16 K.
+__device__ __forceinline__ void wgmma_bf16_m64n128k16_rs(float (&d)[64],
+                                                         const std::uint32_t (&a)[4],
+                                                         std::uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : METRALE_ACC8(0), METRALE_ACC8(8), METRALE_ACC8(16), METRALE_ACC8(24), METRALE_ACC8(32),
+        METRALE_ACC8(40), METRALE_ACC8(48), METRALE_ACC8(56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 #undef METRALE_ACC8
+// ---- mbarriers and bulk copies (sm_90), for the warp-specialized pipeline ----
+
+__device__ __forceinline__ void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialized barriers visible to the async proxy (the bulk copies' complete_tx).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Announces `bytes` more bytes that bulk copies will complete on the barrier's current phase.
+__device__ __forceinline__ void mbarrier_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// This thread's arrival (release: its earlier shared-memory writes are visible to the waiters).
+__device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
+      : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// The TMA unit's bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) from global
+// to shared memory, completing its bytes on barrier `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(std::uint32_t dst, const void* src,
+                                              std::uint32_t bytes, std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 #endif  // sm_90a
 
 }  // namespace metrale::ptx

@@ -12,6 +12,8 @@
 #include "decode_packed.cuh"
 #include "dequant_bf16.cuh"
 #include "e4m3_sm90.cuh"
+#include "fused_sm90.cuh"
+#include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
 #include "metrale/numerics.h"
@@ -38,9 +40,18 @@ constexpr std::uint32_t kTiledN = tl::kTiledNTile, kTiledM = tl::kTiledMTile,
                         kTiledSmem = tl::kTiledSmemBytes;
 constexpr std::uint32_t kE4m3N = tl::kE4m3NTile, kE4m3M = tl::kE4m3MTile,
                         kE4m3Smem = tl::kE4m3SmemBytes;
+// gemm_fused: a block of 128 weight rows x 128 tokens, persistent over the tiles (grid x times
+// grid y blocks take tiles b, b + grid, ...).
+constexpr std::uint32_t kFusedN = metrale::fused::kRows, kFusedM = metrale::fused::kTokens,
+                        kFusedSmem = metrale::fused::kSmemBytes,
+                        kFusedThreads = metrale::fused::kThreads;
 #else
 constexpr std::uint32_t kTiledN = k::simple::kWarps, kTiledM = 0, kTiledSmem = 0;
 constexpr std::uint32_t kE4m3N = k::simple::kWarps, kE4m3M = 0, kE4m3Smem = 0;
+// Without wgmma, gemm_fused is the decode-layout decode kernel's block (a column tile of 32 over
+// all of M): the same weights, the same published layout.
+constexpr std::uint32_t kFusedN = metrale::decode_layout::kTileN, kFusedM = 0, kFusedSmem = 0,
+                        kFusedThreads = tl::kDecodeThreads;
 #endif
 
 }  // namespace
@@ -76,6 +87,12 @@ __device__ std::uint32_t gemm_e4m3_n_tile = kE4m3N;
 __device__ std::uint32_t gemm_e4m3_m_tile = kE4m3M;
 __device__ std::uint32_t gemm_e4m3_smem_bytes = kE4m3Smem;
 __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
+__device__ std::uint32_t gemm_fused_n_tile = kFusedN;
+__device__ std::uint32_t gemm_fused_m_tile = kFusedM;
+__device__ std::uint32_t gemm_fused_smem_bytes = kFusedSmem;
+__device__ std::uint32_t gemm_fused_block_threads = kFusedThreads;
+__device__ std::uint32_t gemm_fused_layout = metrale::decode_layout::kLayoutId;
+__device__ std::uint32_t gemm_fused_a_e4m3 = 0;
 __device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
 __device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
 __device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
@@ -183,6 +200,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
   k::e4m3_block_sm90(p);
 #else
   k::simple::block<true>(p);
+#endif
+}
+
+// The fused prefill kernel on the decode layout (fused_sm90.cuh); elsewhere the decode-layout
+// decode kernel's blocks (grid x over 32-column tiles, M in rounds of 16).
+__global__ void __launch_bounds__(kFusedThreads, 1) gemm_fused(GemmParams p) {
+#if defined(METRALE_HAVE_WGMMA)
+  k::fused_block_sm90(p);
+#else
+  k::decode_packed_block(p);
 #endif
 }
 

@@ -1,0 +1,157 @@
+// The index math of gemm_fused (src/kernels/fused_tile.h), checked element by element against
+// the PTX ISA's rules written out here independently: the wgmma A register fragment of
+// m64nNk16 (9.7.15.5.1.1.1, which for each warp's 16 rows is mma.m16n8k16's A fragment), the
+// K-major 128-byte-swizzled B tile read through a matrix descriptor (9.7.15.5.1.2), the D
+// fragment, and the decode layout's own map (decode_layout::code_slot, scale_byte).
+#include "kernels/fused_tile.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+
+#include "kernels/decode_layout.h"
+#include "kernels/tile_math.h"
+
+namespace metrale::fused {
+namespace {
+
+// Element i (0..7, two a register, low half first) of the A fragment of wgmma m64nNk16 .bf16
+// held by thread wtid of its warpgroup: row 16 warp + groupID (+ 8 for i = 2, 3, 6, 7), k =
+// 2 threadID_in_group + (i & 1) (+ 8 for i >= 4).
+int ptx_a_row(int wtid, int i) {
+  const int warp = wtid / 32, g = (wtid % 32) / 4;
+  return 16 * warp + g + ((i % 4) >= 2 ? 8 : 0);
+}
+int ptx_a_k(int wtid, int i) {
+  const int t = wtid % 4;
+  return 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+}
+
+// The shared-memory address wgmma reads element (kk, n) of a K-major BF16 B tile at, from the
+// descriptor's own fields: start address, stride byte offset between 8-row groups, 128-byte
+// rows, then the 128-byte swizzle on the address (bits 4-6 XOR bits 7-9).
+std::uint32_t ptx_b_address(std::uint64_t desc, int n, int kk) {
+  const auto start = static_cast<std::uint32_t>(desc & 0x3FFFu) << 4;
+  const auto sbo = static_cast<std::uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+  EXPECT_EQ(desc >> 62, 1u) << "128-byte swizzle";
+  const std::uint32_t linear = start + static_cast<std::uint32_t>(n / 8) * sbo +
+                               static_cast<std::uint32_t>(n % 8) * 128u +
+                               2u * static_cast<std::uint32_t>(kk);
+  return linear ^ (((linear >> 7) & 7u) << 4);
+}
+
+TEST(FusedTile, PhysicalKIsAPermutationMatchingTheDecodeLanes) {
+  std::set<int> seen;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int kk = 0; kk < 16; ++kk) {
+      const int k = fused_physical_k(s, kk);
+      EXPECT_TRUE(seen.insert(k).second) << s << " " << kk;
+    }
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 4; ++j) {
+        EXPECT_EQ(fused_physical_k(s, tiles::decode_logical_k(t, j)),
+                  tiles::decode_physical_k(t, s, j));
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), 128u);
+  EXPECT_EQ(*seen.rbegin(), 127);
+}
+
+// Every A register half a consumer thread feeds wgmma is the decode-layout weight the PTX
+// fragment rule says belongs there: same word, register and half as code_slot gives for that
+// weight row and physical K, in a buffer of one K block of the block's four tiles (the stage's
+// codes are exactly that).
+TEST(FusedTile, ConsumerWordsAreTheWgmmaAFragment) {
+  for (bool mx : {false, true}) {
+    for (int wg = 0; wg < kConsumers; ++wg) {
+      for (int wtid = 0; wtid < 128; ++wtid) {
+        for (int s = 0; s < kSteps; ++s) {
+          for (int i = 0; i < 8; ++i) {
+            const int row = kRowsPerConsumer * wg + ptx_a_row(wtid, i);
+            const int k = fused_physical_k(s, ptx_a_k(wtid, i));
+            const dl::CodeSlot slot = dl::code_slot(row, k, 1);
+            ASSERT_EQ(slot.byte, fused_word_byte(wg, wtid, s)) << wg << " " << wtid << " " << s;
+            ASSERT_EQ(slot.reg, i / 2);
+            ASSERT_EQ(slot.half, i % 2);
+            const std::int64_t sb = dl::scale_byte(row, k, 1, mx) - dl::kTableBytes;
+            const int per_tile = dl::kLanes * dl::scale_bytes_per_lane(mx);
+            ASSERT_EQ(fused_scale_byte(wg, wtid, s, i / 2, mx),
+                      (sb / per_tile) * kScaleSlotBytes + sb % per_tile)
+                << mx << " " << wg << " " << wtid << " " << s << " " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Element (kk, token) that wgmma step s reads through fused_b_desc is the activation of that
+// token at the physical K the A side put at kk; the tile's bytes are each used once.
+TEST(FusedTile, ActivationTileIsWhatTheDescriptorReads) {
+  const std::uint32_t act = 1024u * 37;  // a stage's base: 1024-aligned
+  std::set<std::uint32_t> seen;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int n = 0; n < kTokens; ++n) {
+      for (int kk = 0; kk < 16; ++kk) {
+        const std::uint32_t at = act + fused_act_offset(n, fused_physical_k(s, kk));
+        ASSERT_EQ(at, ptx_b_address(fused_b_desc(act, s), n, kk)) << s << " " << n << " " << kk;
+        ASSERT_TRUE(seen.insert(at).second);
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(kActBytes / 2));
+  EXPECT_EQ(*seen.rbegin() - act, static_cast<std::uint32_t>(kActBytes - 2));
+}
+
+// The producer's transpose: destination chunk d of unit (token, u), word t, half e holds
+// physical K 32 t + 8 u + 2 d + e, word d of source chunk t; the chunks tile the stage.
+TEST(FusedTile, ProducerChunksTransposeIntoTheTile) {
+  std::set<std::uint32_t> chunks;
+  for (int n = 0; n < kTokens; ++n) {
+    for (int u = 0; u < 4; ++u) {
+      for (int d = 0; d < 4; ++d) {
+        const std::uint32_t c = fused_act_chunk_offset(n, u, d);
+        ASSERT_EQ(c % 16, 0u);
+        ASSERT_TRUE(chunks.insert(c).second);
+        for (int t = 0; t < 4; ++t) {
+          for (int e = 0; e < 2; ++e) {
+            const int k = 32 * t + 8 * u + 2 * d + e;
+            ASSERT_EQ(fused_act_offset(n, k), c + 4u * static_cast<std::uint32_t>(t) + 2u * e)
+                << n << " " << u << " " << d << " " << t << " " << e;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(chunks.size(), static_cast<std::size_t>(kActBytes / 16));
+}
+
+// D of m64nNk16 (FP32): register i of thread wtid is row 16 warp + groupID + 8 ((i / 2) % 2),
+// column 8 (i / 4) + 2 threadID_in_group + i % 2; rows are weight rows (C columns), columns
+// tokens (C rows).
+TEST(FusedTile, AccumulatorsLandTransposed) {
+  for (int wg = 0; wg < kConsumers; ++wg) {
+    std::set<int> seen;
+    for (int wtid = 0; wtid < 128; ++wtid) {
+      const int warp = wtid / 32, g = (wtid % 32) / 4, t = wtid % 4;
+      for (int i = 0; i < kTokens / 2; ++i) {
+        const int row = 16 * warp + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * t + i % 2;
+        ASSERT_EQ(fused_out_col(wg, wtid, i), kRowsPerConsumer * wg + row);
+        ASSERT_EQ(fused_out_row(wtid, i), col);
+        ASSERT_TRUE(seen.insert(row * kTokens + col).second);
+      }
+    }
+    EXPECT_EQ(seen.size(), static_cast<std::size_t>(kRowsPerConsumer * kTokens));
+  }
+}
+
+TEST(FusedTile, SharedMemoryFitsAndTilesCount) {
+  EXPECT_LE(kSmemBytes, 227 * 1024);
+  EXPECT_EQ(fused_tiles(1, 1), 1);
+  EXPECT_EQ(fused_tiles(129, 4096), 2 * 32);
+}
+
+}  // namespace
+}  // namespace metrale::fused
