@@ -62,6 +62,8 @@ const char* entry_of(GemmRoute route) {
 
 // The decode route's kernel for weights in the decode layout.
 constexpr const char* kPackedDecodeEntry = "gemm_decode_packed";
+// The fused route's kernel: prefill on weights in the decode layout.
+constexpr const char* kFusedEntry = "gemm_fused";
 // The dequant route's one kernel (its GEMM is the backend's dense GEMM).
 constexpr const char* kDequantEntry = "dequant_bf16";
 
@@ -217,7 +219,13 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
                    const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
   // Only the decode route reads the decode layout; it takes every M.
-  if (w.packing == WeightPacking::kDecode) return GemmRoute::kDecode;
+  // Weights in the decode layout: the decode route, or above its sizes the fused prefill kernel
+  // where the module has one (both read that layout).
+  if (w.packing == WeightPacking::kDecode) {
+    return m > decode_max_m_as(api, backend) && backend.has_kernel(kModule, kFusedEntry)
+               ? GemmRoute::kFused
+               : GemmRoute::kDecode;
+  }
   if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
       backend.has_kernel(kModule, entry_of(GemmRoute::kE4m3))) {
     return GemmRoute::kE4m3;
@@ -244,11 +252,17 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                 "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
   }
   const bool packed = w.packing == WeightPacking::kDecode;
-  if (packed && route != GemmRoute::kDecode) {
+  if (packed && route != GemmRoute::kDecode && route != GemmRoute::kFused) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("route {} reads weights in their source layout, but these were "
-                            "uploaded in the decode layout (only the decode route reads it)",
+                            "uploaded in the decode layout (only the decode and fused routes "
+                            "read it)",
                             to_string(route)));
+  }
+  if (!packed && route == GemmRoute::kFused) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                "the fused route reads weights in the decode layout, but these are in their "
+                "source layout (upload them with UploadLayout::kDecode)");
   }
   if (route == GemmRoute::kDequant) {
     // Its GEMM is the backend's library, not a module kernel: refused with the backend's reason
@@ -261,8 +275,10 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
     }
     return backend.op_cache().kernel(backend, kModule, kDequantEntry);
   }
-  const ResolvedKernel& gemm =
-      backend.op_cache().kernel(backend, kModule, packed ? kPackedDecodeEntry : entry_of(route));
+  const ResolvedKernel& gemm = backend.op_cache().kernel(backend, kModule,
+                                                         route == GemmRoute::kFused ? kFusedEntry
+                                                         : packed ? kPackedDecodeEntry
+                                                                  : entry_of(route));
   if (packed && gemm.meta.layout != decode_layout::kLayoutId) {
     throw Error(ErrorCode::kNotFound, api,
                 fmt::format("{} publishes layout {}, not the decode layout ({}) these weights are "
@@ -378,6 +394,8 @@ std::string_view to_string(GemmRoute route) noexcept {
       return "e4m3";
     case GemmRoute::kDequant:
       return "dequant";
+    case GemmRoute::kFused:
+      return "fused";
   }
   return "?";
 }

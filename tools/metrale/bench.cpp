@@ -81,7 +81,8 @@ struct Variant {
 
 // The routes the side-by-side table forces, in its column order (the baseline comes last).
 constexpr ops::GemmRoute kComparedRoutes[] = {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled,
-                                              ops::GemmRoute::kE4m3, ops::GemmRoute::kDequant};
+                                              ops::GemmRoute::kE4m3, ops::GemmRoute::kDequant,
+                                              ops::GemmRoute::kFused};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -237,13 +238,14 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // The decode layout where the backend prefers it (its decode kernel reads it) for the M that
   // decode takes; the source layout for the rest (only the decode route reads the decode layout).
   const std::int64_t decode_m = ops::decode_max_m(b);
+  const bool compare = bench.compare_routes.value_or(gpu);
+  // (The fused route reads the decode layout too: the comparison needs it at any M.)
   const bool packed_wanted =
       ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred) &&
-      std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; });
+      (compare || std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; }));
   // With --compare-routes (the default on a GPU), every other route the backend offers runs too
   // (on the source layout, which all of them read), and the dense BF16 GEMM of its library on
   // the weights dequantized to BF16 as the baseline.
-  const bool compare = bench.compare_routes.value_or(gpu);
   const bool source_wanted =
       !packed_wanted || compare ||
       std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m > decode_m; });
@@ -335,9 +337,19 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                     ms.size() * shape.layers.size() * variants.size());
   for (std::int64_t m : ms) {
     for (const Variant& v : variants) {
-      // The automatic route reads the layout uploaded for its M; a forced route the source one.
-      const auto& rotation =
-          v.name == "auto" && packed_wanted && m <= decode_m ? rotation_packed : rotation_source;
+      // The automatic route reads the layout uploaded for its M; the fused route the decode
+      // layout; every other forced route the source one.
+      const bool fused = v.route == ops::GemmRoute::kFused;
+      if (fused && rotation_packed.empty()) {
+        skipped.push_back(
+            fmt::format("fused at M={}: the backend does not prefer the decode "
+                        "layout, so no weights were uploaded in it",
+                        m));
+        continue;
+      }
+      const auto& rotation = fused || (v.name == "auto" && packed_wanted && m <= decode_m)
+                                 ? rotation_packed
+                                 : rotation_source;
       ops::GemmOptions vopt = gemm_options;
       vopt.route = v.route;
       // A forced route is compared only where it is not the automatic one, reads the weights

@@ -31,8 +31,13 @@ enum class GemmRoute {
   // Needs the backend's dense GEMM; kAuto takes it from the M its dequant_bf16 publishes
   // (<fn>_min_m; none: never).
   kDequant,
+  // Large M on weights in the decode layout: one warp-specialized kernel that dequantizes the
+  // weights in registers and feeds them to the tensor cores as the register operand (CUDA:
+  // gemm_fused, wgmma with A from registers). kAuto takes it for decode-layout weights above the
+  // decode sizes, where the module has it.
+  kFused,
 };
-// "auto", "decode", "tiled", "e4m3", "dequant".
+// "auto", "decode", "tiled", "e4m3", "dequant", "fused".
 std::string_view to_string(GemmRoute route) noexcept;
 
 struct GemmOptions {
