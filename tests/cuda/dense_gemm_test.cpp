@@ -463,6 +463,8 @@ TEST(DenseGemm, APlanOfAnotherBackendIsRefused) {
   const DenseGemmShape s{DenseKind::kBf16, 16, 16, 16};
   const DenseGemmPlan plan = r.b().plan_dense_gemm(s);
   CudaBackend other(r.rig.host, r.rig.registry);
+  // The other backend's memo has a slot 1 too, for another shape: the key alone is not enough.
+  other.plan_dense_gemm({DenseKind::kBf16, 32, 16, 16});
   const auto data = random_bf16(16 * 16, 1);
   DenseGemmArgs args;
   args.a = upload(other, data);

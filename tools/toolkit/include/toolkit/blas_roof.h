@@ -1,6 +1,7 @@
 // The BF16 tensor-core rate of a CUDA device, the compute roof of `metrale bench` on CUDA:
-// cuBLASLt's best BF16 GEMM (FP32 accumulation) measured in the same run. cuBLASLt is loaded
-// with dlopen when asked for, never linked, like the driver: a machine without it gets a reason.
+// cuBLASLt's best BF16 GEMM (FP32 accumulation) measured in the same run, through the backend's
+// dense GEMM (Backend::plan_dense_gemm / run_dense_gemm): cuBLASLt is loaded by the CUDA backend
+// at run time, never linked, and a machine without it gets the backend's reason.
 #pragma once
 
 #include <string>
