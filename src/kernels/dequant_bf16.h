@@ -6,8 +6,9 @@
 // once to nearest even. When is it exact?
 //  - e2m1 × block scale is exact in FP32 and in BF16: an E2M1 value has at most 2 significant bits
 //    and an E4M3 scale at most 4 (6 ≤ BF16's 8), over 2^-10 ... 2688; an E8M0 scale is a power of
-//    two, and 2^-128 ... 6 · 2^126 stays inside BF16's range (only the scales 2^127 times ±2, ±3,
-//    ±4, ±6 overflow, to ±inf, as they do in the FP32 of every other route).
+//    two, and 2^-128 ... 6 · 2^126 stays inside BF16's range (only an E8M0 scale of 2^127 times
+//    |e2m1| ≥ 2 leaves FP32: table_of's shortcut still gives the exact value where the tensor
+//    scale brings it back into range; off the shortcut it is ±inf, as in every other route).
 //  - The tensor scale keeps it exact when it is a power of two (MXFP4's is 1) and the product stays
 //    at or above 2^-126. Any other tensor scale has up to 24 significant bits, the product up to
 //    30, and the rounding moves the weight by at most 2^-8 of itself (half a BF16 unit): the route

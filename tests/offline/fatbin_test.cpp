@@ -417,8 +417,9 @@ TEST_F(FatbinOffline, DequantBf16MovesSixteenBytesPerAccess) {
     ASSERT_NE(r.output.find("Function : dequant_bf16\n"), std::string::npos)
         << "no SASS for dequant_bf16 on " << target;
     const auto wide = [](const std::vector<std::string>& ops) {
-      return std::count_if(ops.begin(), ops.end(),
-                           [](const std::string& o) { return o.ends_with(".128"); });
+      return std::count_if(ops.begin(), ops.end(), [](const std::string& o) {
+        return o.find(".128") != std::string::npos;
+      });
     };
     const auto stores = opcodes_of(r.output, "STG"), loads = opcodes_of(r.output, "LDG");
     std::printf("%-7s dequant_bf16: %zu STG (%ld of 16 B), %zu LDG (%ld of 16 B)\n", target.c_str(),
