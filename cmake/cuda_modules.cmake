@@ -48,6 +48,7 @@ function(metrale_cuda_module)
             -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
             ${PROJECT_SOURCE_DIR}/src/kernels/gemm_params.h
+            ${PROJECT_SOURCE_DIR}/src/kernels/fp8_cast.h
             ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h
             ${PROJECT_SOURCE_DIR}/src/kernels/w4a16.def ${kernel_headers}
             ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake

@@ -31,6 +31,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/numerics.h
   include/metrale/op_cache.h
   include/metrale/ops/elementwise.h
+  include/metrale/ops/fp8_gemm.h
   include/metrale/ops/gemm.h
   include/metrale/ops/quant_weights.h
   include/metrale/quant.h

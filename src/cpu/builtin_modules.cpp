@@ -10,6 +10,7 @@ std::vector<HostModule> builtin_host_modules() {
   out.push_back(cpu::make_core_module());
   out.push_back(cpu::make_w4a16_module());
   out.push_back(cpu::make_blas_module());
+  out.push_back(cpu::make_fp8_module());
   return out;
 }
 

@@ -96,6 +96,11 @@ Published core_published(const std::string&) {
   return {{"fill_u32_n_tile", kCoreThreads}, {"axpy_f32_n_tile", kCoreThreads * 4}};
 }
 
+// Module "fp8": a warp per (row, 128-K block) pair, 8 warps a block, on every target.
+Published fp8_published(const std::string&) {
+  return {{"cast_e4m3_block128_n_tile", 8}, {"cast_e4m3_block128_block_threads", 256}};
+}
+
 struct Module {
   std::string name;
   std::string fatbin;
@@ -110,6 +115,7 @@ const std::vector<Module>& modules() {
        METRALE_W4A16_FATBIN,
        {metrale::manifest::kW4a16Entries.begin(), metrale::manifest::kW4a16Entries.end()},
        w4a16_published},
+      {"fp8", METRALE_FP8_FATBIN, {"cast_e4m3_block128"}, fp8_published},
   };
   return all;
 }
@@ -344,8 +350,8 @@ TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
       for (const auto& e : m.entries) {
         const auto it = seen.find(e + "_n_tile");
         EXPECT_TRUE(it != seen.end() && it->second != 0) << e << "_n_tile is missing or zero";
-        // The GEMM op sizes every w4a16 launch from the block size the entry publishes.
-        if (m.name != "w4a16") continue;
+        // The ops size every w4a16 and fp8 launch from the block size the entry publishes.
+        if (m.name == "core") continue;
         const auto bt = seen.find(e + "_block_threads");
         EXPECT_TRUE(bt != seen.end() && bt->second != 0) << e << "_block_threads is missing or 0";
       }

@@ -23,6 +23,7 @@
 #include "planted_leak.h"
 #include "toolkit/gemm_reference.h"
 #include "toolkit/gemm_tolerance.h"
+#include "w8a8_check.h"
 
 namespace metrale::cli {
 namespace {
@@ -223,6 +224,7 @@ class Checker {
   }
 
   const std::vector<Row>& rows() const { return rows_; }
+  std::mt19937_64& rng() noexcept { return rng_; }
   void add(Row row) { rows_.push_back(std::move(row)); }
 
  private:
@@ -290,6 +292,13 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                 return c.gemm(ops::GemmRoute::kDecode, format, layout, bias,
                               ops::UploadLayout::kDecode);
               });
+      }
+    }
+    // The W8A8 op, on backends whose dense GEMM library has the block-scaled FP8 kind.
+    if (has_w8a8(scope)) {
+      for (const bool bias : {false, true}) {
+        c.run(bias ? "w8a8 e4m3-block128 +bias" : "w8a8 e4m3-block128",
+              [&] { return check_w8a8(scope, c.rng(), bias); });
       }
     }
     rows = c.rows();

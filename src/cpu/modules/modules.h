@@ -15,4 +15,7 @@ HostModule make_w4a16_module();
 // (gemm_bf16, gemm_e4m3_block128), each publishing its N tile.
 HostModule make_blas_module();
 
+// Module "fp8": the W8A8 op's activation cast to E4M3 with block scales (cast_e4m3_block128).
+HostModule make_fp8_module();
+
 }  // namespace metrale::cpu

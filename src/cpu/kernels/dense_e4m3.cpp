@@ -1,0 +1,76 @@
+#include "cpu/kernels/dense_e4m3.h"
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "metrale/dense_gemm.h"
+#include "metrale/numerics.h"
+
+namespace metrale::cpu::blas {
+namespace {
+
+constexpr std::int64_t kLanes = 8;  // fixed-order partial sums, as in dense_bf16.cpp
+
+// Every E4M3 code as a float (exact), looked up instead of decoded per product.
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> v{};
+    for (int i = 0; i < 256; ++i)
+      v[static_cast<std::size_t>(i)] = num::e4m3_to_f32(static_cast<std::uint8_t>(i));
+    return v;
+  }();
+  return t;
+}
+
+// Σ x·y over len elements in FP32. Each product of two E4M3 values is exact in FP32 (4 × 4
+// significant bits, exponents within FP32's range), so the additions are the only roundings.
+float dot(const float* x, const float* y, std::int64_t len) {
+  float acc[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= len; i += kLanes) {
+    for (std::int64_t j = 0; j < kLanes; ++j) acc[j] += x[i + j] * y[i + j];
+  }
+  for (; i < len; ++i) acc[i % kLanes] += x[i] * y[i];
+  float s = 0.0f;
+  for (const float v : acc) s += v;
+  return s;
+}
+
+}  // namespace
+
+void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  const auto* a = reinterpret_cast<const std::uint8_t*>(p.a);
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p.b);
+  const auto* sa = reinterpret_cast<const float*>(p.a_scales);
+  const auto* sb = reinterpret_cast<const float*>(p.b_scales);
+  const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
+  auto* c = reinterpret_cast<std::uint16_t*>(p.c);
+  const auto& lut = e4m3_table();
+  const auto k = static_cast<std::size_t>(p.k), cols = static_cast<std::size_t>(n1 - n0);
+  const std::int64_t kblocks = (p.k + kDenseScaleBlock - 1) / kDenseScaleBlock;
+  // The block's rows of B widened once, then each row of A.
+  std::vector<float> bw(cols * k), aw(k);
+  for (std::size_t i = 0; i < cols * k; ++i) bw[i] = lut[b[static_cast<std::size_t>(n0) * k + i]];
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    for (std::size_t i = 0; i < k; ++i) aw[i] = lut[a[static_cast<std::size_t>(m) * k + i]];
+    for (std::size_t j = 0; j < cols; ++j) {
+      const std::int64_t n = n0 + static_cast<std::int64_t>(j);
+      const float* sbrow = sb + (n / kDenseScaleBlock) * kblocks;
+      float v = 0.0f;
+      for (std::int64_t kb = 0; kb < kblocks; ++kb) {
+        const std::int64_t k0 = kb * kDenseScaleBlock;
+        const std::int64_t len = std::min<std::int64_t>(kDenseScaleBlock, p.k - k0);
+        const float block =
+            dot(aw.data() + k0, bw.data() + j * k + static_cast<std::size_t>(k0), len);
+        v += block * sa[kb * p.m + m] * sbrow[kb];
+      }
+      if (bias != nullptr) v += num::bf16_to_f32(bias[n]);
+      c[static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n)] =
+          num::f32_to_bf16(v);
+    }
+  }
+}
+
+}  // namespace metrale::cpu::blas

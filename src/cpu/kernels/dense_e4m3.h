@@ -1,0 +1,16 @@
+// The CPU backend's block-scaled FP8 dense GEMM (DenseKind::kE4m3Block128), the reference the
+// GPU's cuBLASLt route is held to: exact E4M3 products summed in FP32 per 128-K block (the K
+// tail block shorter), each block sum times its A scale and its B scale, the blocks summed in
+// FP32, the bias added, one rounding to BF16.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dense_params.h"
+
+namespace metrale::cpu::blas {
+
+// C[:, n0:n1] of p (A, B E4M3 codes; scales FP32 in dense_gemm.h's layouts).
+void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+
+}  // namespace metrale::cpu::blas
