@@ -148,15 +148,26 @@ int run(const Args& args) {
     const DevicePtr c = b.alloc(static_cast<std::size_t>(max_m * sh.n) * 2);
     b.copy_h2d(a, ha.data(), ha.size() * 2);
     for (const std::int64_t m : args.ms) {
-      // The exact-BF16 route for every M; the E4M3 route too where auto would take it; and
-      // the decode layout's kernel where decode runs.
-      enum class Variant { kExact, kE4m3, kPacked };
-      for (const Variant v : {Variant::kExact, Variant::kE4m3, Variant::kPacked}) {
+      // The exact-BF16 route for every M; the E4M3 route too where auto would take it; the
+      // decode layout's kernel where decode runs, and its fused prefill kernel above; and the
+      // dequant route (dequantize → cuBLASLt BF16) from M = 64 where the backend has cuBLASLt.
+      enum class Variant { kExact, kE4m3, kPacked, kFused, kDequant };
+      const bool large = m > ops::decode_max_m(b);
+      for (const Variant v : {Variant::kExact, Variant::kE4m3, Variant::kPacked, Variant::kFused,
+                              Variant::kDequant}) {
         if (v == Variant::kE4m3 && m < ops::kE4m3MinM) continue;
-        if (v == Variant::kPacked && (packed.empty() || m > ops::decode_max_m(b))) continue;
+        if (v == Variant::kPacked && (packed.empty() || large)) continue;
+        if (v == Variant::kFused && (packed.empty() || !large)) continue;
+        if (v == Variant::kDequant &&
+            (m < 64 || !b.dense_gemm_unavailable(DenseKind::kBf16).empty() ||
+             ops::choose_route(b, m, copies.front()) == ops::GemmRoute::kDequant))
+          continue;  // (where auto takes it, the exact row above is this route)
         ops::GemmOptions opt;
         if (v == Variant::kE4m3) opt.activations = ops::Activations::kAllowE4m3;
-        const std::vector<ops::QuantWeights>& set = v == Variant::kPacked ? packed : copies;
+        if (v == Variant::kFused) opt.route = ops::GemmRoute::kFused;
+        if (v == Variant::kDequant) opt.route = ops::GemmRoute::kDequant;
+        const std::vector<ops::QuantWeights>& set =
+            v == Variant::kPacked || v == Variant::kFused ? packed : copies;
         const ops::QuantWeights& w = set.front();
         std::size_t next = 0;
         const auto gemm = [&] {

@@ -75,6 +75,19 @@ const Case kCases[] = {
     {R::kDecode, 13, 200, 4000, kMx, kRm, true},
     {R::kDecode, 5, 256, 512, kNv, kT, true},
     {R::kDecode, 40, 96, 176, kNv, kRm, true},
+    // The fused prefill kernel on the decode layout: one 128 x 128 tile, M and N ragged against
+    // it, K not a multiple of 128, MXFP4, a transposed source, a real layer.
+    {R::kFused, 128, 128, 128, kNv, kRm, true},
+    {R::kFused, 17, 300, 1040, kNv, kRm, true},
+    {R::kFused, 200, 96, 176, kNv, kRm, true},
+    {R::kFused, 130, 264, 544, kMx, kRm, true},
+    {R::kFused, 100, 256, 512, kNv, kT, true},
+    {R::kFused, 4096, 1024, 2048, kNv, kRm, true},
+    // Dequantize → cuBLASLt BF16 (forced; skipped where the backend has no dense GEMM).
+    {R::kDequant, 64, 128, 256},
+    {R::kDequant, 200, 300, 1040},
+    {R::kDequant, 130, 264, 544, kMx},
+    {R::kDequant, 4096, 1024, 2048},
 };
 
 HostQuantWeights random_weights(const Case& c, std::mt19937_64& rng) {
@@ -148,8 +161,12 @@ bool probe(Backend& gpu, Backend& cpu, const Case& c, std::mt19937_64& rng, std:
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<std::uint16_t> a(static_cast<std::size_t>(c.m * c.k));
   for (auto& x : a) x = num::f32_to_bf16(u(rng));
+  // The reference runs on the source layout: the fused route's reads the decode layout, so the
+  // CPU computes its case on the tiled route (both exact BF16).
+  Case ref = c;
+  if (c.route == R::kFused) ref.route = R::kTiled;
   const std::vector<std::uint16_t> got = run_on(gpu, c, a, w, c.packed),
-                                   want = run_on(cpu, c, a, w, false);
+                                   want = run_on(cpu, ref, a, w, false);
 
   double num = 0, den = 0, rms = 0;
   for (const std::uint16_t v : want) rms += std::pow(num::bf16_to_f32(v), 2);
@@ -212,6 +229,12 @@ int run(int argc, char** argv) {
   int wrong = 0, ran = 0;
   for (const Case& c : kCases) {
     if (packed_only && !c.packed) continue;
+    if (c.route == R::kDequant) {
+      if (const std::string why = gpu->dense_gemm_unavailable(DenseKind::kBf16); !why.empty()) {
+        fmt::print("dequant M={} N={} K={}: skipped ({})\n", c.m, c.n, c.k, why);
+        continue;
+      }
+    }
     ++ran;
     try {
       wrong += !probe(*gpu, *cpu, c, rng, dump.is_open() ? &dump : nullptr);

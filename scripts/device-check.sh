@@ -98,7 +98,9 @@ fi
 # in the same run.
 step bench-gemm-gpu 150 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
 step check-cuda 30 "$build/metrale" check --backend cuda
-step bench-70b 60 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,4096
+# Every route side by side with cuBLASLt BF16 (--compare-routes is the default on a GPU): the
+# measured crossovers for docs/PERF.md's table.
+step bench-70b 120 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,256,4096
 # torch's peers on the same shapes (a line saying why where torch is absent).
 step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the

@@ -17,6 +17,9 @@ inline constexpr int kDecodeWarps = kDecodeThreads / 32;
 inline constexpr int kDecodeNTile = 32;    // output columns per block (two m16 row tiles)
 inline constexpr int kDecodeKBlock = 128;  // K per warp step: one 16-byte code load per row
 inline constexpr int kDecodeMaxM = 16;     // two n8 tiles of activations
+// From this M the automatic route on CUDA prefers dequantize → cuBLASLt BF16 to gemm_tiled
+// (dequant_bf16_min_m): modelled, not yet measured. See Note [route crossovers] in docs/NOTES.md.
+inline constexpr int kDequantMinM = 256;
 // K per split-K unit: one K block for every warp of the block.
 inline constexpr int kDecodeSplitUnit = kDecodeKBlock * kDecodeWarps;
 

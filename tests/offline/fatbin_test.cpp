@@ -75,6 +75,7 @@ Published w4a16_published(const std::string& target) {
       {"gemm_e4m3_smem_bytes", wgmma ? u32(tl::kE4m3SmemBytes) : 0},
       {"gemm_e4m3_a_e4m3", 1},
       {"gemm_decode_max_m", u32(tl::kDecodeMaxM)},
+      {"dequant_bf16_min_m", u32(tl::kDequantMinM)},
       {"bf16_to_fp8_block_threads", kW4a16Threads},
       {"dequant_e4m3_block_threads", kW4a16Threads},
       {"dequant_bf16_block_threads", kW4a16Threads},

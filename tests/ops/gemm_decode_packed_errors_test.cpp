@@ -91,11 +91,13 @@ TEST_F(PackedErrors, RoutesThatReadTheSourceLayoutAreRefusedNamingTheRoute) {
   expect_refused(packed_, e4m3, ErrorCode::kInvalidArgument,
                  "route e4m3 reads weights in their source layout, but these were uploaded in "
                  "the decode layout");
-  // The decode route, forced or chosen, takes them.
+  // The decode route, forced or chosen, takes them; above the decode sizes the fused route is
+  // chosen (both read the decode layout).
   GemmOptions decode;
   decode.route = GemmRoute::kDecode;
   EXPECT_EQ(plan(*b_, kM, packed_, decode).route, GemmRoute::kDecode);
-  EXPECT_EQ(plan(*b_, 100, packed_).route, GemmRoute::kDecode);
+  EXPECT_EQ(plan(*b_, 100, packed_, decode).route, GemmRoute::kDecode);
+  EXPECT_EQ(plan(*b_, 100, packed_).route, GemmRoute::kFused);
 }
 
 // A plan edited to say other weights than the ones its kernel flags were made for is refused

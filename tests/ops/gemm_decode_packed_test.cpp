@@ -78,11 +78,14 @@ class GemmDecodePacked : public GemmBackendTest {
       ops::w4a16_gemm(b(), stream(), da, m, w, dc, options);
     } else {
       const ops::GemmPlan p = ops::plan(b(), m, w, options);
-      EXPECT_EQ(p.route, ops::GemmRoute::kDecode);
+      // Above the decode sizes the fused route reads the decode layout instead.
+      const bool fused = m > ops::decode_max_m(b());
+      EXPECT_EQ(p.route, fused ? ops::GemmRoute::kFused : ops::GemmRoute::kDecode);
       EXPECT_EQ(p.packing, ops::WeightPacking::kDecode);
       EXPECT_EQ(p.fold, w.fold);
-      EXPECT_THAT(p.describe(), StartsWith("decode "));
-      EXPECT_THAT(p.describe(), HasSubstr("w4a16::gemm_decode_packed "));
+      EXPECT_THAT(p.describe(), StartsWith(fused ? "fused " : "decode "));
+      EXPECT_THAT(p.describe(),
+                  HasSubstr(fused ? "w4a16::gemm_fused " : "w4a16::gemm_decode_packed "));
       ops::GemmWorkspace ws;
       if (how == Call::kPlanRunScratch) {
         ws = ops::scratch_workspace(p, stream());
@@ -127,7 +130,8 @@ class GemmDecodePacked : public GemmBackendTest {
     const DevicePtr dbias = c.bias ? upload(bias) : DevicePtr{};
     // The reference of the row-major source weights, whatever was uploaded.
     const Reference exact = reference(a, c.m, row, bias, AMode::kBf16);
-    EXPECT_EQ(ops::choose_route(b(), c.m, w, ops::GemmOptions{}), ops::GemmRoute::kDecode);
+    EXPECT_EQ(ops::choose_route(b(), c.m, w, ops::GemmOptions{}),
+              c.m > ops::decode_max_m(b()) ? ops::GemmRoute::kFused : ops::GemmRoute::kDecode);
     for (const Call how : {Call::kW4a16Gemm, Call::kPlanRunScratch, Call::kPlanRunCarved}) {
       SCOPED_TRACE(how == Call::kW4a16Gemm        ? "w4a16_gemm"
                    : how == Call::kPlanRunScratch ? "plan -> run, scratch workspace"

@@ -226,8 +226,9 @@ class GemmBackendTest : public ::testing::TestWithParam<std::string> {
     return out;
   }
   // Weights uploaded for the test (freed with its buffers).
-  ops::QuantWeights upload_weights(const HostQuantWeights& w) {
-    ops::QuantWeights d = ops::upload_weights(*backend_, w);
+  ops::QuantWeights upload_weights(const HostQuantWeights& w,
+                                   ops::UploadLayout layout = ops::UploadLayout::kSource) {
+    ops::QuantWeights d = ops::upload_weights(*backend_, w, layout);
     owned_.push_back(d.codes);
     owned_.push_back(d.scales);
     return d;

@@ -49,12 +49,14 @@ struct GemmCase {
   bool bias = false;
   GemmRoute route = GemmRoute::kAuto;
   Activations activations = Activations::kExactBf16;
+  bool packed = false;  // uploaded in the decode layout (the decode and fused routes read it)
 
   std::string str() const {
-    return fmt::format("{} {} M={} N={} K={} {} route {} {}", to_string(format),
+    return fmt::format("{} {} M={} N={} K={} {} route {} {}{}", to_string(format),
                        layout == WeightLayout::kRowMajor ? "row-major" : "transposed", m, n, k,
                        bias ? "with bias" : "no bias", ops::to_string(route),
-                       activations == Activations::kExactBf16 ? "exact-bf16" : "allow-e4m3");
+                       activations == Activations::kExactBf16 ? "exact-bf16" : "allow-e4m3",
+                       packed ? " decode layout" : "");
   }
 };
 
@@ -96,7 +98,8 @@ class GemmNumerics : public GemmBackendTest {
     const std::vector<float> values = random_weight_values(gen(), c.n, c.k);
     const HostQuantWeights row = quantize(c.format, values, c.n, c.k);
     const ops::QuantWeights w =
-        upload_weights(c.layout == WeightLayout::kRowMajor ? row : with_layout(row, c.layout));
+        upload_weights(c.layout == WeightLayout::kRowMajor ? row : with_layout(row, c.layout),
+                       c.packed ? ops::UploadLayout::kDecode : ops::UploadLayout::kSource);
     const std::vector<std::uint16_t> a =
         random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
     const std::vector<std::uint16_t> bias =
@@ -266,6 +269,20 @@ TEST_P(GemmNumerics, ForcedDequantOverEveryShape) {
   constexpr std::array<std::int64_t, 7> ms = {1, 3, 16, 17, 64, 100, 257};
   for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     run_all(sweep(f, ms, GemmRoute::kDequant, Activations::kExactBf16));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The fused route on weights in the decode layout, above the decode sizes, where the backend's
+// module has gemm_fused.
+TEST_P(GemmNumerics, ForcedFusedOverEveryShape) {
+  skip_without("gemm_fused");
+  SCOPED_TRACE(fmt::format("seed {}", seed()));
+  constexpr std::array<std::int64_t, 5> ms = {17, 64, 100, 128, 257};
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    std::vector<GemmCase> cases = sweep(f, ms, GemmRoute::kFused, Activations::kExactBf16);
+    for (GemmCase& c : cases) c.packed = true;
+    run_all(cases);
     if (HasFatalFailure()) return;
   }
 }

@@ -69,6 +69,8 @@ inline fake::ModuleSpec w4a16_module() {
       },
       cols);
   f["gemm_decode_packed"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_packed, cols);
+  // The fused route's entry, computed as the CPU module's twin computes it.
+  f["gemm_fused"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_packed, cols);
   f["gemm_tiled"] = tiled_entry<GemmParams>(
       kTiledTile,
       [](const GemmParams& p, std::int64_t a, std::int64_t b) {
@@ -90,6 +92,8 @@ inline fake::ModuleSpec w4a16_module() {
       // The decode layout with no largest M, as the CPU module: uploads that follow the
       // backend's preference keep the source layout, so the lifecycle is what it was.
       .publish_u32("gemm_decode_packed_layout", metrale::decode_layout::kLayoutId)
+      .publish_u32("gemm_fused_n_tile", kDecodeTile)
+      .publish_u32("gemm_fused_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
       .publish_u32("bf16_to_fp8_n_tile", kCastTile)

@@ -97,9 +97,7 @@ __device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
 __device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
 __device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
 __device__ std::uint32_t dequant_bf16_block_threads = kThreads;
-// From this M the automatic route prefers dequantize → cuBLASLt BF16 to gemm_tiled: a modelled
-// crossover until a device measures it. See Note [route crossovers] in docs/NOTES.md.
-__device__ std::uint32_t dequant_bf16_min_m = 256;
+__device__ std::uint32_t dequant_bf16_min_m = tl::kDequantMinM;
 __device__ std::uint32_t gemm_split_reduce_block_threads = kThreads;
 __device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_tiled_block_threads = kThreads;
