@@ -226,9 +226,13 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
                ? GemmRoute::kFused
                : GemmRoute::kDecode;
   }
-  if (options.activations == Activations::kAllowE4m3 && m >= kE4m3MinM &&
+  // E4M3 activations, where allowed, from the M gemm_e4m3 publishes as its smallest (none: the
+  // module's kernel is never the faster choice).
+  if (options.activations == Activations::kAllowE4m3 &&
       backend.has_kernel(kModule, entry_of(GemmRoute::kE4m3))) {
-    return GemmRoute::kE4m3;
+    const ResolvedKernel& e =
+        backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kE4m3));
+    if (e.meta.min_m != 0 && m >= e.meta.min_m) return GemmRoute::kE4m3;
   }
   if (m <= decode_max_m_as(api, backend)) return GemmRoute::kDecode;
   // Dequantize → dense BF16 from the M its kernel publishes as the crossover (none: never), where

@@ -153,11 +153,16 @@ class GemmNumerics : public GemmBackendTest {
 
   // The route kAuto must take (docs/CONTRACT.md, GEMM routes; ops/gemm.h).
   GemmRoute expected_auto(std::int64_t m, Activations activations) {
-    if (activations == Activations::kAllowE4m3 && m >= ops::kE4m3MinM &&
-        module_provides(b(), "gemm_e4m3")) {
-      return GemmRoute::kE4m3;
-    }
-    return m <= ops::decode_max_m(b()) ? GemmRoute::kDecode : GemmRoute::kTiled;
+    const auto min_m = [&](const char* entry) -> std::uint32_t {
+      return module_provides(b(), entry) ? b().op_cache().kernel(b(), "w4a16", entry).meta.min_m
+                                         : 0;
+    };
+    const std::uint32_t e4m3 = min_m("gemm_e4m3"), dequant = min_m("dequant_bf16");
+    if (activations == Activations::kAllowE4m3 && e4m3 != 0 && m >= e4m3) return GemmRoute::kE4m3;
+    if (m <= ops::decode_max_m(b())) return GemmRoute::kDecode;
+    if (dequant != 0 && m >= dequant && b().dense_gemm_unavailable(DenseKind::kBf16).empty())
+      return GemmRoute::kDequant;
+    return GemmRoute::kTiled;
   }
 
   // One pass of the block-scale tests: M rows of A on a forced exact route, one weight layout.

@@ -96,6 +96,7 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_fused_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
+      .publish_u32("gemm_e4m3_min_m", 64)  // as the CPU module: auto takes e4m3 where allowed
       .publish_u32("bf16_to_fp8_n_tile", kCastTile)
       .publish_u32("dequant_e4m3_n_tile", kDequantTile)
       .publish_u32("dequant_bf16_n_tile", kDequantBf16Tile)

@@ -46,8 +46,10 @@ struct GemmOptions {
   DevicePtr bias;  // BF16 [N], optional
 };
 
-// The smallest M for which kAuto picks the E4M3 route when the caller allows it (a policy of the
-// op, not a property of a kernel: below it the cast costs more than the FP8 rate saves).
+// The smallest M for which kAuto picks the E4M3 route on the CPU backend when the caller allows it
+// (below it the cast costs more than the FP8 rate saves). kAuto reads it from what gemm_e4m3
+// publishes (<fn>_min_m): the CPU module publishes this value; the CUDA module none, as its
+// e4m3 kernel was measured slower than the exact routes, so kAuto never takes it there.
 inline constexpr std::int64_t kE4m3MinM = 64;
 
 // One kernel launch of a plan, sized from what its kernel published.
@@ -105,12 +107,14 @@ struct GemmPlan {
 };
 
 // Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
-// sizes, chooses the route (kAuto: e4m3 when allowed and M ≥ kE4m3MinM and the module has it,
-// else decode up to the M gemm_decode publishes as its largest, else dequant from the M
-// dequant_bf16 publishes as its smallest where the backend has a dense BF16 GEMM, else tiled: so
-// kAuto needs the module's gemm_decode, which both backends' modules have), resolves the kernels
-// and sizes every launch from their published metadata. Throws Error(kInvalidArgument) for bad
-// shapes or options, Error(kNotFound) naming a kernel that is missing or publishes no tile or block
+// sizes, chooses the route, resolves the kernels and sizes every launch from their published
+// metadata. kAuto on weights in the decode layout: decode up to the M gemm_decode publishes as
+// its largest, fused above it where the module has gemm_fused. On the source layout: e4m3 when
+// the caller allows it and M ≥ what gemm_e4m3 publishes as its smallest (none: never); else
+// decode up to gemm_decode's largest M; else dequant from the M dequant_bf16 publishes as its
+// smallest where the backend has a dense BF16 GEMM; else tiled. So kAuto needs the module's
+// gemm_decode, which both backends' modules have. Throws Error(kInvalidArgument) for bad shapes
+// or options, Error(kNotFound) naming a kernel that is missing or publishes no tile or block
 // size, Error(kUnavailable) with the backend's reason for kDequant on a backend without a dense
 // BF16 GEMM. Launches nothing.
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,

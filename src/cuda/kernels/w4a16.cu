@@ -87,6 +87,9 @@ __device__ std::uint32_t gemm_e4m3_n_tile = kE4m3N;
 __device__ std::uint32_t gemm_e4m3_m_tile = kE4m3M;
 __device__ std::uint32_t gemm_e4m3_smem_bytes = kE4m3Smem;
 __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
+// No gemm_e4m3_min_m: the automatic route never takes this kernel on CUDA. On an H200 it ran at
+// 0.14-0.16x cuBLASLt BF16 at M = 4096, slower than the exact tiled route on every shape
+// (docs/GPU.md, run 5), so allowing E4M3 activations must not make a GEMM slower.
 __device__ std::uint32_t gemm_fused_n_tile = kFusedN;
 __device__ std::uint32_t gemm_fused_m_tile = kFusedM;
 __device__ std::uint32_t gemm_fused_smem_bytes = kFusedSmem;
