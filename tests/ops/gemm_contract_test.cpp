@@ -158,6 +158,17 @@ class GemmRoutes : public GemmBackendTest {
 };
 INSTANTIATE_TEST_SUITE_P(, GemmRoutes, ::testing::Values("cpu", "cuda"), backend_name);
 
+// The exact route kAuto takes above the decode sizes: dequant → dense BF16 from the M
+// dequant_bf16 publishes (CUDA with cuBLASLt: 256), else tiled (the CPU publishes none).
+GemmRoute exact_above_decode(Backend& b, std::int64_t m) {
+  const std::uint32_t from = module_provides(b, "dequant_bf16")
+                                 ? b.op_cache().kernel(b, "w4a16", "dequant_bf16").meta.min_m
+                                 : 0;
+  return from != 0 && m >= from && b.dense_gemm_unavailable(DenseKind::kBf16).empty()
+             ? GemmRoute::kDequant
+             : GemmRoute::kTiled;
+}
+
 TEST_P(GemmRoutes, AutoPicksDecodeUpToDecodeMaxMAndTiledAbove) {
   const ops::QuantWeights w = small_weights();
   // The threshold is what gemm_decode publishes; on both backends that is 16 rows.
@@ -167,23 +178,30 @@ TEST_P(GemmRoutes, AutoPicksDecodeUpToDecodeMaxMAndTiledAbove) {
     EXPECT_EQ(ops::choose_route(b(), m, w), GemmRoute::kDecode) << "M = " << m;
   }
   for (const std::int64_t m : {max_m + 1, ops::kE4m3MinM, std::int64_t{4096}}) {
-    EXPECT_EQ(ops::choose_route(b(), m, w), GemmRoute::kTiled) << "M = " << m;
+    EXPECT_EQ(ops::choose_route(b(), m, w), exact_above_decode(b(), m)) << "M = " << m;
   }
 }
 
 TEST_P(GemmRoutes, AutoPicksE4m3OnlyWhenAllowedAndFromE4m3MinM) {
   const ops::QuantWeights w = small_weights();
   const ops::GemmOptions allow{Activations::kAllowE4m3, GemmRoute::kAuto, DevicePtr{}};
-  const bool has_e4m3 = module_provides(b(), "gemm_e4m3");
+  // The CPU module offers its e4m3 kernel to kAuto from kE4m3MinM; the CUDA module never (its
+  // kernel measured slower than the exact routes: it publishes no gemm_e4m3_min_m).
+  const bool has_e4m3 = module_provides(b(), "gemm_e4m3") && b().name() == "cpu";
+  if (has_e4m3) {
+    EXPECT_EQ(b().op_cache().kernel(b(), "w4a16", "gemm_e4m3").meta.min_m, ops::kE4m3MinM);
+  }
   const std::int64_t max_m = ops::decode_max_m(b());
   EXPECT_EQ(ops::choose_route(b(), 1, w, allow), GemmRoute::kDecode);
   EXPECT_EQ(ops::choose_route(b(), max_m, w, allow), GemmRoute::kDecode);
   EXPECT_EQ(ops::choose_route(b(), max_m + 1, w, allow), GemmRoute::kTiled);
   EXPECT_EQ(ops::choose_route(b(), ops::kE4m3MinM - 1, w, allow), GemmRoute::kTiled);
   for (const std::int64_t m : {ops::kE4m3MinM, ops::kE4m3MinM + 1, std::int64_t{4096}}) {
-    EXPECT_EQ(ops::choose_route(b(), m, w, allow), has_e4m3 ? GemmRoute::kE4m3 : GemmRoute::kTiled)
+    EXPECT_EQ(ops::choose_route(b(), m, w, allow),
+              has_e4m3 ? GemmRoute::kE4m3 : exact_above_decode(b(), m))
         << "M = " << m;
-    EXPECT_EQ(ops::choose_route(b(), m, w), GemmRoute::kTiled) << "M = " << m << ", exact BF16";
+    EXPECT_EQ(ops::choose_route(b(), m, w), exact_above_decode(b(), m))
+        << "M = " << m << ", exact BF16";
   }
 }
 
