@@ -311,7 +311,9 @@ void fuzz_gemm(Call& call, bool route_only) {
     bool valid = true;
     ops::GemmRoute want = options.route;
     if (want == ops::GemmRoute::kAuto) {
-      if (options.activations == ops::Activations::kAllowE4m3 && m >= ops::kE4m3MinM) {
+      const std::uint32_t e4m3_from =
+          call.backend().op_cache().kernel(call.backend(), "w4a16", "gemm_e4m3").meta.min_m;
+      if (options.activations == ops::Activations::kAllowE4m3 && e4m3_from != 0 && m >= e4m3_from) {
         want = ops::GemmRoute::kE4m3;
       } else {
         want = m <= ops::decode_max_m(call.backend()) ? ops::GemmRoute::kDecode

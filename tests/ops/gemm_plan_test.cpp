@@ -101,6 +101,7 @@ TEST_F(PlanRun, APlanNamesItsRouteKernelsGridAndWorkspace) {
 
   GemmOptions e4m3;
   e4m3.activations = Activations::kAllowE4m3;
+  e4m3.route = GemmRoute::kE4m3;  // kAuto would keep the exact route (no module offers e4m3)
   const GemmPlan q = plan(b_, 64, l.w, e4m3);
   EXPECT_EQ(q.route, GemmRoute::kE4m3);
   ASSERT_EQ(q.launches.size(), 3u);
@@ -135,6 +136,7 @@ TEST_F(PlanRun, TheE4m3RouteRunsOnACarvedWorkspaceOfTheCallersOwn) {
   Layer l(b_, gen_, 64, 48, 256, false);
   GemmOptions o;
   o.activations = Activations::kAllowE4m3;
+  o.route = GemmRoute::kE4m3;
   const GemmPlan p = plan(b_, l.m, l.w, o);
   ASSERT_EQ(p.route, GemmRoute::kE4m3);
   const std::uint64_t total = p.workspace.total();
@@ -191,6 +193,7 @@ TEST_F(PlanRun, RunRefusesWeightsBiasAndWorkspaceThatDoNotFitThePlan) {
           "the plan adds a bias, but bias is null");
   GemmOptions e4m3;
   e4m3.activations = Activations::kAllowE4m3;
+  e4m3.route = GemmRoute::kE4m3;  // kAuto would keep the exact route (no module offers e4m3)
   const GemmPlan pe = plan(b_, l.m, l.w, e4m3);
   refused([&] { run(pe, b_.default_stream(), l.da, l.w, l.dc, {}); }, "E4M3 A workspace is null");
   const DevicePtr small = b_.alloc(pe.workspace.a_e4m3);  // no room for the weights after it

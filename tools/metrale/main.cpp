@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
       ->add_option("--weights", bench_opts.weights,
                    "a safetensors file: bench its NVFP4 (ModelOpt) or BF16 linear layers")
       ->check(CLI::ExistingFile);
-  bench->add_flag("--allow-e4m3", bench_opts.allow_e4m3,
-                  "let GEMMs with M >= 64 cast A to E4M3 (FP8 route) instead of exact BF16");
+  bench->add_flag(
+      "--allow-e4m3", bench_opts.allow_e4m3,
+      "allow routes that cast A to E4M3 (auto takes one only where a module offers it)");
   bench->add_flag("--graph", bench_opts.graph, "capture each GEMM once and replay it as a graph");
   bench->add_flag("--compare-routes,!--no-compare-routes", bench_opts.compare_routes,
                   "time every route side by side with the dense BF16 GEMM (default: on a GPU)");

@@ -46,10 +46,11 @@ struct GemmOptions {
   DevicePtr bias;  // BF16 [N], optional
 };
 
-// The smallest M for which kAuto picks the E4M3 route on the CPU backend when the caller allows it
-// (below it the cast costs more than the FP8 rate saves). kAuto reads it from what gemm_e4m3
-// publishes (<fn>_min_m): the CPU module publishes this value; the CUDA module none, as its
-// e4m3 kernel was measured slower than the exact routes, so kAuto never takes it there.
+// The smallest M at which the e4m3 route can pay for its cast (below it the cast costs more than
+// the FP8 rate saves): where the benchmarks start timing it. kAuto takes the route only from the
+// M gemm_e4m3 publishes as its smallest (<fn>_min_m), and neither built-in module publishes one:
+// both e4m3 kernels measured slower than the exact routes (docs/PERF.md), so kAuto never takes
+// it there, whatever the caller allows.
 inline constexpr std::int64_t kE4m3MinM = 64;
 
 // One kernel launch of a plan, sized from what its kernel published.

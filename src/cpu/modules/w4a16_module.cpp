@@ -18,7 +18,6 @@
 #include "kernels/gemm_params.h"
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
-#include "metrale/ops/gemm.h"
 
 namespace metrale::cpu {
 namespace {
@@ -124,9 +123,9 @@ void publish_meta(HostModule& m, std::string_view entry) {
   const std::string e(entry);
   m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
   if (entry == "gemm_decode") m.publish_u32(e + "_max_m", kDecodeMaxM);
-  // Callers that allow E4M3 activations get the e4m3 route from this M (below it the cast costs
-  // more than the FP8 products save).
-  if (entry == "gemm_e4m3") m.publish_u32(e + "_min_m", static_cast<std::uint32_t>(ops::kE4m3MinM));
+  // No gemm_e4m3_min_m: kAuto never takes the e4m3 route here. Side by side on this VM it ran
+  // 30x slower than the exact tiled route at M = 64 and 256 (docs/PERF.md, routes side by side),
+  // so allowing E4M3 activations must not choose it.
   if (entry == "gemm_decode_packed" || entry == "gemm_fused") {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
