@@ -10,43 +10,13 @@
 #include "kernels/fp8_cast.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
+#include "ops/buffer_checks.h"
 
 namespace metrale::ops {
 namespace {
 
 constexpr std::string_view kModule = "fp8";
 constexpr std::string_view kCast = "cast_e4m3_block128";
-constexpr std::uint64_t kAlign = 16;
-constexpr std::uint64_t kWorkspaceAlign = 256;
-
-std::uint64_t align_up(std::uint64_t v) {
-  return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-}
-
-struct Range {
-  const char* name;
-  std::uint64_t begin, bytes;
-};
-
-void check_pointer(std::string_view api, const char* name, DevicePtr p) {
-  if (!p) throw Error(ErrorCode::kInvalidArgument, api, fmt::format("{} is null", name));
-  if (p.address() % kAlign != 0) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("{} = 0x{:x} is not {}-byte aligned", name, p.address(), kAlign));
-  }
-}
-
-void check_no_overlap(std::string_view api, const Range& out, std::initializer_list<Range> others) {
-  for (const Range& in : others) {
-    if (in.bytes == 0 || out.bytes == 0) continue;
-    if (out.begin < in.begin + in.bytes && in.begin < out.begin + out.bytes) {
-      throw Error(ErrorCode::kInvalidArgument, api,
-                  fmt::format("{} [0x{:x}, +{}) overlaps {} [0x{:x}, +{})", out.name, out.begin,
-                              out.bytes, in.name, in.begin, in.bytes));
-    }
-  }
-}
-
 // The weights' shape, byte sizes and buffers.
 void check_weights(std::string_view api, const Fp8Weights& w) {
   const Fp8Weights need = describe_fp8_weights(api, w.n, w.k);

@@ -16,12 +16,12 @@
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
+#include "ops/buffer_checks.h"
 
 namespace metrale::ops {
 namespace {
 
 constexpr std::string_view kModule = "w4a16";
-constexpr std::uint64_t kAlign = 16;  // vector loads on every backend
 // Split-K: enough blocks for two per SM, and at most this many K slices (each slice adds an
 // M x N FP32 plane to the workspace and to the reduction's reads).
 constexpr std::int64_t kBlocksPerSm = 2;
@@ -66,30 +66,6 @@ constexpr const char* kPackedDecodeEntry = "gemm_decode_packed";
 constexpr const char* kFusedEntry = "gemm_fused";
 // The dequant route's one kernel (its GEMM is the backend's dense GEMM).
 constexpr const char* kDequantEntry = "dequant_bf16";
-
-struct Range {
-  const char* name;
-  std::uint64_t begin, bytes;
-};
-
-void check_pointer(std::string_view api, const char* name, DevicePtr p) {
-  if (!p) throw Error(ErrorCode::kInvalidArgument, api, fmt::format("{} is null", name));
-  if (p.address() % kAlign != 0) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("{} = 0x{:x} is not {}-byte aligned", name, p.address(), kAlign));
-  }
-}
-
-void check_no_overlap(std::string_view api, const Range& out, std::initializer_list<Range> inputs) {
-  for (const Range& in : inputs) {
-    if (in.bytes == 0) continue;
-    if (out.begin < in.begin + in.bytes && in.begin < out.begin + out.bytes) {
-      throw Error(ErrorCode::kInvalidArgument, api,
-                  fmt::format("{} [0x{:x}, +{}) overlaps {} [0x{:x}, +{})", out.name, out.begin,
-                              out.bytes, in.name, in.begin, in.bytes));
-    }
-  }
-}
 
 // a × b × c bytes; Error(kInvalidArgument) when that does not fit 64 bits. No buffer holds that
 // much, and a size that wrapped around would pass the range checks (fuzz_gemm_args found N × K
@@ -317,12 +293,6 @@ const char* layout_name(WeightLayout layout) {
 
 const char* packing_name(WeightPacking packing) {
   return packing == WeightPacking::kDecode ? "decode" : "source";
-}
-
-constexpr std::uint64_t kWorkspaceAlign = 256;
-
-std::uint64_t align_up(std::uint64_t v) {
-  return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
 }
 
 // A workspace part the plan needs must be there, aligned, inside one of the backend's own
