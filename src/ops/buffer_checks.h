@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "metrale/backend.h"
 #include "metrale/error.h"
 #include "metrale/handles.h"
 
@@ -48,6 +49,37 @@ inline void check_no_overlap(std::string_view api, const Range& out,
                               out.bytes, in.name, in.begin, in.bytes));
     }
   }
+}
+
+// The byte ranges of one quantized GEMM call's buffers.
+struct CallRanges {
+  Range a, c, codes, scales, bias;
+};
+
+// The checks every GEMM call makes before anything is looked up or launched: A, C and the bias
+// present and aligned, C overlapping no input, and every range inside one allocation (the
+// kernels read and write them without bounds; a backend that knows its allocations refuses any
+// that lies outside one). The byte counts are the caller's, already checked to fit 64 bits.
+// Returns the ranges it checked.
+inline CallRanges check_call_buffers(std::string_view api, const Backend& backend, DevicePtr a,
+                                     std::uint64_t a_bytes, DevicePtr c, std::uint64_t c_bytes,
+                                     DevicePtr codes, std::uint64_t codes_bytes, DevicePtr scales,
+                                     std::uint64_t scales_bytes, DevicePtr bias,
+                                     std::uint64_t bias_bytes) {
+  check_pointer(api, "A", a);
+  check_pointer(api, "C", c);
+  if (bias) check_pointer(api, "bias", bias);
+  const CallRanges r{Range{"A", a.address(), a_bytes}, Range{"C", c.address(), c_bytes},
+                     Range{"weight codes", codes.address(), codes_bytes},
+                     Range{"weight scales", scales.address(), scales_bytes},
+                     Range{"bias", bias.address(), bias ? bias_bytes : 0}};
+  check_no_overlap(api, r.c, {r.a, r.codes, r.scales, r.bias});
+  backend.check_range(api, "A", a, r.a.bytes);
+  backend.check_range(api, "weight codes", codes, codes_bytes);
+  backend.check_range(api, "weight scales", scales, scales_bytes);
+  if (bias) backend.check_range(api, "bias", bias, r.bias.bytes);
+  backend.check_range(api, "C", c, r.c.bytes);
+  return r;
 }
 
 }  // namespace metrale::ops

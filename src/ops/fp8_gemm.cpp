@@ -49,30 +49,13 @@ DenseGemmShape check_args(std::string_view api, std::int64_t m, const Fp8Weights
   return shape;
 }
 
-struct CallRanges {
-  Range a, c, codes, scales, bias;
-};
-
-// A, C and the bias present and aligned, C clear of every input, each range inside one
-// allocation.
+// check_call_buffers for W: A [M, K] and C [M, N] BF16 (check_args counted them in 64 bits).
 CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
                          const Fp8Weights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
-  check_pointer(api, "A", a);
-  check_pointer(api, "C", c);
-  if (bias) check_pointer(api, "bias", bias);
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
-  const CallRanges r{Range{"A", a.address(), um * uk * 2}, Range{"C", c.address(), um * un * 2},
-                     Range{"weight codes", w.codes.address(), w.codes_bytes},
-                     Range{"weight scales", w.scales.address(), w.scales_bytes},
-                     Range{"bias", bias.address(), bias ? un * 2 : 0}};
-  check_no_overlap(api, r.c, {r.a, r.codes, r.scales, r.bias});
-  backend.check_range(api, "A", a, r.a.bytes);
-  backend.check_range(api, "weight codes", w.codes, w.codes_bytes);
-  backend.check_range(api, "weight scales", w.scales, w.scales_bytes);
-  if (bias) backend.check_range(api, "bias", bias, r.bias.bytes);
-  backend.check_range(api, "C", c, r.c.bytes);
-  return r;
+  return check_call_buffers(api, backend, a, um * uk * 2, c, um * un * 2, w.codes, w.codes_bytes,
+                            w.scales, w.scales_bytes, bias, un * 2);
 }
 
 void check_workspace_part(std::string_view api, Backend& backend, const Range& part, DevicePtr p,

@@ -420,36 +420,14 @@ std::int64_t decode_max_m(Backend& backend) {
 
 namespace {
 
-// The byte ranges of one call's buffers.
-struct CallRanges {
-  Range a, c, codes, scales, bias;
-};
-
-// The checks every call makes before anything is looked up or launched: A, C and the bias
-// present and aligned, C overlapping no input, and every range inside one allocation. Returns
-// the ranges it checked.
+// check_call_buffers for W: A [M, K] and C [M, N] BF16, counted in 64 bits.
 CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
                          const QuantWeights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
-  check_pointer(api, "A", a);
-  check_pointer(api, "C", c);
-  if (bias) check_pointer(api, "bias", bias);
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
-  const std::uint64_t a_bytes = bytes_of(api, "A", um, uk, 2),
-                      c_bytes = bytes_of(api, "C", um, un, 2);
-  const CallRanges r{Range{"A", a.address(), a_bytes}, Range{"C", c.address(), c_bytes},
-                     Range{"weight codes", w.codes.address(), w.codes_bytes},
-                     Range{"weight scales", w.scales.address(), w.scales_bytes},
-                     Range{"bias", bias.address(), bias ? un * 2 : 0}};
-  check_no_overlap(api, r.c, {r.a, r.codes, r.scales, r.bias});
-  // The kernels read and write these ranges without bounds; a backend that knows its
-  // allocations refuses any that lies outside one.
-  backend.check_range(api, "A", a, a_bytes);
-  backend.check_range(api, "weight codes", w.codes, w.codes_bytes);
-  backend.check_range(api, "weight scales", w.scales, w.scales_bytes);
-  if (bias) backend.check_range(api, "bias", bias, un * 2);
-  backend.check_range(api, "C", c, c_bytes);
-  return r;
+  return check_call_buffers(api, backend, a, bytes_of(api, "A", um, uk, 2), c,
+                            bytes_of(api, "C", um, un, 2), w.codes, w.codes_bytes, w.scales,
+                            w.scales_bytes, bias, un * 2);
 }
 
 // The planned launches, in order, on checked buffers.
