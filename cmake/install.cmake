@@ -32,6 +32,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/op_cache.h
   include/metrale/ops/elementwise.h
   include/metrale/ops/fp8_gemm.h
+  include/metrale/ops/fp8_requant.h
   include/metrale/ops/gemm.h
   include/metrale/ops/quant_weights.h
   include/metrale/quant.h

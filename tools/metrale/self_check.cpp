@@ -140,9 +140,13 @@ class Checker {
                    ops::UploadLayout upload = ops::UploadLayout::kSource) {
     Backend& b = scope_.backend();
     const bool packed = upload == ops::UploadLayout::kDecode;
-    std::uniform_int_distribution<std::int64_t> pick_m(
-        1, packed ? 40 : (route == ops::GemmRoute::kDecode ? 16 : 96)),
-        pick_n(1, 300), pick_g(1, packed ? 40 : 12);
+    // The fused route's tiles hold 128 tokens: up to 300 rows covers a partial second tile.
+    const std::int64_t max_m = route == ops::GemmRoute::kFused    ? 300
+                               : packed                           ? 40
+                               : route == ops::GemmRoute::kDecode ? 16
+                                                                  : 96;
+    std::uniform_int_distribution<std::int64_t> pick_m(1, max_m), pick_n(1, 300),
+        pick_g(1, packed ? 40 : 12);
     const std::int64_t m = pick_m(rng_), n = pick_n(rng_), k = pick_g(rng_) * group_size(format);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> wf(static_cast<std::size_t>(n * k));
@@ -292,6 +296,22 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                 return c.gemm(ops::GemmRoute::kDecode, format, layout, bias,
                               ops::UploadLayout::kDecode);
               });
+      }
+    }
+    // The fused prefill route (the decode layout above the decode sizes) where the backend's
+    // module has its kernel: CUDA sm_90's gemm_fused, the CPU's twin of the decode kernel.
+    if (scope.backend().has_kernel("w4a16", "gemm_fused")) {
+      for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+        for (const auto layout : {WeightLayout::kRowMajor, WeightLayout::kTransposed}) {
+          const bool bias = layout == WeightLayout::kTransposed;
+          c.run(fmt::format("w4a16 fused-dl {} {}{}", to_string(format),
+                            layout == WeightLayout::kRowMajor ? "rows" : "transposed",
+                            bias ? " +bias" : ""),
+                [&] {
+                  return c.gemm(ops::GemmRoute::kFused, format, layout, bias,
+                                ops::UploadLayout::kDecode);
+                });
+        }
       }
     }
     // The W8A8 op, on backends whose dense GEMM library has the block-scaled FP8 kind.

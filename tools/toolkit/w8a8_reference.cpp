@@ -1,0 +1,92 @@
+#include "toolkit/w8a8_reference.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "metrale/error.h"
+#include "metrale/numerics.h"
+
+namespace metrale::toolkit {
+namespace {
+
+// Half an E4M3 step of x / s in x's units, plus an FP32 quotient's rounding.
+double cast_error(double x, double s) {
+  return std::max(std::ldexp(std::fabs(x), -4), std::ldexp(s, -10)) + std::ldexp(std::fabs(x), -23);
+}
+
+}  // namespace
+
+CastRow cast_row(std::span<const std::uint16_t> a_row) {
+  const auto k = static_cast<std::int64_t>(a_row.size());
+  const HostE4m3Activations q = quantize_e4m3_activations(a_row, 1, k);
+  CastRow r;
+  r.value.resize(a_row.size());
+  r.scale.resize(a_row.size());
+  for (std::int64_t i = 0; i < k; ++i) {
+    // One row: the scales [ceil(K/128), 1] are one per block.
+    const double s = q.scales[static_cast<std::size_t>(i / kE4m3Block)];
+    r.scale[static_cast<std::size_t>(i)] = s;
+    r.value[static_cast<std::size_t>(i)] =
+        num::e4m3_to_f32(q.codes[static_cast<std::size_t>(i)]) * s;
+  }
+  return r;
+}
+
+W8a8Element w8a8_reference_element(const CastRow& a8, std::span<const std::uint16_t> a_row,
+                                   const HostQuantWeights& w, const E4m3BlockWeightsView& wq,
+                                   std::int64_t j, double bias, double mma_term) {
+  if (wq.n != w.n || wq.k != w.k || std::ssize(a_row) != w.k || std::ssize(a8.value) != w.k ||
+      j < 0 || j >= w.n) {
+    throw Error(ErrorCode::kInvalidArgument, "w8a8_reference_element",
+                fmt::format("weights {}x{}, requantized {}x{}, a row of {} ({} cast), column {}",
+                            w.n, w.k, wq.n, wq.k, a_row.size(), a8.value.size(), j));
+  }
+  double ref = bias, s8 = std::fabs(bias), e = 0.0;
+  for (std::int64_t q = 0; q < w.k; ++q) {
+    const auto at = static_cast<std::size_t>(q);
+    const double x = num::bf16_to_f32(a_row[at]), wx = w.exact_weight(j, q);
+    const double wh = wq.weight(j, q), sw = wq.scale(j, q);
+    ref += x * wx;
+    s8 += std::fabs(a8.value[at] * wh);
+    e += cast_error(x, a8.scale[at]) * std::fabs(wh) + std::fabs(x) * cast_error(wx, sw);
+  }
+  const double gamma = static_cast<double>(w.k + 2 * e4m3_blocks(w.k) + 8) * kAccumUnit + mma_term;
+  return {ref, kBf16Unit * std::fabs(ref) + (1.0 + kBf16Unit) * (e + gamma * s8)};
+}
+
+SampledCheck sampled_check_w8a8(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
+                                const HostQuantWeights& w, const E4m3BlockWeightsView& wq,
+                                std::int64_t m, double mma_term, std::mt19937_64& rng,
+                                int samples) {
+  if (m < 1 || samples < 1 || a.size() < static_cast<std::size_t>(m * w.k) ||
+      c.size() < static_cast<std::size_t>(m * w.n)) {
+    throw Error(ErrorCode::kInvalidArgument, "sampled_check_w8a8",
+                fmt::format("M = {}, {} samples, {} activations and {} outputs for N = {}, K = {}",
+                            m, samples, a.size(), c.size(), w.n, w.k));
+  }
+  std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
+  SampledCheck r;
+  r.tolerance = kW8a8RequantTol;
+  r.samples = samples;
+  double num = 0, den = 0;
+  for (int s = 0; s < samples; ++s) {
+    const std::int64_t i = pick_m(rng), j = pick_n(rng);
+    const auto row = a.subspan(static_cast<std::size_t>(i * w.k), static_cast<std::size_t>(w.k));
+    const W8a8Element ref = w8a8_reference_element(cast_row(row), row, w, wq, j, 0.0, mma_term);
+    const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * w.n + j)]);
+    const double d = got - ref.value;
+    num += d * d;
+    den += ref.value * ref.value;
+    const double ratio = std::isnan(d)     ? INFINITY
+                         : ref.bound > 0.0 ? std::fabs(d) / ref.bound
+                         : d == 0.0        ? 0.0
+                                           : INFINITY;
+    r.worst = std::max(r.worst, ratio);
+  }
+  r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
+  return r;
+}
+
+}  // namespace metrale::toolkit
