@@ -9,16 +9,24 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/expect_error.h"
 #include "io/generated_files.h"
+#include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/modelopt.h"
+#include "metrale/numerics.h"
+#include "metrale/op_cache.h"
+#include "metrale/ops/fp8_gemm.h"
 #include "metrale/safetensors.h"
+#include "toolkit/gemm_reference.h"
+#include "toolkit/w8a8_reference.h"
 
 namespace metrale {
 namespace {
@@ -67,6 +75,53 @@ TEST(SafetensorsFp8, LoadsTheLayersTheReferenceWriterWrote) {
   EXPECT_EQ(o.n, 128);
   EXPECT_EQ(o.k, 128);
   EXPECT_EQ(o.scales.size(), 1u);
+}
+
+// Both layers of the reference writer's file, uploaded from the map and run through the W8A8 op
+// on the CPU backend, outputs poisoned, every element held to toolkit/w8a8_reference.h's bound
+// around the float64 product of A and the file's weights, and the norm to A's cast alone.
+TEST(SafetensorsFp8, LayersRunThroughTheW8a8Gemm) {
+  const auto f = SafetensorsFile::open(path_of("fp8_model.safetensors"));
+  CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
+  std::mt19937_64 gen(std::random_device{}());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const std::string& layer : {kDown, kOProj}) {
+    SCOPED_TRACE(layer);
+    const E4m3BlockWeightsView w = load_fp8_linear(f, layer);
+    const std::span<const std::uint8_t> scale_bytes(
+        reinterpret_cast<const std::uint8_t*>(w.scales.data()), w.scales.size_bytes());
+    ops::Fp8Weights dw = ops::upload_fp8_weights(b, w.codes, scale_bytes, w.n, w.k);
+    const std::int64_t m = 33;
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * w.k));
+    for (auto& x : a) x = num::f32_to_bf16(u(gen));
+    const DevicePtr da = b.alloc(a.size() * 2), dc = b.alloc(static_cast<std::size_t>(m * w.n) * 2);
+    b.copy_h2d(da, a.data(), a.size() * 2);
+    b.memset(dc, toolkit::kPoisonByte, static_cast<std::size_t>(m * w.n) * 2);
+    ops::w8a8_gemm(b, b.default_stream(), da, m, dw, dc);
+    std::vector<std::uint16_t> c(static_cast<std::size_t>(m * w.n));
+    b.copy_d2h_after(c.data(), dc, c.size() * 2, b.default_stream());
+    double err2 = 0, ref2 = 0;
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::span<const std::uint16_t> row(a.data() + i * w.k, static_cast<std::size_t>(w.k));
+      const toolkit::CastRow a8 = toolkit::cast_row(row);
+      for (std::int64_t j = 0; j < w.n; ++j) {
+        const toolkit::W8a8Element ref = toolkit::w8a8_reference_element(a8, row, w, j, 0.0, 0.0);
+        const std::uint16_t bits = c[static_cast<std::size_t>(i * w.n + j)];
+        ASSERT_NE(bits, toolkit::kPoisonBf16) << "C[" << i << ", " << j << "] unwritten";
+        const double got = num::bf16_to_f32(bits);
+        ASSERT_LE(std::fabs(got - ref.value), ref.bound)
+            << "C[" << i << ", " << j << "] = " << got << ", reference " << ref.value;
+        err2 += (got - ref.value) * (got - ref.value);
+        ref2 += ref.value * ref.value;
+      }
+    }
+    EXPECT_LE(std::sqrt(err2 / ref2), toolkit::kE4m3VsExactTol);
+    b.free(da);
+    b.free(dc);
+    ops::free_fp8_weights(b, dw);
+  }
+  b.op_cache().release(b);  // the op's grow-only scratch
+  EXPECT_EQ(b.live_bytes(), 0u);
 }
 
 TEST(SafetensorsFp8, ListsEveryLayerTheFilePresentsAsFp8) {

@@ -81,7 +81,7 @@ class W8a8RequantNumerics : public testing::gemm::GemmBackendTest {
       for (std::int64_t j = 0; j < s.n; ++j) {
         const double bj = s.bias ? num::bf16_to_f32(hbias[static_cast<std::size_t>(j)]) : 0.0;
         const toolkit::W8a8Element ref =
-            toolkit::w8a8_reference_element(a8, row, hw, wq.view(), j, bj, mma_term);
+            toolkit::w8a8_reference_element(a8, row, wq.view(), j, bj, mma_term, &hw);
         const std::uint16_t bits = out[static_cast<std::size_t>(i * s.n + j)];
         EXPECT_NE(bits, testing::gemm::kPoisonBf16) << "C[" << i << ", " << j << "] unwritten";
         const double got = num::bf16_to_f32(bits);

@@ -51,19 +51,22 @@ struct W8a8Element {
   double bound = 0.0;
 };
 
-// Output (row of a_row, column j) of A · Wᵀ for the 4-bit weights w and their requantized form
-// wq, with a8 the row's cast; mma_term: a GPU's FP8 accumulation allowance per unit of S8 (0 for
-// the CPU reference, which accumulates in FP32). Throws Error(kInvalidArgument) when the shapes
-// disagree.
+// Output (row of a_row, column j) of A · Wᵀ for weights wq in block-scaled E4M3, with a8 the
+// row's cast. source: the 4-bit weights wq was requantized from, which the reference then
+// multiplies (their rounding joins the bound), or null for weights that are E4M3 to begin with
+// (an FP8 checkpoint's: the reference multiplies wq itself). mma_term: a GPU's FP8
+// accumulation allowance per unit of S8 (0 for the CPU reference, which accumulates in FP32).
+// Throws Error(kInvalidArgument) when the shapes disagree.
 W8a8Element w8a8_reference_element(const CastRow& a8, std::span<const std::uint16_t> a_row,
-                                   const HostQuantWeights& w, const E4m3BlockWeightsView& wq,
-                                   std::int64_t j, double bias, double mma_term);
+                                   const E4m3BlockWeightsView& wq, std::int64_t j, double bias,
+                                   double mma_term, const HostQuantWeights* source = nullptr);
 
-// sampled_check for a W8A8 GEMM on requantized weights (no bias): samples outputs of C[M, N]
-// and holds them to the bound above and their normalized error to kW8a8RequantTol.
+// sampled_check for a W8A8 GEMM (no bias): samples outputs of C[M, N] and holds them to the
+// bound above and their normalized error to kW8a8RequantTol with a source, kE4m3VsExactTol
+// (A's cast alone) without.
 SampledCheck sampled_check_w8a8(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
-                                const HostQuantWeights& w, const E4m3BlockWeightsView& wq,
-                                std::int64_t m, double mma_term, std::mt19937_64& rng,
+                                const E4m3BlockWeightsView& wq, std::int64_t m, double mma_term,
+                                std::mt19937_64& rng, const HostQuantWeights* source = nullptr,
                                 int samples = 96);
 
 }  // namespace metrale::toolkit
