@@ -70,8 +70,9 @@ HostE4m3BlockWeights quantize_e4m3_block128_bf16(std::span<const std::uint16_t> 
 // exactly in float64 (e2m1 x block scale x tensor scale, never rounded to FP32 first), then
 // quantized as quantize_e4m3_block128 does. Memory: see the header comment. Throws
 // Error(kInvalidArgument) for inconsistent weights or a weight that is not finite (a NaN block
-// scale, a non-finite tensor scale).
-HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w);
+// scale, a non-finite tensor scale). threads: how many host threads share the 128-row blocks
+// (1: the caller's alone); the result does not depend on it.
+HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w, int threads = 1);
 // Dequantized W [n, k] row-major, each e4m3(code) x scale rounded once to FP32.
 std::vector<float> dequantize(const E4m3BlockWeightsView& w);
 

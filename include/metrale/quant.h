@@ -40,6 +40,10 @@ struct HostQuantWeights {
   float weight(std::int64_t row, std::int64_t col) const;
   // W[n, k] in float64, unrounded: e2m1 x block scale x tensor scale is exact in a double.
   double exact_weight(std::int64_t row, std::int64_t col) const;
+  // Rows [row0, row0 + rows) of W in float64 (exact_weight of each), row-major into out (rows·K
+  // values): the weights are checked once, not per element. Throws Error(kInvalidArgument) for
+  // rows outside W, an out of another size, or inconsistent weights.
+  void exact_rows(std::int64_t row0, std::int64_t rows, std::span<double> out) const;
 };
 
 // Quantizes FP32 W[n, k] (row-major, k a multiple of 16) to NVFP4: tensor scale =

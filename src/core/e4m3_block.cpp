@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "core/rounding.h"
 #include "metrale/error.h"
@@ -178,7 +181,7 @@ HostE4m3BlockWeights quantize_e4m3_block128_bf16(std::span<const std::uint16_t> 
   return quantize_e4m3_block128(f, n, k);
 }
 
-HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w) {
+HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w, int threads) {
   constexpr std::string_view kApi = "requantize_e4m3_block128";
   check_shape(kApi, "n", w.n, w.k);
   const int group = group_size(w.format);
@@ -194,21 +197,53 @@ HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w) {
                            to_string(w.format), w.n, w.k, code_bytes, scale_bytes, w.codes.size(),
                            w.scales.size()));
   }
-  // The values are read again rather than held (8 bytes a weight, for layers of hundreds of
-  // millions of weights).
-  for (std::int64_t r = 0; r < w.n; ++r) {
-    for (std::int64_t c = 0; c < w.k; ++c) {
-      if (const double v = w.exact_weight(r, c); !std::isfinite(v)) {
-        fail(kApi, fmt::format("{} weight [{}, {}] = {} is not finite (block scale {}, tensor "
-                               "scale {})",
-                               to_string(w.format), r, c, v, w.scale(r, c), w.tensor_scale));
+  // One block row (128 rows) of exact values at a time: 8 bytes a weight for 128 rows, not for
+  // layers of hundreds of millions of weights, and the weights checked once, not per element.
+  // Block rows are independent: each of `threads` workers takes every threads-th one, and the
+  // first error (in block-row order) is thrown once all have stopped.
+  HostE4m3BlockWeights out = sized_weights(w.n, w.k);
+  const std::int64_t kb = e4m3_blocks(w.k), block_rows = e4m3_blocks(w.n);
+  const int workers = static_cast<int>(std::clamp<std::int64_t>(threads, 1, block_rows));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(block_rows));
+  const auto work = [&](int t) {
+    std::vector<double> rows(static_cast<std::size_t>(std::min(w.n, kE4m3Block) * w.k));
+    for (std::int64_t br = t; br < block_rows; br += workers) {
+      try {
+        const std::int64_t r0 = br * kE4m3Block, nr = std::min(kE4m3Block, w.n - r0);
+        const std::span<double> v(rows.data(), static_cast<std::size_t>(nr * w.k));
+        w.exact_rows(r0, nr, v);
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          if (!std::isfinite(v[i])) {
+            const std::int64_t r = r0 + static_cast<std::int64_t>(i) / w.k,
+                               c = static_cast<std::int64_t>(i) % w.k;
+            fail(kApi, fmt::format("{} weight [{}, {}] = {} is not finite (block scale {}, "
+                                   "tensor scale {})",
+                                   to_string(w.format), r, c, v[i], w.scale(r, c), w.tensor_scale));
+          }
+        }
+        quantize_blocks(
+            nr, w.k,
+            [&](std::int64_t r, std::int64_t c) {
+              return v[static_cast<std::size_t>(r * w.k + c)];
+            },
+            std::span<std::uint8_t>(out.codes).subspan(static_cast<std::size_t>(r0 * w.k),
+                                                       static_cast<std::size_t>(nr * w.k)),
+            std::span<float>(out.scales)
+                .subspan(static_cast<std::size_t>(br * kb), static_cast<std::size_t>(kb)));
+      } catch (...) {
+        errors[static_cast<std::size_t>(br)] = std::current_exception();
+        return;  // this worker's later block rows do not matter once one failed
       }
     }
+  };
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 1; t < workers; ++t) pool.emplace_back(work, t);
+    work(0);
   }
-  HostE4m3BlockWeights out = sized_weights(w.n, w.k);
-  quantize_blocks(
-      w.n, w.k, [&](std::int64_t r, std::int64_t c) { return w.exact_weight(r, c); }, out.codes,
-      out.scales);
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
   return out;
 }
 

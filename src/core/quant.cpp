@@ -176,6 +176,28 @@ double HostQuantWeights::exact_weight(std::int64_t row, std::int64_t col) const 
   return exact_weight_at(*this, row, col);
 }
 
+void HostQuantWeights::exact_rows(std::int64_t row0, std::int64_t rows,
+                                  std::span<double> out) const {
+  constexpr std::string_view kApi = "HostQuantWeights::exact_rows";
+  if (row0 < 0 || rows < 0 || row0 > n - rows) {
+    throw Error(
+        ErrorCode::kInvalidArgument, kApi,
+        fmt::format("rows [{}, {}) are outside the {} rows of the weights", row0, row0 + rows, n));
+  }
+  if (out.size() != static_cast<std::size_t>(rows * k)) {
+    throw Error(
+        ErrorCode::kInvalidArgument, kApi,
+        fmt::format("out has {} values; {} rows of K = {} need {}", out.size(), rows, k, rows * k));
+  }
+  if (rows == 0) return;
+  check_weights(kApi, *this);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      out[static_cast<std::size_t>(r * k + c)] = exact_weight_at(*this, row0 + r, c);
+    }
+  }
+}
+
 HostQuantWeights quantize_nvfp4(std::span<const float> w, std::int64_t n, std::int64_t k) {
   constexpr int kGroup = num::kNvfp4Group;
   check_quantize_args("quantize_nvfp4", WeightFormat::kNvfp4, w, n, k);

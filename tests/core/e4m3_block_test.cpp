@@ -250,6 +250,27 @@ TEST(E4m3Block, RequantizesNvfp4AndMxfp4FromTheirExactValues) {
   EXPECT_EQ(a.scales, b.scales);
 }
 
+TEST(E4m3Block, RequantizingOnThreadsGivesTheSameBytesAndTheFirstError) {
+  const std::int64_t n = 5 * 128 + 7, k = 288;  // six block rows, the last partial
+  const std::vector<float> f = random_weights(n, k, 13);
+  const HostQuantWeights w = quantize_nvfp4(f, n, k);
+  const HostE4m3BlockWeights one = requantize_e4m3_block128(w);
+  for (const int threads : {2, 3, 6, 64}) {
+    const HostE4m3BlockWeights many = requantize_e4m3_block128(w, threads);
+    EXPECT_EQ(many.codes, one.codes) << threads << " threads";
+    EXPECT_EQ(many.scales, one.scales) << threads << " threads";
+  }
+  // NaN block scales in block rows 4 and 1: the error names the one of the lower row, however
+  // the rows are shared out.
+  HostQuantWeights bad = w;
+  bad.scales[static_cast<std::size_t>(4 * 128 * (k / 16))] = 0x7F;  // row 512, k 0..15
+  bad.scales[static_cast<std::size_t>(200 * (k / 16) + 3)] = 0x7F;  // row 200, k 48..63
+  for (const int threads : {1, 2, 4}) {
+    const Error e = testing::expect_error([&] { (void)requantize_e4m3_block128(bad, threads); });
+    EXPECT_THAT(e.what(), HasSubstr("weight [200, 48] = nan")) << threads << " threads";
+  }
+}
+
 TEST(E4m3Block, RequantizesMxfp4BeyondTheFp32Range) {
   // E8M0 2^127 times E2M1 6 is 1.5 x 2^129, past FLT_MAX: no FP32 step in between, so the
   // block scale 6 x 2^127 / 448 is exact enough and the code is 448.

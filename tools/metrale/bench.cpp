@@ -8,16 +8,22 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <thread>
 
+#include "bench_fp8.h"
+#include "bench_timing.h"
 #include "commands.h"
 #include "memory_fit.h"
+#include "metrale/e4m3_block.h"
 #include "metrale/error.h"
 #include "metrale/fp8_checkpoint.h"
 #include "metrale/model_scope.h"
 #include "metrale/modelopt.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
+#include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/quant_weights.h"
 #include "metrale/runtime.h"
@@ -28,11 +34,10 @@
 #include "toolkit/roofline.h"
 #include "toolkit/rotation.h"
 #include "toolkit/sampled_check.h"
+#include "toolkit/w8a8_reference.h"
 
 namespace metrale::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Layer {
   std::string name;
@@ -60,56 +65,21 @@ ModelShape model_shape(const std::string& name) {
               fmt::format("unknown model '{}' (llama3-8b or llama3-70b)", name));
 }
 
-struct Case {
-  std::string layer;
-  std::int64_t m = 0, n = 0, k = 0;
-  std::string variant;  // "auto", or the route (or "bf16") forced for the side-by-side table
-  std::string route;
-  std::string plan;  // ops::GemmPlan::describe() of the plan that ran
-  double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
-  bool passed = false;  // the sampled check (toolkit/sampled_check.h)
-};
-
 // One way of computing every layer at one M: the quantized GEMM on its automatic route (the
-// main table), on one route forced, or the backend's dense BF16 GEMM on the weights dequantized
-// to BF16 (the baseline: cuBLASLt on CUDA).
+// main table), on one route forced, the W8A8 op on the weights requantized to block-scaled E4M3
+// (ops/fp8_requant.h), or the backend's dense BF16 GEMM on the weights dequantized to BF16 (the
+// baseline: cuBLASLt on CUDA).
 struct Variant {
   std::string name;
   ops::GemmRoute route = ops::GemmRoute::kAuto;
   bool dense_bf16 = false;
+  bool w8a8 = false;
 };
 
 // The routes the side-by-side table forces, in its column order (the baseline comes last).
 constexpr ops::GemmRoute kComparedRoutes[] = {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled,
                                               ops::GemmRoute::kE4m3, ops::GemmRoute::kDequant,
                                               ops::GemmRoute::kFused};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-class Progress {
- public:
-  Progress(bool on, std::size_t total) : on_(on), total_(total), t0_(Clock::now()) {}
-  void step(std::size_t done, const std::string& what) {
-    if (!on_) return;
-    const double el = std::chrono::duration<double>(Clock::now() - t0_).count();
-    const double eta =
-        done > 0 ? el / static_cast<double>(done) * static_cast<double>(total_ - done) : 0;
-    fmt::print(stderr, "\r\033[K[{}/{}] {} — {:.1f} s elapsed, ETA {:.0f} s", done + 1, total_,
-               what, el, eta);
-    std::fflush(stderr);
-  }
-  ~Progress() {
-    if (on_) fmt::print(stderr, "\r\033[K");
-  }
-
- private:
-  bool on_;
-  std::size_t total_;
-  Clock::time_point t0_;
-};
 
 // Each layer's time at each M on every route that ran, side by side, with the fastest marked
 // and each route's speed against the dense BF16 baseline (> 1: faster than it).
@@ -180,20 +150,21 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const bool gpu = backend->name() != "cpu";
   ModelShape shape;
   std::vector<HostQuantWeights> host;
+  // A file's FP8 layers (DeepSeek-V3 / Qwen), views into its map: the W8A8 op runs them.
+  std::optional<SafetensorsFile> file;
+  std::vector<Fp8Layer> fp8_layers;
   if (!bench.weights.empty()) {
-    // Real weights: every NVFP4 (or BF16/F32, quantized on load) linear layer of the file.
-    const SafetensorsFile file = SafetensorsFile::open(bench.weights);
-    // FP8 layers (DeepSeek-V3 / Qwen) are checked, so a malformed one is exit 2 naming its
-    // tensor, but not timed: bench has no W8A8 route yet.
-    if (const std::vector<std::string> fp8 = fp8_linear_layers(file); !fp8.empty()) {
-      for (const std::string& name : fp8) (void)load_fp8_linear(file, name);
-      fmt::print(stderr,
-                 "metrale: [bench] {} FP8 layer(s) of {} checked and left out (no W8A8 "
-                 "route in bench yet)\n",
-                 fp8.size(), file.path());
-    }
-    for (const std::string& name : require_linear_layers(file)) {
-      Nvfp4Linear l = load_nvfp4_linear(file, name);
+    // Real weights: every NVFP4 (or BF16/F32, quantized on load) linear layer of the file, and
+    // every FP8 one; each is loaded (checked) here, so a malformed one is exit 2 naming its
+    // tensor before anything is allocated.
+    file.emplace(SafetensorsFile::open(bench.weights));
+    for (const std::string& name : fp8_linear_layers(*file))
+      fp8_layers.push_back({name, load_fp8_linear(*file, name)});
+    // A file of FP8 layers alone has no 4-bit layer to load, which is no error.
+    const std::vector<std::string> q4 =
+        fp8_layers.empty() ? require_linear_layers(*file) : scan_linear_layers(*file).layers;
+    for (const std::string& name : q4) {
+      Nvfp4Linear l = load_nvfp4_linear(*file, name);
       shape.layers.push_back({name, l.w.n, l.w.k});
       host.push_back(std::move(l.w));
     }
@@ -218,6 +189,18 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     sizes.push_back({shape.layers[i].name, shape.layers[i].n, shape.layers[i].k, host.size() <= i});
   }
   require_gemm_fit(*backend, "bench", sizes, *std::max_element(ms.begin(), ms.end()));
+  // FP8 layers need the backend's block-scaled FP8 GEMM: without it they are left out, saying why.
+  if (const std::string no_fp8 = backend->dense_gemm_unavailable(DenseKind::kE4m3Block128);
+      !fp8_layers.empty() && !no_fp8.empty()) {
+    fmt::print(stderr, "metrale: [bench] {} FP8 layer(s) of {} left out: {}\n", fp8_layers.size(),
+               file->path(), no_fp8);
+    fp8_layers.clear();
+  }
+  if (shape.layers.empty() && fp8_layers.empty()) {
+    throw Error(
+        ErrorCode::kUnavailable, "bench",
+        fmt::format("{} holds only FP8 layers, which this backend cannot run", file->path()));
+  }
 
   const std::string backend_name(backend->name()), device = backend->device_name();
   const LedgerProbe probe = backend->ledger_probe();
@@ -235,20 +218,25 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     max_n = std::max(max_n, l.n);
     max_k = std::max(max_k, l.k);
   }
+  for (const Fp8Layer& l : fp8_layers) {
+    max_n = std::max(max_n, l.w.n);
+    max_k = std::max(max_k, l.w.k);
+  }
   // The decode layout where the backend prefers it (its decode kernel reads it) for the M that
   // decode takes; the source layout for the rest (only the decode route reads the decode layout).
   const std::int64_t decode_m = ops::decode_max_m(b);
   const bool compare = bench.compare_routes.value_or(gpu);
   // (The fused route reads the decode layout too: the comparison needs it at any M.)
+  const bool any_q4 = !shape.layers.empty();
   const bool packed_wanted =
-      ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred) &&
+      any_q4 && ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred) &&
       (compare || std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; }));
   // With --compare-routes (the default on a GPU), every other route the backend offers runs too
   // (on the source layout, which all of them read), and the dense BF16 GEMM of its library on
   // the weights dequantized to BF16 as the baseline.
   const bool source_wanted =
-      !packed_wanted || compare ||
-      std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m > decode_m; });
+      any_q4 && (!packed_wanted || compare ||
+                 std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m > decode_m; }));
   // Timing walks the layers in turn, as a forward pass does, so a layer is not read from a cache
   // its own previous call filled; where one block's weights are too few for that, whole copies
   // of the block join the turn (toolkit/rotation.h). See Note [layer rotation] in docs/NOTES.md.
@@ -294,6 +282,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (compare) {
     for (const ops::GemmRoute r : kComparedRoutes)
       variants.push_back({std::string(ops::to_string(r)), r});
+    variants.push_back({"w8a8", ops::GemmRoute::kAuto, false, true});
     variants.push_back({"bf16", ops::GemmRoute::kAuto, true});
   }
   // The baseline's BF16 weights, one set per copy of the rotation: only where every dequantized
@@ -330,6 +319,43 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
   }
 
+  // The W8A8 column's weights: each layer requantized once on the host (ops/fp8_requant.h; the
+  // check holds the result to the 4-bit weights), uploaded once per copy of the rotation. Only
+  // where the backend has the block-scaled FP8 GEMM and the caller allows E4M3 activations.
+  std::string w8a8_skipped;
+  std::vector<HostE4m3BlockWeights> fp8_host;
+  std::vector<std::vector<const ops::Fp8WeightsResource*>> rotation_fp8;
+  double requant_seconds = 0;
+  if (compare && any_q4) {
+    w8a8_skipped = b.dense_gemm_unavailable(DenseKind::kE4m3Block128);
+    if (w8a8_skipped.empty() && !bench.allow_e4m3) {
+      w8a8_skipped = "it casts A to E4M3, which --allow-e4m3 allows";
+    }
+  }
+  if (compare && any_q4 && w8a8_skipped.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (const HostQuantWeights& hw : host)
+      fp8_host.push_back(requantize_e4m3_block128(hw, threads));
+    requant_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::size_t copies = 1;
+    for (std::size_t r = 0; r < copies; ++r) {
+      std::vector<const ops::Fp8WeightsResource*> copy;
+      std::size_t block_bytes = 0;
+      for (std::size_t li = 0; li < fp8_host.size(); ++li) {
+        const HostE4m3BlockWeights& q = fp8_host[li];
+        const std::span<const std::uint8_t> scales(
+            reinterpret_cast<const std::uint8_t*>(q.scales.data()), q.scales.size() * 4);
+        copy.push_back(&scope.add(std::make_unique<ops::Fp8WeightsResource>(
+            b, q.codes, scales, q.n, q.k,
+            fmt::format("fp8 weights {} (requantized, copy {})", shape.layers[li].name, r))));
+        block_bytes += copy.back()->weights().codes_bytes + copy.back()->weights().scales_bytes;
+      }
+      if (r == 0) copies = toolkit::rotation_copies(block_bytes);
+      rotation_fp8.push_back(std::move(copy));
+    }
+  }
+
   std::vector<Case> cases;
   std::vector<std::string> skipped;  // "route at M: why", for the side-by-side table
   bool ok = true;
@@ -337,6 +363,11 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                     ms.size() * shape.layers.size() * variants.size());
   for (std::int64_t m : ms) {
     for (const Variant& v : variants) {
+      if (!any_q4) break;
+      if (v.w8a8 && !w8a8_skipped.empty()) {
+        skipped.push_back(fmt::format("w8a8 at M={}: {}", m, w8a8_skipped));
+        continue;
+      }
       // The automatic route reads the layout uploaded for its M; the fused route the decode
       // layout; every other forced route the source one.
       const bool fused = v.route == ops::GemmRoute::kFused;
@@ -354,7 +385,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       vopt.route = v.route;
       // A forced route is compared only where it is not the automatic one, reads the weights
       // uploaded for this M, and is offered by the backend (the reason it is not, otherwise).
-      if (v.name != "auto" && !v.dense_bf16) {
+      if (v.name != "auto" && !v.dense_bf16 && !v.w8a8) {
         try {
           const auto& auto_rotation =
               packed_wanted && m <= decode_m ? rotation_packed : rotation_source;
@@ -389,6 +420,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       std::vector<ops::GemmWorkspace> workspaces;
       std::vector<DenseGemmPlan> dense_plans;
       std::vector<DevicePtr> dense_workspaces;
+      std::vector<ops::Fp8GemmPlan> fp8_plans;
+      std::vector<ops::Fp8Workspace> fp8_workspaces;
       // One call of layer li in copy r of the block, queued on the stream.
       const auto queue = [&](std::size_t r, std::size_t li) {
         if (v.dense_bf16) {
@@ -399,6 +432,8 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
           args.workspace = dense_workspaces[li];
           args.workspace_bytes = dense_plans[li].workspace_bytes;
           b.run_dense_gemm(dense_plans[li], args, stream);
+        } else if (v.w8a8) {
+          ops::run(fp8_plans[li], stream, a, rotation_fp8[r][li]->weights(), c, fp8_workspaces[li]);
         } else {
           ops::run(plans[li], stream, a, rotation[r][li]->weights(), c, workspaces[li],
                    gemm_options.bias);
@@ -420,22 +455,33 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                          dense_plans.back().workspace_bytes));
           plan_text = fmt::format("dense bf16 M={} N={} K={}: {}; workspace {} B", m, l.n, l.k,
                                   dense_plans.back().describe, dense_plans.back().workspace_bytes);
+        } else if (v.w8a8) {
+          fp8_plans.push_back(ops::plan(b, m, rotation_fp8.front()[li]->weights(), {}));
+          fp8_workspaces.push_back(ops::scratch_workspace(fp8_plans.back(), stream));
+          plan_text = fp8_plans.back().describe();
         } else {
           plans.push_back(ops::plan(b, m, rotation.front()[li]->weights(), vopt));
           workspaces.push_back(ops::scratch_workspace(plans.back(), stream));
           route = plans.back().route;
           plan_text = plans.back().describe();
         }
-        Case cs{l.name,   m,      l.n,
-                l.k,      v.name, v.dense_bf16 ? "bf16" : std::string(ops::to_string(route)),
-                plan_text};
+        Case cs{
+            l.name,   m,
+            l.n,      l.k,
+            v.name,   v.dense_bf16 ? "bf16" : v.w8a8 ? "w8a8" : std::string(ops::to_string(route)),
+            plan_text};
         b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
         queue(0, li);
         b.synchronize(stream);
         std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
         b.copy_d2h(out.data(), c, out.size() * 2);
+        // The W8A8 column against the 4-bit weights it was requantized from, with a GPU's FP8
+        // tensor cores' allowance (tests/ops/fp8_gemm_test.cpp).
         const toolkit::SampledCheck check =
-            toolkit::sampled_check(a_rows, out, host[li], m, route, rng);
+            v.w8a8
+                ? toolkit::sampled_check_w8a8(a_rows, out, fp8_host[li].view(), m,
+                                              gpu ? 2 * toolkit::kFp8MmaTerm : 0.0, rng, &host[li])
+                : toolkit::sampled_check(a_rows, out, host[li], m, route, rng);
         cs.error = check.normalized;
         cs.passed = check.passed();
         if (!cs.passed) {
@@ -448,70 +494,31 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       }
       if (timed.empty()) continue;
 
-      // One timed call of layer li in copy r of the block (a graph of that one call with
-      // --graph).
-      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size() : rotation.size();
-      std::vector<std::vector<GraphHandle>> graphs(copies,
-                                                   std::vector<GraphHandle>(shape.layers.size()));
-      if (bench.graph) {
-        for (std::size_t r = 0; r < copies; ++r) {
-          for (std::size_t li : timed) {
-            b.begin_capture(stream);
-            queue(r, li);
-            graphs[r][li] = b.end_capture(stream);
-          }
-        }
-      }
-      auto once = [&](std::size_t r, std::size_t li) {
-        const auto t0 = Clock::now();
-        if (bench.graph) {
-          b.launch_graph(graphs[r][li], stream);
-        } else {
-          queue(r, li);
-        }
-        b.synchronize(stream);
-        return std::chrono::duration<double>(Clock::now() - t0).count();
-      };
-      // A turn calls every layer of every copy once. The first is a warm-up that also sizes the
-      // number of timed turns; each layer's time is the median of its calls.
-      const auto turn_start = Clock::now();
-      for (std::size_t r = 0; r < copies; ++r) {
-        for (std::size_t li : timed) once(r, li);
-      }
-      const double turn = std::chrono::duration<double>(Clock::now() - turn_start).count();
-      // Short turns are repeated for about a second, so one slow moment of a shared machine
-      // cannot decide a whole case.
-      const int turns =
-          turn > 1.0 ? 2
-                     : (turn > 0.2 ? 4
-                                   : std::clamp(static_cast<int>(std::ceil(1.0 / turn)),
-                                                bench.repeats, std::max(bench.repeats, 100)));
-      std::vector<std::vector<double>> t(shape.layers.size());
-      for (int i = 0; i < turns; ++i) {
-        for (std::size_t r = 0; r < copies; ++r) {
-          for (std::size_t li : timed) t[li].push_back(once(r, li));
-        }
-      }
-      if (bench.graph) {
-        for (auto& per_copy : graphs) {
-          for (std::size_t li : timed) b.destroy_graph(per_copy[li]);
-        }
-      }
+      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size()
+                                 : v.w8a8     ? rotation_fp8.size()
+                                              : rotation.size();
+      const auto t = time_in_turns(b, stream, copies, shape.layers.size(), timed, queue,
+                                   bench.graph, bench.repeats);
       for (std::size_t li : timed) {
         Case& cs = cases[case_of[li]];
-        cs.seconds = median(t[li]);
         // The weights' own bytes (the source layout's), whichever layout streamed them: the
         // decode layout's padding and scale table are overhead the kernel pays, not work. The
-        // baseline streams its BF16 weights.
+        // baseline streams its BF16 weights, the W8A8 column its E4M3 ones.
         const double weight_bytes =
             v.dense_bf16 ? static_cast<double>(cs.n * cs.k * 2)
+            : v.w8a8     ? static_cast<double>(rotation_fp8.front()[li]->weights().codes_bytes +
+                                           rotation_fp8.front()[li]->weights().scales_bytes)
                          : static_cast<double>(host[li].codes.size() + host[li].scales.size());
-        const double bytes = weight_bytes + static_cast<double>(m * cs.k * 2 + m * cs.n * 2);
-        cs.gbps = bytes / cs.seconds / 1e9;
-        cs.tflops = 2.0 * static_cast<double>(m * cs.n * cs.k) / cs.seconds / 1e12;
-        cs.pct_flops = roof.flops > 0 ? 100.0 * cs.tflops * 1e12 / roof.flops : 0;
+        set_rates(cs, median(t[li]), weight_bytes, roof.flops);
       }
     }
+  }
+  // The FP8 checkpoint layers, on the W8A8 op alone.
+  if (!fp8_layers.empty()) {
+    ok = bench_fp8_layers(scope, fp8_layers, ms,
+                          Fp8BenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
+                          rng, cases) &&
+         ok;
   }
   // The bandwidth is read again after the timing and the higher reading is the roof: on a shared
   // machine it drifts with other tenants, and a dip at the start must not flatter every case.
@@ -557,6 +564,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"TFLOPs", roof.flops / 1e12},
                          {"flops_of", roof.flops_of}}},
                        {"decode_layout_pack_s", pack_seconds},
+                       {"w8a8_requantize_s", requant_seconds},
                        {"live_bytes_after_teardown", probe.live_bytes()},
                        {"swept_after_teardown", td.swept},
                        {"passed", ok}};
@@ -603,8 +611,22 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     fmt::print("  decode layout for M <= {}: {} layer(s) repacked at upload in {:.1f} ms\n",
                decode_m, shape.layers.size(), pack_seconds * 1e3);
   }
+  if (!fp8_host.empty()) {
+    std::uint64_t fp8_bytes = 0, q4_bytes = 0;
+    for (std::size_t li = 0; li < fp8_host.size(); ++li) {
+      const ops::Fp8Weights& w = rotation_fp8.front()[li]->weights();
+      fp8_bytes += w.codes_bytes + w.scales_bytes;
+      q4_bytes += host[li].codes.size() + host[li].scales.size();
+    }
+    fmt::print(
+        "  w8a8 column: {} layer(s) requantized to 128x128-block E4M3 on the host in {:.1f} ms, "
+        "{:.1f} MB on the device ({:.2f}x the 4-bit weights)\n",
+        fp8_host.size(), requant_seconds * 1e3, static_cast<double>(fp8_bytes) / 1e6,
+        static_cast<double>(fp8_bytes) / static_cast<double>(q4_bytes));
+  }
   std::size_t width = 8;
   for (const Layer& l : shape.layers) width = std::max(width, l.name.size());
+  for (const Fp8Layer& l : fp8_layers) width = std::max(width, l.name.size());
   fmt::print("\n{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8} {:>6} {:>8} {:>6}  {}\n", "layer", width,
              "M", "N", "K", "route", "ms", "GB/s", "%bw", "TFLOP/s", "%peak", "check");
   for (const Case& cs : cases) {
