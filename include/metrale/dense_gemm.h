@@ -17,9 +17,12 @@ enum class DenseKind {
   // A [M, K] and B [N, K] BF16, row-major; exact BF16 products, FP32 accumulation.
   kBf16,
   // A [M, K] and B [N, K] E4M3, row-major; exact E4M3 products summed in FP32 per 128-K block,
-  // each block's sum multiplied by a_scales[kb * M + m] (one FP32 per row per 128 K, stored
-  // K-block-major: [ceil(K/128), M]) and b_scales[(n / 128) * ceil(K/128) + kb] (one FP32 per
-  // 128 x 128 block of B, row-major [ceil(N/128), ceil(K/128)]), then summed over blocks in FP32.
+  // each block's sum multiplied by a_scales[kb * lda + m] (one FP32 per row per 128 K, stored
+  // K-block-major: [ceil(K/128), lda], lda = dense_a_scales_ld(M) = round_up(M, 4)) and
+  // b_scales[(n / 128) * ldb + kb] (one FP32 per 128 x 128 block of B, row-major
+  // [ceil(N/128), ldb], ldb = dense_b_scales_ld(K) = round_up(ceil(K/128), 4)), then summed over
+  // blocks in FP32. The padded leading dimensions are what cuBLASLt reads; the padding entries
+  // (m >= M, kb >= ceil(K/128)) are never read and may hold anything.
   kE4m3Block128,
 };
 // "bf16", "e4m3-block128".
@@ -27,6 +30,22 @@ std::string_view to_string(DenseKind kind) noexcept;
 
 // The block edge of kE4m3Block128's scales.
 inline constexpr std::int64_t kDenseScaleBlock = 128;
+// The multiple kE4m3Block128's scale leading dimensions are rounded up to.
+inline constexpr std::int64_t kDenseScaleLdMultiple = 4;
+
+// ceil(v / 128): the 128-blocks of a dimension of v elements (0 <= v <= INT64_MAX - 127).
+constexpr std::int64_t dense_scale_blocks(std::int64_t v) noexcept {
+  return (v + kDenseScaleBlock - 1) / kDenseScaleBlock;
+}
+// lda of kE4m3Block128's a_scales for M rows: round_up(M, 4) (0 <= M <= INT64_MAX - 3).
+constexpr std::int64_t dense_a_scales_ld(std::int64_t m) noexcept {
+  return (m + kDenseScaleLdMultiple - 1) / kDenseScaleLdMultiple * kDenseScaleLdMultiple;
+}
+// ldb of kE4m3Block128's b_scales for K columns: round_up(ceil(K/128), 4) (0 <= K <= INT64_MAX -
+// 127).
+constexpr std::int64_t dense_b_scales_ld(std::int64_t k) noexcept {
+  return dense_a_scales_ld(dense_scale_blocks(k));
+}
 
 // One GEMM shape: C[M, N] = A[M, K] · B[N, K]ᵀ (+ bias[N], BF16, added in FP32 before rounding).
 struct DenseGemmShape {

@@ -82,11 +82,13 @@ DenseGemmBytes dense_gemm_bytes(std::string_view api, const DenseGemmShape& shap
   b.c = product(api, "C", m, n, 2);
   b.bias = shape.bias ? n * 2 : 0;
   if (e4m3) {
-    const auto blocks = [](std::uint64_t v) {
-      return (v + kDenseScaleBlock - 1) / static_cast<std::uint64_t>(kDenseScaleBlock);
-    };
-    b.a_scales = product(api, "A's scales", blocks(k), m, sizeof(float));
-    b.b_scales = product(api, "B's scales", blocks(n), blocks(k), sizeof(float));
+    // dense_gemm.h's padded leading dimensions, rounded here in 64 unsigned bits so that no M
+    // or K an int64 holds can wrap.
+    const std::uint64_t q = kDenseScaleBlock, r = kDenseScaleLdMultiple;
+    const auto blocks = [q](std::uint64_t v) { return (v + q - 1) / q; };
+    const auto round4 = [r](std::uint64_t v) { return (v + r - 1) / r * r; };
+    b.a_scales = product(api, "A's scales", blocks(k), round4(m), sizeof(float));
+    b.b_scales = product(api, "B's scales", blocks(n), round4(blocks(k)), sizeof(float));
   }
   return b;
 }

@@ -17,16 +17,15 @@ namespace {
 //   B_lt = our A: K x M column-major, ld K, op N;
 //   bias  = our bias[N], one per row of D (CUBLASLT_EPILOGUE_BIAS adds it per row of D).
 // Block scaling (e4m3-block128), each operand's scales as cuBLASLt reads them, inner dimension
-// K for both:
+// K for both, each with its leading dimension rounded up to a multiple of 4 (no attribute sets
+// it):
 //   A_lt (our B, the weights) BLK128x128_32F: one FP32 per 128 x 128 block, [outer blocks,
-//     inner blocks] with the inner (K) blocks fastest = our b_scales [ceil(N/128), ceil(K/128)]
-//     row-major. cuBLASLt takes that leading dimension rounded up to a multiple of 4, so the two
-//     agree only when ceil(K/128) % 4 == 0 (checked at plan).
-//   B_lt (our A, the activations) VEC128_32F: one FP32 per row per 128 K, outer-dimension (M)
-//     fastest = our a_scales [ceil(K/128), M]. cuBLASLt takes M rounded up to a multiple of 4,
-//     so the two agree only when M % 4 == 0 (checked at plan).
-// No scale is transposed or padded by us: a shape the layouts disagree on is refused.
-constexpr std::int64_t kScaleLdMultiple = 4;
+//     round_up(inner blocks, 4)] with the inner (K) blocks fastest = our b_scales
+//     [ceil(N/128), dense_b_scales_ld(K)].
+//   B_lt (our A, the activations) VEC128_32F: one FP32 per row per 128 K, outer dimension (M)
+//     fastest with ld round_up(M, 4) = our a_scales [ceil(K/128), dense_a_scales_ld(M)].
+// The contract's layouts are exactly these (dense_gemm.h), so every shape passes its scale
+// pointers through untouched.
 
 std::string shape_str(const DenseGemmShape& s) {
   return fmt::format("{} M={} N={} K={}{}", to_string(s.kind), s.m, s.n, s.k,
@@ -183,17 +182,6 @@ cublasLtHandle_t DenseGemms::handle_locked(std::string_view where) {
 
 DenseGemmPlan DenseGemms::plan(const DenseGemmShape& shape) {
   constexpr std::string_view where = "plan_dense_gemm";
-  if (shape.kind == DenseKind::kE4m3Block128) {
-    const std::int64_t k_blocks = (shape.k + kDenseScaleBlock - 1) / kDenseScaleBlock;
-    if (shape.m % kScaleLdMultiple != 0 || k_blocks % kScaleLdMultiple != 0) {
-      throw Error(ErrorCode::kInvalidArgument, where,
-                  fmt::format("the dense GEMM {}: cuBLASLt reads A's scales with M and B's scales "
-                              "with ceil(K/128) = {} rounded up to a multiple of {}, and the "
-                              "contract's scales are unpadded; M and ceil(K/128) must be "
-                              "multiples of {}",
-                              shape_str(shape), k_blocks, kScaleLdMultiple, kScaleLdMultiple));
-    }
-  }
   const Key key{static_cast<int>(shape.kind), shape.m, shape.n, shape.k, shape.bias};
   std::lock_guard lock(mu_);
   auto found = index_.find(key);

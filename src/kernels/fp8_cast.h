@@ -1,7 +1,8 @@
 // The activation cast of the W8A8 op (module "fp8", entry cast_e4m3_block128), shared by the
 // CPU and GPU kernels so both compute the same bytes: BF16 A [M, K] → E4M3 codes [M, K] and one
-// FP32 scale per row per 128 K, stored K-block-major [ceil(K/128), M] (the layout of
-// DenseKind::kE4m3Block128's a_scales). Plain data and __host__ __device__ rules only.
+// FP32 scale per row per 128 K, stored K-block-major [ceil(K/128), round_up(M, 4)] (the layout
+// of DenseKind::kE4m3Block128's a_scales; the padding columns m >= M are left unwritten). Plain
+// data and __host__ __device__ rules only.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,7 @@ namespace metrale {
 struct Fp8CastParams {
   std::uint64_t in = 0;      // BF16 [M, K]
   std::uint64_t codes = 0;   // E4M3 [M, K]
-  std::uint64_t scales = 0;  // FP32 [ceil(K/128), M]
+  std::uint64_t scales = 0;  // FP32 [ceil(K/128), scales_ld(M)]
   std::int64_t m = 0, k = 0;
 };
 
@@ -22,6 +23,12 @@ namespace fp8 {
 
 inline constexpr std::int64_t kCastBlock = 128;  // K elements per scale
 inline constexpr float kE4m3Max = 448.0f;        // E4M3's largest finite value
+
+// The scales' leading dimension for M rows: round_up(M, 4), dense_a_scales_ld's value (the op
+// asserts they agree), spelled here so the GPU kernel needs no host header.
+METRALE_HD constexpr std::int64_t scales_ld(std::int64_t m) {
+  return (m + 3) / 4 * 4;
+}
 
 // The larger of amax and |x|, NaN once either is NaN (so a NaN in a block poisons its scale).
 METRALE_HD float amax_step(float amax, float x) {

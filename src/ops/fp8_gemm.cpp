@@ -17,6 +17,11 @@ namespace {
 
 constexpr std::string_view kModule = "fp8";
 constexpr std::string_view kCast = "cast_e4m3_block128";
+// The cast writes the scales the dense GEMM reads: the same padded leading dimension.
+static_assert(fp8::scales_ld(1) == dense_a_scales_ld(1) &&
+              fp8::scales_ld(4) == dense_a_scales_ld(4) &&
+              fp8::scales_ld(5) == dense_a_scales_ld(5) &&
+              fp8::scales_ld(7) == dense_a_scales_ld(7));
 // The weights' shape, byte sizes and buffers.
 void check_weights(std::string_view api, const Fp8Weights& w) {
   const Fp8Weights need = describe_fp8_weights(api, w.n, w.k);
@@ -28,7 +33,7 @@ void check_weights(std::string_view api, const Fp8Weights& w) {
   if (w.scales_bytes != need.scales_bytes) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weight scales are {} bytes; E4M3 {}x{} needs {} (FP32 "
-                            "[ceil(N/128), ceil(K/128)])",
+                            "[ceil(N/128), round_up(ceil(K/128), 4)], the device layout)",
                             w.scales_bytes, w.n, w.k, need.scales_bytes));
   }
   check_pointer(api, "weight codes", w.codes);
@@ -86,8 +91,7 @@ Fp8GemmPlan plan_checked(std::string_view api, Backend& backend, const DenseGemm
                             backend.kernel_name(cast)));
   }
   const std::uint64_t tile = backend.kernel_n_tile(cast);
-  const auto kblocks =
-      static_cast<std::uint64_t>((shape.k + kDenseScaleBlock - 1) / kDenseScaleBlock);
+  const auto kblocks = static_cast<std::uint64_t>(dense_scale_blocks(shape.k));
   const std::uint64_t pairs = static_cast<std::uint64_t>(shape.m) * kblocks;
   const std::uint64_t blocks = (pairs + tile - 1) / tile;
   if (blocks > 0x7FFFFFFFu) {

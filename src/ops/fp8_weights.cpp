@@ -1,7 +1,10 @@
-// The W8A8 op's device weights: their sizes, and the one upload of host bytes into them.
+// The W8A8 op's device weights: their sizes, and the one upload of host bytes (the checkpoint's
+// scale layout) into them (the dense GEMM's padded scale layout).
 #include <fmt/format.h>
 
+#include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "metrale/error.h"
@@ -44,20 +47,34 @@ Fp8WeightsResource::Fp8WeightsResource(Backend& backend, std::span<const std::ui
     : label_(std::move(label)) {
   constexpr std::string_view api = "upload_fp8_weights";
   Fp8Weights w = describe_fp8_weights(api, n, k);
-  if (codes.size() != w.codes_bytes || scales.size() != w.scales_bytes) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("codes and scales are {} and {} bytes; E4M3 weights {}x{} need {} "
-                            "([N, K]) and {} (FP32 [ceil(N/128), ceil(K/128)])",
-                            codes.size(), scales.size(), n, k, w.codes_bytes, w.scales_bytes));
+  // The host scales are the checkpoint's [ceil(N/128), ceil(K/128)]; no bigger than the padded
+  // device scales describe_fp8_weights already counted, so this product cannot overflow.
+  const auto rows = static_cast<std::size_t>(dense_scale_blocks(n)),
+             cols = static_cast<std::size_t>(dense_scale_blocks(k)),
+             ld = static_cast<std::size_t>(dense_b_scales_ld(k));
+  const std::size_t host_scales = rows * cols * sizeof(float);
+  if (codes.size() != w.codes_bytes || scales.size() != host_scales) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("codes and scales are {} and {} bytes; E4M3 weights {}x{} need {} "
+                    "([N, K]) and {} (FP32 [ceil(N/128), ceil(K/128)] = [{}, {}])",
+                    codes.size(), scales.size(), n, k, w.codes_bytes, host_scales, rows, cols));
+  }
+  // The device rows are ld = round_up(ceil(K/128), 4) scales apart (dense_gemm.h); the pad
+  // entries are never read and are written 0 so the buffer's bytes are defined.
+  std::vector<std::uint8_t> padded(w.scales_bytes, 0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::memcpy(padded.data() + r * ld * sizeof(float), scales.data() + r * cols * sizeof(float),
+                cols * sizeof(float));
   }
   // Locals until everything succeeded, as WeightsResource does (the catch block never reads a
   // half-built object).
   const DevicePtr dc = alloc_weights(backend, codes.size(), loc);
   DevicePtr ds;
   try {
-    ds = alloc_weights(backend, scales.size(), loc);
+    ds = alloc_weights(backend, padded.size(), loc);
     backend.copy_h2d(dc, codes.data(), codes.size());
-    backend.copy_h2d(ds, scales.data(), scales.size());
+    backend.copy_h2d(ds, padded.data(), padded.size());
   } catch (...) {
     free_quietly(backend, dc);
     free_quietly(backend, ds);

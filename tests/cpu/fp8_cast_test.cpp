@@ -1,10 +1,10 @@
 // Module "fp8"'s activation cast on the CPU (cast_e4m3_block128, rules in kernels/fp8_cast.h):
 // launched as the W8A8 op launches it, over ragged K (a short tail block), with codes and scales
-// poisoned first (everything must be written). Each scale must be the block's amax / 448 in FP32
-// (1 for an all-zero block), each code the project's one E4M3 rounding of x / scale, and the
-// decoded code × scale within E4M3's half step of x: 2^-4 of |x| in the normal range, 2^-10 of
-// the scale in the subnormal one, plus the FP32 quotient's own rounding (2^-24 of |x|, which can
-// carry a value just past a tie).
+// poisoned first (everything must be written; the scales' padding columns, never). Each scale must
+// be the block's amax / 448 in FP32 (1 for an all-zero block), each code the project's one E4M3
+// rounding of x / scale, and the decoded code × scale within E4M3's half step of x: 2^-4 of |x| in
+// the normal range, 2^-10 of the scale in the subnormal one, plus the FP32 quotient's own rounding
+// (2^-24 of |x|, which can carry a value just past a tie).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,12 +32,13 @@ struct Cast {
 };
 
 Cast run_cast(CpuBackend& be, const std::vector<std::uint16_t>& a, std::int64_t m, std::int64_t k) {
-  const std::int64_t kb = (k + 127) / 128;
+  // Scales [ceil(K/128), round_up(M, 4)], the padding included in the poison.
+  const std::int64_t kb = (k + 127) / 128, lda = fp8::scales_ld(m);
   const DevicePtr in = be.alloc(a.size() * 2), codes = be.alloc(a.size()),
-                  scales = be.alloc(static_cast<std::size_t>(kb * m) * 4);
+                  scales = be.alloc(static_cast<std::size_t>(kb * lda) * 4);
   be.copy_h2d(in, a.data(), a.size() * 2);
   Cast out{std::vector<std::uint8_t>(a.size(), 0x7F),
-           std::vector<float>(static_cast<std::size_t>(kb * m),
+           std::vector<float>(static_cast<std::size_t>(kb * lda),
                               std::numeric_limits<float>::quiet_NaN())};
   be.copy_h2d(codes, out.codes.data(), out.codes.size());
   be.copy_h2d(scales, out.scales.data(), out.scales.size() * 4);
@@ -69,7 +70,14 @@ TEST(CpuFp8Cast, ScalesAndCodesFollowTheRules) {
       a[1] = 0x8000;
     }
     const Cast c = run_cast(be, a, m, k);
-    const std::int64_t kb = (k + 127) / 128;
+    const std::int64_t kb = (k + 127) / 128, lda = (m + 3) / 4 * 4;
+    ASSERT_EQ(fp8::scales_ld(m), lda);
+    for (std::int64_t b = 0; b < kb; ++b) {
+      for (std::int64_t i = m; i < lda; ++i) {
+        EXPECT_TRUE(std::isnan(c.scales[static_cast<std::size_t>(b * lda + i)]))
+            << "padding scale [" << b << ", " << i << "] was written";
+      }
+    }
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t b = 0; b < kb; ++b) {
         float amax = 0.0f;
@@ -77,7 +85,7 @@ TEST(CpuFp8Cast, ScalesAndCodesFollowTheRules) {
           amax =
               std::max(amax, std::fabs(num::bf16_to_f32(a[static_cast<std::size_t>(i * k + q)])));
         }
-        const float s = c.scales[static_cast<std::size_t>(b * m + i)];
+        const float s = c.scales[static_cast<std::size_t>(b * lda + i)];
         ASSERT_EQ(s, amax == 0.0f ? 1.0f : amax / 448.0f) << "scale of row " << i << " block " << b;
         for (std::int64_t q = b * 128; q < std::min(k, b * 128 + 128); ++q) {
           const auto at = static_cast<std::size_t>(i * k + q);
@@ -102,7 +110,7 @@ TEST(CpuFp8Cast, ABlockWithNanOrInfinityGivesNanCodes) {
   a[130] = 0x7F80;  // +inf in block 1
   const Cast c = run_cast(be, a, 1, 256);
   EXPECT_TRUE(std::isnan(c.scales[0]));
-  EXPECT_TRUE(std::isinf(c.scales[1]));
+  EXPECT_TRUE(std::isinf(c.scales[4]));  // block 1 of row 0: lda = round_up(1, 4) = 4
   for (const std::size_t i : {std::size_t{0}, std::size_t{3}, std::size_t{130}}) {
     EXPECT_TRUE(std::isnan(num::e4m3_to_f32(c.codes[i]))) << "code " << i;
   }

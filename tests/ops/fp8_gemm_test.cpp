@@ -1,8 +1,9 @@
 // The W8A8 op (ops/fp8_gemm.h) on the CPU backend, end to end: A (BF16) cast by module "fp8",
 // multiplied by E4M3 weights with 128 x 128 block scales in blas::gemm_e4m3_block128, against
-// float64 references, with C poisoned first; M = 1, 5, 128, 300, ragged N and K, with and
-// without a bias; the bad-input catalogue (nothing written on error); two streams; a backend
-// without the dense kind.
+// float64 references, with C poisoned first; M = 1, 3, 4, 5, 128, 300 (M and ceil(K/128) off and
+// on multiples of 4: padded and unpadded scale layouts), ragged N and K, with and without a bias;
+// the bad-input catalogue (nothing written on error); two streams; a backend without the dense
+// kind.
 //
 // THE BOUNDS (per element, deterministic). Let Wd be the dequantized weights (exact in the
 // reference), a the BF16 activations, a8 = e4m3(a / s)·s their cast with s the block's scale.
@@ -159,7 +160,8 @@ TEST_P(W8a8Numerics, MatchesTheFloat64References) {
   const double mma = GetParam() == "cpu" ? 0.0 : 2 * toolkit::kFp8MmaTerm;
   for (const Problem s :
        {Problem{1, 300, 200, false}, Problem{1, 64, 128, true}, Problem{5, 129, 300, true},
-        Problem{128, 200, 257, false}, Problem{300, 130, 130, true}}) {
+        Problem{128, 200, 257, false}, Problem{300, 130, 130, true}, Problem{3, 70, 700, false},
+        Problem{4, 64, 512, true}}) {
     check_problem(b(), s, /*one_call=*/true, stream(), mma);
     check_problem(b(), s, /*one_call=*/false, stream(), mma);
   }
@@ -213,8 +215,8 @@ TEST(W8a8Gemm, RefusesBadInputsAndWritesNothing) {
         [&be, pa, pm, pw, pc, pb] { ops::w8a8_gemm(be, be.default_stream(), pa, pm, pw, pc, pb); };
   };
   ops::Fp8Weights x = w;
-  x.scales_bytes -= 4;
-  refuse(gemm(a, m, x, c), "weight scales are 12 bytes; E4M3 130x200 needs 16");
+  x.scales_bytes -= 4;  // the device layout: 2 N blocks x round_up(2 K blocks, 4) FP32
+  refuse(gemm(a, m, x, c), "weight scales are 28 bytes; E4M3 130x200 needs 32");
   x = w;
   x.codes_bytes += 1;
   refuse(gemm(a, m, x, c), "weight codes are 26001 bytes");
@@ -270,7 +272,39 @@ TEST(W8a8Gemm, UploadChecksTheHostBytes) {
       expect_error([&] { (void)ops::upload_fp8_weights(be, hw.codes, scales, 3, 300); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("11 bytes"), std::string::npos) << e.what();
+  // The padded device size is not the host layout: refused, naming the call and both sizes.
+  const std::vector<std::uint8_t> padded(16);
+  const Error p =
+      expect_error([&] { (void)ops::upload_fp8_weights(be, hw.codes, padded, 3, 300); });
+  EXPECT_EQ(p.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(p.what()).find("[upload_fp8_weights]"), std::string::npos) << p.what();
+  EXPECT_NE(std::string(p.what()).find("codes and scales are 900 and 16 bytes"), std::string::npos)
+      << p.what();
+  EXPECT_NE(std::string(p.what()).find("need 900 ([N, K]) and 12 (FP32"), std::string::npos)
+      << p.what();
   EXPECT_EQ(be.live_bytes(), 0u);
+}
+
+TEST(W8a8Gemm, UploadRepacksTheCheckpointScalesIntoTheDeviceLayout) {
+  CpuBackend be;
+  // N = 300, K = 300: host [3, 3] scales; device [3, round_up(3, 4) = 4], the pad written 0.
+  const f8::HostFp8Weights hw = f8::random_weights(300, 300, rng());
+  ASSERT_EQ(hw.scales.size(), 9u);
+  ops::Fp8Weights w = ops::upload_fp8_weights(be, hw.codes, hw.scale_bytes(), 300, 300);
+  EXPECT_EQ(w.scales_bytes, 3u * 4u * 4u);
+  EXPECT_EQ(w.scales_bytes, ops::describe_fp8_weights("test", 300, 300).scales_bytes);
+  std::vector<float> device(w.scales_bytes / 4);
+  be.copy_d2h(device.data(), w.scales, w.scales_bytes);
+  for (std::size_t r = 0; r < 3; ++r) {
+    for (std::size_t c = 0; c < 4; ++c) {
+      EXPECT_EQ(device[r * 4 + c], c < 3 ? hw.scales[r * 3 + c] : 0.0f)
+          << "device scale [" << r << ", " << c << "]";
+    }
+  }
+  std::vector<std::uint8_t> codes(w.codes_bytes);
+  be.copy_d2h(codes.data(), w.codes, w.codes_bytes);
+  EXPECT_EQ(codes, hw.codes);
+  ops::free_fp8_weights(be, w);
 }
 
 TEST(W8a8Gemm, ABackendWithoutTheDenseKindIsUnavailable) {

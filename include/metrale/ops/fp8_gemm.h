@@ -19,28 +19,35 @@
 
 namespace metrale::ops {
 
-// Device-resident E4M3 weights W[N, K]: codes row-major [N, K] (float8_e4m3fn bytes) and FP32
-// scales row-major [ceil(N/128), ceil(K/128)], W[n, k] = e4m3(codes[n, k]) · scales[n/128, k/128]
-// (the DeepSeek-V3 / Qwen FP8 checkpoint layout: `weight` and `weight_scale_inv`).
+// Device-resident E4M3 weights W[N, K], W[n, k] = e4m3(codes[n, k]) · scale(n/128, k/128).
+// Two scale layouts:
+//  - host (what upload_fp8_weights and Fp8WeightsResource take): FP32 row-major
+//    [ceil(N/128), ceil(K/128)], the DeepSeek-V3 / Qwen FP8 checkpoint's `weight_scale_inv`;
+//  - device (scales below): FP32 [ceil(N/128), ldb], ldb = dense_b_scales_ld(K) =
+//    round_up(ceil(K/128), 4), scale(nb, kb) at nb·ldb + kb: the dense GEMM's b_scales, what
+//    cuBLASLt reads. The pad entries are never read (the upload writes 0 there).
+// codes are row-major [N, K] (float8_e4m3fn bytes, the checkpoint's `weight`) in both.
 struct Fp8Weights {
   std::int64_t n = 0, k = 0;
   DevicePtr codes;   // codes_bytes bytes
-  DevicePtr scales;  // scales_bytes bytes
+  DevicePtr scales;  // scales_bytes bytes, the device layout
   std::size_t codes_bytes = 0;
   std::size_t scales_bytes = 0;
 };
 
-// The byte sizes of N x K weights' codes (N·K) and scales (4·ceil(N/128)·ceil(K/128)), with no
-// buffers; Error(kInvalidArgument) naming api for N or K below 1 or sizes 64 bits cannot count.
+// The byte sizes of N x K weights' codes (N·K) and device scales
+// (4·ceil(N/128)·round_up(ceil(K/128), 4)), with no buffers; Error(kInvalidArgument) naming api
+// for N or K below 1 or sizes 64 bits cannot count.
 Fp8Weights describe_fp8_weights(std::string_view api, std::int64_t n, std::int64_t k);
 
 // Host bytes of E4M3 weights uploaded to a backend (both buffers from alloc_weights, as
 // WeightsResource), owned as a model resource; release() frees them once.
 class Fp8WeightsResource final : public ModelResource {
  public:
-  // Checks that codes and scales have the sizes describe_fp8_weights gives (scales: FP32 in the
-  // host's byte order), allocates and fills both buffers (the ledger names loc); on any failure
-  // frees what it allocated and throws.
+  // Checks that codes are describe_fp8_weights' codes_bytes and scales exactly
+  // 4·ceil(N/128)·ceil(K/128) bytes (the host layout: FP32 in the host's byte order), allocates
+  // both buffers (the ledger names loc), copies the codes and the scales repacked into the
+  // device layout; on any failure frees what it allocated and throws.
   Fp8WeightsResource(Backend& backend, std::span<const std::uint8_t> codes,
                      std::span<const std::uint8_t> scales, std::int64_t n, std::int64_t k,
                      std::string label = "fp8 weights",
@@ -72,7 +79,7 @@ struct Fp8GemmOptions {
 // Scratch of one W8A8 GEMM, in bytes.
 struct Fp8WorkspaceBytes {
   std::uint64_t a_codes = 0;   // the cast A: E4M3 [M, K]
-  std::uint64_t a_scales = 0;  // its scales: FP32 [ceil(K/128), M]
+  std::uint64_t a_scales = 0;  // its scales: FP32 [ceil(K/128), round_up(M, 4)]
   std::uint64_t dense = 0;     // the dense GEMM's own (DenseGemmPlan::workspace_bytes)
   // All parts end to end, each on a 256-byte boundary (Fp8Workspace::carve).
   std::uint64_t total() const noexcept;

@@ -49,7 +49,9 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
   auto* c = reinterpret_cast<std::uint16_t*>(p.c);
   const auto& lut = e4m3_table();
   const auto k = static_cast<std::size_t>(p.k), cols = static_cast<std::size_t>(n1 - n0);
-  const std::int64_t kblocks = (p.k + kDenseScaleBlock - 1) / kDenseScaleBlock;
+  const std::int64_t kblocks = dense_scale_blocks(p.k);
+  // The scales' padded leading dimensions (dense_gemm.h), as cuBLASLt reads them.
+  const std::int64_t lda = dense_a_scales_ld(p.m), ldb = dense_b_scales_ld(p.k);
   // The block's rows of B widened once, then each row of A.
   std::vector<float> bw(cols * k), aw(k);
   for (std::size_t i = 0; i < cols * k; ++i) bw[i] = lut[b[static_cast<std::size_t>(n0) * k + i]];
@@ -57,14 +59,14 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
     for (std::size_t i = 0; i < k; ++i) aw[i] = lut[a[static_cast<std::size_t>(m) * k + i]];
     for (std::size_t j = 0; j < cols; ++j) {
       const std::int64_t n = n0 + static_cast<std::int64_t>(j);
-      const float* sbrow = sb + (n / kDenseScaleBlock) * kblocks;
+      const float* sbrow = sb + (n / kDenseScaleBlock) * ldb;
       float v = 0.0f;
       for (std::int64_t kb = 0; kb < kblocks; ++kb) {
         const std::int64_t k0 = kb * kDenseScaleBlock;
         const std::int64_t len = std::min<std::int64_t>(kDenseScaleBlock, p.k - k0);
         const float block =
             dot(aw.data() + k0, bw.data() + j * k + static_cast<std::size_t>(k0), len);
-        v += block * sa[kb * p.m + m] * sbrow[kb];
+        v += block * sa[kb * lda + m] * sbrow[kb];
       }
       if (bias != nullptr) v += num::bf16_to_f32(bias[n]);
       c[static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n)] =

@@ -24,7 +24,7 @@ void cast_e4m3_block128(const Fp8CastParams& p, std::int64_t i0, std::int64_t i1
       const auto at = row + static_cast<std::size_t>(q);
       codes[at] = f::encode(num::bf16_to_f32(in[at]), s);
     }
-    scales[kb * p.m + m] = s;
+    scales[kb * f::scales_ld(p.m) + m] = s;
   }
 }
 

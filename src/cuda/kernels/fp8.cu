@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastP
     const std::int64_t q = k0 + lane + 32 * j;
     if (q < p.k) codes[q] = f::encode(x[j], s);
   }
-  if (lane == 0) reinterpret_cast<float*>(p.scales)[kb * p.m + m] = s;
+  if (lane == 0) reinterpret_cast<float*>(p.scales)[kb * f::scales_ld(p.m) + m] = s;
 }
 
 }  // extern "C"
