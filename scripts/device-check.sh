@@ -98,9 +98,11 @@ fi
 # in the same run.
 step bench-gemm-gpu 150 "$build/bench/bench_gemm_gpu" --quick --json "$out/gemm.jsonl"
 step check-cuda 30 "$build/metrale" check --backend cuda
-# Every route side by side with cuBLASLt BF16 (--compare-routes is the default on a GPU): the
-# measured crossovers for docs/PERF.md's table.
-step bench-70b 120 "$build/metrale" bench --backend cuda --model llama3-70b --m 1,16,256,4096
+# Every route side by side with cuBLASLt BF16 (--compare-routes is the default on a GPU), the
+# W8A8 column included (--allow-e4m3): the measured crossovers for docs/PERF.md's table, as JSON
+# for the summary (gpu_summary.py prints the ratios).
+step bench-70b 150 sh -c "'$build/metrale' bench --backend cuda --model llama3-70b \
+  --m 1,16,256,4096 --allow-e4m3 --json > '$out/bench70b.json'"
 # torch's peers on the same shapes (a line saying why where torch is absent).
 step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the
@@ -133,7 +135,7 @@ skipped=$(grep -m1 -oP '^\[  SKIPPED \] \K\d+(?= tests?,)' "$out/gpu-tests.log" 
 echo "gpu tests skipped: ${skipped:-0} (a skip means no usable GPU: see $out/gpu-tests.log)"
 grep -h "^soak gpu" "$out/gpu-soak.log" 2>/dev/null ||
   echo "gpu soak: no figures (skipped or failed: see $out/gpu-soak.log)"
-python3 scripts/gpu_summary.py "$out/gemm.jsonl" "$out/peers.jsonl" 2>&1 || true
+python3 scripts/gpu_summary.py "$out/gemm.jsonl" "$out/peers.jsonl" "$out/bench70b.json" 2>&1 || true
 } 2>&1 | tee /tmp/device-check-summary.txt
 tar czf /tmp/device-check.tgz -C "$out" . && rm -rf "${out:?}"/* &&
   mv /tmp/device-check.tgz "$out/" && cp /tmp/device-check-summary.txt "$out/summary.txt"

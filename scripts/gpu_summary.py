@@ -2,12 +2,14 @@
 """The GEMM goals of issue 5, from one device-check run: bench_gemm_gpu's JSON lines (ours, with
 the copy bandwidth and cuBLASLt measured in the same run) and bench/gemm_peers.py's (torch).
 
-usage: gpu_summary.py OURS.jsonl [PEERS.jsonl]
+usage: gpu_summary.py OURS.jsonl [PEERS.jsonl [BENCH.json]]
 Prints a short table: decode share of the copy bandwidth (on the source layout, "decode", and on
 the decode layout, "decode-dl", with the second's speed-up over the first case by case), M = 1 on
 8192 x 28672 against torch's BF16 matmul, M = 4096 against cuBLASLt BF16, and every peer as a
 ratio (peer time / our time, so above 1 means we are faster; decode cases against decode-dl where
-it ran).
+it ran). BENCH.json, `metrale bench --json` of the 70B block with every route side by side: each
+route's speed against the dense BF16 baseline of the same run, per M, with the goals of issue 16
+(w8a8 >= 1.3x, fused >= 1.0x, dequant >= 0.9x at M = 4096).
 """
 import json
 import sys
@@ -27,6 +29,7 @@ def load(path):
 
 
 def main():
+    bench_ok = side_by_side(sys.argv[3]) if len(sys.argv) > 3 else True
     ours = [r for r in load(sys.argv[1]) if r.get("ok")]
     peers = load(sys.argv[2]) if len(sys.argv) > 2 else []
     wrong = [r for r in load(sys.argv[1]) if r.get("ok") is False]
@@ -94,7 +97,38 @@ def main():
     if wrong:
         print(f"WRONG RESULTS: {len(wrong)} case(s), e.g. {wrong[0]}")
         return 1
-    return 0
+    return 0 if bench_ok else 1
+
+
+def side_by_side(path):
+    """Each route's speed against the BF16 baseline, from metrale bench --json; False on a wrong
+    result or an unreadable file."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"bench: cannot read {path}: {e}")
+        return False
+    rows = doc.get("routes", []) + doc.get("layers", [])
+    base = {(r["layer"], r["M"]): r["ms"] for r in rows if r["variant"] == "bf16" and r["ms"] > 0}
+    goals = {"w8a8": ">= 1.3x", "fused": ">= 1.0x", "dequant": ">= 0.9x"}
+    by_variant = {}
+    for r in rows:
+        key = (r["layer"], r["M"])
+        if r["variant"] != "bf16" and r["ms"] > 0 and key in base:
+            by_variant.setdefault(r["variant"], {}).setdefault(r["M"], []).append(base[key] / r["ms"])
+    for variant, by_m in sorted(by_variant.items()):
+        cells = ", ".join(f"M={m}: {min(v):.2f}-{max(v):.2f}x" for m, v in sorted(by_m.items()))
+        goal = f" (goal at M=4096 {goals[variant]})" if variant in goals else ""
+        print(f"bench 70b {variant} vs cuBLASLt BF16: {cells}{goal}")
+    for why in doc.get("routes_skipped", []):
+        if why.startswith("w8a8"):
+            print(f"bench 70b: {why}")
+            break
+    if not doc.get("passed", False):
+        print("bench 70b: a check FAILED (see the bench-70b log)")
+        return False
+    return True
 
 
 if __name__ == "__main__":
