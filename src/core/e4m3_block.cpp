@@ -32,10 +32,13 @@ void check_shape(std::string_view api, std::string_view rows, std::int64_t n, st
   }
 }
 
+// `how` names the rule with two {} for x and y; formatted only on failure, so the per-element
+// accessors that check their view cost no string work.
 void check_size(std::string_view api, std::string_view what, std::size_t got, std::int64_t want,
-                std::string_view how) {
+                std::string_view how, std::int64_t x, std::int64_t y) {
   if (got != static_cast<std::size_t>(want)) {
-    fail(api, fmt::format("{} has {} elements, but {} needs {}", what, got, how, want));
+    fail(api, fmt::format("{} has {} elements, but {} needs {}", what, got,
+                          fmt::format(fmt::runtime(how), x, y), want));
   }
 }
 
@@ -84,9 +87,9 @@ void quantize_blocks(std::int64_t n, std::int64_t k, Value value, std::span<std:
 
 void check_weight_outputs(std::string_view api, std::int64_t n, std::int64_t k,
                           std::span<std::uint8_t> codes, std::span<float> scales) {
-  check_size(api, "codes", codes.size(), n * k, fmt::format("n * k = {} * {}", n, k));
+  check_size(api, "codes", codes.size(), n * k, "n * k = {} * {}", n, k);
   check_size(api, "scales", scales.size(), e4m3_blocks(n) * e4m3_blocks(k),
-             fmt::format("ceil(n / 128) * ceil(k / 128) for n = {}, k = {}", n, k));
+             "ceil(n / 128) * ceil(k / 128) for n = {}, k = {}", n, k);
 }
 
 HostE4m3BlockWeights sized_weights(std::int64_t n, std::int64_t k) {
@@ -100,9 +103,9 @@ HostE4m3BlockWeights sized_weights(std::int64_t n, std::int64_t k) {
 
 void check_view(std::string_view api, const E4m3BlockWeightsView& w) {
   check_shape(api, "n", w.n, w.k);
-  check_size(api, "codes", w.codes.size(), w.n * w.k, fmt::format("n * k = {} * {}", w.n, w.k));
+  check_size(api, "codes", w.codes.size(), w.n * w.k, "n * k = {} * {}", w.n, w.k);
   check_size(api, "scales", w.scales.size(), e4m3_blocks(w.n) * e4m3_blocks(w.k),
-             fmt::format("ceil(n / 128) * ceil(k / 128) for n = {}, k = {}", w.n, w.k));
+             "ceil(n / 128) * ceil(k / 128) for n = {}, k = {}", w.n, w.k);
 }
 
 double view_weight(const E4m3BlockWeightsView& w, std::int64_t row, std::int64_t col) {
@@ -140,7 +143,7 @@ void quantize_e4m3_block128(std::span<const float> w, std::int64_t n, std::int64
                             std::span<std::uint8_t> codes, std::span<float> scales) {
   constexpr std::string_view kApi = "quantize_e4m3_block128";
   check_shape(kApi, "n", n, k);
-  check_size(kApi, "w", w.size(), n * k, fmt::format("n * k = {} * {}", n, k));
+  check_size(kApi, "w", w.size(), n * k, "n * k = {} * {}", n, k);
   check_weight_outputs(kApi, n, k, codes, scales);
   for (std::size_t i = 0; i < w.size(); ++i) {
     if (!std::isfinite(w[i])) {
@@ -168,7 +171,7 @@ HostE4m3BlockWeights quantize_e4m3_block128_bf16(std::span<const std::uint16_t> 
                                                  std::int64_t k) {
   constexpr std::string_view kApi = "quantize_e4m3_block128_bf16";
   check_shape(kApi, "n", n, k);
-  check_size(kApi, "w", w.size(), n * k, fmt::format("n * k = {} * {}", n, k));
+  check_size(kApi, "w", w.size(), n * k, "n * k = {} * {}", n, k);
   std::vector<float> f(w.size());
   for (std::size_t i = 0; i < w.size(); ++i) {
     f[i] = num::bf16_to_f32(w[i]);
@@ -262,11 +265,10 @@ void quantize_e4m3_activations(std::span<const std::uint16_t> a, std::int64_t m,
                                std::span<std::uint8_t> codes, std::span<float> scales) {
   constexpr std::string_view kApi = "quantize_e4m3_activations";
   check_shape(kApi, "m", m, k);
-  check_size(kApi, "a", a.size(), m * k, fmt::format("m * k = {} * {}", m, k));
-  check_size(kApi, "codes", codes.size(), m * k, fmt::format("m * k = {} * {}", m, k));
+  check_size(kApi, "a", a.size(), m * k, "m * k = {} * {}", m, k);
+  check_size(kApi, "codes", codes.size(), m * k, "m * k = {} * {}", m, k);
   const std::int64_t kb = e4m3_blocks(k);
-  check_size(kApi, "scales", scales.size(), kb * m,
-             fmt::format("ceil(k / 128) * m for m = {}, k = {}", m, k));
+  check_size(kApi, "scales", scales.size(), kb * m, "ceil(k / 128) * m for m = {}, k = {}", m, k);
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (const float v = num::bf16_to_f32(a[i]); !std::isfinite(v)) {
       const auto idx = static_cast<std::int64_t>(i);

@@ -320,6 +320,10 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
         c.run(bias ? "w8a8 e4m3-block128 +bias" : "w8a8 e4m3-block128",
               [&] { return check_w8a8(scope, c.rng(), bias); });
       }
+      for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+        c.run(fmt::format("w8a8 requantized {}", to_string(format)),
+              [&] { return check_w8a8_requantized(scope, c.rng(), format); });
+      }
     }
     rows = c.rows();
     plant_leak_for_tests(scope.backend());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "metrale/backend.h"
@@ -13,6 +14,10 @@
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/fp8_requant.h"
+#include "metrale/quant.h"
+#include "toolkit/gemm_tolerance.h"
+#include "toolkit/w8a8_reference.h"
 
 namespace metrale::cli {
 namespace {
@@ -24,6 +29,12 @@ std::int64_t blocks(std::int64_t v) {
 // The block scale rule of the op's cast, restated: amax / 448, 1 for an all-zero block.
 float scale_of(float amax) {
   return amax == 0.0f ? 1.0f : amax / 448.0f;
+}
+
+// A GPU's FP8 tensor cores: the numerics suite's allowance per unit of S8
+// (tests/ops/fp8_gemm_test.cpp); the CPU reference accumulates in FP32.
+double mma_term(const Backend& b) {
+  return b.name() == "cpu" ? 0.0 : 2 * toolkit::kFp8MmaTerm;
 }
 
 }  // namespace
@@ -93,7 +104,8 @@ std::string check_w8a8(ModelScope& scope, std::mt19937_64& rng, bool bias) {
       }
     }
   }
-  const double gamma = static_cast<double>(k + 2 * blocks(k) + 8) * std::ldexp(1.0, -23);
+  const double gamma =
+      static_cast<double>(k + 2 * blocks(k) + 8) * std::ldexp(1.0, -23) + mma_term(b);
   const double u8 = std::ldexp(1.0, -8);
   double worst = 0, err2 = 0, ref2 = 0;
   for (std::int64_t i = 0; i < m; ++i) {
@@ -123,6 +135,65 @@ std::string check_w8a8(ModelScope& scope, std::mt19937_64& rng, bool bias) {
   }
   return fmt::format("normalized error {:.3g}, worst element at {:.2f} of its bound; plan {}",
                      ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0, worst, plan.describe());
+}
+
+std::string check_w8a8_requantized(ModelScope& scope, std::mt19937_64& rng, WeightFormat format) {
+  Backend& b = scope.backend();
+  const std::int64_t group = group_size(format);
+  std::uniform_int_distribution<std::int64_t> pick_m(1, 64), pick_n(1, 200), pick_g(1, 512 / group);
+  const std::int64_t m = pick_m(rng), n = pick_n(rng), k = pick_g(rng) * group;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> wf(static_cast<std::size_t>(n * k));
+  for (float& x : wf) x = normal(rng);
+  const HostQuantWeights hw =
+      format == WeightFormat::kNvfp4 ? quantize_nvfp4(wf, n, k) : quantize_mxfp4(wf, n, k);
+  const HostE4m3BlockWeights wq = requantize_e4m3_block128(hw);
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
+  for (auto& x : a) x = num::f32_to_bf16(normal(rng));
+
+  ops::Fp8Weights w = ops::upload_requantized_fp8_weights(b, hw);
+  const DevicePtr da = scope.alloc_buffer("w8a8 A", a.size() * 2);
+  const DevicePtr dc = scope.alloc_buffer("w8a8 C", static_cast<std::size_t>(m * n) * 2);
+  b.copy_h2d(da, a.data(), a.size() * 2);
+  b.memset(dc, 0xFF, static_cast<std::size_t>(m * n) * 2);  // NaN: an unwritten element fails
+  const ops::Fp8GemmPlan plan = ops::plan(b, m, w, {});
+  ops::run(plan, b.default_stream(), da, w, dc, ops::scratch_workspace(plan, b.default_stream()));
+  std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
+  b.copy_d2h(c.data(), dc, c.size() * 2);
+  ops::free_fp8_weights(b, w);
+
+  // Every element around the float64 product with the 4-bit weights (toolkit/w8a8_reference.h),
+  // and the norm against what the op computes (A and W as cast).
+  double worst = 0, err2 = 0, ref2 = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::span<const std::uint16_t> row(a.data() + i * k, static_cast<std::size_t>(k));
+    const toolkit::CastRow a8 = toolkit::cast_row(row);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const toolkit::W8a8Element ref =
+          toolkit::w8a8_reference_element(a8, row, wq.view(), j, 0.0, mma_term(b), &hw);
+      const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * n + j)]);
+      const double ratio = std::fabs(got - ref.value) / ref.bound;
+      if (!(ratio <= 1.0)) {
+        throw Error(ErrorCode::kInternal, "check",
+                    fmt::format("M={} N={} K={}: C[{}, {}] = {}, reference {} (bound {:.3g})", m, n,
+                                k, i, j, got, ref.value, ref.bound));
+      }
+      worst = std::max(worst, ratio);
+      err2 += (got - ref.aware) * (got - ref.aware);
+      ref2 += ref.aware * ref.aware;
+    }
+  }
+  const double norm = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+  if (!(norm <= toolkit::kNormTol)) {
+    throw Error(ErrorCode::kInternal, "check",
+                fmt::format("M={} N={} K={}: normalized error {:.3g} against the cast operands "
+                            "(tolerance {:.1g})",
+                            m, n, k, norm, toolkit::kNormTol));
+  }
+  return fmt::format(
+      "normalized error {:.3g} (cast operands), worst element at {:.2f} of its bound (4-bit "
+      "weights); plan {}",
+      norm, worst, plan.describe());
 }
 
 }  // namespace metrale::cli

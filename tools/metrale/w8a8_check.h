@@ -6,6 +6,7 @@
 #include <string>
 
 #include "metrale/model_scope.h"
+#include "metrale/quant.h"
 
 namespace metrale::cli {
 
@@ -17,5 +18,11 @@ bool has_w8a8(ModelScope& scope);
 // product of A cast as the op casts it and the dequantized weights (tests/ops/fp8_gemm_test.cpp
 // derives it). Returns the row's detail; throws Error naming the worst element otherwise.
 std::string check_w8a8(ModelScope& scope, std::mt19937_64& rng, bool bias);
+
+// One w8a8_gemm on random 4-bit weights of format requantized at upload (ops/fp8_requant.h),
+// C poisoned, every element held to toolkit/w8a8_reference.h's bound around the float64
+// product with the 4-bit weights and the norm against the cast operands to kNormTol. Returns
+// the row's detail; throws Error naming the worst element otherwise.
+std::string check_w8a8_requantized(ModelScope& scope, std::mt19937_64& rng, WeightFormat format);
 
 }  // namespace metrale::cli
