@@ -26,6 +26,9 @@ namespace metrale {
 
 class OpCache;
 struct ResolvedKernel;
+namespace trace {
+class LaunchTracer;  // the launch trace (METRALE_TRACE), internal
+}
 
 // One kernel lookup as the audit saw it.
 struct KernelLookup {
@@ -169,6 +172,20 @@ class Backend {
   // Done or not ready; a device error throws.
   virtual EventStatus event_query(EventHandle event) = 0;
 
+  // ---- event timing and the launch trace ----
+  // A new event that keeps the time it is reached (create_event's do not: on CUDA timing costs
+  // the record a timestamp); destroy it with destroy_event.
+  virtual EventHandle create_timing_event() = 0;
+  // Milliseconds between the moments the streams reached two recorded timing events (negative
+  // when end came first). Error "[event_elapsed_ms] ..." of kInvalidArgument for an event that
+  // is not live on this backend, was made by create_event, or was never recorded; of kState
+  // while one's work is still running (synchronize first).
+  virtual double event_elapsed_ms(EventHandle start, EventHandle end) = 0;
+  // Writes the launch trace file (METRALE_TRACE=path: every launch as Chrome trace JSON,
+  // docs/TRACING.md) now, waiting for launches still running; the destructor does it too.
+  // No-op when tracing is off; never throws (a failed write is a warning).
+  void flush_trace() noexcept;
+
   // ---- graphs ----
   // Starts recording work queued on stream instead of running it (relaxed mode).
   virtual void begin_capture(StreamHandle stream) = 0;
@@ -271,6 +288,11 @@ class Backend {
   virtual std::string describe_unknown_pointer(DevicePtr ptr) const;
   // The ledger, for subclasses that sweep in their destructor.
   AllocationLedger& ledger() noexcept { return *ledger_; }
+  // The launch tracer, or null when tracing is off (METRALE_TRACE unset or unwritable).
+  trace::LaunchTracer* tracer() const noexcept { return tracer_.get(); }
+  // Hands the tracer every traced launch whose time is still pending (CUDA: event pairs),
+  // waiting for them; flush_trace calls it. Optional: default does nothing.
+  virtual void drain_trace() {}
 
  private:
   DevicePtr allocate(std::string_view api, std::size_t bytes, MemoryKind kind, CallSite site);
@@ -281,6 +303,7 @@ class Backend {
   mutable std::mutex audit_mu_;
   std::vector<KernelLookup> audit_;
   std::atomic<bool> debug_sync_;
+  std::unique_ptr<trace::LaunchTracer> tracer_;
 };
 
 }  // namespace metrale

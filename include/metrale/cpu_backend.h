@@ -106,6 +106,9 @@ class CpuBackend final : public Backend {
   void wait_event(StreamHandle stream, EventHandle event) override;
   void event_synchronize(EventHandle event) override;
   EventStatus event_query(EventHandle event) override;
+  EventHandle create_timing_event() override;
+  // The host clock's time between the moments the stream reached each record.
+  double event_elapsed_ms(EventHandle start, EventHandle end) override;
 
   void begin_capture(StreamHandle stream) override;
   GraphHandle end_capture(StreamHandle stream) override;

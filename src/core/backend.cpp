@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/launch_trace.h"
 #include "core/log.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -27,9 +28,22 @@ bool env_flag(const char* name) {
 
 Backend::Backend()
     : ledger_(std::make_shared<AllocationLedger>()),
-      debug_sync_(env_flag("METRALE_DEBUG_SYNC_KERNELS")) {}
+      debug_sync_(env_flag("METRALE_DEBUG_SYNC_KERNELS")),
+      tracer_(trace::LaunchTracer::from_env()) {}
 
+// The tracer's destructor writes the file; a subclass drains its pending launches before.
 Backend::~Backend() = default;
+
+void Backend::flush_trace() noexcept {
+  if (!tracer_) return;
+  try {
+    drain_trace();
+  } catch (const std::exception& e) {
+    log::warn("METRALE_TRACE={}: collecting the pending launches failed: {}", tracer_->path(),
+              e.what());
+  }
+  tracer_->flush();
+}
 
 DevicePtr Backend::alloc(std::size_t bytes, std::source_location loc) {
   return allocate("alloc", bytes, MemoryKind::kDevice, CallSite::from(loc));

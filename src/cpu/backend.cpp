@@ -278,6 +278,15 @@ EventHandle CpuBackend::create_event() {
   return impl_->streams.create_event();
 }
 
+EventHandle CpuBackend::create_timing_event() {
+  impl_->faults.point("create_timing_event");
+  return impl_->streams.create_event(true);
+}
+
+double CpuBackend::event_elapsed_ms(EventHandle start, EventHandle end) {
+  return impl_->streams.elapsed_ms(start, end);
+}
+
 void CpuBackend::destroy_event(EventHandle event) {
   impl_->streams.destroy_event(event);
 }
@@ -285,8 +294,9 @@ void CpuBackend::destroy_event(EventHandle event) {
 void CpuBackend::record_event(EventHandle event, StreamHandle stream) {
   impl_->faults.point("record_event");
   impl_->streams.check_event("record_event", event);
-  // Work before it has already run (or is recorded before it in a capture): nothing to mark.
-  impl_->streams.submit("record_event", stream, [] {});
+  // Work before it has already run (or is recorded before it in a capture); the stamp is taken
+  // when the stream reaches the record (at replay, for a captured one).
+  impl_->streams.submit("record_event", stream, [this, event] { impl_->streams.stamp(event); });
 }
 
 void CpuBackend::wait_event(StreamHandle stream, EventHandle event) {

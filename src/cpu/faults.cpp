@@ -13,10 +13,27 @@ namespace {
 // Releases are left out: on the CPU they fail only for a handle that is not live, which is the
 // caller's error, not a fault.
 constexpr std::string_view kFaultCalls[] = {
-    "alloc",        "alloc_managed", "alloc_pinned",  "create_stream",      "create_event",
-    "record_event", "wait_event",    "synchronize",   "synchronize_device", "event_synchronize",
-    "kernel",       "launch",        "copy_h2d",      "copy_d2h",           "copy_d2d",
-    "copy_2d",      "memset",        "begin_capture", "end_capture",        "launch_graph",
+    "alloc",
+    "alloc_managed",
+    "alloc_pinned",
+    "create_stream",
+    "create_event",
+    "record_event",
+    "wait_event",
+    "synchronize",
+    "synchronize_device",
+    "event_synchronize",
+    "kernel",
+    "launch",
+    "copy_h2d",
+    "copy_d2h",
+    "copy_d2d",
+    "copy_2d",
+    "memset",
+    "begin_capture",
+    "end_capture",
+    "launch_graph",
+    "create_timing_event",
 };
 
 }  // namespace

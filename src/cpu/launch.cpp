@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/launch_trace.h"
 #include "core/published.h"
 #include "cpu/backend_impl.h"
 #include "metrale/error.h"
@@ -117,10 +118,16 @@ void CpuBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32_
     std::memcpy(storage->data() + first[i], params[i], k.param_sizes[i]);
     pointers->push_back(storage->data() + first[i]);
   }
-  impl_->streams.submit("launch", stream,
-                        [this, &k, name, grid, block, shared_bytes, storage, pointers] {
-                          impl_->run_grid(k, name, grid, block, shared_bytes, pointers->data());
-                        });
+  // Traced on the host clock when the stream reaches the launch (at replay, for a captured one).
+  trace::LaunchTracer* const tr = tracer();
+  impl_->streams.submit(
+      "launch", stream, [this, &k, name, grid, block, shared_bytes, storage, pointers, tr, stream] {
+        const double t0 = tr != nullptr ? tr->now_us() : 0;
+        impl_->run_grid(k, name, grid, block, shared_bytes, pointers->data());
+        if (tr != nullptr) {
+          tr->add("cpu", {name, grid, block, shared_bytes, stream.value(), t0, tr->now_us() - t0});
+        }
+      });
 }
 
 // ---- kernels ----

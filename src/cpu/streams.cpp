@@ -94,10 +94,12 @@ void Streams::destroy_stream(StreamHandle s) {
   if (streams_.erase(s.value()) == 0) throw unknown_stream("destroy_stream", s.value());
 }
 
-EventHandle Streams::create_event() {
+EventHandle Streams::create_event(bool timing) {
   std::lock_guard lock(mu_);
   const std::uint64_t id = next_id_++;
-  events_.insert(id);
+  EventState st;
+  st.timing = timing;
+  events_.emplace(id, st);
   return EventHandle{id};
 }
 
@@ -109,6 +111,40 @@ void Streams::destroy_event(EventHandle e) {
 void Streams::check_event(std::string_view api, EventHandle e) const {
   std::lock_guard lock(mu_);
   if (!events_.contains(e.value())) throw unknown_event(api, e);
+}
+
+void Streams::stamp(EventHandle e) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  const auto it = events_.find(e.value());
+  if (it == events_.end()) return;
+  it->second.stamped = true;
+  it->second.at = now;
+}
+
+double Streams::elapsed_ms(EventHandle start, EventHandle end) const {
+  constexpr std::string_view kApi = "event_elapsed_ms";
+  std::lock_guard lock(mu_);
+  const auto read = [&](EventHandle e, std::string_view which) {
+    const auto it = events_.find(e.value());
+    if (it == events_.end()) throw unknown_event(kApi, e);
+    if (!it->second.timing) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("{} event 0x{:x} was made by create_event, which keeps no time: "
+                              "make it with create_timing_event",
+                              which, e.value()));
+    }
+    if (!it->second.stamped) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("{} event 0x{:x} has not been recorded (or only inside a capture "
+                              "not replayed yet)",
+                              which, e.value()));
+    }
+    return it->second.at;
+  };
+  const auto t0 = read(start, "start");
+  const auto t1 = read(end, "end");
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
 }
 
 void Streams::begin_capture(StreamHandle s) {

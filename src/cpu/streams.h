@@ -1,9 +1,11 @@
 // The CPU backend's streams, events and graphs: an emulator of the driver's rules. Work runs in
 // order at the time it is queued, so an event is done once recorded and a synchronize has
-// nothing to wait for; a capturing stream records the work instead, and a graph replays it. A
+// nothing to wait for (a record stamps its event with the host clock when it runs, which is
+// what event timing reads); a capturing stream records the work instead, and a graph replays it. A
 // blocking call on a capturing stream invalidates the capture, as on a GPU.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -11,7 +13,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "metrale/cpu_backend.h"
@@ -39,10 +40,17 @@ class Streams {
   StreamHandle create_stream();
   // Error(kInvalidArgument) for the default stream or one that is not live.
   void destroy_stream(StreamHandle s);
-  EventHandle create_event();
+  // timing: whether event_elapsed_ms may read the event (create_timing_event).
+  EventHandle create_event(bool timing = false);
   void destroy_event(EventHandle e);
   // Error(kInvalidArgument) naming api unless e is a live event.
   void check_event(std::string_view api, EventHandle e) const;
+  // Stamps e with the host clock now: called by the queued record when the stream reaches it.
+  // An event destroyed meanwhile is skipped.
+  void stamp(EventHandle e);
+  // Milliseconds between the stamps of two timing events; Error(kInvalidArgument) naming
+  // event_elapsed_ms for an event that is not live, has no timing, or was never reached.
+  double elapsed_ms(EventHandle start, EventHandle end) const;
 
   // Error(kCapture) when s already captures.
   void begin_capture(StreamHandle s);
@@ -68,7 +76,12 @@ class Streams {
 
   mutable std::mutex mu_;
   std::unordered_map<std::uint64_t, StreamState> streams_{{kDefault, StreamState{}}};
-  std::unordered_set<std::uint64_t> events_;
+  struct EventState {
+    bool timing = false;
+    bool stamped = false;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::unordered_map<std::uint64_t, EventState> events_;
   std::unordered_map<std::uint64_t, std::shared_ptr<const std::vector<Work>>> graphs_;
   std::uint64_t next_id_ = kDefault + 1;  // streams, events and graphs share the numbering
 };

@@ -63,6 +63,14 @@ CudaBackend::~CudaBackend() {
   } catch (const std::exception& e) {
     log::error("cuda backend: sweep at destruction failed: {}", e.what());
   }
+  if (tracer() != nullptr) {
+    try {
+      drain_trace();
+    } catch (const std::exception& e) {
+      log::warn("cuda backend: collecting traced launches at destruction failed: {}", e.what());
+    }
+  }
+  timer_.release();
   const DriverApi& api = host_->api();
   // Whatever the model left: graphs, events, streams. Statuses are only logged here.
   auto warn = [&](const char* call, CUresult s) {
@@ -323,15 +331,32 @@ void CudaBackend::launch(KernelHandle kernel, Dim3 grid, Dim3 block, std::uint32
     kernels_[kernel.value()].max_dynamic_smem = static_cast<int>(shared_bytes);
   }
   const CUstream s = stream_of("launch", stream);
+  // Tracing (METRALE_TRACE) only: a timing event on each side of the launch.
+  trace::LaunchTracer* const tr = tracer();
+  const CUevent start = tr != nullptr ? timer_.begin(s, *tr) : nullptr;
   const CUresult r = api.cuLaunchKernel(fn, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                         shared_bytes, s, params.data(), nullptr);
-  if (r != CUDA_SUCCESS) fail("launch", fmt::format("cuLaunchKernel {}", where), r, true);
+  if (r != CUDA_SUCCESS) {
+    if (start != nullptr) timer_.abandon(start);
+    fail("launch", fmt::format("cuLaunchKernel {}", where), r, true);
+  }
+  if (start != nullptr) {
+    timer_.end(start, s,
+               {info.name, grid, block, shared_bytes, reinterpret_cast<std::uintptr_t>(s), 0, 0},
+               *tr);
+  }
   if (debug_sync() && !is_capturing(stream)) {
     const CUresult w = api.cuStreamSynchronize(s);
     if (w != CUDA_SUCCESS) {
       fail("launch", fmt::format("{} (debug sync after the launch)", where), w, true);
     }
   }
+}
+
+void CudaBackend::drain_trace() {
+  if (tracer() == nullptr) return;
+  host_->bind_quietly();  // any thread, a faulted device too: what cannot be timed is counted
+  timer_.drain(*tracer());
 }
 
 // ---- dense GEMMs (cuBLASLt, cuda/dense_gemm.h) ----
@@ -413,11 +438,56 @@ CUevent event_of(std::mutex& mu, const std::set<std::uint64_t>& events, std::str
 }
 }  // namespace
 
+EventHandle CudaBackend::create_timing_event() {
+  enter("create_timing_event");
+  CUevent e = nullptr;
+  check("create_timing_event", "cuEventCreate", host_->api().cuEventCreate(&e, CU_EVENT_DEFAULT));
+  std::lock_guard lock(mu_);
+  events_.insert(reinterpret_cast<std::uintptr_t>(e));
+  timing_events_.insert(reinterpret_cast<std::uintptr_t>(e));
+  return EventHandle{reinterpret_cast<std::uintptr_t>(e)};
+}
+
+double CudaBackend::event_elapsed_ms(EventHandle start, EventHandle end) {
+  constexpr std::string_view kApi = "event_elapsed_ms";
+  const auto timing = [&](EventHandle e, std::string_view which) {
+    const CUevent ev = event_of(mu_, events_, kApi, e);
+    std::lock_guard lock(mu_);
+    if (!timing_events_.contains(e.value())) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("{} event 0x{:x} was made by create_event, which keeps no time "
+                              "(CU_EVENT_DISABLE_TIMING): make it with create_timing_event",
+                              which, e.value()));
+    }
+    return ev;
+  };
+  const CUevent e0 = timing(start, "start");
+  const CUevent e1 = timing(end, "end");
+  enter(kApi);
+  float ms = 0;
+  const CUresult r = host_->api().cuEventElapsedTime(&ms, e0, e1);
+  if (r == CUDA_ERROR_NOT_READY) {
+    throw Error(ErrorCode::kState, kApi,
+                fmt::format("cuEventElapsedTime: the work before event 0x{:x} or 0x{:x} is still "
+                            "running: synchronize on the end event first",
+                            start.value(), end.value()));
+  }
+  if (r == CUDA_ERROR_INVALID_HANDLE) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("cuEventElapsedTime: event 0x{:x} or 0x{:x} has not been recorded "
+                            "(CUDA_ERROR_INVALID_HANDLE)",
+                            start.value(), end.value()));
+  }
+  check(kApi, "cuEventElapsedTime", r);
+  return ms;
+}
+
 void CudaBackend::destroy_event(EventHandle event) {
   const CUevent e = event_of(mu_, events_, "destroy_event", event);
   {
     std::lock_guard lock(mu_);
     events_.erase(event.value());
+    timing_events_.erase(event.value());
   }
   host_->bind_quietly();
   check("destroy_event", "cuEventDestroy", host_->api().cuEventDestroy(e));

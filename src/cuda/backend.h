@@ -15,6 +15,7 @@
 
 #include "cuda/dense_gemm.h"
 #include "cuda/host.h"
+#include "cuda/launch_timer.h"
 #include "cuda/module_registry.h"
 #include "metrale/backend.h"
 #include "metrale/op_cache.h"
@@ -71,6 +72,9 @@ class CudaBackend final : public Backend {
   void wait_event(StreamHandle stream, EventHandle event) override;
   void event_synchronize(EventHandle event) override;
   EventStatus event_query(EventHandle event) override;
+  EventHandle create_timing_event() override;
+  // cuEventElapsedTime; the driver's NOT_READY is Error(kState).
+  double event_elapsed_ms(EventHandle start, EventHandle end) override;
 
   void begin_capture(StreamHandle stream) override;
   GraphHandle end_capture(StreamHandle stream) override;
@@ -106,6 +110,8 @@ class CudaBackend final : public Backend {
   DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape) override;
   void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
                               StreamHandle stream) override;
+  // Waits for the traced launches' event pairs and hands them to the tracer.
+  void drain_trace() override;
 
  private:
   struct KernelInfo {
@@ -140,10 +146,13 @@ class CudaBackend final : public Backend {
   OpCache cache_;
   // After host_: its cuBLASLt handle is destroyed while the host (context, table) still lives.
   cuda::DenseGemms dense_{*host_};
+  // Event pairs of traced launches (used only while METRALE_TRACE is on).
+  cuda::LaunchTimer timer_{host_->api()};
 
   mutable std::mutex mu_;  // the sets below; never held across a driver call
   std::set<std::uint64_t> streams_;
   std::set<std::uint64_t> events_;
+  std::set<std::uint64_t> timing_events_;  // the events of events_ made with timing
   std::set<std::uint64_t> graphs_;
   std::map<std::uint64_t, KernelInfo> kernels_;
   std::map<std::uint64_t, std::size_t> pinned_;  // host address → bytes

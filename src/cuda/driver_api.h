@@ -36,6 +36,7 @@ namespace metrale::cuda {
   X(cuEventRecord, 2000)                \
   X(cuEventQuery, 2000)                 \
   X(cuEventSynchronize, 2000)           \
+  X(cuEventElapsedTime, 2000)           \
   X(cuGraphInstantiateWithFlags, 11040) \
   X(cuGraphDestroy, 10000)              \
   X(cuGraphLaunch, 10000)               \

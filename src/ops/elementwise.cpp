@@ -5,6 +5,7 @@
 #include <array>
 #include <limits>
 
+#include "core/nvtx.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 
@@ -38,6 +39,7 @@ Dim3 grid_for(const Backend& backend, const ResolvedKernel& k, std::size_t n) {
 
 void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t n,
               std::uint32_t value) {
+  const nvtx::Range range("metrale::ops::fill_u32");
   check_buffer("fill_u32", "out", out);
   check_count("fill_u32", n);
   backend.check_range("fill_u32", "out", out, std::uint64_t{n} * 4);
@@ -49,6 +51,7 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
 
 void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, float a,
               std::size_t n) {
+  const nvtx::Range range("metrale::ops::axpy_f32");
   check_buffer("axpy_f32", "y", y);
   check_buffer("axpy_f32", "x", x);
   check_count("axpy_f32", n);

@@ -7,6 +7,7 @@
 #include <array>
 #include <initializer_list>
 
+#include "core/nvtx.h"
 #include "kernels/fp8_cast.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -178,6 +179,7 @@ Fp8GemmPlan plan(Backend& backend, std::int64_t m, const Fp8Weights& w,
 void run(const Fp8GemmPlan& plan, StreamHandle stream, DevicePtr a, const Fp8Weights& w,
          DevicePtr c, const Fp8Workspace& workspace, DevicePtr bias) {
   constexpr std::string_view api = "run_w8a8";
+  const nvtx::Range range("metrale::ops::run (w8a8)");
   if (plan.backend == nullptr || !plan.cast.kernel.handle) {
     throw Error(ErrorCode::kInvalidArgument, api, "the plan is empty (made by no call to plan())");
   }
@@ -239,6 +241,7 @@ Fp8Workspace scratch_workspace(const Fp8GemmPlan& plan, StreamHandle stream) {
 void w8a8_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
                const Fp8Weights& w, DevicePtr c, DevicePtr bias) {
   constexpr std::string_view api = "w8a8_gemm";
+  const nvtx::Range range("metrale::ops::w8a8_gemm");
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
   const DenseGemmShape shape = check_args(api, m, w, static_cast<bool>(bias));
   (void)check_buffers(api, backend, m, w, a, c, bias);

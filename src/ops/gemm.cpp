@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/nvtx.h"
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
@@ -651,6 +652,7 @@ GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w, const Gem
 
 void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
          const GemmWorkspace& workspace, DevicePtr bias) {
+  const nvtx::Range range("metrale::ops::run");
   run_as("run", plan, stream, a, w, c, workspace, bias);
 }
 
@@ -687,6 +689,7 @@ GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
 void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options) {
   constexpr std::string_view api = "w4a16_gemm";
+  const nvtx::Range range("metrale::ops::w4a16_gemm");
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
   check_plan_args(api, m, w);
   (void)check_buffers(api, backend, m, w, a, c, options.bias);
@@ -703,6 +706,7 @@ std::string gemm_scratch_tag(Backend& backend, StreamHandle stream, std::string_
 void cast_bf16_to_e4m3(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
                        std::int64_t count) {
   constexpr std::string_view api = "cast_bf16_to_e4m3";
+  const nvtx::Range range("metrale::ops::cast_bf16_to_e4m3");
   if (count < 1) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("count = {}; it must be at least 1", count));

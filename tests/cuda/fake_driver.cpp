@@ -90,6 +90,10 @@ void FakeDriver::set_events_ready(bool ready) {
   locked(*state_, [&](State& s) { s.events_ready = ready; });
 }
 
+void FakeDriver::advance_clock(double ms) {
+  locked(*state_, [&](State& s) { s.clock_ms += ms; });
+}
+
 std::vector<FakeLaunch> FakeDriver::launches() const {
   return locked(*state_, [](State& s) { return s.launches; });
 }

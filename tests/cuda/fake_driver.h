@@ -101,8 +101,12 @@ class FakeDriver {
   void add_module(const std::string& name, FakeModule module);
   // The image bytes for a registered module: the text "FAKEMOD:<name>" with a trailing NUL.
   static std::vector<unsigned char> fake_image(const std::string& name);
-  // Makes cuEventQuery answer CUDA_SUCCESS (true, the default) or CUDA_ERROR_NOT_READY (false).
+  // Makes cuEventQuery and cuEventElapsedTime answer as if recorded work were done (true, the
+  // default) or CUDA_ERROR_NOT_READY (false).
   void set_events_ready(bool ready);
+  // Moves the fake's device clock forward by ms (timing events read it when recorded; every
+  // launch moves it by 0.001 ms).
+  void advance_clock(double ms);
 
   // ---- failure injection (counts are per entry-point name, from 1, since construction) ----
   // `call` must name an entry of METRALE_DRIVER_FUNCTIONS, else std::invalid_argument (here and

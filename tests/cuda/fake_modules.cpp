@@ -11,6 +11,7 @@ namespace metrale::cuda::testing::fake {
 void run_launch(Gate& g, FakeLaunch launch, const std::function<void(const FakeLaunch&)>& body,
                 void** params) {
   g.s->launches.push_back(launch);
+  g.s->clock_ms += g.s->launch_ms;
   if (!body) return;
   launch.params = params;
   const auto run = body;  // the body may unload the module that holds it

@@ -79,6 +79,9 @@ struct Stream {
 
 struct Event {
   bool captured = false;  // last recorded in a capturing stream
+  bool timing = true;     // not made with CU_EVENT_DISABLE_TIMING
+  bool recorded = false;  // recorded outside a capture at least once
+  double at_ms = 0;       // State::clock_ms at the last such record
 };
 
 struct LoadedModule {
@@ -119,6 +122,8 @@ struct FakeDriver::State {
   bool initialized = false;
   int driver_version = 13000;
   bool events_ready = true;
+  double clock_ms = 0;       // the fake's device clock: what timing events read
+  double launch_ms = 0.001;  // how far each launch moves it
   CUresult sticky = CUDA_SUCCESS;
   std::map<std::string, FakeModule> registered;
   std::map<std::string, std::uint64_t, std::less<>> calls;

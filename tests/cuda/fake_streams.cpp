@@ -174,7 +174,7 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned int flags) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   *event = new_handle<CUevent>(s);
-  s.events[*event] = Event{};
+  s.events[*event].timing = (flags & CU_EVENT_DISABLE_TIMING) == 0;
   return CUDA_SUCCESS;
 }
 
@@ -193,6 +193,10 @@ CUresult fake_cuEventRecord(CUevent event, CUstream stream) {
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
   ev->second.captured = st->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (!ev->second.captured) {
+    ev->second.recorded = true;
+    ev->second.at_ms = s.clock_ms;  // work runs when queued: the stream is here now
+  }
   return CUDA_SUCCESS;
 }
 
@@ -210,6 +214,23 @@ CUresult fake_cuEventSynchronize(CUevent event) {
   auto ev = s.events.find(event);
   if (ev == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
   return ev->second.captured ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+}
+
+// The driver's rules: both events live, made with timing and recorded (else INVALID_HANDLE),
+// not last recorded in a capture, and done (else NOT_READY); the time is the fake's clock.
+CUresult fake_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  FAKE_ENTER(Need::kContext);
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto a = s.events.find(start);
+  auto b = s.events.find(end);
+  if (a == s.events.end() || b == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  for (const Event* ev : {&a->second, &b->second}) {
+    if (!ev->timing || !ev->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    if (ev->captured) return CUDA_ERROR_CAPTURED_EVENT;
+  }
+  if (!s.events_ready) return CUDA_ERROR_NOT_READY;
+  *ms = static_cast<float>(b->second.at_ms - a->second.at_ms);
+  return CUDA_SUCCESS;
 }
 
 // The exec is a copy of the graph's nodes: destroying the graph afterwards is fine.

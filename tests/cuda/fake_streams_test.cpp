@@ -74,6 +74,57 @@ TEST(FakeDriver, EventsRecordQuerySynchronizeAndDestroy) {
   EXPECT_EQ(r.fake.outstanding().events, 0u);
 }
 
+TEST(FakeDriver, ElapsedTimeReadsTheFakeClockWithTheDriversRules) {
+  Ready r;
+  const DriverApi& api = r.api();
+  CUevent a = nullptr, b = nullptr, untimed = nullptr;
+  ASSERT_EQ(api.cuEventCreate(&a, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuEventCreate(&b, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuEventCreate(&untimed, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  const CUstream s = r.stream();
+  float ms = -1;
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_ERROR_INVALID_HANDLE);  // not recorded
+  EXPECT_EQ(api.cuEventRecord(a, s), CUDA_SUCCESS);
+  r.fake.advance_clock(1.25);
+  EXPECT_EQ(api.cuEventRecord(b, s), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventRecord(untimed, s), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventElapsedTime(nullptr, a, b), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+  EXPECT_FLOAT_EQ(ms, 1.25f);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, untimed), CUDA_ERROR_INVALID_HANDLE);
+  r.fake.set_events_ready(false);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_ERROR_NOT_READY);
+  r.fake.set_events_ready(true);
+  // A launch moves the clock; a record inside a capture is no timestamp.
+  FakeModule mod;
+  mod.functions["k"] = FakeFunction{};
+  CUmodule m = nullptr;
+  const CUfunction f = r.function(mod, "k", &m);
+  EXPECT_EQ(api.cuEventRecord(a, s), CUDA_SUCCESS);
+  EXPECT_EQ(r.launch(f, s, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventRecord(b, s), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+  EXPECT_GT(ms, 0.0f);
+  EXPECT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventRecord(b, s), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_ERROR_CAPTURED_EVENT);
+  CUgraph g = nullptr;
+  EXPECT_EQ(api.cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuGraphDestroy(g), CUDA_SUCCESS);
+  // Any call can fail at its position, and does nothing else.
+  r.fake.fail_at("cuEventElapsedTime", r.fake.calls("cuEventElapsedTime") + 1,
+                 CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_EQ(api.cuEventRecord(b, s), CUDA_SUCCESS);
+  ms = -1;
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_EQ(ms, -1.0f);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+  for (CUevent e : {a, b, untimed}) EXPECT_EQ(api.cuEventDestroy(e), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuEventElapsedTime(&ms, a, b), CUDA_ERROR_INVALID_HANDLE);  // destroyed
+  EXPECT_EQ(api.cuModuleUnload(m), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuStreamDestroy(s), CUDA_SUCCESS);
+}
+
 // ---- capture and graphs ----
 
 TEST(FakeDriver, CaptureRecordsWorkAndReplaysRunIt) {

@@ -557,6 +557,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                  : bench.shapes.empty() ? bench.model
                                                         : "custom"},
                        {"graph", bench.graph},
+                       {"timing", kTimingMethod},
                        {"allow_e4m3", bench.allow_e4m3},
                        {"roofline",
                         {{"bandwidth_GBps", roof.bandwidth / 1e9},
@@ -603,6 +604,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                            : bench.shapes.empty() ? bench.model
                                                   : "custom shapes";
   fmt::print("metrale bench: {} on {} ({})\n  backend {}\n", what, backend_name, device, why);
+  fmt::print("  timed with {}\n", kTimingMethod);
   fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
              roof.bandwidth_of,
              roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <utility>
 
 namespace metrale::cli {
 
@@ -37,31 +39,59 @@ std::vector<std::vector<double>> time_in_turns(
       }
     }
   }
-  const auto once = [&](std::size_t r, std::size_t li) {
-    const auto t0 = Clock::now();
-    if (graph) {
-      b.launch_graph(graphs[r][li], stream);
-    } else {
-      queue(r, li);
+  // Two timing events per call of a turn, made once and reused by every turn.
+  struct Pairs {
+    Backend& b;
+    std::vector<std::pair<EventHandle, EventHandle>> ev;
+    ~Pairs() {
+      for (auto& [start, end] : ev) {
+        for (EventHandle e : {start, end}) {
+          try {
+            if (e) b.destroy_event(e);
+          } catch (const std::exception&) {  // a destructor: the error that unwinds wins
+          }
+        }
+      }
+    }
+  } pairs{b, {}};
+  pairs.ev.resize(copies * timed.size());
+  for (auto& [start, end] : pairs.ev) {
+    start = b.create_timing_event();
+    end = b.create_timing_event();
+  }
+  const auto turn = [&] {
+    std::size_t i = 0;
+    for (std::size_t r = 0; r < copies; ++r) {
+      for (std::size_t li : timed) {
+        b.record_event(pairs.ev[i].first, stream);
+        if (graph) {
+          b.launch_graph(graphs[r][li], stream);
+        } else {
+          queue(r, li);
+        }
+        b.record_event(pairs.ev[i++].second, stream);
+      }
     }
     b.synchronize(stream);
-    return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   const auto turn_start = Clock::now();
-  for (std::size_t r = 0; r < copies; ++r) {
-    for (std::size_t li : timed) once(r, li);
-  }
-  const double turn = std::chrono::duration<double>(Clock::now() - turn_start).count();
+  turn();
+  const double turn_s = std::chrono::duration<double>(Clock::now() - turn_start).count();
   // Short turns are repeated for about a second, so one slow moment of a shared machine cannot
   // decide a whole case.
-  const int turns = turn > 1.0   ? 2
-                    : turn > 0.2 ? 4
-                                 : std::clamp(static_cast<int>(std::ceil(1.0 / turn)), repeats,
-                                              std::max(repeats, 100));
+  const int turns = turn_s > 1.0   ? 2
+                    : turn_s > 0.2 ? 4
+                                   : std::clamp(static_cast<int>(std::ceil(1.0 / turn_s)), repeats,
+                                                std::max(repeats, 100));
   std::vector<std::vector<double>> t(layers);
-  for (int i = 0; i < turns; ++i) {
+  for (int n = 0; n < turns; ++n) {
+    turn();
+    std::size_t i = 0;
     for (std::size_t r = 0; r < copies; ++r) {
-      for (std::size_t li : timed) t[li].push_back(once(r, li));
+      for (std::size_t li : timed) {
+        t[li].push_back(b.event_elapsed_ms(pairs.ev[i].first, pairs.ev[i].second) / 1e3);
+        ++i;
+      }
     }
   }
   if (graph) {

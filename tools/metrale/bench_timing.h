@@ -31,12 +31,18 @@ double median(std::vector<double> v);
 // set later, from the roof read after all the timing.
 void set_rates(Case& cs, double seconds, double weight_bytes, double peak_flops);
 
+// How time_in_turns times a call, as the bench output names it.
+inline constexpr const char* kTimingMethod = "events";
+
 // Times queue(r, li) for every copy r < copies of the block and every layer li in timed, on
 // stream, in turns: a turn calls each once, as a forward pass does, so that no layer is read
-// from a cache its own previous call filled (Note [layer rotation] in docs/NOTES.md). The first
-// turn warms up and sizes the rest (about a second's worth, at least `repeats` turns; 2 or 4
-// when a turn is long); with graph each call is captured once and replayed. Returns, per layer
-// index below layers, the time of each of its timed calls (empty for a layer not in timed).
+// from a cache its own previous call filled (Note [layer rotation] in docs/NOTES.md). Each call
+// is timed by a pair of timing events recorded around it on the stream, and the host waits once
+// per turn, after the last call: a synchronize after every call would add the host's wake-up and
+// the next launch to each small call's time. The first turn warms up and sizes the rest (about
+// a second's worth, at least `repeats` turns; 2 or 4 when a turn is long); with graph each call
+// is captured once and replayed. Returns, per layer index below layers, the seconds of each of
+// its timed calls (empty for a layer not in timed).
 std::vector<std::vector<double>> time_in_turns(
     Backend& b, StreamHandle stream, std::size_t copies, std::size_t layers,
     const std::vector<std::size_t>& timed,
