@@ -20,6 +20,7 @@
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
+#include "support/trace_file.h"
 
 namespace metrale::cuda::testing {
 namespace {
@@ -403,6 +404,26 @@ TEST(DenseGemm, Bf16MatchesTheFloat64Reference) {
   BlasRig r;
   EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 24, 40, 200}), kBf16OutTolerance);
   EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 1, 8, 16}), kBf16OutTolerance);
+}
+
+// With METRALE_TRACE set, a dense GEMM is one trace row between an event pair, named for its
+// kind and shape (docs/TRACING.md).
+TEST(DenseGemm, ARunIsARowOfTheLaunchTrace) {
+  metrale::testing::TraceSwitch trace;
+  {
+    BlasRig r;
+    EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 24, 40, 200}), kBf16OutTolerance);
+  }
+  const auto launches =
+      metrale::testing::traced_launches(metrale::testing::read_trace(trace.path()));
+  std::size_t gemms = 0;
+  for (const auto& l : launches) {
+    if (l["name"] == "cublasLt::bf16 M=24 N=40 K=200") {
+      ++gemms;
+      EXPECT_GE(l["dur"].get<double>(), 0.0);
+    }
+  }
+  EXPECT_EQ(gemms, 1u);
 }
 
 TEST(DenseGemm, TheBiasIsAddedPerOutputColumn) {
