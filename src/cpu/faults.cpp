@@ -17,6 +17,7 @@ constexpr std::string_view kFaultCalls[] = {
     "record_event", "wait_event",    "synchronize",   "synchronize_device", "event_synchronize",
     "kernel",       "launch",        "copy_h2d",      "copy_d2h",           "copy_d2d",
     "copy_2d",      "memset",        "begin_capture", "end_capture",        "launch_graph",
+    "lazy_reserve", "lazy_commit",
 };
 
 }  // namespace

@@ -82,11 +82,12 @@ TEST(CpuFaultSweep, TheLifecycleRunsAndVerifiesWithoutFaults) {
   for (const std::string& p : teardown_problems(o)) ADD_FAILURE() << p;
   EXPECT_EQ(run.names.size(), run.calls);
   // The lifecycle reaches every kind of fallible call but synchronize_device (no model needs
-  // it) and alloc_managed (only the managed-memory fallback makes one).
+  // it), alloc_managed (only the managed-memory fallback makes one) and the lazy-buffer calls
+  // (no model reserves one yet; tests/cpu/lazy_buffer_test.cpp fails each).
   std::map<std::string, int> kinds;
   for (const std::string& n : run.names) ++kinds[n];
   for (std::string_view name : CpuBackend::fault_call_names()) {
-    if (name != "synchronize_device" && name != "alloc_managed") {
+    if (name != "synchronize_device" && name != "alloc_managed" && !name.starts_with("lazy_")) {
       EXPECT_GT(kinds[std::string(name)], 0) << name;
     }
   }
