@@ -278,11 +278,11 @@ class Backend {
                                       StreamHandle stream);
   // The mapping unit of lazy buffers. Default: throws Error(kUnavailable) (no lazy buffers).
   virtual std::size_t lazy_granularity();
-  // Reserves bytes (a granule multiple) of address space, nothing mapped. Default: throws as
-  // lazy_granularity.
-  virtual std::unique_ptr<LazyRegion> raw_reserve_lazy(std::size_t bytes);
-  // Whether any stream of this backend is capturing (a failed query counts as capturing).
-  // Default: asks is_capturing of the default stream.
+  // Reserves bytes (a multiple of granularity, lazy_granularity's answer) of address space
+  // aligned to granularity, nothing mapped. Default: throws as lazy_granularity.
+  virtual std::unique_ptr<LazyRegion> raw_reserve_lazy(std::size_t bytes, std::size_t granularity);
+  // Whether any stream of this backend is capturing (a failed query counts as capturing, or
+  // throws). Default: asks is_capturing of the default stream.
   virtual bool capture_in_progress();
   // Throws Error(kInvalidArgument) "[api] <what> ..." when [ptr, ptr + bytes) touches a lazy
   // buffer's reservation beyond what is mapped; check_range calls it first.

@@ -64,7 +64,7 @@ std::size_t Backend::lazy_granularity() {
               fmt::format("the {} backend has no lazy buffers", name()));
 }
 
-std::unique_ptr<LazyRegion> Backend::raw_reserve_lazy(std::size_t) {
+std::unique_ptr<LazyRegion> Backend::raw_reserve_lazy(std::size_t, std::size_t) {
   lazy_granularity();
   throw Error(ErrorCode::kInternal, "reserve_lazy", "lazy_granularity returned without buffers");
 }
@@ -89,7 +89,7 @@ LazyBuffer Backend::reserve_lazy(std::size_t budget_bytes, std::string label,
   state->granularity = g;
   state->label = std::move(label);
   state->site = site;
-  state->region = raw_reserve_lazy(state->budget);
+  state->region = raw_reserve_lazy(state->budget, g);
   state->base = state->region->base();
   try {
     ledger_->record(LedgerEntry{state->base, 0, MemoryKind::kLazy, site});

@@ -107,7 +107,7 @@ std::size_t CpuBackend::lazy_granularity() {
   return kGranule;
 }
 
-std::unique_ptr<LazyRegion> CpuBackend::raw_reserve_lazy(std::size_t bytes) {
+std::unique_ptr<LazyRegion> CpuBackend::raw_reserve_lazy(std::size_t bytes, std::size_t) {
   return std::make_unique<CpuLazyRegion>(impl_->memory, impl_->faults, bytes);
 }
 
