@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <source_location>
@@ -20,6 +21,7 @@
 #include "metrale/guard_bands.h"
 #include "metrale/handles.h"
 #include "metrale/kernel_args.h"
+#include "metrale/lazy_buffer.h"
 #include "metrale/ledger.h"
 
 namespace metrale {
@@ -89,6 +91,13 @@ class Backend {
   AllocStats alloc_stats() const { return ledger_->stats(); }
   // A read-only view of the ledger that outlives this backend.
   LedgerProbe ledger_probe() const { return LedgerProbe(ledger_); }
+
+  // A lazy buffer (lazy_buffer.h) of at most budget_bytes, rounded down to the granularity;
+  // nothing mapped yet. On the ledger from now on, under label's call site. Throws
+  // Error(kInvalidArgument) for a budget below one granule, Error(kUnavailable) on a backend
+  // without lazy buffers, the backend's Error when the reservation fails.
+  LazyBuffer reserve_lazy(std::size_t budget_bytes, std::string label,
+                          std::source_location loc = std::source_location::current());
 
   // Page-locked host memory of bytes (> 0) that the device can read directly; on the ledger.
   void* alloc_pinned(std::size_t bytes, std::source_location loc = std::source_location::current());
@@ -284,6 +293,18 @@ class Backend {
   // Queues a checked run (run_dense_gemm has checked every buffer). Default: throws as above.
   virtual void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
                                       StreamHandle stream);
+  // The mapping unit of lazy buffers. Default: throws Error(kUnavailable) (no lazy buffers).
+  virtual std::size_t lazy_granularity();
+  // Reserves bytes (a multiple of granularity, lazy_granularity's answer) of address space
+  // aligned to granularity, nothing mapped. Default: throws as lazy_granularity.
+  virtual std::unique_ptr<LazyRegion> raw_reserve_lazy(std::size_t bytes, std::size_t granularity);
+  // Whether any stream of this backend is capturing (a failed query counts as capturing, or
+  // throws). Default: asks is_capturing of the default stream.
+  virtual bool capture_in_progress();
+  // Throws Error(kInvalidArgument) "[api] <what> ..." when [ptr, ptr + bytes) touches a lazy
+  // buffer's reservation beyond what is mapped; check_range calls it first.
+  void check_lazy_range(std::string_view api, std::string_view what, DevicePtr ptr,
+                        std::uint64_t bytes) const;
   // Extra words for a pointer free() did not find on the ledger. Optional: default "".
   virtual std::string describe_unknown_pointer(DevicePtr ptr) const;
   // The ledger, for subclasses that sweep in their destructor.
@@ -295,6 +316,11 @@ class Backend {
   virtual void drain_trace() {}
 
  private:
+  friend class LazyBuffer;
+  std::size_t lazy_grow(detail::LazyState& state, std::size_t bytes);
+  void lazy_release(detail::LazyState& state);
+  // Releases a lazy buffer the sweep found (its owner never did); logs failures.
+  void sweep_lazy(const LedgerEntry& entry) noexcept;
   DevicePtr allocate(std::string_view api, std::size_t bytes, MemoryKind kind, CallSite site);
   void release(std::string_view api, DevicePtr ptr, bool pinned);
 
@@ -304,6 +330,8 @@ class Backend {
   std::vector<KernelLookup> audit_;
   std::atomic<bool> debug_sync_;
   std::unique_ptr<trace::LaunchTracer> tracer_;
+  mutable std::mutex lazy_mu_;  // lazy_; never held across a backend call
+  std::map<std::uint64_t, std::shared_ptr<detail::LazyState>> lazy_;  // by base address
 };
 
 }  // namespace metrale

@@ -136,6 +136,9 @@ class CpuBackend final : public Backend {
   ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
                                 const CallSite& site) override;
   std::string describe_unknown_pointer(DevicePtr ptr) const override;
+  std::size_t lazy_granularity() override;
+  std::unique_ptr<LazyRegion> raw_reserve_lazy(std::size_t bytes, std::size_t granularity) override;
+  bool capture_in_progress() override;
   void check_args(KernelHandle kernel, std::span<const KernelArg> args) override;
   DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape) override;
   void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,

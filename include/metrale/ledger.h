@@ -19,7 +19,12 @@
 namespace metrale {
 
 // Which allocator a pointer came from; the sweep frees each with the matching call.
-enum class MemoryKind { kDevice, kManaged, kPinnedHost };
+enum class MemoryKind {
+  kDevice,
+  kManaged,
+  kPinnedHost,
+  kLazy
+};  // kLazy: a LazyBuffer's mapped part
 
 // Stable lower-case name of a kind ("device", "managed", "pinned").
 const char* to_string(MemoryKind kind) noexcept;
@@ -50,6 +55,9 @@ class AllocationLedger {
   void record(const LedgerEntry& entry);
   // Takes ptr's entry off and returns it; nullopt when ptr is not on the ledger.
   std::optional<LedgerEntry> take(DevicePtr ptr);
+  // Sets the size of ptr's entry (a lazy buffer that grew): live and peak bytes follow, and
+  // growth counts as allocated bytes. False when ptr is not on the ledger.
+  bool resize(DevicePtr ptr, std::size_t bytes);
   // Counts an allocation that the backend could not satisfy.
   void note_failure() noexcept;
 

@@ -107,6 +107,12 @@ void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
         fmt::format("0x{:x} is {} memory from {}; free it with {}", ptr.address(),
                     to_string(found->kind), found->site.str(), pinned ? "free" : "free_pinned"));
   }
+  if (found && found->kind == MemoryKind::kLazy) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("0x{:x} is the base of a lazy buffer reserved at {}; release it with "
+                            "LazyBuffer::release",
+                            ptr.address(), found->site.str()));
+  }
   // Taken off before the raw free, whatever that returns, so the sweep never frees it twice.
   const auto entry = found ? ledger_->take(ptr) : std::nullopt;
   if (!entry) {
@@ -132,6 +138,10 @@ std::vector<LedgerEntry> Backend::sweep_unreleased_entries() {
   log::warn("{} sweep: {} allocation(s) never freed, {} in all; largest: {}", name(), left.size(),
             format_bytes(total), sites);
   for (const LedgerEntry& e : left) {
+    if (e.kind == MemoryKind::kLazy) {
+      sweep_lazy(e);
+      continue;
+    }
     guards_.remove(e.ptr);
     try {
       raw_free(e.ptr, e.kind);
@@ -229,6 +239,7 @@ void Backend::check_owned_range(std::string_view api, std::string_view what, Dev
 void Backend::check_range(std::string_view api, std::string_view what, DevicePtr ptr,
                           std::uint64_t bytes) const {
   if (!ptr || bytes == 0) return;
+  check_lazy_range(api, what, ptr, bytes);
   const std::optional<LedgerEntry> e = ledger_->containing(ptr.address());
   if (!e) return;
   const std::uint64_t offset = ptr.address() - e->ptr.address();

@@ -17,6 +17,8 @@ const char* to_string(MemoryKind kind) noexcept {
       return "managed";
     case MemoryKind::kPinnedHost:
       return "pinned";
+    case MemoryKind::kLazy:
+      return "lazy";
   }
   return "?";
 }
@@ -56,6 +58,23 @@ std::optional<LedgerEntry> AllocationLedger::take(DevicePtr ptr) {
   stats_.freed_bytes += e.bytes;
   stats_.free_count += 1;
   return e;
+}
+
+bool AllocationLedger::resize(DevicePtr ptr, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  const auto it = live_.find(ptr.address());
+  if (it == live_.end()) return false;
+  const std::size_t old = it->second.bytes;
+  it->second.bytes = bytes;
+  if (bytes >= old) {
+    stats_.current_bytes += bytes - old;
+    stats_.allocated_bytes += bytes - old;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  } else {
+    stats_.current_bytes -= old - bytes;
+    stats_.freed_bytes += old - bytes;
+  }
+  return true;
 }
 
 void AllocationLedger::note_failure() noexcept {

@@ -116,6 +116,7 @@ DevicePtr CpuBackend::pinned_device_address(const void* host) const {
 
 void CpuBackend::check_range(std::string_view api, std::string_view what, DevicePtr ptr,
                              std::uint64_t bytes) const {
+  check_lazy_range(api, what, ptr, bytes);
   impl_->memory.check_range(api, what, ptr.address(), bytes);
 }
 

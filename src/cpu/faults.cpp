@@ -34,6 +34,8 @@ constexpr std::string_view kFaultCalls[] = {
     "end_capture",
     "launch_graph",
     "create_timing_event",
+    "lazy_reserve",
+    "lazy_commit",
 };
 
 }  // namespace

@@ -11,7 +11,9 @@
 namespace metrale::cpu {
 
 HostMemory::~HostMemory() {
-  for (const auto& [ptr, _] : blocks_) std::free(reinterpret_cast<void*>(ptr));
+  for (const auto& [ptr, b] : blocks_) {
+    if (b.kind != MemoryKind::kLazy) std::free(reinterpret_cast<void*>(ptr));
+  }
 }
 
 void* HostMemory::allocate(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) {
@@ -35,7 +37,7 @@ void HostMemory::release(std::string_view api, std::uint64_t ptr) {
   {
     std::lock_guard lock(mu_);
     const auto it = blocks_.find(ptr);
-    if (it != blocks_.end()) {
+    if (it != blocks_.end() && it->second.kind != MemoryKind::kLazy) {
       blocks_.erase(it);
       std::free(reinterpret_cast<void*>(ptr));
       return;
@@ -70,6 +72,23 @@ void HostMemory::check_range(std::string_view api, std::string_view what, std::u
                             "{} bytes",
                             what, ptr, bytes, it->first, it->second.user_bytes, ptr + bytes - end));
   }
+}
+
+void HostMemory::add_lazy(std::uint64_t ptr, std::size_t capacity) {
+  std::lock_guard lock(mu_);
+  blocks_[ptr] = Block{0, capacity, MemoryKind::kLazy};
+}
+
+void HostMemory::set_lazy_usable(std::uint64_t ptr, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  const auto it = blocks_.find(ptr);
+  if (it != blocks_.end() && it->second.kind == MemoryKind::kLazy) it->second.user_bytes = bytes;
+}
+
+void HostMemory::remove_lazy(std::uint64_t ptr) {
+  std::lock_guard lock(mu_);
+  const auto it = blocks_.find(ptr);
+  if (it != blocks_.end() && it->second.kind == MemoryKind::kLazy) blocks_.erase(it);
 }
 
 bool HostMemory::is_pinned(std::uint64_t ptr, std::size_t bytes) const {

@@ -37,6 +37,13 @@ class HostMemory {
   void check_pinned(std::string_view api, std::uint64_t ptr) const;
   // Whether [ptr, ptr + bytes) lies inside a pinned block.
   bool is_pinned(std::uint64_t ptr, std::size_t bytes) const;
+  // Adds a lazy reservation of capacity bytes at ptr with nothing usable yet; the reservation
+  // itself belongs to the caller (cpu/lazy_buffer.cpp), never freed here.
+  void add_lazy(std::uint64_t ptr, std::size_t capacity);
+  // Sets how many bytes of the lazy reservation at ptr are usable.
+  void set_lazy_usable(std::uint64_t ptr, std::size_t bytes);
+  // Takes the lazy reservation at ptr off the table.
+  void remove_lazy(std::uint64_t ptr);
   // Words explaining where ptr falls ("an interior pointer, 64 bytes into ...").
   std::string describe(std::uint64_t ptr) const;
 
@@ -44,7 +51,7 @@ class HostMemory {
   struct Block {
     std::size_t user_bytes = 0;
     std::size_t capacity = 0;
-    MemoryKind kind = MemoryKind::kDevice;
+    MemoryKind kind = MemoryKind::kDevice;  // kLazy: a reservation, not from aligned_alloc
   };
   // The block containing ptr (within capacity), or end().
   std::map<std::uint64_t, Block>::const_iterator containing(std::uint64_t ptr) const;

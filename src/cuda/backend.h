@@ -107,6 +107,10 @@ class CudaBackend final : public Backend {
   void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
   ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,
                                 const CallSite& site) override;
+  std::size_t lazy_granularity() override;
+  std::unique_ptr<LazyRegion> raw_reserve_lazy(std::size_t bytes, std::size_t granularity) override;
+  // Asks every stream this backend knows; a failed query throws (any_capturing).
+  bool capture_in_progress() override;
   DenseGemmPlan plan_dense_gemm_checked(const DenseGemmShape& shape) override;
   void run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGemmArgs& args,
                               StreamHandle stream) override;

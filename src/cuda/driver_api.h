@@ -58,7 +58,19 @@ namespace metrale::cuda {
   X(cuModuleGetFunction, 2000)          \
   X(cuModuleGetGlobal, 3020)            \
   X(cuFuncSetAttribute, 9000)           \
-  X(cuLaunchKernel, 4000)
+  X(cuLaunchKernel, 4000)               \
+  METRALE_DRIVER_VMM_FUNCTIONS(X)
+
+// The virtual memory calls of lazy buffers (cuda/lazy_buffer.cpp), the end of the table above.
+#define METRALE_DRIVER_VMM_FUNCTIONS(X)   \
+  X(cuMemGetAllocationGranularity, 10020) \
+  X(cuMemAddressReserve, 10020)           \
+  X(cuMemAddressFree, 10020)              \
+  X(cuMemCreate, 10020)                   \
+  X(cuMemRelease, 10020)                  \
+  X(cuMemMap, 10020)                      \
+  X(cuMemUnmap, 10020)                    \
+  X(cuMemSetAccess, 10020)
 
 // The table. Members are named after the entry points and typed by cudaTypedefs.h's PFN_ of the
 // requested version, so a call through the table is checked like a call to the driver.

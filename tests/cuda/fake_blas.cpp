@@ -210,7 +210,7 @@ bool in_fake_memory(const void* p, std::uint64_t bytes) {
   FakeDriver::State* d = fake::g_state.load();
   if (d == nullptr) return false;
   std::lock_guard lock(d->mutex);
-  return fake::find_range(*d, fake::to_dptr(p), bytes) != nullptr;
+  return fake::range_live(*d, fake::to_dptr(p), bytes);
 }
 
 bool stream_live(cudaStream_t stream) {

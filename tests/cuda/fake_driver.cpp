@@ -39,7 +39,8 @@ FakeModule& FakeModule::publish_u32(const std::string& name, std::uint32_t value
 
 bool FakeOutstanding::none() const noexcept {
   return allocations == 0 && host_allocs == 0 && modules == 0 && streams == 0 && events == 0 &&
-         graphs == 0 && graph_execs == 0 && contexts == 0;
+         graphs == 0 && graph_execs == 0 && contexts == 0 && reservations == 0 &&
+         vmm_handles == 0 && mappings == 0;
 }
 
 FakeDriver::FakeDriver(std::vector<FakeDevice> devices) : state_(std::make_unique<State>()) {
@@ -61,6 +62,7 @@ FakeDriver::FakeDriver(std::vector<FakeDevice> devices) : state_(std::make_uniqu
 FakeDriver::~FakeDriver() {
   g_state.store(nullptr);  // calls through a table kept past this return DEINITIALIZED
   for (const auto& [base, alloc] : state_->allocs) std::free(fake::to_host(base));
+  fake::drop_reservations(*state_);
 }
 
 const DriverApi& FakeDriver::api() const noexcept {
@@ -117,6 +119,9 @@ FakeOutstanding FakeDriver::outstanding() const {
     out.graphs = s.graphs.size();
     out.graph_execs = s.execs.size();
     for (int r : s.retains) out.contexts += static_cast<std::size_t>(r);
+    out.reservations = s.reservations.size();
+    out.vmm_handles = s.physical.size();
+    out.mappings = s.mappings.size();
     return out;
   });
 }

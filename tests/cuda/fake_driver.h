@@ -2,7 +2,9 @@
 // host memory and answer with the driver's real status codes. It lets every host rule of the
 // CUDA backend run on a machine without a GPU: allocations (counted; they can run out), modules
 // described by the test, streams, events, graphs (capture records, replay counts), copies that
-// really move bytes, kernels with optional host bodies, and failure of any call at any count.
+// really move bytes, kernels with optional host bodies, virtual memory (reservations, physical
+// allocations of 2 MiB granules, mappings that need access set before use; mapping is refused
+// while any stream captures), and failure of any call at any count.
 //
 // Only one FakeDriver may exist at a time (the table's plain function pointers reach it through
 // a process-wide pointer); constructing a second throws std::logic_error.
@@ -72,9 +74,12 @@ struct FakeOutstanding {
   std::size_t modules = 0;      // loaded, not unloaded
   std::size_t streams = 0;      // created, not destroyed
   std::size_t events = 0;
-  std::size_t graphs = 0;       // CUgraph templates not destroyed
-  std::size_t graph_execs = 0;  // instantiated graphs not destroyed
-  std::size_t contexts = 0;     // primary-context retains minus releases
+  std::size_t graphs = 0;        // CUgraph templates not destroyed
+  std::size_t graph_execs = 0;   // instantiated graphs not destroyed
+  std::size_t contexts = 0;      // primary-context retains minus releases
+  std::size_t reservations = 0;  // cuMemAddressReserve not yet freed
+  std::size_t vmm_handles = 0;   // cuMemCreate not yet gone (released and unmapped)
+  std::size_t mappings = 0;      // cuMemMap not yet unmapped
   // True when everything above is zero.
   bool none() const noexcept;
 };
@@ -131,7 +136,7 @@ class FakeDriver {
   std::vector<FakeLaunch> launches() const;
   // How many times each graph exec was launched, summed over all execs.
   std::uint64_t graph_replays() const;
-  // Bytes currently allocated with cuMemAlloc (not managed).
+  // Bytes currently allocated with cuMemAlloc (not managed) and cuMemCreate.
   std::size_t device_bytes_in_use() const;
   // What is still alive.
   FakeOutstanding outstanding() const;

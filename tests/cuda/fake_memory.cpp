@@ -19,9 +19,13 @@ const Alloc* find_range(const State& s, CUdeviceptr p, std::size_t bytes) {
   return &it->second;
 }
 
+bool range_live(const State& s, CUdeviceptr p, std::size_t bytes) {
+  return find_range(s, p, bytes) != nullptr || mapped_covers(s, p, bytes);
+}
+
 bool ranges_valid(const State& s, const MemOp& op) {
   for (const MemOp::Range& r : op.ranges) {
-    if (r.bytes != 0 && find_range(s, r.start, r.bytes) == nullptr) return false;
+    if (r.bytes != 0 && !range_live(s, r.start, r.bytes)) return false;
   }
   return true;
 }
@@ -50,7 +54,7 @@ CUresult release(State& s, CUdeviceptr p, std::initializer_list<Kind> kinds) {
 }
 
 std::size_t device_bytes(const State& s, int device) {
-  std::size_t total = 0;
+  std::size_t total = physical_bytes(s, device);
   for (const auto& [base, a] : s.allocs) {
     if (a.kind == Kind::kDevice && (device < 0 || a.device == device)) total += a.size;
   }

@@ -7,6 +7,7 @@
 //   fake_memory.cpp   allocations, host memory, copies and memsets
 //   fake_streams.cpp  streams, capture, events, graphs and their replay
 //   fake_modules.cpp  modules, functions, globals and launches
+//   fake_vmm.cpp      virtual memory: reservations, physical allocations, mappings, access
 // Entry points work under State::mutex; kernel bodies run with it released, so a body may call
 // back into the fake. Device pointers are host addresses of real (aligned_alloc) memory, so a
 // body may also read and write them directly.
@@ -96,6 +97,28 @@ struct Function {
   int max_dynamic = -1;  // set by cuFuncSetAttribute; -1: the 48 KiB default applies
 };
 
+inline constexpr std::size_t kVmmGranule = std::size_t{2} << 20;  // as on every current GPU
+
+// A cuMemAddressReserve range: address space (real PROT_NONE host pages), not memory.
+struct Reservation {
+  std::size_t size = 0;
+};
+
+// A cuMemCreate allocation. Released while mapped, it lives on until its last unmap.
+struct Physical {
+  std::size_t size = 0;
+  int device = 0;
+  bool released = false;
+  int mappings = 0;
+};
+
+// A cuMemMap of a physical allocation into a reservation; usable once access is set.
+struct Mapping {
+  std::size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  bool accessible = false;
+};
+
 struct FailRule {
   std::uint64_t nth = 0;
   bool onward = false;  // fail_from rather than fail_at
@@ -140,6 +163,9 @@ struct FakeDriver::State {
   std::map<CUfunction, fake::Function> functions;
   std::map<CUgraph, std::vector<fake::Node>> graphs;
   std::map<CUgraphExec, std::vector<fake::Node>> execs;
+  std::map<CUdeviceptr, fake::Reservation> reservations;  // by base address
+  std::map<CUmemGenericAllocationHandle, fake::Physical> physical;
+  std::map<CUdeviceptr, fake::Mapping> mappings;  // by mapped address
 };
 
 namespace fake {
@@ -198,6 +224,14 @@ auto locked(State& s, F f) {
 // ---- memory (fake_memory.cpp) ----
 // The live block holding all of [p, p + bytes) (bytes > 0), or null.
 const Alloc* find_range(const State& s, CUdeviceptr p, std::size_t bytes);
+// Whether [p, p + bytes) (bytes > 0) lies in a live block or in accessible mappings end to end.
+bool range_live(const State& s, CUdeviceptr p, std::size_t bytes);
+// Whether [p, p + bytes) is covered end to end by mappings whose access was set (fake_vmm.cpp).
+bool mapped_covers(const State& s, CUdeviceptr p, std::size_t bytes);
+// Bytes of physical allocations (cuMemCreate) live on device (-1: on all).
+std::size_t physical_bytes(const State& s, int device);
+// Unmaps the host pages of every reservation left at the fake's destruction.
+void drop_reservations(State& s) noexcept;
 // Whether every device range of op lies in a live block.
 bool ranges_valid(const State& s, const MemOp& op);
 // Real host memory, 256-byte aligned, filled with kFreshByte; 0 when the host is out.

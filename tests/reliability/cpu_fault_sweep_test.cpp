@@ -82,12 +82,14 @@ TEST(CpuFaultSweep, TheLifecycleRunsAndVerifiesWithoutFaults) {
   for (const std::string& p : teardown_problems(o)) ADD_FAILURE() << p;
   EXPECT_EQ(run.names.size(), run.calls);
   // The lifecycle reaches every kind of fallible call but synchronize_device (no model needs
-  // it), alloc_managed (only the managed-memory fallback makes one) and create_timing_event
-  // (only timing, the benchmarks', makes one).
+  // it), alloc_managed (only the managed-memory fallback makes one), create_timing_event (only
+  // timing, the benchmarks', makes one) and the lazy-buffer calls (tests/cpu/lazy_buffer_test.cpp
+  // fails each).
   std::map<std::string, int> kinds;
   for (const std::string& n : run.names) ++kinds[n];
   for (std::string_view name : CpuBackend::fault_call_names()) {
-    if (name != "synchronize_device" && name != "alloc_managed" && name != "create_timing_event") {
+    if (name != "synchronize_device" && name != "alloc_managed" && name != "create_timing_event" &&
+        !name.starts_with("lazy_")) {
       EXPECT_GT(kinds[std::string(name)], 0) << name;
     }
   }
