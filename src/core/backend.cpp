@@ -31,6 +31,12 @@ Backend::Backend()
 
 Backend::~Backend() = default;
 
+AllocStats Backend::alloc_stats() const {
+  AllocStats s = ledger_->stats();
+  s.scratch_pool = op_cache().pool_stats();
+  return s;
+}
+
 DevicePtr Backend::alloc(std::size_t bytes, std::source_location loc) {
   return allocate("alloc", bytes, MemoryKind::kDevice, CallSite::from(loc));
 }

@@ -21,12 +21,6 @@ std::size_t round_up(std::size_t v, std::size_t to) {
 
 }  // namespace
 
-double PoolStats::fragmentation() const noexcept {
-  return free_bytes == 0
-             ? 0.0
-             : 1.0 - static_cast<double>(largest_free_bytes) / static_cast<double>(free_bytes);
-}
-
 // One recorded event, destroyed when the last piece of its freed block is reaped.
 struct StreamPool::EventRef {
   Backend& backend;
