@@ -25,6 +25,8 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/host_module.h
   include/metrale/kernel_args.h
   include/metrale/lazy_buffer.h
+  include/metrale/pool_stats.h
+  include/metrale/stream_pool.h
   include/metrale/ledger.h
   include/metrale/model_resources.h
   include/metrale/model_scope.h

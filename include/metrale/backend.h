@@ -87,8 +87,8 @@ class Backend {
   std::string alloc_report(std::size_t top_n = 10, double min_mb = 0.0) const {
     return ledger_->report(top_n, min_mb);
   }
-  // Usage counters of this backend's ledger.
-  AllocStats alloc_stats() const { return ledger_->stats(); }
+  // Usage counters of this backend's ledger, with its OpCache's scratch pool figures.
+  AllocStats alloc_stats() const;
   // A read-only view of the ledger that outlives this backend.
   LedgerProbe ledger_probe() const { return LedgerProbe(ledger_); }
 
@@ -244,6 +244,8 @@ class Backend {
   virtual std::string kernel_name(KernelHandle kernel) const;
   // This backend's OpCache; every backend owns exactly one.
   virtual OpCache& op_cache() = 0;
+  // The same, read-only (usage figures).
+  virtual const OpCache& op_cache() const = 0;
 
   // ---- dense GEMMs (dense_gemm.h: the library a backend has, cuBLASLt on CUDA) ----
   // Why this backend runs no dense GEMM of kind, or "" when it does. Default: it has no library.

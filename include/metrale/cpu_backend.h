@@ -126,6 +126,7 @@ class CpuBackend final : public Backend {
   bool has_module(std::string_view module) const override;
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override;
+  const OpCache& op_cache() const override;
   std::string dense_gemm_unavailable(DenseKind kind) const override;
 
  protected:

@@ -15,6 +15,7 @@
 
 #include "metrale/call_site.h"
 #include "metrale/handles.h"
+#include "metrale/pool_stats.h"
 
 namespace metrale {
 
@@ -47,6 +48,9 @@ struct AllocStats {
   std::size_t allocation_count = 0;
   std::size_t free_count = 0;
   std::size_t failed_allocations = 0;  // allocations the backend reported as failed
+  // The OpCache's stream-ordered scratch pool (all zero without one). Its mapped bytes are one
+  // kLazy entry among the counts above; these say how they are used.
+  PoolStats scratch_pool;
 };
 
 class AllocationLedger {

@@ -21,10 +21,12 @@
 
 #include "metrale/handles.h"
 #include "metrale/model_scope.h"
+#include "metrale/pool_stats.h"
 
 namespace metrale {
 
 class Backend;
+class StreamPool;
 
 // 64-bit FNV-1a of bytes; the key hash of first_shape.
 constexpr std::uint64_t fnv1a64(std::string_view bytes) noexcept {
@@ -84,6 +86,20 @@ class OpCache final : public ModelResource {
   DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                     std::source_location loc = std::source_location::current());
 
+  // A scratch buffer of at least bytes for work queued on stream, memoized under tag (a tag
+  // belongs to one stream: ops::gemm_scratch_tag names it). Where the backend has lazy buffers
+  // it comes from this cache's stream-ordered pool (metrale/stream_pool.h): a larger request
+  // hands the old block back to the pool in stream order instead of retiring it, so growth
+  // costs no driver allocation once the pool holds the memory. Otherwise (no lazy buffers,
+  // METRALE_SCRATCH_POOL_MB=0, the pool full, or a growth refused during a capture) it is the
+  // scratch() above, and the first such fallback is logged once.
+  DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes, StreamHandle stream,
+                    std::source_location loc = std::source_location::current());
+  // The scratch pool's figures (all zero before its first request, or without a pool).
+  PoolStats pool_stats() const;
+  // One line on the scratch pool: its budget and use, or why scratch does not come from one.
+  std::string pool_summary() const;
+
   // Whether a loader latched the managed-memory fallback on this backend.
   bool alloc_fell_back() const noexcept { return fell_back_.load(std::memory_order_relaxed); }
   // Latches the managed-memory fallback for the rest of this backend's life.
@@ -141,7 +157,12 @@ class OpCache final : public ModelResource {
   struct Scratch {
     DevicePtr ptr;
     std::size_t bytes = 0;
+    bool pooled = false;  // a block of pool_, handed back to it rather than freed
+    StreamHandle stream;  // for a pooled block: the stream it serves
   };
+  // The pool, made on the first stream-ordered request (null when the backend has none or the
+  // switch turns it off; pool_off_ then says why).
+  StreamPool* pool_for(Backend& backend);
   struct ShapeHash {
     std::size_t operator()(const std::tuple<std::uint64_t, std::uint32_t, std::uint32_t,
                                             std::uint32_t>& t) const noexcept;
@@ -176,6 +197,11 @@ class OpCache final : public ModelResource {
   mutable std::mutex scratch_mu_;
   std::unordered_map<std::string, Scratch> scratch_;
   std::vector<Scratch> retired_;  // replaced by a larger buffer; freed by release()
+  mutable std::mutex pool_mu_;    // pool_ and pool_off_; never held across a pool call
+  std::shared_ptr<StreamPool> pool_;
+  bool pool_tried_ = false;
+  std::string pool_off_;  // why there is no pool
+  std::atomic<bool> pool_fallback_logged_{false};
 
   std::mutex gates_mu_;
   std::unordered_set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t, std::uint32_t>,

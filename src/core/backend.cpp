@@ -45,6 +45,12 @@ void Backend::flush_trace() noexcept {
   tracer_->flush();
 }
 
+AllocStats Backend::alloc_stats() const {
+  AllocStats s = ledger_->stats();
+  s.scratch_pool = op_cache().pool_stats();
+  return s;
+}
+
 DevicePtr Backend::alloc(std::size_t bytes, std::source_location loc) {
   return allocate("alloc", bytes, MemoryKind::kDevice, CallSite::from(loc));
 }

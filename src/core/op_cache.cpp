@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <optional>
@@ -10,6 +12,7 @@
 #include "core/log.h"
 #include "metrale/backend.h"
 #include "metrale/error.h"
+#include "metrale/stream_pool.h"
 
 namespace metrale {
 
@@ -229,12 +232,149 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
       // The replaced buffer is retired, not freed: work queued before this call may still
       // read it. release() frees it once the model's work is done.
       if (slot.ptr) retired_.push_back(slot);
-      slot = Scratch{fresh, bytes};
+      slot = Scratch{fresh, bytes, false, StreamHandle{}};
     }
   }
   if (closed || winner) backend.free(fresh);
   if (closed) throw released_error("scratch", fmt::format("tag '{}'", tag));
   return winner ? *winner : fresh;
+}
+
+namespace {
+
+constexpr const char* kPoolSwitch = "METRALE_SCRATCH_POOL_MB";
+
+// The scratch pool's budget: METRALE_SCRATCH_POOL_MB when set (0: no pool; anything but a
+// decimal count of MiB is named in a warning and ignored), else a quarter of the device's
+// memory. It is address space reserved, not memory: only what scratch uses is mapped.
+std::size_t pool_budget(const Backend& backend) {
+  const std::size_t fallback = backend.total_memory() / 4;
+  const char* text = std::getenv(kPoolSwitch);
+  if (text == nullptr || *text == '\0') return fallback;
+  const std::string_view v(text);
+  std::size_t mb = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mb);
+  if (ec != std::errc{} || end != v.data() + v.size() || mb > (SIZE_MAX >> 20)) {
+    log::warn("{}={} is not a whole number of MiB; ignored", kPoolSwitch, text);
+    return fallback;
+  }
+  return mb << 20;
+}
+
+}  // namespace
+
+StreamPool* OpCache::pool_for(Backend& backend) {
+  std::lock_guard lock(pool_mu_);
+  if (pool_tried_) return pool_.get();
+  pool_tried_ = true;
+  const std::size_t budget = pool_budget(backend);
+  if (budget == 0) {
+    pool_off_ = fmt::format("off ({}=0)", kPoolSwitch);
+    return nullptr;
+  }
+  try {
+    pool_ = std::make_shared<StreamPool>(backend, backend.reserve_lazy(budget, "op scratch pool"));
+  } catch (const Error& e) {
+    // No lazy buffers (kUnavailable) or a reservation the backend refused: plain scratch.
+    pool_off_ = fmt::format("off ({})", e.what());
+    if (e.code() != ErrorCode::kUnavailable) log::warn("op scratch pool: {}", e.what());
+  }
+  return pool_.get();
+}
+
+DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
+                           StreamHandle stream, std::source_location loc) {
+  if (bytes == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "scratch",
+                fmt::format("tag '{}': a scratch request of 0 bytes", tag));
+  }
+  const std::string key(tag);
+  {
+    std::lock_guard lock(scratch_mu_);
+    if (released_.load(std::memory_order_relaxed)) {
+      throw released_error("scratch", fmt::format("tag '{}'", tag));
+    }
+    const auto it = scratch_.find(key);
+    if (it != scratch_.end() && it->second.bytes >= bytes) return it->second.ptr;
+  }
+  StreamPool* pool = pool_for(backend);
+  DevicePtr fresh;
+  if (pool != nullptr) {
+    try {
+      fresh = pool->allocate(bytes, stream);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kOutOfMemory && e.code() != ErrorCode::kCapture) throw;
+      if (!pool_fallback_logged_.exchange(true)) {
+        log::warn("op scratch pool: tag '{}' ({} bytes) allocated outside the pool: {}", tag, bytes,
+                  e.what());
+      }
+    }
+  }
+  if (!fresh) return scratch(backend, tag, bytes, loc);
+  std::optional<DevicePtr> winner;
+  std::optional<Scratch> replaced;
+  bool closed = false;
+  {
+    std::lock_guard lock(scratch_mu_);
+    if (released_.load(std::memory_order_relaxed)) {
+      closed = true;
+    } else if (Scratch& slot = scratch_[key]; slot.ptr && slot.bytes >= bytes) {
+      winner = slot.ptr;
+    } else {
+      if (slot.ptr) replaced = slot;
+      slot = Scratch{fresh, bytes, true, stream};
+    }
+  }
+  if (closed || winner) pool->free(fresh, stream);
+  if (closed) throw released_error("scratch", fmt::format("tag '{}'", tag));
+  if (replaced) {
+    // Queued work on the tag's stream may still read the old block: the pool reuses it only
+    // after that work (stream order). A block that cannot go back yet is retired as before.
+    bool back = false;
+    if (replaced->pooled) {
+      try {
+        pool->free(replaced->ptr, replaced->stream);
+        back = true;
+      } catch (const Error& e) {
+        log::warn("op scratch pool: tag '{}' keeps its old block until release: {}", tag, e.what());
+      }
+    }
+    if (!back) {
+      std::lock_guard lock(scratch_mu_);
+      retired_.push_back(*replaced);
+    }
+  }
+  return winner ? *winner : fresh;
+}
+
+PoolStats OpCache::pool_stats() const {
+  std::shared_ptr<StreamPool> pool;
+  {
+    std::lock_guard lock(pool_mu_);
+    pool = pool_;
+  }
+  return pool ? pool->stats() : PoolStats{};
+}
+
+std::string OpCache::pool_summary() const {
+  std::shared_ptr<StreamPool> pool;
+  std::string off;
+  {
+    std::lock_guard lock(pool_mu_);
+    if (!pool_tried_) return "not used yet";
+    pool = pool_;
+    off = pool_off_;
+  }
+  if (!pool) return off;
+  const PoolStats s = pool->stats();
+  return fmt::format(
+      "{:.1f} MiB in use, peak {:.1f}, {:.1f} reserved of a {:.0f} MiB budget, fragmentation "
+      "{:.2f}; {} blocks, {} reused, {} growths",
+      static_cast<double>(s.current_bytes) / 1048576.0,
+      static_cast<double>(s.peak_bytes) / 1048576.0,
+      static_cast<double>(s.reserved_bytes) / 1048576.0,
+      static_cast<double>(pool->budget_bytes()) / 1048576.0, s.fragmentation(), s.allocations,
+      s.reuses, s.grows);
 }
 
 bool OpCache::first_n(std::string_view key, std::uint32_t n) {
@@ -290,6 +430,7 @@ void OpCache::release(Backend& backend) {
   std::optional<Error> first;
   std::string first_other;
   for (const auto& [tag, s] : taken) {
+    if (s.pooled) continue;  // the pool's release below takes it with the rest
     try {
       backend.free(s.ptr);
     } catch (const Error& e) {
@@ -298,6 +439,23 @@ void OpCache::release(Backend& backend) {
     } catch (const std::exception& e) {
       log::warn("op scratch: freeing '{}' failed: {}", tag, e.what());
       if (!first && first_other.empty()) first_other = e.what();
+    }
+  }
+  std::shared_ptr<StreamPool> pool;
+  {
+    // Taken out, so a second release finds no pool to release twice.
+    std::lock_guard lock(pool_mu_);
+    pool.swap(pool_);
+    pool_tried_ = true;
+    pool_off_ = "released";
+  }
+  if (pool) {
+    // Synchronizes the device, then unmaps: work queued on pooled blocks is done first.
+    try {
+      pool->release();
+    } catch (const Error& e) {
+      log::warn("op scratch: releasing the pool failed: {}", e.what());
+      if (!first && first_other.empty()) first = e;
     }
   }
   if (first) throw *first;

@@ -371,4 +371,8 @@ OpCache& CpuBackend::op_cache() {
   return impl_->cache;
 }
 
+const OpCache& CpuBackend::op_cache() const {
+  return impl_->cache;
+}
+
 }  // namespace metrale

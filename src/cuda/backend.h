@@ -94,6 +94,7 @@ class CudaBackend final : public Backend {
   bool has_module(std::string_view module) const override { return registry_->has(module); }
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override { return cache_; }
+  const OpCache& op_cache() const override { return cache_; }
   // cuBLASLt's reason when it is not loaded; for e4m3-block128 also a device below sm_90 or a
   // library older than 12.9. "" when this backend runs the kind.
   std::string dense_gemm_unavailable(DenseKind kind) const override {

@@ -228,8 +228,9 @@ Fp8Workspace scratch_workspace(const Fp8GemmPlan& plan, StreamHandle stream) {
   Backend& backend = *plan.backend;
   OpCache& cache = backend.op_cache();
   const auto part = [&](std::string_view tag, std::uint64_t bytes) {
-    return bytes == 0 ? DevicePtr{}
-                      : cache.scratch(backend, gemm_scratch_tag(backend, stream, tag), bytes);
+    return bytes == 0
+               ? DevicePtr{}
+               : cache.scratch(backend, gemm_scratch_tag(backend, stream, tag), bytes, stream);
   };
   Fp8Workspace ws;
   ws.a_codes = part("w8a8_activation", plan.workspace.a_codes);

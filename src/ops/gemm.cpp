@@ -667,8 +667,9 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
   OpCache& cache = backend.op_cache();
   GemmWorkspace ws;
   const auto part = [&](std::string_view tag, std::uint64_t bytes) {
-    return bytes == 0 ? DevicePtr{}
-                      : cache.scratch(backend, gemm_scratch_tag(backend, stream, tag), bytes);
+    return bytes == 0
+               ? DevicePtr{}
+               : cache.scratch(backend, gemm_scratch_tag(backend, stream, tag), bytes, stream);
   };
   ws.split_k = part("gemm_split_k", plan.workspace.split_k);
   ws.a_e4m3 = part("fp8_activation", plan.workspace.a_e4m3);

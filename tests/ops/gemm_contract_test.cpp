@@ -353,21 +353,30 @@ class GemmScratch : public GemmBackendTest {
     // Uploads before the count is taken: only what the op allocates is counted.
     const ops::QuantWeights w = upload_weights(row);
     const DevicePtr da = upload(a), dc = poisoned(m * n * 2);
-    before_ = b().alloc_stats().allocation_count;
+    const AllocStats before = b().alloc_stats();
     ops::w4a16_gemm(b(), stream(), da, m, w, dc,
                     {Activations::kAllowE4m3, GemmRoute::kE4m3, DevicePtr{}});
-    allocated_ = b().alloc_stats().allocation_count - before_;
+    allocated_ = scratch_blocks_since(before);
     expect_close(compare(read<std::uint16_t>(dc, m * n), reference(a, m, row, {}, AMode::kE4m3)),
                  kNormTol, "e4m3 route");
   }
   // Whether the cache holds the GEMM's scratch `base` for the fixture's stream with at least
   // bytes (asking allocates nothing if so).
   bool holds(std::string_view base, std::size_t bytes) {
-    const std::size_t n0 = b().alloc_stats().allocation_count;
-    b().op_cache().scratch(b(), ops::gemm_scratch_tag(b(), stream(), base), bytes);
-    return b().alloc_stats().allocation_count == n0;
+    const AllocStats before = b().alloc_stats();
+    b().op_cache().scratch(b(), ops::gemm_scratch_tag(b(), stream(), base), bytes, stream());
+    return scratch_blocks_since(before) == 0 &&
+           b().alloc_stats().allocation_count == before.allocation_count;
   }
-  std::size_t before_ = 0, allocated_ = 0;
+  // Scratch buffers handed out since before: blocks of the OpCache's pool where it has one
+  // (whose growth is one ledger entry for many blocks), else the ledger's allocations.
+  std::size_t scratch_blocks_since(const AllocStats& before) {
+    const AllocStats now = b().alloc_stats();
+    return now.scratch_pool.allocations > 0
+               ? now.scratch_pool.allocations - before.scratch_pool.allocations
+               : now.allocation_count - before.allocation_count;
+  }
+  std::size_t allocated_ = 0;
 };
 INSTANTIATE_TEST_SUITE_P(, GemmScratch, ::testing::Values("cpu", "cuda"), backend_name);
 

@@ -83,8 +83,8 @@ TEST(CpuFaultSweep, TheLifecycleRunsAndVerifiesWithoutFaults) {
   EXPECT_EQ(run.names.size(), run.calls);
   // The lifecycle reaches every kind of fallible call but synchronize_device (no model needs
   // it), alloc_managed (only the managed-memory fallback makes one), create_timing_event (only
-  // timing, the benchmarks', makes one) and the lazy-buffer calls (tests/cpu/lazy_buffer_test.cpp
-  // fails each).
+  // timing, the benchmarks', makes one) and the lazy-buffer calls (the scratch pool makes the
+  // first reservation and commit; tests/cpu/lazy_buffer_test.cpp fails each).
   std::map<std::string, int> kinds;
   for (const std::string& n : run.names) ++kinds[n];
   for (std::string_view name : CpuBackend::fault_call_names()) {
@@ -122,6 +122,10 @@ TEST(CpuFaultSweep, EveryFallibleCallFailsCleanlyAtEveryPosition) {
                logs.count(log::Level::kWarn, "weights go to managed memory") == 1) {
       // Documented recovery: a weight allocation that finds the device full falls back to
       // managed memory (weights.h), warns once, and the model runs (verified) a little slower.
+      verdict = kRecovered;
+    } else if (call == "lazy_reserve" && logs.count(log::Level::kWarn, "op scratch pool") == 1) {
+      // Documented recovery: the OpCache's scratch pool could not reserve its address space,
+      // so scratch comes from plain allocations (op_cache.h), with one warning.
       verdict = kRecovered;
     } else {
       ADD_FAILURE() << where << ": the injected failure went unnoticed (the run completed)";

@@ -452,7 +452,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
               dense_plans.back().workspace_bytes == 0
                   ? DevicePtr{}
                   : b.op_cache().scratch(b, ops::gemm_scratch_tag(b, stream, "blas_workspace"),
-                                         dense_plans.back().workspace_bytes));
+                                         dense_plans.back().workspace_bytes, stream));
           plan_text = fmt::format("dense bf16 M={} N={} K={}: {}; workspace {} B", m, l.n, l.k,
                                   dense_plans.back().describe, dense_plans.back().workspace_bytes);
         } else if (v.w8a8) {
@@ -529,6 +529,9 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     cs.pct_bw = 100.0 * cs.gbps * 1e9 / roof.bandwidth;
   }
   if (gpu) b.destroy_stream(stream);
+  // The scratch pool's figures after every case ran, before teardown gives its memory back.
+  const PoolStats pool = b.alloc_stats().scratch_pool;
+  const std::string pool_line = b.op_cache().pool_summary();
   plant_leak_for_tests(b);
   const std::string report_before = b.alloc_report(5);
   const TeardownReport td = scope.teardown();
@@ -566,6 +569,17 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"flops_of", roof.flops_of}}},
                        {"decode_layout_pack_s", pack_seconds},
                        {"w8a8_requantize_s", requant_seconds},
+                       {"scratch_pool",
+                        {{"summary", pool_line},
+                         {"current_bytes", pool.current_bytes},
+                         {"peak_bytes", pool.peak_bytes},
+                         {"reserved_bytes", pool.reserved_bytes},
+                         {"free_bytes", pool.free_bytes},
+                         {"largest_free_bytes", pool.largest_free_bytes},
+                         {"fragmentation", pool.fragmentation()},
+                         {"allocations", pool.allocations},
+                         {"reuses", pool.reuses},
+                         {"grows", pool.grows}}},
                        {"live_bytes_after_teardown", probe.live_bytes()},
                        {"swept_after_teardown", td.swept},
                        {"passed", ok}};
@@ -650,6 +664,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                bl.seconds * 1e3, static_cast<double>(bl.m) / (bl.seconds * shape.blocks),
                shape.blocks);
   }
+  fmt::print("\nscratch pool: {}\n", pool_line);
   fmt::print("\nteardown: {} resource(s) released, {} swept, {} live bytes on the ledger{}\n",
              td.released, td.swept, probe.live_bytes(), zero ? "" : " — FAILED");
   if (!zero) {
