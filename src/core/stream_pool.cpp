@@ -253,14 +253,8 @@ void StreamPool::release() {
                 fmt::format("the pool '{}' is released already", buffer_.label()));
   }
   released_ = true;
-  // The owner's queued work may still read the blocks or wait on the frees' events: let it end
-  // before the events go (the buffer's release synchronizes again, and reports its own failures).
-  try {
-    backend_.synchronize_device();
-  } catch (const std::exception& e) {
-    log::warn("stream pool '{}': synchronizing before release failed: {}", buffer_.label(),
-              e.what());
-  }
+  // Destroying an event that queued work has yet to reach is allowed (the driver frees it once
+  // reached); the buffer's release then synchronizes the device before it unmaps anything.
   pending_.clear();  // destroys the events
   ready_.clear();
   used_.clear();

@@ -149,6 +149,19 @@ TEST(FakeFaultSweep, EveryDriverCallFailsCleanlyAtEveryPosition) {
         // Documented recovery: a weight allocation that finds the device full falls back to
         // managed memory (weights.h), warns once, and the model runs (verified) slower.
         verdict = kRecovered;
+      } else if ((entry == "cuMemAddressReserve" || entry == "cuMemGetAllocationGranularity") &&
+                 logs.count(log::Level::kWarn, "op scratch pool") == 1) {
+        // Documented recovery: the OpCache's scratch pool could not reserve its address space,
+        // so scratch comes from plain allocations (op_cache.h), with one warning.
+        verdict = kRecovered;
+      } else if ((entry == "cuMemUnmap" || entry == "cuMemRelease" || entry == "cuMemAddressFree" ||
+                  entry == "cuCtxSynchronize" || entry == "cuCtxSetCurrent") &&
+                 !o.teardown.failures.empty() &&
+                 o.teardown.failures.front().message.find(entry) != std::string::npos) {
+        // Documented: the scratch pool's lazy buffer is released at teardown, which reports a
+        // refused step (or the bind of its synchronize) as the teardown's failure and still
+        // tries every other step (lazy_buffer.h); the check below holds that nothing is left.
+        verdict = kRefused;
       } else if (entry == "cuCtxSetCurrent") {
         // Documented recovery: cleanup paths (frees, destroys, teardown) bind the context
         // quietly and let the call that follows report what it finds (cuda/host.h); here the
@@ -169,7 +182,7 @@ TEST(FakeFaultSweep, EveryDriverCallFailsCleanlyAtEveryPosition) {
         left.push_back("teardown failed: " + o.teardown.failures.front().message);
       }
       FakeOutstanding expect;
-      if (verdict == kRefused) expect.*kind = 1;
+      if (verdict == kRefused && kind != nullptr) expect.*kind = 1;
       const FakeOutstanding got = p.fd.outstanding();
       if (str(got) != str(expect)) {
         left.push_back(fmt::format("the driver holds {} (expected {})", str(got), str(expect)));
