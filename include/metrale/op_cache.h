@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <source_location>
 #include <string>
@@ -160,6 +161,9 @@ class OpCache final : public ModelResource {
     bool pooled = false;  // a block of pool_, handed back to it rather than freed
     StreamHandle stream;  // for a pooled block: the stream it serves
   };
+  // The tag's buffer when it holds at least bytes, else nullopt; Error for 0 bytes or a released
+  // cache.
+  std::optional<DevicePtr> held_scratch(std::string_view tag, std::size_t bytes) const;
   // The pool, made on the first stream-ordered request (null when the backend has none or the
   // switch turns it off; pool_off_ then says why).
   StreamPool* pool_for(Backend& backend);

@@ -201,21 +201,24 @@ void OpCache::publish_snapshot_locked() {
   snapshot_.store(published, std::memory_order_release);
 }
 
-DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
-                           std::source_location loc) {
+std::optional<DevicePtr> OpCache::held_scratch(std::string_view tag, std::size_t bytes) const {
   if (bytes == 0) {
     throw Error(ErrorCode::kInvalidArgument, "scratch",
                 fmt::format("tag '{}': a scratch request of 0 bytes", tag));
   }
-  const std::string key(tag);
-  {
-    std::lock_guard lock(scratch_mu_);
-    if (released_.load(std::memory_order_relaxed)) {
-      throw released_error("scratch", fmt::format("tag '{}'", tag));
-    }
-    const auto it = scratch_.find(key);
-    if (it != scratch_.end() && it->second.bytes >= bytes) return it->second.ptr;
+  std::lock_guard lock(scratch_mu_);
+  if (released_.load(std::memory_order_relaxed)) {
+    throw released_error("scratch", fmt::format("tag '{}'", tag));
   }
+  const auto it = scratch_.find(std::string(tag));
+  if (it != scratch_.end() && it->second.bytes >= bytes) return it->second.ptr;
+  return std::nullopt;
+}
+
+DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
+                           std::source_location loc) {
+  if (const std::optional<DevicePtr> held = held_scratch(tag, bytes)) return *held;
+  const std::string key(tag);
   // Allocate outside the lock (never hold a lock across a driver call), then install unless
   // another thread installed a buffer that fits meanwhile, or the cache was released meanwhile
   // (then nobody would ever free it but the sweep).
@@ -284,19 +287,8 @@ StreamPool* OpCache::pool_for(Backend& backend) {
 
 DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                            StreamHandle stream, std::source_location loc) {
-  if (bytes == 0) {
-    throw Error(ErrorCode::kInvalidArgument, "scratch",
-                fmt::format("tag '{}': a scratch request of 0 bytes", tag));
-  }
+  if (const std::optional<DevicePtr> held = held_scratch(tag, bytes)) return *held;
   const std::string key(tag);
-  {
-    std::lock_guard lock(scratch_mu_);
-    if (released_.load(std::memory_order_relaxed)) {
-      throw released_error("scratch", fmt::format("tag '{}'", tag));
-    }
-    const auto it = scratch_.find(key);
-    if (it != scratch_.end() && it->second.bytes >= bytes) return it->second.ptr;
-  }
   StreamPool* pool = pool_for(backend);
   DevicePtr fresh;
   if (pool != nullptr) {

@@ -12,6 +12,7 @@
 #include "metrale/ledger.h"
 #include "metrale/op_cache.h"
 #include "support/log_capture.h"
+#include "support/scoped_env.h"
 
 namespace metrale {
 namespace {
@@ -21,14 +22,7 @@ using testing::LogCapture;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 std::unique_ptr<CpuBackend> cpu() {
   return std::make_unique<CpuBackend>(CpuBackendOptions{builtin_host_modules(), 1});

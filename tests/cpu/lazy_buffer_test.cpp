@@ -21,6 +21,7 @@
 #include "metrale/model_scope.h"
 #include "metrale/ops/elementwise.h"
 #include "support/log_capture.h"
+#include "support/scoped_env.h"
 
 namespace metrale {
 namespace {
@@ -31,15 +32,7 @@ using ::testing::HasSubstr;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kGranule = 2 * kMiB;
 
-// Sets an environment switch for one test and restores "unset" after it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 // The protection of the mapping holding address, as /proc/self/maps prints it ("rw-p",
 // "---p"), so a test sees what the kernel committed rather than what the buffer believes.

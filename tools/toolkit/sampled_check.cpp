@@ -17,6 +17,10 @@ std::string SampledCheck::str() const {
       normalized, tolerance, samples, worst);
 }
 
+double bound_ratio(double d, double bound) noexcept {
+  return std::isnan(d) ? INFINITY : bound > 0.0 ? std::fabs(d) / bound : d == 0.0 ? 0.0 : INFINITY;
+}
+
 SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
                            const HostQuantWeights& w, std::int64_t m, ops::GemmRoute route,
                            std::mt19937_64& rng, int samples) {
@@ -42,12 +46,7 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
     num += d * d;
     den += ref.value * ref.value;
     const double bound = element_bound(ref.value, ref.abs_sum, w.k, tol.reference);
-    // NaN (an unwritten output) and a nonzero error against a zero bound are infinitely far.
-    const double ratio = std::isnan(d) ? INFINITY
-                         : bound > 0.0 ? std::fabs(d) / bound
-                         : d == 0.0    ? 0.0
-                                       : INFINITY;
-    r.worst = std::max(r.worst, ratio);
+    r.worst = std::max(r.worst, bound_ratio(d, bound));
   }
   r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
   return r;

@@ -88,11 +88,7 @@ SampledCheck sampled_check_w8a8(std::span<const std::uint16_t> a, std::span<cons
     num += (got - ref.aware) * (got - ref.aware);
     den += ref.aware * ref.aware;
     const double d = got - ref.value;
-    const double ratio = std::isnan(d)     ? INFINITY
-                         : ref.bound > 0.0 ? std::fabs(d) / ref.bound
-                         : d == 0.0        ? 0.0
-                                           : INFINITY;
-    r.worst = std::max(r.worst, ratio);
+    r.worst = std::max(r.worst, bound_ratio(d, ref.bound));
   }
   r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
   return r;

@@ -23,6 +23,10 @@ struct SampledCheck {
   std::string str() const;
 };
 
+// |d| / bound, the share of its bound an error d uses: infinity for NaN (an unwritten output)
+// and for a nonzero error against a zero bound, 0 for no error against one.
+double bound_ratio(double d, double bound) noexcept;
+
 // Samples outputs of C[M, N] = A · dequant(W)ᵀ (BF16 A and C, row-major) computed by `route`
 // (the one that ran, not kAuto) and compares them with the float64 reference the table names for
 // it (the e4m3-aware one for kE4m3). Throws Error(kInvalidArgument) when a or c is smaller than
