@@ -96,6 +96,9 @@ class OpCache final : public ModelResource {
   // scratch() above, and the first such fallback is logged once.
   DevicePtr scratch(Backend& backend, std::string_view tag, std::size_t bytes, StreamHandle stream,
                     std::source_location loc = std::source_location::current());
+  // For a backend's destructor, before its streams and events go: the scratch pool stops calling
+  // into the backend (StreamPool::abandon). The cache is not usable for pooled scratch after.
+  void detach_pool() noexcept;
   // The scratch pool's figures (all zero before its first request, or without a pool).
   PoolStats pool_stats() const;
   // One line on the scratch pool: its budget and use, or why scratch does not come from one.

@@ -59,6 +59,10 @@ class StreamPool {
   // done) and releases the lazy buffer; throws its first failure. A second call throws
   // Error(kState) naming StreamPool::release.
   void release();
+  // For a backend being destroyed, before its event table goes: the pool forgets its blocks and
+  // pending events without another call into the backend (which destroys the events it still
+  // holds; its ledger sweep releases the buffer). Later calls throw Error(kState).
+  void abandon() noexcept;
 
  private:
   struct EventRef;

@@ -339,6 +339,15 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
   return winner ? *winner : fresh;
 }
 
+void OpCache::detach_pool() noexcept {
+  std::shared_ptr<StreamPool> pool;
+  {
+    std::lock_guard lock(pool_mu_);
+    pool = pool_;
+  }
+  if (pool) pool->abandon();
+}
+
 PoolStats OpCache::pool_stats() const {
   std::shared_ptr<StreamPool> pool;
   {

@@ -25,10 +25,12 @@ std::size_t round_up(std::size_t v, std::size_t to) {
 struct StreamPool::EventRef {
   Backend& backend;
   EventHandle event;
+  bool armed = true;  // false once the backend is going: it destroys its own events then
   EventRef(Backend& b, EventHandle e) : backend(b), event(e) {}
   EventRef(const EventRef&) = delete;
   EventRef& operator=(const EventRef&) = delete;
   ~EventRef() {
+    if (!armed) return;
     try {
       backend.destroy_event(event);
     } catch (const std::exception& e) {
@@ -244,6 +246,16 @@ PoolStats StreamPool::stats_locked() const {
 PoolStats StreamPool::stats() const {
   std::lock_guard lock(mu_);
   return stats_locked();
+}
+
+void StreamPool::abandon() noexcept {
+  std::lock_guard lock(mu_);
+  released_ = true;
+  for (Pending& p : pending_) p.event->armed = false;
+  pending_.clear();
+  ready_.clear();
+  used_.clear();
+  counts_.current_bytes = 0;
 }
 
 void StreamPool::release() {

@@ -54,6 +54,8 @@ CpuBackend::CpuBackend(CpuBackendOptions options)
 }
 
 CpuBackend::~CpuBackend() {
+  // The cache outlives the streams in impl_: its scratch pool must not reach them again.
+  impl_->cache.detach_pool();
   try {
     sweep_unreleased();
   } catch (const std::exception& e) {

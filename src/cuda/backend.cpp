@@ -56,6 +56,9 @@ CudaBackend::CudaBackend(std::shared_ptr<CudaHost> host, std::shared_ptr<ModuleR
     : host_(required(std::move(host))), registry_(required(std::move(registry))) {}
 
 CudaBackend::~CudaBackend() {
+  // The scratch pool's pending events are in events_, destroyed below: it must not reach them
+  // again when the cache goes with the members.
+  cache_.detach_pool();
   // A model may be dropped on a thread that never called into it.
   host_->bind_quietly();
   try {
