@@ -2,7 +2,7 @@
 # Every test, from a fresh checkout: formatting; the warnings-as-errors build and its tests
 # (build/); the whole suite again under AddressSanitizer + UBSan (build-asan/); the concurrency
 # tests under ThreadSanitizer (build-tsan/); and each libFuzzer target for FUZZ_SECONDS (default
-# 45) on its committed corpus, after replaying every kept crash input (build-fuzz/).
+# 20) on its committed corpus, after replaying every kept crash input (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A failing test's own output in the log. See Note [failing test output in the log] in
@@ -26,4 +26,4 @@ cmake --preset tsan
 cmake --build --preset tsan -j "$jobs"
 ctest --preset tsan -j "$jobs"
 
-scripts/fuzz.sh "${FUZZ_SECONDS:-45}"
+scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
