@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "cpu/kernels/decode_bf16.h"
+#include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "metrale/numerics.h"
 
@@ -288,132 +289,6 @@ template <DecodeKind K, int MB>
   }
 }
 
-// ---- tiled: dequantized panels of up to kTileN columns, reused by every row of A ----
-
-constexpr std::int64_t kTileN = 64;
-constexpr std::int64_t kTileK = 256;  // a multiple of both group sizes
-
-// Dequantizes columns [n0, n0 + nc) × k in [k0, k0 + kc) into panel[kk][j] (scales applied).
-inline void build_panel(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
-                        std::int64_t kc, float* panel) {
-  const Tables& t = tables();
-  for (std::int64_t j = 0; j < nc; ++j) {
-    for (std::int64_t kk = 0; kk < kc; ++kk) {
-      const std::int64_t k = k0 + kk;
-      panel[kk * kTileN + j] = t.e2m1[w.code(n0 + j, k)] * w.scale(n0 + j, k / w.group);
-    }
-  }
-  for (std::int64_t j = nc; j < kTileN; ++j) {
-    for (std::int64_t kk = 0; kk < kc; ++kk) panel[kk * kTileN + j] = 0.0f;
-  }
-}
-
-// The register block of the tiled route: MR rows of A times the 64-column panel, accumulated in
-// ctile (MR rows of 64 floats).
-template <int MR>
-[[METRALE_TARGET_AVX512]] void tile_avx512(const float* panel, const float* a, std::int64_t kc,
-                                           float* ctile) {
-  __m512 acc[MR][4];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(ctile + r * kTileN + v * 16);
-  for (std::int64_t kk = 0; kk < kc; ++kk) {
-    const float* prow = panel + kk * kTileN;
-    const __m512 w0 = _mm512_loadu_ps(prow), w1 = _mm512_loadu_ps(prow + 16),
-                 w2 = _mm512_loadu_ps(prow + 32), w3 = _mm512_loadu_ps(prow + 48);
-#pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * kTileK + kk]);
-      acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(av, w3, acc[r][3]);
-    }
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(ctile + r * kTileN + v * 16, acc[r][v]);
-}
-
-// The same with AVX2: MR rows times one 16-column slice of the panel.
-template <int MR>
-[[METRALE_TARGET_AVX2]] void tile_avx2(const float* panel, const float* a, std::int64_t kc,
-                                       float* ctile) {
-  for (int col = 0; col < kTileN; col += 16) {
-    __m256 acc[MR][2];
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < 2; ++v) acc[r][v] = _mm256_loadu_ps(ctile + r * kTileN + col + v * 8);
-    for (std::int64_t kk = 0; kk < kc; ++kk) {
-      const float* prow = panel + kk * kTileN + col;
-      const __m256 w0 = _mm256_loadu_ps(prow), w1 = _mm256_loadu_ps(prow + 8);
-#pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) {
-        const __m256 av = _mm256_set1_ps(a[r * kTileK + kk]);
-        acc[r][0] = _mm256_fmadd_ps(av, w0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(av, w1, acc[r][1]);
-      }
-    }
-    for (int r = 0; r < MR; ++r)
-      for (int v = 0; v < 2; ++v) _mm256_storeu_ps(ctile + r * kTileN + col + v * 8, acc[r][v]);
-  }
-}
-
-// Portable register block: plain loops the compiler vectorizes for the baseline ISA.
-template <int MR>
-void tile_portable(const float* panel, const float* a, std::int64_t kc, float* ctile) {
-  for (std::int64_t kk = 0; kk < kc; ++kk) {
-    const float* prow = panel + kk * kTileN;
-    for (int r = 0; r < MR; ++r) {
-      const float av = a[r * kTileK + kk];
-      for (int j = 0; j < kTileN; ++j) ctile[r * kTileN + j] += av * prow[j];
-    }
-  }
-}
-
-void tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
-  const Weights w(p);
-  const std::int64_t nc = n1 - n0;
-  thread_local std::vector<float> panel, ctile, arows;
-  panel.assign(kTileK * kTileN, 0.0f);
-  arows.assign(4 * kTileK, 0.0f);
-  ctile.assign(static_cast<std::size_t>(p.m) * kTileN, 0.0f);
-  const std::uint16_t* a = at<const std::uint16_t>(p.a);
-  for (std::int64_t k0 = 0; k0 < p.k; k0 += kTileK) {
-    const std::int64_t kc = std::min(kTileK, p.k - k0);
-    build_panel(w, n0, nc, k0, kc, panel.data());
-    // Rows of A for one register block, converted to FP32 once and reused by all 64 columns
-    // (broadcast from memory in the micro-kernel instead of converted per multiply).
-    auto stage = [&](std::int64_t m0, int rows) {
-      for (int r = 0; r < rows; ++r) {
-        const std::uint16_t* src = a + (m0 + r) * p.k + k0;
-        for (std::int64_t kk = 0; kk < kc; ++kk) arows[r * kTileK + kk] = num::bf16_to_f32(src[kk]);
-      }
-    };
-    std::int64_t m0 = 0;
-    for (; m0 + 4 <= p.m; m0 += 4) {
-      stage(m0, 4);
-      float* cr = ctile.data() + m0 * kTileN;
-      if (isa <= Isa::kAvx512)  // the BF16 level adds nothing here
-        tile_avx512<4>(panel.data(), arows.data(), kc, cr);
-      else if (isa == Isa::kAvx2)
-        tile_avx2<4>(panel.data(), arows.data(), kc, cr);
-      else
-        tile_portable<4>(panel.data(), arows.data(), kc, cr);
-    }
-    for (; m0 < p.m; ++m0) {
-      stage(m0, 1);
-      float* cr = ctile.data() + m0 * kTileN;
-      if (isa <= Isa::kAvx512)  // the BF16 level adds nothing here
-        tile_avx512<1>(panel.data(), arows.data(), kc, cr);
-      else if (isa == Isa::kAvx2)
-        tile_avx2<1>(panel.data(), arows.data(), kc, cr);
-      else
-        tile_portable<1>(panel.data(), arows.data(), kc, cr);
-    }
-  }
-  for (std::int64_t m = 0; m < p.m; ++m) {
-    for (std::int64_t j = 0; j < nc; ++j) store(p, m, n0 + j, ctile[m * kTileN + j]);
-  }
-}
-
 [[METRALE_TARGET_AVX512]] void decode_avx512(const GemmParams& p, std::int64_t n0,
                                              std::int64_t n1) {
   decode_sliced<DecodeKind::kAvx512>(p, n0, n1);
@@ -484,13 +359,26 @@ void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa)
   }
 }
 
-void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
-  // With BF16 dot products the decode kernel's register tile (16 rows of A against each decoded
-  // 64-weight chunk) is itself the better tiled kernel: 4x the FP32 panel kernel at M = 64, whose
-  // scalar panel build dominates (docs/PERF.md). The weights stream once per 16 rows, which at
-  // these rates is compute-bound, not memory-bound.
-  if (isa == Isa::kAvx512Bf16 && !(p.flags & kGemmTransposed)) return decode_avx512bf16(p, n0, n1);
-  tiled(p, n0, n1, isa);
+void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int64_t m0,
+                std::int64_t m1, Isa isa) {
+  // Rows [m0, m1) as a GEMM of their own: A and C start at row m0.
+  GemmParams q = p;
+  q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
+  q.out += static_cast<std::uint64_t>(m0 * p.n * 2);
+  q.m = m1 - m0;
+  // Columns whose E8M0 scales a panel cannot carry exactly take the decode kernels, which scale
+  // each block's sum (tiled_panels.h).
+  if (!scales_fit_panels(Weights(p), n0, n1 - n0)) return gemm_decode(q, n0, n1, isa);
+  switch (isa) {
+    case Isa::kAvx512Bf16:
+      return tiled_avx512bf16(q, n0, n1);
+    case Isa::kAvx512:
+      return tiled_avx512(q, n0, n1);
+    case Isa::kAvx2:
+      return tiled_avx2(q, n0, n1);
+    case Isa::kPortable:
+      return tiled_portable(q, n0, n1);
+  }
 }
 
 void gemm_e4m3(const GemmParams& p, std::int64_t n0, std::int64_t n1) {

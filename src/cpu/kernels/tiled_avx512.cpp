@@ -1,0 +1,244 @@
+// The tiled route on AVX-512 processors (tiled_panels.h has the block loop): per 32 output
+// columns, K in panels of 256 dequantized once per block with the block scales multiplied in
+// (exact: see tiled_panels.h), then register tiles over every row tile of the block. With
+// AVX-512 BF16 a panel holds BF16 pairs for vdpbf16ps; without, FP32 for FMAs. See Note [CPU
+// tiled panels] in docs/NOTES.md for the layouts and the figures behind them.
+//
+// A BF16 panel holds pair p (k = 2p and 2p + 1) of column c as one dword at p * 32 + c, the low
+// BF16 the even k, as vdpbf16ps pairs them. A row's pair is broadcast from A as it lies (two
+// consecutive BF16), so lane c of one vdpbf16ps adds A[m, 2p] W[c, 2p] + A[m, 2p + 1] W[c, 2p + 1]:
+// an 8 × 32 tile reads each panel vector once per 8 rows and each A pair once per 32 columns. An
+// FP32 panel holds k of column c at k * 32 + c, and A is staged in FP32 for the broadcasts.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernels/tiled_panels.h"
+#include "cpu/kernels/w4a16_shared.h"
+
+// See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace metrale::cpu::w4a16::detail {
+namespace {
+
+#define METRALE_TARGET_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+
+// rows[i] dword j -> rows[j] dword i: 16 × 16 dwords in four rounds of 16 shuffles.
+[[METRALE_TARGET_AVX512, gnu::always_inline]] inline void transpose16(__m512i* r) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // b[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    b[g] = _mm512_unpacklo_epi64(a[g], a[g + 2]);
+    b[g + 1] = _mm512_unpackhi_epi64(a[g], a[g + 2]);
+    b[g + 2] = _mm512_unpacklo_epi64(a[g + 1], a[g + 3]);
+    b[g + 3] = _mm512_unpackhi_epi64(a[g + 1], a[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88);
+    const __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
+    const __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x88);
+    const __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(e0, f0, 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xDD);
+  }
+}
+
+// 16 columns' pair of weights, from their code bytes in the low byte of each lane (the bits
+// above are ignored), times their block scales: the even k (lo) and the odd k (hi) in FP32.
+struct Pair16 {
+  __m512 lo, hi;
+};
+[[METRALE_TARGET_AVX512, gnu::always_inline]] inline Pair16 decode_pair(__m512i bytes,
+                                                                        __m512 scale, __m512 lut) {
+  return {_mm512_mul_ps(_mm512_permutexvar_ps(bytes, lut), scale),
+          _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), lut), scale)};
+}
+
+// Writes pair p of columns c0..c0+15 into a panel: BF16 pairs (truncation is exact here) or two
+// FP32 rows.
+template <bool Bf16, class Panel>
+[[METRALE_TARGET_AVX512, gnu::always_inline]] inline void put_pair(Panel* panel, std::int64_t p,
+                                                                   int c0, Pair16 v) {
+  if constexpr (Bf16) {
+    const __m512i words = _mm512_mask_blend_epi16(
+        0x55555555, _mm512_castps_si512(v.hi), _mm512_srli_epi32(_mm512_castps_si512(v.lo), 16));
+    _mm512_storeu_si512(panel + p * kPanelCols + c0, words);
+  } else {
+    _mm512_storeu_ps(panel + 2 * p * kPanelCols + c0, v.lo);
+    _mm512_storeu_ps(panel + (2 * p + 1) * kPanelCols + c0, v.hi);
+  }
+}
+
+// Dequantizes columns [n0, n0 + nc) × [k0, k0 + kc) into a panel (layouts above); columns past
+// nc are zero.
+template <bool Bf16, class Panel>
+[[METRALE_TARGET_AVX512]] void pack_panel(const Weights& w, std::int64_t n0, std::int64_t nc,
+                                          std::int64_t k0, std::int64_t kc, Panel* panel) {
+  alignas(64) float scales[kPanelK / 16 * kPanelCols];
+  panel_scales(w, n0, nc, k0, kc, scales);
+  const __m512 lut = _mm512_loadu_ps(tables().e2m1);
+  const std::int64_t pairs = kc / 2, row_bytes = w.k / 2;
+  const int shift = pair_group_shift(w);
+  for (int c0 = 0; c0 < kPanelCols; c0 += 16) {
+    const int live = static_cast<int>(std::clamp<std::int64_t>(nc - c0, 0, 16));
+    auto scale_of = [&](std::int64_t pair)
+        __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) {
+      return _mm512_load_ps(scales + (pair >> shift) * kPanelCols + c0);
+    };
+    if (w.transposed) {
+      // Pair p of every column is one run of bytes: no transpose.
+      const __mmask16 cols = static_cast<__mmask16>((1u << live) - 1);
+      for (std::int64_t p = 0; p < pairs; ++p) {
+        const __m128i raw = _mm_maskz_loadu_epi8(cols, w.codes + (k0 / 2 + p) * w.n + n0 + c0);
+        put_pair<Bf16>(panel, p, c0, decode_pair(_mm512_cvtepu8_epi32(raw), scale_of(p), lut));
+      }
+      continue;
+    }
+    // Row-major: 64 code bytes (64 pairs) of 16 columns at a time, transposed so that vector d
+    // holds pairs 4d..4d+3 of every column, one byte each.
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += 64) {
+      const int words = static_cast<int>(std::min<std::int64_t>(16, (pairs - p0) / 4));
+      const __mmask16 mask = static_cast<__mmask16>((1u << words) - 1);
+      __m512i r[16];
+      for (int j = 0; j < 16; ++j) {
+        if (j >= live) {
+          r[j] = _mm512_setzero_si512();
+          continue;
+        }
+        const std::uint8_t* src = w.codes + (n0 + c0 + j) * row_bytes + k0 / 2 + p0;
+        r[j] = _mm512_maskz_loadu_epi32(mask, src);
+        // The next panel's bytes of this row: 16 rows' misses at once would stall the pack
+        // (it was memory-latency-bound), and a prefetch never faults.
+        _mm_prefetch(reinterpret_cast<const char*>(src + kPanelK / 2), _MM_HINT_T0);
+      }
+      transpose16(r);
+      for (int d = 0; d < words; ++d) {
+        for (int q = 0; q < 4; ++q) {
+          const std::int64_t p = p0 + 4 * d + q;
+          put_pair<Bf16>(panel, p, c0,
+                         decode_pair(_mm512_srli_epi32(r[d], 8 * q), scale_of(p), lut));
+        }
+      }
+    }
+  }
+}
+
+// acc[MR rows, 32] (FP32, row stride ldc) += A[MR rows, kc] · BF16 panel.
+template <int MR>
+[[METRALE_TARGET_AVX512BF16]] void tile_bf16(const std::uint16_t* a, std::int64_t lda,
+                                             const std::uint32_t* panel, std::int64_t kc,
+                                             float* acc, std::int64_t ldc) {
+  __m512 c[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    c[r][0] = _mm512_loadu_ps(acc + r * ldc);
+    c[r][1] = _mm512_loadu_ps(acc + r * ldc + 16);
+  }
+  for (std::int64_t p = 0; p < kc / 2; ++p) {
+    const auto w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols));
+    const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols + 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      std::uint32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, sizeof pair);
+      const auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], w0, x);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], w1, x);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_storeu_ps(acc + r * ldc, c[r][0]);
+    _mm512_storeu_ps(acc + r * ldc + 16, c[r][1]);
+  }
+}
+
+// acc[MR rows, 32] += A[MR rows, kc] (staged FP32) · FP32 panel.
+template <int MR>
+[[METRALE_TARGET_AVX512]] void tile_f32(const float* a, std::int64_t lda, const float* panel,
+                                        std::int64_t kc, float* acc, std::int64_t ldc) {
+  __m512 c[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    c[r][0] = _mm512_loadu_ps(acc + r * ldc);
+    c[r][1] = _mm512_loadu_ps(acc + r * ldc + 16);
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(panel + k * kPanelCols);
+    const __m512 w1 = _mm512_loadu_ps(panel + k * kPanelCols + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * lda + k]);
+      c[r][0] = _mm512_fmadd_ps(x, w0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(x, w1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_storeu_ps(acc + r * ldc, c[r][0]);
+    _mm512_storeu_ps(acc + r * ldc + 16, c[r][1]);
+  }
+}
+
+// Row tiles of 8: 16 accumulators and two panel vectors leave registers for the broadcasts.
+struct Bf16Kernel {
+  using Panel = std::uint32_t;
+  using AElem = std::uint16_t;
+  static constexpr int kRows = 8;
+  static const AElem* stage(const GemmParams& p, std::int64_t k0, std::int64_t,
+                            std::vector<AElem>&, std::int64_t& lda) {
+    return unstaged_a(p, k0, lda);
+  }
+  static void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
+                   std::int64_t kc, Panel* panel) {
+    pack_panel<true>(w, n0, nc, k0, kc, panel);
+  }
+  static void tile(int rows, const AElem* a, std::int64_t lda, const Panel* panel, std::int64_t kc,
+                   float* acc, std::int64_t ldc) {
+    static constexpr void (*kTiles[])(const AElem*, std::int64_t, const Panel*, std::int64_t,
+                                      float*, std::int64_t) = {
+        tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>,
+        tile_bf16<5>, tile_bf16<6>, tile_bf16<7>, tile_bf16<8>};
+    kTiles[rows - 1](a, lda, panel, kc, acc, ldc);
+  }
+};
+
+struct F32Kernel {
+  using Panel = float;
+  using AElem = float;
+  static constexpr int kRows = 8;
+  static const AElem* stage(const GemmParams& p, std::int64_t k0, std::int64_t kc,
+                            std::vector<AElem>& staged, std::int64_t& lda) {
+    return staged_a_f32(p, k0, kc, staged, lda);
+  }
+  static void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
+                   std::int64_t kc, Panel* panel) {
+    pack_panel<false>(w, n0, nc, k0, kc, panel);
+  }
+  static void tile(int rows, const AElem* a, std::int64_t lda, const Panel* panel, std::int64_t kc,
+                   float* acc, std::int64_t ldc) {
+    static constexpr void (*kTiles[])(const AElem*, std::int64_t, const Panel*, std::int64_t,
+                                      float*, std::int64_t) = {
+        tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
+        tile_f32<5>, tile_f32<6>, tile_f32<7>, tile_f32<8>};
+    kTiles[rows - 1](a, lda, panel, kc, acc, ldc);
+  }
+};
+
+}  // namespace
+
+void tiled_avx512bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  tiled_block<Bf16Kernel>(p, n0, n1);
+}
+
+void tiled_avx512(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  tiled_block<F32Kernel>(p, n0, n1);
+}
+
+}  // namespace metrale::cpu::w4a16::detail
