@@ -398,12 +398,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
           continue;
         }
       }
-      // Above a few decode batches the decode route re-reads every weight once per batch of
-      // decode_m rows: minutes of a GPU's time on a prefill M for a figure nobody would choose.
+      // Far above the decode route's largest M its kernels re-read every weight once per
+      // batch of rows: minutes of a GPU's time on a prefill M for a figure nobody would choose.
       if (v.route == ops::GemmRoute::kDecode && m > 4 * decode_m) {
         skipped.push_back(
-            fmt::format("decode at M={}: it reads the weights once per {} rows; not "
-                        "timed above M = {}",
+            fmt::format("decode at M={}: the auto route takes it up to M = {}; not timed above "
+                        "M = {}",
                         m, decode_m, 4 * decode_m));
         continue;
       }

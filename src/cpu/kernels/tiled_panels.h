@@ -97,7 +97,9 @@ void tiled_block(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   }
 }
 
-// A's rows as they lie, for kernels that broadcast BF16 pairs from A itself.
+// A's rows as they lie, for kernels that broadcast BF16 pairs from A itself. (A copy with rows
+// kc × 2 bytes apart, against K × 2 that puts a row tile's rows in one L1 set, measured no
+// faster at M = 64 and 256.)
 inline const std::uint16_t* unstaged_a(const GemmParams& p, std::int64_t k0, std::int64_t& lda) {
   lda = p.k;
   return at<const std::uint16_t>(p.a) + k0;

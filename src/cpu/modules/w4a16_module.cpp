@@ -38,9 +38,11 @@ constexpr std::uint32_t kReduceTile = 1 << 14;    // outputs of M x N
 // The block size every entry publishes: the CPU runs a block as one host call, so this is only
 // the shape the launch checks see, kept equal to the GPU module's.
 constexpr std::uint32_t kBlockThreads = 256;
-// The decode kernel's register tiles cover up to 16 rows of A per pass (decode_bf16.h); above
-// that the tiled route reuses each dequantized weight across more rows.
-constexpr std::uint32_t kDecodeMaxM = 16;
+// The largest M for the decode route. From 5 rows on the tiled route's panels beat the decode
+// kernel (whose register tiles take 8 rows at M = 5..8 and 16 at 9..16): on 8B's layers, in
+// runs of --compare-routes, tiled took 1.24-1.48x decode's time at M = 4, 0.83-0.88x at 5 and
+// 6, 0.71-0.90x at 8 and 0.61-0.68x at 16 (docs/PERF.md).
+constexpr std::uint32_t kDecodeMaxM = 4;
 
 template <std::uint32_t Tile>
 std::pair<std::int64_t, std::int64_t> span_of(const HostBlock& b, std::int64_t total) {
