@@ -134,31 +134,13 @@ template <int MR>
   }
 }
 
-struct Avx2Kernel {
-  using Panel = float;
-  using AElem = float;
-  static constexpr int kRows = 4;
-  static const AElem* stage(const GemmParams& p, std::int64_t k0, std::int64_t kc,
-                            std::vector<AElem>& staged, std::int64_t& lda) {
-    return staged_a_f32(p, k0, kc, staged, lda);
-  }
-  static void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
-                   std::int64_t kc, Panel* panel) {
-    pack_panel(w, n0, nc, k0, kc, panel);
-  }
-  static void tile(int rows, const AElem* a, std::int64_t lda, const Panel* panel, std::int64_t kc,
-                   float* acc, std::int64_t ldc) {
-    static constexpr void (*kTiles[])(const AElem*, std::int64_t, const Panel*, std::int64_t,
-                                      float*, std::int64_t) = {tile_f32<1>, tile_f32<2>,
-                                                               tile_f32<3>, tile_f32<4>};
-    kTiles[rows - 1](a, lda, panel, kc, acc, ldc);
-  }
-};
+constexpr void (*kTiles[])(const float*, std::int64_t, const float*, std::int64_t, float*,
+                           std::int64_t) = {tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>};
 
 }  // namespace
 
 void tiled_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block<Avx2Kernel>(p, n0, n1);
+  tiled_block(p, n0, n1, TiledKernel<float, float>{4, staged_a_f32, pack_panel, kTiles});
 }
 
 }  // namespace metrale::cpu::w4a16::detail

@@ -256,58 +256,24 @@ template <int MR>
 }
 
 // Row tiles of 8: 16 accumulators and two panel vectors leave registers for the broadcasts.
-struct Bf16Kernel {
-  using Panel = std::uint32_t;
-  using AElem = std::uint16_t;
-  static constexpr int kRows = 8;
-  static const AElem* stage(const GemmParams& p, std::int64_t k0, std::int64_t, std::vector<AElem>&,
-                            std::int64_t& lda) {
-    return unstaged_a(p, k0, lda);
-  }
-  static void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
-                   std::int64_t kc, Panel* panel) {
-    pack_panel<true>(w, n0, nc, k0, kc, panel);
-  }
-  static void tile(int rows, const AElem* a, std::int64_t lda, const Panel* panel, std::int64_t kc,
-                   float* acc, std::int64_t ldc) {
-    static constexpr void (*kTiles[])(const AElem*, std::int64_t, const Panel*, std::int64_t,
-                                      float*, std::int64_t) = {
-        tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>,
-        tile_bf16<5>, tile_bf16<6>, tile_bf16<7>, tile_bf16<8>};
-    kTiles[rows - 1](a, lda, panel, kc, acc, ldc);
-  }
-};
-
-struct F32Kernel {
-  using Panel = float;
-  using AElem = float;
-  static constexpr int kRows = 8;
-  static const AElem* stage(const GemmParams& p, std::int64_t k0, std::int64_t kc,
-                            std::vector<AElem>& staged, std::int64_t& lda) {
-    return staged_a_f32(p, k0, kc, staged, lda);
-  }
-  static void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0,
-                   std::int64_t kc, Panel* panel) {
-    pack_panel<false>(w, n0, nc, k0, kc, panel);
-  }
-  static void tile(int rows, const AElem* a, std::int64_t lda, const Panel* panel, std::int64_t kc,
-                   float* acc, std::int64_t ldc) {
-    static constexpr void (*kTiles[])(const AElem*, std::int64_t, const Panel*, std::int64_t,
-                                      float*, std::int64_t) = {
-        tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
-        tile_f32<5>, tile_f32<6>, tile_f32<7>, tile_f32<8>};
-    kTiles[rows - 1](a, lda, panel, kc, acc, ldc);
-  }
-};
+constexpr void (*kBf16Tiles[])(const std::uint16_t*, std::int64_t, const std::uint32_t*,
+                               std::int64_t, float*, std::int64_t) = {
+    tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>,
+    tile_bf16<5>, tile_bf16<6>, tile_bf16<7>, tile_bf16<8>};
+constexpr void (*kF32Tiles[])(const float*, std::int64_t, const float*, std::int64_t, float*,
+                              std::int64_t) = {tile_f32<1>, tile_f32<2>, tile_f32<3>, tile_f32<4>,
+                                               tile_f32<5>, tile_f32<6>, tile_f32<7>, tile_f32<8>};
 
 }  // namespace
 
 void tiled_avx512bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block<Bf16Kernel>(p, n0, n1);
+  tiled_block(
+      p, n0, n1,
+      TiledKernel<std::uint32_t, std::uint16_t>{8, unstaged_a, pack_panel<true>, kBf16Tiles});
 }
 
 void tiled_avx512(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block<F32Kernel>(p, n0, n1);
+  tiled_block(p, n0, n1, TiledKernel<float, float>{8, staged_a_f32, pack_panel<false>, kF32Tiles});
 }
 
 }  // namespace metrale::cpu::w4a16::detail

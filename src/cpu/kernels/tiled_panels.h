@@ -63,32 +63,45 @@ inline int pair_group_shift(const Weights& w) {
   return w.mxfp4 ? 4 : 3;
 }
 
-// The block loop of every tiled kernel. Per K panel: A's rows staged once (Kernel::stage, or read
-// as they lie), then per 32 columns their weights dequantized once (Kernel::pack) and every row
-// tile of the block run over that panel (Kernel::tile), FP32 sums kept per output across panels.
-// Kernel supplies Panel (a panel's element), AElem, kRows (rows per register tile) and
-//   const AElem* stage(const GemmParams&, k0, kc, std::vector<AElem>&, std::int64_t& lda);
-//   void pack(const Weights&, n0, nc, k0, kc, Panel*);
-//   void tile(int rows, const AElem* a, lda, const Panel*, kc, float* acc, ldc);
-template <class Kernel>
-void tiled_block(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+// One instruction set's tiled kernel: how A is read, how a panel is packed, and its register
+// tiles by row count (tiles[r - 1] runs r rows, r <= rows).
+template <class Panel, class AElem>
+struct TiledKernel {
+  int rows;
+  // A's rows [0, M) × [k0, k0 + kc) as the tiles read them; sets lda.
+  const AElem* (*stage)(const GemmParams&, std::int64_t k0, std::int64_t kc, std::vector<AElem>&,
+                        std::int64_t& lda);
+  // Columns [n0, n0 + nc) × [k0, k0 + kc) dequantized into a panel; columns past nc zero.
+  void (*pack)(const Weights&, std::int64_t n0, std::int64_t nc, std::int64_t k0, std::int64_t kc,
+               Panel*);
+  // acc[r rows, 32] (FP32, row stride ldc) += A[r rows, kc] · panel.
+  void (*const* tiles)(const AElem* a, std::int64_t lda, const Panel*, std::int64_t kc, float* acc,
+                       std::int64_t ldc);
+};
+
+// The block loop of every tiled kernel. Per K panel: A's rows staged once, then per 32 columns
+// their weights dequantized once and every row tile of the block run over that panel, FP32 sums
+// kept per output across panels.
+template <class Panel, class AElem>
+void tiled_block(const GemmParams& p, std::int64_t n0, std::int64_t n1,
+                 const TiledKernel<Panel, AElem>& kernel) {
   const Weights w(p);
   const std::int64_t ldc = (n1 - n0 + kPanelCols - 1) / kPanelCols * kPanelCols;
   thread_local std::vector<float> acc;
-  thread_local std::vector<typename Kernel::Panel> panel;
-  thread_local std::vector<typename Kernel::AElem> staged;
+  thread_local std::vector<Panel> panel;
+  thread_local std::vector<AElem> staged;
   acc.assign(static_cast<std::size_t>(p.m * ldc), 0.0f);
   panel.resize(static_cast<std::size_t>(kPanelK * kPanelCols));
   for (std::int64_t k0 = 0; k0 < p.k; k0 += kPanelK) {
     const std::int64_t kc = std::min(kPanelK, p.k - k0);
     std::int64_t lda = 0;
-    const typename Kernel::AElem* a = Kernel::stage(p, k0, kc, staged, lda);
+    const AElem* a = kernel.stage(p, k0, kc, staged, lda);
     for (std::int64_t n = n0; n < n1; n += kPanelCols) {
-      Kernel::pack(w, n, std::min<std::int64_t>(kPanelCols, n1 - n), k0, kc, panel.data());
-      for (std::int64_t m = 0; m < p.m; m += Kernel::kRows) {
-        const auto rows = static_cast<int>(std::min<std::int64_t>(Kernel::kRows, p.m - m));
-        Kernel::tile(rows, a + m * lda, lda, panel.data(), kc, acc.data() + m * ldc + (n - n0),
-                     ldc);
+      kernel.pack(w, n, std::min<std::int64_t>(kPanelCols, n1 - n), k0, kc, panel.data());
+      for (std::int64_t m = 0; m < p.m; m += kernel.rows) {
+        const auto rows = static_cast<int>(std::min<std::int64_t>(kernel.rows, p.m - m));
+        kernel.tiles[rows - 1](a + m * lda, lda, panel.data(), kc, acc.data() + m * ldc + (n - n0),
+                               ldc);
       }
     }
   }
@@ -100,7 +113,8 @@ void tiled_block(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
 // A's rows as they lie, for kernels that broadcast BF16 pairs from A itself. (A copy with rows
 // kc × 2 bytes apart, against K × 2 that puts a row tile's rows in one L1 set, measured no
 // faster at M = 64 and 256.)
-inline const std::uint16_t* unstaged_a(const GemmParams& p, std::int64_t k0, std::int64_t& lda) {
+inline const std::uint16_t* unstaged_a(const GemmParams& p, std::int64_t k0, std::int64_t,
+                                       std::vector<std::uint16_t>&, std::int64_t& lda) {
   lda = p.k;
   return at<const std::uint16_t>(p.a) + k0;
 }
