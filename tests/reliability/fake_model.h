@@ -74,7 +74,7 @@ inline fake::ModuleSpec w4a16_module() {
   f["gemm_tiled"] = tiled_entry<GemmParams>(
       kTiledTile,
       [](const GemmParams& p, std::int64_t a, std::int64_t b) {
-        k::gemm_tiled(p, a, b, k::best_isa());
+        k::gemm_tiled(p, a, b, 0, p.m, k::best_isa());  // no m_tile: all rows
       },
       cols);
   f["gemm_e4m3"] = tiled_entry<GemmParams>(kE4m3Tile, k::gemm_e4m3, cols);
