@@ -12,7 +12,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "cpu/kernels/tiled_panels.h"
@@ -217,9 +216,10 @@ template <int MR>
     const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols + 16));
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      std::uint32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, sizeof pair);
-      const auto x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+      // A's pair as one broadcast load. (A memcpy into a scalar and _mm512_set1_epi32 said the
+      // same, but crashed clang 16 at -O2, which builds the fuzz targets.)
+      const auto x =
+          reinterpret_cast<__m512bh>(_mm512_broadcastd_epi32(_mm_loadu_si32(a + r * lda + 2 * p)));
       c[r][0] = _mm512_dpbf16_ps(c[r][0], w0, x);
       c[r][1] = _mm512_dpbf16_ps(c[r][1], w1, x);
     }
