@@ -12,11 +12,17 @@ namespace {
 // k of column c at k * 32 + c, the block scale multiplied in; columns past nc are zero.
 void pack(const Weights& w, std::int64_t n0, std::int64_t nc, std::int64_t k0, std::int64_t kc,
           float* panel) {
+  // The scales looked up once per block (Weights::scale divides per call), a weight's block
+  // found by shift.
+  alignas(64) float scales[kPanelK / 16 * kPanelCols];
+  panel_scales(w, n0, nc, k0, kc, scales);
+  const int group_shift = pair_group_shift(w) + 1;
   const float* e2m1 = tables().e2m1;
   for (std::int64_t c = 0; c < kPanelCols; ++c) {
     for (std::int64_t k = 0; k < kc; ++k) {
       panel[k * kPanelCols + c] =
-          c < nc ? e2m1[w.code(n0 + c, k0 + k)] * w.scale(n0 + c, (k0 + k) / w.group) : 0.0f;
+          c < nc ? e2m1[w.code(n0 + c, k0 + k)] * scales[(k >> group_shift) * kPanelCols + c]
+                 : 0.0f;
     }
   }
 }
