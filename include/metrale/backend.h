@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,6 +99,21 @@ class Backend {
   // without lazy buffers, the backend's Error when the reservation fails.
   LazyBuffer reserve_lazy(std::size_t budget_bytes, std::string label,
                           std::source_location loc = std::source_location::current());
+
+  // ---- borrowed memory (Note [borrowed memory] in docs/NOTES.md) ----
+  // Lends this backend [ptr, ptr + bytes) of memory another owner keeps (an array taken in by
+  // DLPack): ops and copies may read and write it until unborrow, metrale never frees it, and
+  // the ledger counts it apart from owned bytes (AllocStats::borrowed_*). `release` (may be
+  // empty) runs once, when the memory is given back: by unborrow or by the sweep. Throws
+  // Error(kInvalidArgument) "[borrow] ..." for a null pointer, bytes == 0, a range that wraps,
+  // or one that overlaps a live allocation or borrow of this backend (naming its call site);
+  // the concrete backend may refuse memory its kernels cannot address.
+  void borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> release = {},
+              std::source_location loc = std::source_location::current());
+  // Gives back the borrow that starts at ptr: waits until every stream's queued work is done
+  // (it may still read or write the memory), takes it off the ledger, then runs its release.
+  // Throws Error(kInvalidArgument) "[unborrow] ..." when ptr starts no live borrow.
+  void unborrow(DevicePtr ptr);
 
   // Page-locked host memory of bytes (> 0) that the device can read directly; on the ledger.
   void* alloc_pinned(std::size_t bytes, std::source_location loc = std::source_location::current());
@@ -279,6 +295,12 @@ class Backend {
   virtual DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) = 0;
   // Raw free of a pointer from raw_alloc; must not consult the ledger (already updated).
   virtual void raw_free(DevicePtr ptr, MemoryKind kind) = 0;
+  // Makes a range that borrow has checked reachable by this backend's copies and kernels, or
+  // throws Error(kInvalidArgument) "[borrow] ..." for memory they cannot address. Default:
+  // nothing to do (the ledger's record is enough).
+  virtual void raw_borrow(DevicePtr ptr, std::size_t bytes);
+  // Undoes raw_borrow once the borrow is off the ledger; never throws. Default: nothing.
+  virtual void raw_unborrow(DevicePtr ptr) noexcept;
   // Fills bytes at ptr with value, ignoring allocation bounds (guard bands use it).
   virtual void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) = 0;
   // Reads bytes at ptr into host dst, ignoring allocation bounds (guard bands use it).
@@ -325,6 +347,8 @@ class Backend {
   void sweep_lazy(const LedgerEntry& entry) noexcept;
   DevicePtr allocate(std::string_view api, std::size_t bytes, MemoryKind kind, CallSite site);
   void release(std::string_view api, DevicePtr ptr, bool pinned);
+  // Runs and forgets the release of the borrow at ptr (none: nothing); logs what it throws.
+  void run_borrow_release(DevicePtr ptr) noexcept;
 
   std::shared_ptr<AllocationLedger> ledger_;
   GuardBands guards_;
@@ -334,6 +358,8 @@ class Backend {
   std::unique_ptr<trace::LaunchTracer> tracer_;
   mutable std::mutex lazy_mu_;  // lazy_; never held across a backend call
   std::map<std::uint64_t, std::shared_ptr<detail::LazyState>> lazy_;  // by base address
+  std::mutex borrow_mu_;  // borrow_release_; never held across a backend call or a release
+  std::map<std::uint64_t, std::function<void()>> borrow_release_;  // by start address
 };
 
 }  // namespace metrale

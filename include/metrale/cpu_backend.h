@@ -132,6 +132,9 @@ class CpuBackend final : public Backend {
  protected:
   DevicePtr raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) override;
   void raw_free(DevicePtr ptr, MemoryKind kind) override;
+  // A borrowed range joins the block table, so copies and kernels reach it as an allocation.
+  void raw_borrow(DevicePtr ptr, std::size_t bytes) override;
+  void raw_unborrow(DevicePtr ptr) noexcept override;
   void raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) override;
   void raw_read(DevicePtr ptr, void* dst, std::size_t bytes) override;
   ResolvedKernel resolve_kernel(std::string_view module, std::string_view function,

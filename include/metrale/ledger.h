@@ -24,10 +24,11 @@ enum class MemoryKind {
   kDevice,
   kManaged,
   kPinnedHost,
-  kLazy
-};  // kLazy: a LazyBuffer's mapped part
+  kLazy,     // a LazyBuffer's mapped part
+  kBorrowed  // memory another owner lent (Backend::borrow): never freed, counted apart
+};
 
-// Stable lower-case name of a kind ("device", "managed", "pinned").
+// Stable lower-case name of a kind ("device", "managed", "pinned", "lazy", "borrowed").
 const char* to_string(MemoryKind kind) noexcept;
 
 // One live allocation.
@@ -38,7 +39,8 @@ struct LedgerEntry {
   CallSite site;
 };
 
-// Usage counters since the ledger was made (PyTorch's allocator stats, in our terms).
+// Usage counters since the ledger was made (PyTorch's allocator stats, in our terms). The owned
+// counters leave borrowed ranges out; the borrowed_* ones count only those.
 struct AllocStats {
   std::size_t current_bytes = 0;
   std::size_t peak_bytes = 0;
@@ -48,6 +50,9 @@ struct AllocStats {
   std::size_t allocation_count = 0;
   std::size_t free_count = 0;
   std::size_t failed_allocations = 0;  // allocations the backend reported as failed
+  std::size_t borrowed_bytes = 0;      // bytes of the live borrows
+  std::size_t borrowed_count = 0;      // live borrows
+  std::size_t borrow_count = 0;        // borrows ever recorded
   // The OpCache's stream-ordered scratch pool (all zero without one). Its mapped bytes are one
   // kLazy entry among the counts above; these say how they are used.
   PoolStats scratch_pool;
@@ -69,9 +74,11 @@ class AllocationLedger {
   std::optional<LedgerEntry> find(DevicePtr ptr) const;
   // The entry whose [ptr, ptr + bytes) holds address (interior pointers too), if any.
   std::optional<LedgerEntry> containing(std::uint64_t address) const;
-  // Sum of the sizes of live entries.
+  // The lowest entry that shares at least one byte with [address, address + bytes), if any.
+  std::optional<LedgerEntry> overlapping(std::uint64_t address, std::size_t bytes) const;
+  // Sum of the sizes of live owned entries (borrowed ranges are not metrale's bytes).
   std::size_t live_bytes() const;
-  // Number of live entries.
+  // Number of live owned entries.
   std::size_t live_count() const;
   // A copy of the counters.
   AllocStats stats() const;

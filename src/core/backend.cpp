@@ -96,6 +96,83 @@ DevicePtr Backend::allocate(std::string_view api, std::size_t bytes, MemoryKind 
   return p;
 }
 
+void Backend::borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> release,
+                     std::source_location loc) {
+  const CallSite site = CallSite::from(loc);
+  if (!ptr || bytes == 0) {
+    throw Error(
+        ErrorCode::kInvalidArgument, "borrow",
+        fmt::format("{} (from {}): lend a non-null range of at least one byte",
+                    !ptr ? std::string("ptr is null") : fmt::format("bytes = 0"), site.str()));
+  }
+  if (bytes > UINT64_MAX - ptr.address()) {
+    throw Error(ErrorCode::kInvalidArgument, "borrow",
+                fmt::format("0x{:x} + {} bytes wraps around the address space (from {})",
+                            ptr.address(), bytes, site.str()));
+  }
+  if (const auto other = ledger_->overlapping(ptr.address(), bytes)) {
+    throw Error(ErrorCode::kInvalidArgument, "borrow",
+                fmt::format("0x{:x} + {} bytes (from {}) overlaps {} memory at 0x{:x} ({} bytes, "
+                            "from {}): a range is owned or lent once",
+                            ptr.address(), bytes, site.str(), to_string(other->kind),
+                            other->ptr.address(), other->bytes, other->site.str()));
+  }
+  raw_borrow(ptr, bytes);
+  try {
+    {
+      std::lock_guard lock(borrow_mu_);
+      borrow_release_[ptr.address()] = std::move(release);
+    }
+    ledger_->record(LedgerEntry{ptr, bytes, MemoryKind::kBorrowed, site});
+  } catch (...) {
+    {
+      std::lock_guard lock(borrow_mu_);
+      borrow_release_.erase(ptr.address());
+    }
+    raw_unborrow(ptr);
+    throw;
+  }
+}
+
+void Backend::unborrow(DevicePtr ptr) {
+  const auto found = ledger_->find(ptr);
+  if (!found || found->kind != MemoryKind::kBorrowed) {
+    throw Error(ErrorCode::kInvalidArgument, "unborrow",
+                found ? fmt::format("0x{:x} is {} memory from {}, not a borrow; free it instead",
+                                    ptr.address(), to_string(found->kind), found->site.str())
+                      : fmt::format("0x{:x} starts no live borrow of the {} backend", ptr.address(),
+                                    name()));
+  }
+  // Work queued before this call may still read or write the memory.
+  synchronize_device();
+  if (!ledger_->take(ptr)) return;  // a concurrent unborrow won
+  raw_unborrow(ptr);
+  run_borrow_release(ptr);
+}
+
+void Backend::run_borrow_release(DevicePtr ptr) noexcept {
+  std::function<void()> release;
+  {
+    std::lock_guard lock(borrow_mu_);
+    const auto it = borrow_release_.find(ptr.address());
+    if (it == borrow_release_.end()) return;
+    release = std::move(it->second);
+    borrow_release_.erase(it);
+  }
+  if (!release) return;
+  try {
+    release();
+  } catch (const std::exception& e) {
+    log::warn("{}: the release of the borrow at 0x{:x} threw: {}", name(), ptr.address(), e.what());
+  } catch (...) {
+    log::warn("{}: the release of the borrow at 0x{:x} threw", name(), ptr.address());
+  }
+}
+
+void Backend::raw_borrow(DevicePtr, std::size_t) {}
+
+void Backend::raw_unborrow(DevicePtr) noexcept {}
+
 void Backend::free(DevicePtr ptr) {
   release("free", ptr, false);
 }
@@ -107,6 +184,12 @@ void Backend::free_pinned(void* host) {
 void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
   if (!ptr) return;
   const auto found = ledger_->find(ptr);
+  if (found && found->kind == MemoryKind::kBorrowed) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("0x{:x} is borrowed memory (lent at {}); metrale never frees it: give "
+                            "it back with unborrow",
+                            ptr.address(), found->site.str()));
+  }
   if (found && (found->kind == MemoryKind::kPinnedHost) != pinned) {
     throw Error(
         ErrorCode::kInvalidArgument, api,
@@ -134,16 +217,40 @@ void Backend::release(std::string_view api, DevicePtr ptr, bool pinned) {
 std::vector<LedgerEntry> Backend::sweep_unreleased_entries() {
   std::vector<LedgerEntry> left = ledger_->drain();
   if (left.empty()) return left;
+  // Borrows never given back are given back now, after the work that may use them; they are
+  // not leaks of metrale's memory, so they are logged apart and never freed.
+  const auto lent = std::stable_partition(left.begin(), left.end(), [](const LedgerEntry& e) {
+    return e.kind != MemoryKind::kBorrowed;
+  });
+  if (lent != left.end()) {
+    try {
+      synchronize_device();
+    } catch (const std::exception& ex) {
+      log::warn("{} sweep: waiting for the device before giving back borrows failed: {}", name(),
+                ex.what());
+    }
+    for (auto it = lent; it != left.end(); ++it) {
+      log::warn(
+          "{} sweep: the borrow of {} at 0x{:x} (lent at {}) was never given back; giving "
+          "it back",
+          name(), format_bytes(it->bytes), it->ptr.address(), it->site.str());
+      raw_unborrow(it->ptr);
+      run_borrow_release(it->ptr);
+    }
+  }
+  const auto owned = static_cast<std::size_t>(lent - left.begin());
+  if (owned == 0) return left;
   std::size_t total = 0;
-  for (const LedgerEntry& e : left) total += e.bytes;
+  for (std::size_t i = 0; i < owned; ++i) total += left[i].bytes;
   std::string sites;
-  for (std::size_t i = 0; i < left.size() && i < 5; ++i) {
+  for (std::size_t i = 0; i < owned && i < 5; ++i) {
     sites +=
         fmt::format("{}{} at {}", i ? ", " : "", format_bytes(left[i].bytes), left[i].site.str());
   }
-  log::warn("{} sweep: {} allocation(s) never freed, {} in all; largest: {}", name(), left.size(),
+  log::warn("{} sweep: {} allocation(s) never freed, {} in all; largest: {}", name(), owned,
             format_bytes(total), sites);
-  for (const LedgerEntry& e : left) {
+  for (std::size_t i = 0; i < owned; ++i) {
+    const LedgerEntry& e = left[i];
     if (e.kind == MemoryKind::kLazy) {
       sweep_lazy(e);
       continue;

@@ -19,6 +19,8 @@ const char* to_string(MemoryKind kind) noexcept {
       return "pinned";
     case MemoryKind::kLazy:
       return "lazy";
+    case MemoryKind::kBorrowed:
+      return "borrowed";
   }
   return "?";
 }
@@ -40,6 +42,12 @@ void AllocationLedger::record(const LedgerEntry& entry) {
                 fmt::format("0x{:x} recorded twice (first from {}, again from {})",
                             entry.ptr.address(), it->second.site.str(), entry.site.str()));
   }
+  if (entry.kind == MemoryKind::kBorrowed) {
+    stats_.borrowed_bytes += entry.bytes;
+    stats_.borrowed_count += 1;
+    stats_.borrow_count += 1;
+    return;
+  }
   stats_.current_bytes += entry.bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
   stats_.allocated_bytes += entry.bytes;
@@ -53,6 +61,11 @@ std::optional<LedgerEntry> AllocationLedger::take(DevicePtr ptr) {
   if (it == live_.end()) return std::nullopt;
   LedgerEntry e = it->second;
   live_.erase(it);
+  if (e.kind == MemoryKind::kBorrowed) {
+    stats_.borrowed_bytes -= e.bytes;
+    stats_.borrowed_count -= 1;
+    return e;
+  }
   stats_.current_bytes -= e.bytes;
   stats_.current_count -= 1;
   stats_.freed_bytes += e.bytes;
@@ -103,9 +116,21 @@ std::size_t AllocationLedger::live_bytes() const {
   return stats_.current_bytes;
 }
 
+std::optional<LedgerEntry> AllocationLedger::overlapping(std::uint64_t address,
+                                                         std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  auto it = live_.upper_bound(address);
+  if (it != live_.begin()) {
+    const auto before = std::prev(it);
+    if (address - before->first < before->second.bytes) return before->second;
+  }
+  if (it != live_.end() && it->first - address < bytes) return it->second;
+  return std::nullopt;
+}
+
 std::size_t AllocationLedger::live_count() const {
   std::lock_guard lock(mu_);
-  return live_.size();
+  return stats_.current_count;
 }
 
 AllocStats AllocationLedger::stats() const {
@@ -139,12 +164,15 @@ std::vector<LedgerEntry> AllocationLedger::drain() {
     out.reserve(live_.size());
     for (const auto& [_, e] : live_) {
       out.push_back(e);
+      if (e.kind == MemoryKind::kBorrowed) continue;  // given back, not freed
       stats_.freed_bytes += e.bytes;
       stats_.free_count += 1;
     }
     live_.clear();
     stats_.current_bytes = 0;
     stats_.current_count = 0;
+    stats_.borrowed_bytes = 0;
+    stats_.borrowed_count = 0;
   }
   sort_largest_first(out);
   return out;
@@ -154,7 +182,14 @@ std::string AllocationLedger::report(std::size_t top_n, double min_mb) const {
   struct Total {
     std::size_t bytes = 0, count = 0;
   };
-  const std::vector<LedgerEntry> live = entries();
+  std::vector<LedgerEntry> live = entries();
+  Total borrowed;
+  std::erase_if(live, [&](const LedgerEntry& e) {
+    if (e.kind != MemoryKind::kBorrowed) return false;
+    borrowed.bytes += e.bytes;
+    borrowed.count += 1;
+    return true;
+  });
   std::map<std::string, Total> by_site, by_file;
   std::size_t total = 0;
   for (const LedgerEntry& e : live) {
@@ -176,6 +211,10 @@ std::string AllocationLedger::report(std::size_t top_n, double min_mb) const {
   std::string out =
       fmt::format("allocation ledger: {} live in {} allocation(s) from {} call site(s)\n",
                   format_bytes(total), live.size(), by_site.size());
+  if (borrowed.count > 0) {
+    out += fmt::format("  and {} borrowed in {} range(s), not owned\n",
+                       format_bytes(borrowed.bytes), borrowed.count);
+  }
   const auto min_bytes = static_cast<std::size_t>(min_mb * 1024.0 * 1024.0);
   Total rest;
   std::size_t rest_sites = 0, shown = 0;

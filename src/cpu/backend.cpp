@@ -138,6 +138,14 @@ void CpuBackend::raw_free(DevicePtr ptr, MemoryKind) {
   impl_->memory.release("free", ptr.address());
 }
 
+void CpuBackend::raw_borrow(DevicePtr ptr, std::size_t bytes) {
+  impl_->memory.add_borrowed(ptr.address(), bytes);
+}
+
+void CpuBackend::raw_unborrow(DevicePtr ptr) noexcept {
+  impl_->memory.remove_borrowed(ptr.address());
+}
+
 void CpuBackend::raw_fill(DevicePtr ptr, std::uint8_t value, std::size_t bytes) {
   std::memset(reinterpret_cast<void*>(ptr.address()), value, bytes);
 }

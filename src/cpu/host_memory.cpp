@@ -12,7 +12,9 @@ namespace metrale::cpu {
 
 HostMemory::~HostMemory() {
   for (const auto& [ptr, b] : blocks_) {
-    if (b.kind != MemoryKind::kLazy) std::free(reinterpret_cast<void*>(ptr));
+    if (b.kind != MemoryKind::kLazy && b.kind != MemoryKind::kBorrowed) {
+      std::free(reinterpret_cast<void*>(ptr));
+    }
   }
 }
 
@@ -37,7 +39,8 @@ void HostMemory::release(std::string_view api, std::uint64_t ptr) {
   {
     std::lock_guard lock(mu_);
     const auto it = blocks_.find(ptr);
-    if (it != blocks_.end() && it->second.kind != MemoryKind::kLazy) {
+    if (it != blocks_.end() && it->second.kind != MemoryKind::kLazy &&
+        it->second.kind != MemoryKind::kBorrowed) {
       blocks_.erase(it);
       std::free(reinterpret_cast<void*>(ptr));
       return;
@@ -72,6 +75,17 @@ void HostMemory::check_range(std::string_view api, std::string_view what, std::u
                             "{} bytes",
                             what, ptr, bytes, it->first, it->second.user_bytes, ptr + bytes - end));
   }
+}
+
+void HostMemory::add_borrowed(std::uint64_t ptr, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  blocks_[ptr] = Block{bytes, bytes, MemoryKind::kBorrowed};
+}
+
+void HostMemory::remove_borrowed(std::uint64_t ptr) {
+  std::lock_guard lock(mu_);
+  const auto it = blocks_.find(ptr);
+  if (it != blocks_.end() && it->second.kind == MemoryKind::kBorrowed) blocks_.erase(it);
 }
 
 void HostMemory::add_lazy(std::uint64_t ptr, std::size_t capacity) {

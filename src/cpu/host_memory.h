@@ -44,6 +44,11 @@ class HostMemory {
   void set_lazy_usable(std::uint64_t ptr, std::size_t bytes);
   // Takes the lazy reservation at ptr off the table.
   void remove_lazy(std::uint64_t ptr);
+  // Adds bytes at ptr that another owner lent (Backend::borrow): checked like a block, never
+  // freed here.
+  void add_borrowed(std::uint64_t ptr, std::size_t bytes);
+  // Takes the borrowed range at ptr off the table.
+  void remove_borrowed(std::uint64_t ptr);
   // Words explaining where ptr falls ("an interior pointer, 64 bytes into ...").
   std::string describe(std::uint64_t ptr) const;
 
@@ -51,7 +56,8 @@ class HostMemory {
   struct Block {
     std::size_t user_bytes = 0;
     std::size_t capacity = 0;
-    MemoryKind kind = MemoryKind::kDevice;  // kLazy: a reservation, not from aligned_alloc
+    // kLazy: a reservation, kBorrowed: another owner's memory; neither from aligned_alloc.
+    MemoryKind kind = MemoryKind::kDevice;
   };
   // The block containing ptr (within capacity), or end().
   std::map<std::uint64_t, Block>::const_iterator containing(std::uint64_t ptr) const;

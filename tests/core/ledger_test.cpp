@@ -112,6 +112,55 @@ TEST(AllocationLedger, StatsCountCurrentPeakAllocatedFreedAndFailures) {
   EXPECT_EQ(s.failed_allocations, 2u);
 }
 
+TEST(AllocationLedger, BorrowedRangesAreCountedApartFromOwnedBytes) {
+  AllocationLedger ledger;
+  const std::size_t owned = random_size(1, 1 << 20), lent = random_size(1, 1 << 20);
+  ledger.record(entry(0x10000000, owned, "own.cpp", 1));
+  ledger.record(entry(0x20000000, lent, "lend.cpp", 2, MemoryKind::kBorrowed));
+  EXPECT_EQ(ledger.live_bytes(), owned);
+  EXPECT_EQ(ledger.live_count(), 1u);
+  AllocStats s = ledger.stats();
+  EXPECT_EQ(s.current_bytes, owned);
+  EXPECT_EQ(s.peak_bytes, owned);
+  EXPECT_EQ(s.allocated_bytes, owned);
+  EXPECT_EQ(s.allocation_count, 1u);
+  EXPECT_EQ(s.borrowed_bytes, lent);
+  EXPECT_EQ(s.borrowed_count, 1u);
+  EXPECT_EQ(s.borrow_count, 1u);
+  // Still found, for range checks and for free() to refuse it.
+  ASSERT_TRUE(ledger.containing(0x20000000 + lent - 1).has_value());
+  EXPECT_EQ(ledger.containing(0x20000000)->kind, MemoryKind::kBorrowed);
+  EXPECT_THAT(ledger.report(), HasSubstr(fmt::format("and {} borrowed in 1 range(s), not owned",
+                                                     format_bytes(lent))));
+  EXPECT_THAT(ledger.report(), Not(HasSubstr("lend.cpp")));
+
+  ASSERT_TRUE(ledger.take(DevicePtr{0x20000000}).has_value());
+  s = ledger.stats();
+  EXPECT_EQ(s.borrowed_bytes, 0u);
+  EXPECT_EQ(s.borrowed_count, 0u);
+  EXPECT_EQ(s.borrow_count, 1u);
+  EXPECT_EQ(s.freed_bytes, 0u);  // giving a borrow back frees nothing of metrale's
+  EXPECT_EQ(s.free_count, 0u);
+  EXPECT_EQ(ledger.live_bytes(), owned);
+}
+
+TEST(AllocationLedger, OverlappingFindsAnyEntrySharingAByte) {
+  AllocationLedger ledger;
+  ledger.record(entry(0x1000, 0x100, "a.cpp", 1));
+  ledger.record(entry(0x2000, 0x100, "b.cpp", 2, MemoryKind::kBorrowed));
+  auto at = [&](std::uint64_t address, std::size_t bytes) {
+    const auto e = ledger.overlapping(address, bytes);
+    return e ? e->ptr.address() : std::uint64_t{0};
+  };
+  EXPECT_EQ(at(0x0f00, 0x100), 0u);       // ends where the first begins
+  EXPECT_EQ(at(0x0f00, 0x101), 0x1000u);  // one byte into it
+  EXPECT_EQ(at(0x10ff, 1), 0x1000u);      // its last byte
+  EXPECT_EQ(at(0x1100, 0xf00), 0u);       // the gap, exactly
+  EXPECT_EQ(at(0x1100, 0xf01), 0x2000u);
+  EXPECT_EQ(at(0x0800, 0x4000), 0x1000u);  // covers both: the lowest
+  EXPECT_EQ(at(0x2100, 0x1000), 0u);       // past the last
+}
+
 TEST(AllocationLedger, RecordingAPointerTwiceIsAnInternalError) {
   AllocationLedger ledger;
   ledger.record(entry(0xabc0, 64, "first.cpp", 11));

@@ -436,5 +436,34 @@ TEST(CudaMemory, AllocAndGuardScansWorkOnAnotherThread) {
   rig.b().free(p);
 }
 
+// ---- borrowed memory ----
+
+TEST(CudaMemory, ABorrowIsCheckedNeverFreedAndGivenBackAfterTheDeviceIsDone) {
+  Rig rig;
+  // Memory some other library allocated (the fake's device memory is host memory).
+  std::vector<std::uint8_t> foreign(4096, 1);
+  const DevicePtr p{reinterpret_cast<std::uintptr_t>(foreign.data())};
+  std::uint64_t syncs_at_release = 0;
+  int released = 0;
+  const auto syncs = rig.fd.calls("cuCtxSynchronize");
+  const auto frees = rig.fd.calls("cuMemFree");
+  rig.b().borrow(p, foreign.size(), [&] {
+    ++released;
+    syncs_at_release = rig.fd.calls("cuCtxSynchronize");
+  });
+  EXPECT_EQ(rig.b().alloc_stats().borrowed_bytes, foreign.size());
+  EXPECT_EQ(rig.b().live_bytes(), 0u);
+  // The ledger now knows its bounds, where a foreign pointer was let through before.
+  EXPECT_THAT(expect_error([&] { rig.b().check_range("op", "a", p.offset(4000), 97); }).what(),
+              HasSubstr("overruns the allocation"));
+  rig.b().check_range("op", "a", p.offset(4000), 96);
+  EXPECT_THAT(expect_error([&] { rig.b().free(p); }).what(), HasSubstr("is borrowed memory"));
+  rig.b().unborrow(p);
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(syncs_at_release, syncs + 1);  // the device was waited for before the release
+  EXPECT_EQ(rig.fd.calls("cuMemFree"), frees);
+  EXPECT_EQ(rig.b().alloc_stats().borrowed_count, 0u);
+}
+
 }  // namespace
 }  // namespace metrale::cuda::testing

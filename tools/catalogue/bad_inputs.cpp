@@ -211,6 +211,35 @@ std::vector<Case> cases() {
     std::vector<std::byte> host(256);
     b.copy_d2h(host.data(), p, host.size());
   });
+  add("memory", "borrow of a range inside an allocation", E::kInvalidArgument, [](CpuBackend& b) {
+    const DevicePtr p = b.alloc(256);
+    try {
+      b.borrow(p.offset(64), 64);
+    } catch (...) {
+      b.free(p);
+      throw;
+    }
+  });
+  add("memory", "free of borrowed memory", E::kInvalidArgument, [](CpuBackend& b) {
+    static std::vector<std::byte> lent(256);
+    const DevicePtr p{reinterpret_cast<std::uintptr_t>(lent.data())};
+    b.borrow(p, lent.size());
+    try {
+      b.free(p);
+    } catch (...) {
+      b.unborrow(p);
+      throw;
+    }
+  });
+  add("memory", "unborrow of an allocation", E::kInvalidArgument, [](CpuBackend& b) {
+    const DevicePtr p = b.alloc(256);
+    try {
+      b.unborrow(p);
+    } catch (...) {
+      b.free(p);
+      throw;
+    }
+  });
   add("memory", "memset of a null pointer", E::kInvalidArgument,
       [](CpuBackend& b) { b.memset(DevicePtr{}, 0, 16); });
   add("memory", "copy_2d with a pitch smaller than the row", E::kInvalidArgument,
