@@ -358,7 +358,9 @@ class Backend {
   std::unique_ptr<trace::LaunchTracer> tracer_;
   mutable std::mutex lazy_mu_;  // lazy_; never held across a backend call
   std::map<std::uint64_t, std::shared_ptr<detail::LazyState>> lazy_;  // by base address
-  std::mutex borrow_mu_;  // borrow_release_; never held across a backend call or a release
+  // borrow_release_, and each borrow's check and record (raw_borrow included); never held
+  // while a release runs.
+  std::mutex borrow_mu_;
   std::map<std::uint64_t, std::function<void()>> borrow_release_;  // by start address
 };
 

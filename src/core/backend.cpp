@@ -110,6 +110,8 @@ void Backend::borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> rel
                 fmt::format("0x{:x} + {} bytes wraps around the address space (from {})",
                             ptr.address(), bytes, site.str()));
   }
+  // One borrow at a time, so that the overlap check and the record agree.
+  std::lock_guard lock(borrow_mu_);
   if (const auto other = ledger_->overlapping(ptr.address(), bytes)) {
     throw Error(ErrorCode::kInvalidArgument, "borrow",
                 fmt::format("0x{:x} + {} bytes (from {}) overlaps {} memory at 0x{:x} ({} bytes, "
@@ -119,16 +121,10 @@ void Backend::borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> rel
   }
   raw_borrow(ptr, bytes);
   try {
-    {
-      std::lock_guard lock(borrow_mu_);
-      borrow_release_[ptr.address()] = std::move(release);
-    }
+    borrow_release_[ptr.address()] = std::move(release);
     ledger_->record(LedgerEntry{ptr, bytes, MemoryKind::kBorrowed, site});
   } catch (...) {
-    {
-      std::lock_guard lock(borrow_mu_);
-      borrow_release_.erase(ptr.address());
-    }
+    borrow_release_.erase(ptr.address());
     raw_unborrow(ptr);
     throw;
   }
