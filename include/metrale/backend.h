@@ -347,8 +347,9 @@ class Backend {
   void sweep_lazy(const LedgerEntry& entry) noexcept;
   DevicePtr allocate(std::string_view api, std::size_t bytes, MemoryKind kind, CallSite site);
   void release(std::string_view api, DevicePtr ptr, bool pinned);
-  // Runs and forgets the release of the borrow at ptr (none: nothing); logs what it throws.
-  void run_borrow_release(DevicePtr ptr) noexcept;
+  // Undoes raw_borrow for a borrow already off the ledger, then runs and forgets its release
+  // (none: nothing), logging what it throws.
+  void give_back(DevicePtr ptr) noexcept;
 
   std::shared_ptr<AllocationLedger> ledger_;
   GuardBands guards_;

@@ -100,10 +100,9 @@ void Backend::borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> rel
                      std::source_location loc) {
   const CallSite site = CallSite::from(loc);
   if (!ptr || bytes == 0) {
-    throw Error(
-        ErrorCode::kInvalidArgument, "borrow",
-        fmt::format("{} (from {}): lend a non-null range of at least one byte",
-                    !ptr ? std::string("ptr is null") : fmt::format("bytes = 0"), site.str()));
+    throw Error(ErrorCode::kInvalidArgument, "borrow",
+                fmt::format("{} (from {}): lend a non-null range of at least one byte",
+                            !ptr ? "ptr is null" : "bytes = 0", site.str()));
   }
   if (bytes > UINT64_MAX - ptr.address()) {
     throw Error(ErrorCode::kInvalidArgument, "borrow",
@@ -142,11 +141,11 @@ void Backend::unborrow(DevicePtr ptr) {
   // Work queued before this call may still read or write the memory.
   synchronize_device();
   if (!ledger_->take(ptr)) return;  // a concurrent unborrow won
-  raw_unborrow(ptr);
-  run_borrow_release(ptr);
+  give_back(ptr);
 }
 
-void Backend::run_borrow_release(DevicePtr ptr) noexcept {
+void Backend::give_back(DevicePtr ptr) noexcept {
+  raw_unborrow(ptr);
   std::function<void()> release;
   {
     std::lock_guard lock(borrow_mu_);
@@ -230,8 +229,7 @@ std::vector<LedgerEntry> Backend::sweep_unreleased_entries() {
           "{} sweep: the borrow of {} at 0x{:x} (lent at {}) was never given back; giving "
           "it back",
           name(), format_bytes(it->bytes), it->ptr.address(), it->site.str());
-      raw_unborrow(it->ptr);
-      run_borrow_release(it->ptr);
+      give_back(it->ptr);
     }
   }
   const auto owned = static_cast<std::size_t>(lent - left.begin());
