@@ -111,6 +111,10 @@ class LedgerProbe {
   AllocStats stats() const { return ledger_->stats(); }
   // The live entry that starts at ptr, if any (tests check a pointer is still owned).
   std::optional<LedgerEntry> find(DevicePtr ptr) const { return ledger_->find(ptr); }
+  // The live entry whose range holds address (interior pointers too), if any.
+  std::optional<LedgerEntry> containing(std::uint64_t address) const {
+    return ledger_->containing(address);
+  }
   // The report, as AllocationLedger::report.
   std::string report(std::size_t top_n = 10, double min_mb = 0.0) const {
     return ledger_->report(top_n, min_mb);

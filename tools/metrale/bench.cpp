@@ -15,6 +15,7 @@
 #include "bench_fp8.h"
 #include "bench_timing.h"
 #include "commands.h"
+#include "interrupt.h"
 #include "memory_fit.h"
 #include "metrale/e4m3_block.h"
 #include "metrale/error.h"
@@ -145,6 +146,7 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
 }  // namespace
 
 int run_bench(const CommonOptions& options, const BenchOptions& bench) {
+  const InterruptScope ctrl_c;  // Ctrl-C stops the timing, not the teardown
   std::string why;
   std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
   const bool gpu = backend->name() != "cpu";
@@ -363,7 +365,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                     ms.size() * shape.layers.size() * variants.size());
   for (std::int64_t m : ms) {
     for (const Variant& v : variants) {
-      if (!any_q4) break;
+      if (!any_q4 || interrupted()) break;
       if (v.w8a8 && !w8a8_skipped.empty()) {
         skipped.push_back(fmt::format("w8a8 at M={}: {}", m, w8a8_skipped));
         continue;
@@ -439,7 +441,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                    gemm_options.bias);
         }
       };
-      for (std::size_t li = 0; li < shape.layers.size(); ++li) {
+      for (std::size_t li = 0; li < shape.layers.size() && !interrupted(); ++li) {
         const Layer& l = shape.layers[li];
         progress.step(cases.size(), fmt::format("{} M={} {}", l.name, m, v.name));
         std::vector<std::uint16_t> a_rows(ha.begin(), ha.begin() + m * l.k);
@@ -514,7 +516,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
   }
   // The FP8 checkpoint layers, on the W8A8 op alone.
-  if (!fp8_layers.empty()) {
+  if (!fp8_layers.empty() && !interrupted()) {
     ok = bench_fp8_layers(scope, fp8_layers, ms,
                           Fp8BenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
                           rng, cases) &&
@@ -539,6 +541,11 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // found fails the run too, naming the call sites.
   const bool zero = probe.live_bytes() == 0 && td.clean();
   ok = ok && zero;
+  if (interrupted()) {
+    fmt::print(stderr, "metrale bench: interrupted after {} case(s); teardown {}\n", cases.size(),
+               zero ? "left 0 bytes" : "not clean: " + td.leak_summary());
+    return kInterrupted;
+  }
 
   // Per block: the sum of its layers at each M, and the decode-step estimate for the model.
   struct Block {

@@ -1,5 +1,5 @@
 // The metrale CLI's commands. Each returns the process exit code: 0 ok, 1 a check failed,
-// 2 bad usage or input.
+// 2 bad usage or input, 130 (kInterrupted) a bench stopped by Ctrl-C.
 #pragma once
 
 #include <cstdint>

@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
       "  metrale bench                Llama-3 8B's GEMMs on the best device, checked and timed\n"
       "  metrale bench --model llama3-70b --m 1,16 --json\n"
       "  metrale bench --shapes 4096x4096,28672x4096 --graph\n"
-      "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input.");
+      "Exit codes: 0 ok, 1 a check failed, 2 bad usage or input, 130 bench stopped by Ctrl-C\n"
+      "(after the case it was timing, with the model torn down).");
 
   metrale::cli::CommonOptions opts;
   auto add_common = [&](CLI::App* cmd) {
