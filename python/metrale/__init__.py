@@ -1,0 +1,52 @@
+"""metrale: a runtime for quantized LLM inference (NVFP4/MXFP4 GEMMs) on CUDA and the CPU.
+
+    import metrale, numpy as np, ml_dtypes
+    w = metrale.quantize_nvfp4(np.random.randn(256, 512).astype(np.float32))
+    with metrale.Model("cpu") as model:
+        wd = model.upload_weights(w)
+        a = np.random.randn(4, 512).astype(ml_dtypes.bfloat16)
+        c = model.gemm(a, wd)            # metrale.Array [4, 256], BF16
+        print(np.asarray(c)[0, :4])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _metrale, errors
+from ._array import Array
+from ._metrale import (Checkpoint, Fp8Weights, HostWeights, Plan, Weights, backends,
+                       load_safetensors)
+from .errors import (CaptureError, DeviceFaultError, DriverError, DtypeError, Error,
+                     InternalError, InvalidArgumentError, IoError, LeakError, NotFoundError,
+                     OutOfMemoryError, StateError, UnavailableError)
+from .model import Model, TeardownReport, as_float32
+
+_metrale._set_error_classes({**errors.BY_CODE, "dtype": DtypeError})
+
+__version__ = "0.1.0"
+
+
+def quantize_nvfp4(w: Any) -> HostWeights:
+    """Quantizes W[N, K] (NumPy or torch, any float dtype; K a multiple of 16) to NVFP4."""
+    return _metrale.quantize_nvfp4(as_float32("quantize_nvfp4", w))
+
+
+def quantize_mxfp4(w: Any) -> HostWeights:
+    """Quantizes W[N, K] (NumPy or torch, any float dtype; K a multiple of 32) to MXFP4."""
+    return _metrale.quantize_mxfp4(as_float32("quantize_mxfp4", w))
+
+
+def quantize_e4m3_block128(w: Any) -> tuple:
+    """Quantizes W[N, K] (NumPy or torch, any float dtype) to E4M3 codes (uint8 [N, K]) and
+    FP32 scales, one per 128 x 128 block ([ceil(N/128), ceil(K/128)]): the W8A8 op's weights."""
+    return _metrale.quantize_e4m3_block128(as_float32("quantize_e4m3_block128", w))
+
+
+__all__ = [
+    "Array", "CaptureError", "Checkpoint", "DeviceFaultError", "DriverError", "DtypeError",
+    "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError",
+    "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport",
+    "UnavailableError", "Weights", "backends", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",
+    "quantize_nvfp4",
+]

@@ -1,0 +1,189 @@
+"""Model: one loaded model on one backend, torn down to zero bytes when it closes."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _metrale
+from ._array import Array, as_input, device_of, empty_like_output
+from .errors import LeakError, argument_error
+
+_KDL_CUDA = 2
+
+
+class TeardownReport(dict):
+    """What teardown did: clean, released, failures, swept, swept_bytes, leaks, summary."""
+
+    @property
+    def clean(self) -> bool:
+        """True when every resource gave its memory back and the ledger sweep found nothing."""
+        return bool(self["clean"])
+
+
+class Model:
+    """A model on one backend ("auto": CUDA when available, else CPU).
+
+    A context manager: leaving the ``with`` block tears the model down (weights, scratch, every
+    allocation) and raises LeakError if anything was left for the ledger sweep. Calls on one
+    model run one at a time; the GIL is released while they run and wait.
+    """
+
+    def __init__(self, backend: str = "auto") -> None:
+        self._m = _metrale._Model(backend)
+        self.report: Optional[TeardownReport] = None
+
+    # ---- identity ----
+    @property
+    def backend(self) -> str:
+        """"cpu" or "cuda"."""
+        return self._m.backend
+
+    @property
+    def device(self) -> str:
+        """The device's name."""
+        return self._m.device
+
+    @property
+    def chosen(self) -> str:
+        """Why this backend was chosen (with "auto": why not CUDA, on the CPU)."""
+        return self._m.chosen
+
+    @property
+    def closed(self) -> bool:
+        """True once the model is torn down."""
+        return self._m.closed
+
+    # ---- lifetime ----
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        # An exception already on its way out wins; the leak check still runs and reports.
+        self.close(check=exc_type is None)
+        return False
+
+    def close(self, check: bool = True) -> TeardownReport:
+        """Tears the model down once (later calls return the same report).
+
+        With check, raises LeakError when the report is not clean: a resource failed to give
+        its memory back, or the ledger sweep found allocations nothing owned (named by call site).
+        """
+        if self.report is None:
+            self.report = TeardownReport(self._m.teardown())
+            if check and not self.report.clean:
+                failures = "; ".join(f"{f['label']}: {f['message']}" for f in self.report["failures"])
+                raise LeakError(f"[teardown] not clean: {self.report['summary'] or failures}",
+                                self.report)
+        return self.report
+
+    # ---- weights ----
+    def upload_weights(self, weights: Any, scales: Any = None, *, n: Optional[int] = None,
+                       k: Optional[int] = None, format: str = "nvfp4",
+                       tensor_scale: float = 1.0, source_layout: str = "row_major",
+                       layout: str = "auto", label: str = "weights") -> _metrale.Weights:
+        """Uploads quantized weights W[N, K]; they live until the model closes.
+
+        ``weights`` is a HostWeights (from quantize_nvfp4, quantize_mxfp4 or a Checkpoint), or
+        an array of codes (uint8 [N, K/2], low nibble = even k) with ``scales`` (uint8 [N,
+        K/group]); n and k default from the codes' shape. ``layout``: "auto" (the backend's
+        preferred), "source" (as given) or "decode" (the decode kernels' layout).
+        """
+        if not isinstance(weights, _metrale.HostWeights):
+            if scales is None:
+                raise argument_error("upload_weights", "scales: needed with an array of codes")
+            shape = getattr(weights, "shape", ())
+            if n is None or k is None:
+                if len(shape) != 2 or source_layout != "row_major":
+                    raise argument_error("upload_weights", "n, k: give both unless codes is a "
+                                         "row-major [N, K/2] array")
+                n, k = int(shape[0]), int(shape[1]) * 2
+            weights = _metrale.HostWeights(weights, scales, n=n, k=k, format=format,
+                                           tensor_scale=tensor_scale, layout=source_layout)
+        return self._m.upload_weights(weights, layout, label)
+
+    def upload_fp8_weights(self, codes: Any, scales: Any, *, label: str = "fp8 weights"
+                           ) -> _metrale.Fp8Weights:
+        """Uploads E4M3 weights for the W8A8 op: codes uint8 [N, K] (float8_e4m3fn bytes) and
+        FP32 scales [ceil(N/128), ceil(K/128)], one per 128 x 128 block (an FP8 checkpoint's
+        ``weight`` and ``weight_scale_inv``, or quantize_e4m3_block128's pair)."""
+        shape = getattr(codes, "shape", ())
+        if len(shape) != 2:
+            raise argument_error("upload_fp8_weights", f"codes: shape {tuple(shape)}, expected "
+                                 "(N, K)")
+        return self._m.upload_fp8_weights(codes, scales, int(shape[0]), int(shape[1]), label)
+
+    # ---- GEMM ----
+    def plan(self, m: int, w: Any, route: str = "auto", allow_e4m3: bool = False,
+             bias: bool = False) -> _metrale.Plan:
+        """The plan gemm would run for M rows of A: route, kernels, grid, workspace."""
+        if isinstance(w, _metrale.Fp8Weights):
+            _check_fp8_call("plan", route, allow_e4m3)
+            return self._m.plan_w8a8(m, w, bias)
+        return self._m.plan(m, w, route, allow_e4m3, bias)
+
+    def gemm(self, a: Any, w: Any, out: Any = None, route: str = "auto",
+             allow_e4m3: bool = False, bias: Any = None) -> Any:
+        """C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias), in BF16 with FP32 accumulation.
+
+        ``a`` (and ``out``, ``bias``) are BF16 arrays on the model's device, used in place:
+        torch.bfloat16 tensors, ml_dtypes.bfloat16 NumPy arrays, or Arrays metrale returned.
+        ``w``: Weights (4-bit), or Fp8Weights for the W8A8 op, which casts A to E4M3 per row
+        per 128 K and so needs ``allow_e4m3=True``. Returns ``out`` when given, else a new
+        Array. Returns once the result is written.
+        """
+        fp8 = isinstance(w, _metrale.Fp8Weights)
+        if fp8:
+            _check_fp8_call("gemm", route, allow_e4m3)
+        stream = self._m.stream if self._m.device_type == _KDL_CUDA else None
+        a_obj, a_bits = as_input("gemm", "a", a, stream)
+        if out is None:
+            rows = getattr(a, "shape", (0,))[0]
+            on_cuda = self._m.device_type == _KDL_CUDA and device_of(a)[0] == _KDL_CUDA
+            result: Any = Array(empty_like_output("gemm", a, int(rows), w.n, on_cuda))
+            out_obj, out_bits = as_input("gemm", "out", result, stream)
+        else:
+            result = out
+            out_obj, out_bits = as_input("gemm", "out", out, stream)
+        bias_obj, bias_bits = (None, False) if bias is None else as_input("gemm", "bias", bias,
+                                                                          stream)
+        if fp8:
+            self._m.w8a8_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits)
+        else:
+            self._m.gemm(a_obj, a_bits, w, out_obj, out_bits, route, allow_e4m3, bias_obj,
+                         bias_bits)
+        return result
+
+    # ---- figures ----
+    def stats(self) -> dict:
+        """The ledger's figures: owned_bytes (metrale's own memory) apart from borrowed_bytes
+        (callers' arrays lent for a call), peaks and counts."""
+        return self._m.stats()
+
+    def alloc_report(self) -> str:
+        """The ledger's live allocations, largest first, each with its call site."""
+        return self._m.alloc_report()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"metrale.Model(backend={self.backend!r}, device={self.device!r}, {state})"
+
+
+def _check_fp8_call(api: str, route: str, allow_e4m3: bool) -> None:
+    if route != "auto":
+        raise argument_error(api, f"route: '{route}' given for FP8 weights, which run the W8A8 "
+                             "op alone (route 'auto')")
+    if not allow_e4m3:
+        raise argument_error(api, "w: FP8 weights run the W8A8 op, which casts A to E4M3; pass "
+                             "allow_e4m3=True")
+
+
+def as_float32(api: str, w: Any) -> np.ndarray:
+    """A host float32 copy-free view where possible (NumPy, torch CPU tensors) of weights."""
+    if hasattr(w, "detach"):  # torch: any dtype, any device
+        w = w.detach().to("cpu").float().numpy()
+    try:
+        return np.ascontiguousarray(w, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise argument_error(api, f"w: cannot be read as float32 ({e})") from None

@@ -1,0 +1,109 @@
+// The Python classes of model.h: _Model (metrale.Model wraps it), Weights, Fp8Weights, Plan, and
+// _bf16_view, through which metrale.Array exports BF16.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "bindings.h"
+#include "model.h"
+
+namespace nb = nanobind;
+
+namespace metrale::py {
+
+void bind_model(nb::module_& m) {
+  nb::class_<Weights>(m, "Weights", "4-bit weights on a model's device (released at teardown).")
+      .def_prop_ro("n", [](const Weights& w) { return w.q.n; })
+      .def_prop_ro("k", [](const Weights& w) { return w.q.k; })
+      .def_prop_ro("format", [](const Weights& w) { return std::string(to_string(w.q.format)); })
+      .def_prop_ro("packing",
+                   [](const Weights& w) {
+                     const bool packed = w.q.packing == ops::WeightPacking::kDecode;
+                     return std::string(packed ? "decode" : "source");
+                   })
+      .def_ro("label", &Weights::label)
+      .def_prop_ro("nbytes", [](const Weights& w) { return w.q.codes_bytes + w.q.scales_bytes; })
+      .def_ro("pack_seconds", &Weights::pack_seconds, "Seconds the decode-layout repack took.")
+      .def("__repr__", [](const Weights& w) {
+        return fmt::format("Weights('{}', {} {} x {})", w.label, to_string(w.q.format), w.q.n,
+                           w.q.k);
+      });
+
+  nb::class_<Fp8Weights>(m, "Fp8Weights",
+                         "E4M3 weights with 128 x 128 block scales on a model's device, for the "
+                         "W8A8 op (released at teardown).")
+      .def_prop_ro("n", [](const Fp8Weights& w) { return w.q.n; })
+      .def_prop_ro("k", [](const Fp8Weights& w) { return w.q.k; })
+      .def_prop_ro("format", [](const Fp8Weights&) { return std::string("e4m3_block128"); })
+      .def_ro("label", &Fp8Weights::label)
+      .def_prop_ro("nbytes", [](const Fp8Weights& w) { return w.q.codes_bytes + w.q.scales_bytes; })
+      .def("__repr__", [](const Fp8Weights& w) {
+        return fmt::format("Fp8Weights('{}', e4m3_block128 {} x {})", w.label, w.q.n, w.q.k);
+      });
+
+  nb::class_<PlanView>(m, "Plan", "What a GEMM would run: route, kernels, grid and workspace.")
+      .def_ro("route", &PlanView::route, "A route's name, or 'w8a8' for FP8 weights.")
+      .def_ro("m", &PlanView::m)
+      .def_ro("n", &PlanView::n)
+      .def_ro("k", &PlanView::k)
+      .def_ro("splits", &PlanView::splits, "Parts K is split into (1: none).")
+      .def_ro("workspace_bytes", &PlanView::workspace_bytes)
+      .def_ro("launches", &PlanView::launches,
+              "Each kernel launch in order: kernel, grid, block, smem_bytes.")
+      .def_ro("dense", &PlanView::dense, "The backend's dense GEMM when the plan runs one.")
+      .def("describe", [](const PlanView& p) { return p.text; })
+      .def("__repr__", [](const PlanView& p) { return "Plan(" + p.text + ")"; });
+
+  nb::class_<Model>(m, "_Model", "The C++ model; metrale.Model wraps it.")
+      .def(nb::init<std::string_view>(), nb::arg("backend"))
+      .def_prop_ro("backend", &Model::backend_name)
+      .def_prop_ro("device", &Model::device)
+      .def_prop_ro("chosen", &Model::chosen)
+      .def_prop_ro("closed", &Model::closed)
+      .def_prop_ro("device_type", &Model::device_type)
+      .def_prop_ro("stream", &Model::stream)
+      .def("upload_weights", &Model::upload, nb::arg("host"), nb::arg("layout"), nb::arg("label"),
+           nb::keep_alive<0, 1>())
+      .def("upload_fp8_weights", &Model::upload_fp8, nb::arg("codes"), nb::arg("scales"),
+           nb::arg("n"), nb::arg("k"), nb::arg("label"), nb::keep_alive<0, 1>())
+      .def("plan", &Model::plan, nb::arg("m"), nb::arg("w"), nb::arg("route"),
+           nb::arg("allow_e4m3"), nb::arg("bias"))
+      .def("plan_w8a8", &Model::plan_w8a8, nb::arg("m"), nb::arg("w"), nb::arg("bias"))
+      .def("gemm", &Model::gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"), nb::arg("out"),
+           nb::arg("out_bits"), nb::arg("route"), nb::arg("allow_e4m3"), nb::arg("bias").none(),
+           nb::arg("bias_bits"))
+      .def("w8a8_gemm", &Model::w8a8_gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"),
+           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"))
+      .def("stats", &Model::stats)
+      .def("alloc_report", &Model::alloc_report)
+      .def("teardown", &Model::teardown);
+
+  m.def(
+      "_bf16_view",
+      [](const nb::ndarray<>& bits, nb::handle owner) {
+        if (bits.dtype() != nb::dtype<std::uint16_t>()) {
+          throw DtypeError("bf16_view", "bits: expected uint16 (BF16 bit patterns), got " +
+                                            dtype_name(bits.dtype()));
+        }
+        std::vector<std::size_t> shape(bits.ndim());
+        std::vector<std::int64_t> strides(bits.ndim());
+        for (std::size_t i = 0; i < bits.ndim(); ++i) {
+          shape[i] = bits.shape(i);
+          strides[i] = bits.stride(i);
+        }
+        const nb::dlpack::dtype bf16{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16,
+                                     1};
+        return nb::ndarray<nb::array_api>(bits.data(), bits.ndim(), shape.data(), owner,
+                                          strides.data(), bf16, bits.device_type(),
+                                          bits.device_id());
+      },
+      nb::arg("bits"), nb::arg("owner"),
+      "The same memory as a BF16 DLPack array (no copy), kept alive by owner.");
+}
+
+}  // namespace metrale::py

@@ -1,0 +1,192 @@
+// Model's GEMMs: the operands checked, the caller's arrays lent for the call, the plans.
+#include <fmt/format.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdio>
+#include <optional>
+
+#include "bindings.h"
+#include "metrale/backend.h"
+#include "model.h"
+
+namespace nb = nanobind;
+
+namespace metrale::py {
+namespace {
+
+ops::GemmRoute parse_route(std::string_view api, std::string_view text) {
+  for (ops::GemmRoute r :
+       {ops::GemmRoute::kAuto, ops::GemmRoute::kDecode, ops::GemmRoute::kTiled,
+        ops::GemmRoute::kE4m3, ops::GemmRoute::kDequant, ops::GemmRoute::kFused}) {
+    if (ops::to_string(r) == text) return r;
+  }
+  throw Error(
+      ErrorCode::kInvalidArgument, api,
+      fmt::format("route: '{}', expected auto, decode, tiled, e4m3, dequant or fused", text));
+}
+
+ops::GemmOptions gemm_options(std::string_view api, std::string_view route, bool allow_e4m3) {
+  ops::GemmOptions o;
+  o.route = parse_route(api, route);
+  o.activations = allow_e4m3 ? ops::Activations::kAllowE4m3 : ops::Activations::kExactBf16;
+  return o;
+}
+
+// The caller's array lent to the backend for one call: borrowed unless the backend owns it
+// already, given back (after the device is done with it) when the call ends, however it ends.
+class Loan {
+ public:
+  Loan(Backend& backend, const LedgerProbe& probe, const ArrayArg& arg) : backend_(backend) {
+    if (const auto entry = probe.containing(arg.ptr.address())) {
+      if (entry->kind != MemoryKind::kBorrowed) return;  // the backend's own: the op checks it
+    }
+    backend.borrow(arg.ptr, arg.bytes);
+    ptr_ = arg.ptr;
+  }
+  Loan(const Loan&) = delete;
+  Loan& operator=(const Loan&) = delete;
+  ~Loan() {
+    if (!ptr_) return;
+    try {
+      backend_.unborrow(ptr_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "metrale: %s\n", e.what());  // a destructor must not throw
+    }
+  }
+
+ private:
+  Backend& backend_;
+  DevicePtr ptr_;
+};
+
+// Every operand of one call lent, in order, for as long as this lives.
+struct Loans {
+  Loans(Backend& b, const LedgerProbe& probe, const Operands& args)
+      : a(b, probe, args.a), c(b, probe, args.c) {
+    if (args.bias) bias.emplace(b, probe, *args.bias);
+  }
+  Loan a, c;
+  std::optional<Loan> bias;
+};
+
+bool overlap(const ArrayArg& x, const ArrayArg& y) {
+  return x.ptr.address() < y.ptr.address() + y.bytes && y.ptr.address() < x.ptr.address() + x.bytes;
+}
+
+nb::dict launch_dict(Backend& b, const ops::PlannedLaunch& l) {
+  nb::dict d;
+  d["kernel"] = b.kernel_name(l.kernel.handle);
+  d["grid"] = nb::make_tuple(l.grid.x, l.grid.y, l.grid.z);
+  d["block"] = nb::make_tuple(l.block.x, l.block.y, l.block.z);
+  d["smem_bytes"] = l.smem_bytes;
+  return d;
+}
+
+// Runs make() and re-attributes its Error to api: the user called api, not the op inside it.
+template <class F>
+auto as_call(std::string_view api, F&& make) {
+  try {
+    return make();
+  } catch (const Error& e) {
+    if (e.api() == api) throw;
+    throw Error(e.code(), api, e.message());
+  }
+}
+
+}  // namespace
+
+Operands Model::check_operands(std::string_view api, nb::handle a, bool a_bits, nb::handle out,
+                               bool out_bits, nb::handle bias, bool bias_bits, std::int64_t n,
+                               std::int64_t k) const {
+  Operands args;
+  ArraySpec spec{Element::kBf16, 2, -1, k, device_type()};
+  args.a = check_array(api, "a", as_array(api, "a", a, false), a_bits, spec);
+  spec.rows = args.a.rows;
+  spec.cols = n;
+  args.c = check_array(api, "out", as_array(api, "out", out, true), out_bits, spec);
+  if (overlap(args.a, args.c)) {
+    throw Error(ErrorCode::kInvalidArgument, api, "out: overlaps a (pass another array)");
+  }
+  if (!bias.is_none()) {
+    args.bias = check_array(api, "bias", as_array(api, "bias", bias, false), bias_bits,
+                            ArraySpec{Element::kBf16, 1, 1, n, device_type()});
+    if (overlap(*args.bias, args.c)) {
+      throw Error(ErrorCode::kInvalidArgument, api, "out: overlaps bias (pass another array)");
+    }
+  }
+  return args;
+}
+
+PlanView Model::plan(std::int64_t m, const Weights& w, std::string_view route, bool allow_e4m3,
+                     bool bias) {
+  Backend& b = open("plan");
+  check_owner("plan", w.model, w.label);
+  ops::GemmOptions options = gemm_options("plan", route, allow_e4m3);
+  // plan() only records whether there is a bias: any aligned pointer stands for it.
+  if (bias) options.bias = w.q.codes;
+  const ops::GemmPlan p = ops::plan(b, m, w.q, options);
+  PlanView v;
+  v.route = ops::to_string(p.route);
+  v.m = p.m, v.n = p.n, v.k = p.k, v.splits = p.splits;
+  v.workspace_bytes = p.workspace.total();
+  for (const ops::PlannedLaunch& l : p.launches) v.launches.append(launch_dict(b, l));
+  if (p.dense) v.dense = p.dense->describe;
+  v.text = p.describe();
+  return v;
+}
+
+PlanView Model::plan_w8a8(std::int64_t m, const Fp8Weights& w, bool bias) {
+  Backend& b = open("plan");
+  check_owner("plan", w.model, w.label);
+  ops::Fp8GemmOptions options;
+  if (bias) options.bias = w.q.codes;
+  const ops::Fp8GemmPlan p = ops::plan(b, m, w.q, options);
+  PlanView v;
+  v.route = "w8a8";
+  v.m = p.m, v.n = p.n, v.k = p.k;
+  v.workspace_bytes = p.workspace.total();
+  v.launches.append(launch_dict(b, p.cast));
+  v.dense = p.dense.describe;
+  v.text = p.describe();
+  return v;
+}
+
+void Model::gemm(nb::handle a, bool a_bits, const Weights& w, nb::handle out, bool out_bits,
+                 std::string_view route, bool allow_e4m3, nb::handle bias, bool bias_bits) {
+  constexpr std::string_view api = "gemm";
+  Backend& b = open(api);
+  check_owner(api, w.model, w.label);
+  const Operands args =
+      check_operands(api, a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
+  ops::GemmOptions options = gemm_options(api, route, allow_e4m3);
+  if (args.bias) options.bias = args.bias->ptr;
+
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const ops::GemmPlan p = as_call(api, [&] { return ops::plan(b, args.a.rows, w.q, options); });
+  const Loans loans(b, *probe_, args);
+  const StreamHandle stream = b.default_stream();
+  ops::run(p, stream, args.a.ptr, w.q, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
+  b.synchronize(stream);
+}
+
+void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle out, bool out_bits,
+                      nb::handle bias, bool bias_bits) {
+  constexpr std::string_view api = "gemm";
+  Backend& b = open(api);
+  check_owner(api, w.model, w.label);
+  const Operands args =
+      check_operands(api, a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
+  ops::Fp8GemmOptions options;
+  if (args.bias) options.bias = args.bias->ptr;
+
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const ops::Fp8GemmPlan p = as_call(api, [&] { return ops::plan(b, args.a.rows, w.q, options); });
+  const Loans loans(b, *probe_, args);
+  const StreamHandle stream = b.default_stream();
+  ops::run(p, stream, args.a.ptr, w.q, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
+  b.synchronize(stream);
+}
+
+}  // namespace metrale::py

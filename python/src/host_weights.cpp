@@ -1,0 +1,258 @@
+// Quantized weights on the host: HostWeights (metrale::HostQuantWeights) made from arrays of
+// codes and scales, by quantize_nvfp4/quantize_mxfp4, or read from a safetensors checkpoint.
+#include <fmt/format.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "metrale/e4m3_block.h"
+#include "metrale/modelopt.h"
+#include "metrale/quant.h"
+#include "metrale/safetensors.h"
+
+namespace nb = nanobind;
+
+namespace metrale::py {
+namespace {
+
+WeightFormat parse_format(std::string_view api, std::string_view text) {
+  if (text == "nvfp4") return WeightFormat::kNvfp4;
+  if (text == "mxfp4") return WeightFormat::kMxfp4;
+  throw Error(ErrorCode::kInvalidArgument, api,
+              fmt::format("format: '{}', expected 'nvfp4' or 'mxfp4'", text));
+}
+
+WeightLayout parse_layout(std::string_view api, std::string_view text) {
+  if (text == "row_major") return WeightLayout::kRowMajor;
+  if (text == "transposed") return WeightLayout::kTransposed;
+  throw Error(ErrorCode::kInvalidArgument, api,
+              fmt::format("layout: '{}', expected 'row_major' or 'transposed'", text));
+}
+
+// A host array of the values of v, owned by the array (the vector moves into its capsule).
+template <class T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T> v, std::int64_t rows, std::int64_t cols) {
+  auto* owned = new std::vector<T>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  const std::size_t shape[2] = {static_cast<std::size_t>(rows), static_cast<std::size_t>(cols)};
+  return nb::ndarray<nb::numpy, T>(owned->data(), 2, shape, owner);
+}
+
+// W[N, K] from arrays of codes and scales, checked as the upload will need them.
+HostQuantWeights from_arrays(const nb::ndarray<nb::ro>& codes, const nb::ndarray<nb::ro>& scales,
+                             std::int64_t n, std::int64_t k, std::string_view format,
+                             float tensor_scale, std::string_view layout) {
+  constexpr std::string_view api = "HostWeights";
+  HostQuantWeights w;
+  w.format = parse_format(api, format);
+  w.layout = parse_layout(api, layout);
+  const int group = group_size(w.format);
+  if (n < 1 || k < 1 || k % group != 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("n = {}, k = {}: both must be positive and k a multiple of {} ({})", n,
+                            k, group, format));
+  }
+  if (!std::isfinite(tensor_scale) || tensor_scale < 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("tensor_scale: {} is not a finite value >= 0", tensor_scale));
+  }
+  if (w.format == WeightFormat::kMxfp4 && tensor_scale != 1.0f) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("tensor_scale: {} given for mxfp4, which has none (1)", tensor_scale));
+  }
+  w.n = n;
+  w.k = k;
+  w.tensor_scale = tensor_scale;
+  // Any shape whose bytes are the matrix's: [N, K/2] and a flat array are both natural.
+  const auto take = [&](const nb::ndarray<nb::ro>& a, std::string_view name, std::int64_t bytes,
+                        std::vector<std::uint8_t>& out) {
+    ArraySpec spec{Element::kU8, static_cast<int>(a.ndim()), -1, -1};
+    spec.alignment = 1;
+    if (a.ndim() < 1 || a.ndim() > 2) spec.ndim = 2;  // check_array names the bad rank
+    const ArrayArg arg = check_array(api, name, a, false, spec);
+    if (static_cast<std::int64_t>(arg.bytes) != bytes) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("{}: {} bytes, expected {} for {} x {} {} weights", name, arg.bytes,
+                              bytes, n, k, format));
+    }
+    out.resize(static_cast<std::size_t>(bytes));
+    std::memcpy(out.data(), a.data(), out.size());
+  };
+  take(codes, "codes", n * k / 2, w.codes);
+  take(scales, "scales", n * (k / group), w.scales);
+  return w;
+}
+
+HostQuantWeights quantize(std::string_view api, const nb::ndarray<nb::ro>& a, WeightFormat format) {
+  ArraySpec spec{Element::kF32, 2};
+  spec.alignment = 4;
+  const ArrayArg arg = check_array(api, "w", a, false, spec);
+  const auto* p = static_cast<const float*>(a.data());
+  const std::span<const float> values(p, static_cast<std::size_t>(arg.rows * arg.cols));
+  nb::gil_scoped_release unlocked;
+  return format == WeightFormat::kNvfp4 ? quantize_nvfp4(values, arg.rows, arg.cols)
+                                        : quantize_mxfp4(values, arg.rows, arg.cols);
+}
+
+// The codes or scales as a read-only NumPy view of the weights' own bytes, shaped as the layout
+// stores them.
+nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>> bytes_view(
+    const HostQuantWeights& w, const std::vector<std::uint8_t>& v, std::int64_t per_row) {
+  const bool rows_first = w.layout == WeightLayout::kRowMajor;
+  const std::size_t shape[2] = {static_cast<std::size_t>(rows_first ? w.n : per_row),
+                                static_cast<std::size_t>(rows_first ? per_row : w.n)};
+  return nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>>(v.data(), 2, shape, nb::handle());
+}
+
+// A checkpoint read through SafetensorsFile, with its linear layers sorted once.
+struct Checkpoint {
+  SafetensorsFile file;
+  LinearLayerScan scan;
+};
+
+}  // namespace
+
+void bind_host_weights(nb::module_& m) {
+  nb::class_<HostQuantWeights>(m, "HostWeights",
+                               "Quantized weights W[N, K] in host memory (NVFP4 or MXFP4).")
+      .def(
+          "__init__",
+          [](HostQuantWeights* self, const nb::ndarray<nb::ro>& codes,
+             const nb::ndarray<nb::ro>& scales, std::int64_t n, std::int64_t k,
+             std::string_view format, float tensor_scale, std::string_view layout) {
+            new (self)
+                HostQuantWeights(from_arrays(codes, scales, n, k, format, tensor_scale, layout));
+          },
+          nb::arg("codes"), nb::arg("scales"), nb::kw_only(), nb::arg("n"), nb::arg("k"),
+          nb::arg("format") = "nvfp4", nb::arg("tensor_scale") = 1.0f,
+          nb::arg("layout") = "row_major",
+          "Copies codes (uint8, N*K/2 bytes of E2M1 pairs, low nibble = even k) and scales "
+          "(uint8, N*K/group bytes: E4M3 for nvfp4, E8M0 for mxfp4) in the given layout.")
+      .def_prop_ro("format",
+                   [](const HostQuantWeights& w) { return std::string(to_string(w.format)); })
+      .def_prop_ro(
+          "layout",
+          [](const HostQuantWeights& w) {
+            return std::string(w.layout == WeightLayout::kRowMajor ? "row_major" : "transposed");
+          })
+      .def_ro("n", &HostQuantWeights::n, "Output features (rows of W).")
+      .def_ro("k", &HostQuantWeights::k, "Input features (columns of W).")
+      .def_ro("tensor_scale", &HostQuantWeights::tensor_scale)
+      .def_prop_ro(
+          "codes", [](const HostQuantWeights& w) { return bytes_view(w, w.codes, w.k / 2); },
+          nb::rv_policy::reference_internal, "The E2M1 codes, a read-only view (no copy).")
+      .def_prop_ro(
+          "scales",
+          [](const HostQuantWeights& w) {
+            return bytes_view(w, w.scales, w.k / group_size(w.format));
+          },
+          nb::rv_policy::reference_internal, "The block scales, a read-only view (no copy).")
+      .def(
+          "dequantize",
+          [](const HostQuantWeights& w, bool exact) -> nb::object {
+            if (exact) {
+              std::vector<double> out(static_cast<std::size_t>(w.n * w.k));
+              w.exact_rows(0, w.n, out);
+              return nb::cast(to_numpy(std::move(out), w.n, w.k));
+            }
+            return nb::cast(to_numpy(dequantize(w), w.n, w.k));
+          },
+          nb::arg("exact") = false,
+          "W as a NumPy array [N, K]: float32, or with exact=True float64 with no rounding "
+          "(the reference a GEMM is checked against).")
+      .def("__repr__", [](const HostQuantWeights& w) {
+        return fmt::format("HostWeights({} {} x {}, {})", to_string(w.format), w.n, w.k,
+                           w.layout == WeightLayout::kRowMajor ? "row_major" : "transposed");
+      });
+
+  m.def(
+      "quantize_nvfp4",
+      [](const nb::ndarray<nb::ro>& w) {
+        return quantize("quantize_nvfp4", w, WeightFormat::kNvfp4);
+      },
+      nb::arg("w"),
+      "Quantizes float32 W[N, K] (K a multiple of 16) to NVFP4: E4M3 scales per 16, one FP32 "
+      "tensor scale.");
+  m.def(
+      "quantize_mxfp4",
+      [](const nb::ndarray<nb::ro>& w) {
+        return quantize("quantize_mxfp4", w, WeightFormat::kMxfp4);
+      },
+      nb::arg("w"), "Quantizes float32 W[N, K] (K a multiple of 32) to MXFP4: E8M0 scales per 32.");
+
+  m.def(
+      "quantize_e4m3_block128",
+      [](const nb::ndarray<nb::ro>& w) {
+        ArraySpec spec{Element::kF32, 2};
+        spec.alignment = 4;
+        const ArrayArg arg = check_array("quantize_e4m3_block128", "w", w, false, spec);
+        const std::span<const float> values(static_cast<const float*>(w.data()),
+                                            static_cast<std::size_t>(arg.rows * arg.cols));
+        HostE4m3BlockWeights q;
+        {
+          nb::gil_scoped_release unlocked;
+          q = quantize_e4m3_block128(values, arg.rows, arg.cols);
+        }
+        return nb::make_tuple(to_numpy(std::move(q.codes), q.n, q.k),
+                              to_numpy(std::move(q.scales), e4m3_blocks(q.n), e4m3_blocks(q.k)));
+      },
+      nb::arg("w"),
+      "Quantizes float32 W[N, K] to E4M3 codes [N, K] (uint8) with one FP32 scale per 128 x 128 "
+      "block [ceil(N/128), ceil(K/128)], the FP8 checkpoint layout the W8A8 op takes.");
+
+  nb::class_<Checkpoint>(m, "Checkpoint",
+                         "A safetensors file mapped read-only, with its linear layers.")
+      .def_prop_ro("path", [](const Checkpoint& c) { return c.file.path(); })
+      .def_prop_ro("tensors", [](const Checkpoint& c) { return c.file.names(); })
+      .def_prop_ro(
+          "layers", [](const Checkpoint& c) { return c.scan.layers; },
+          "The linear layers weights() can load, sorted.")
+      .def_prop_ro(
+          "rejected",
+          [](const Checkpoint& c) {
+            nb::list out;
+            for (const RejectedLayer& r : c.scan.rejected) {
+              nb::dict d;
+              d["layer"] = r.layer;
+              d["tensor"] = r.tensor;
+              d["why"] = r.why;
+              out.append(d);
+            }
+            return out;
+          },
+          "Candidate layers that cannot be loaded, each with the tensor at fault and why.")
+      .def(
+          "weights",
+          [](const Checkpoint& c, std::string_view layer) {
+            return load_nvfp4_linear(c.file, layer).w;
+          },
+          nb::arg("layer"), "The layer's NVFP4 weights (a BF16/F32 layer is quantized on load).")
+      .def(
+          "input_scale",
+          [](const Checkpoint& c, std::string_view layer) {
+            return load_nvfp4_linear(c.file, layer).input_scale;
+          },
+          nb::arg("layer"), "The layer's activation scale, or None when the file has none.");
+  m.def(
+      "load_safetensors",
+      [](const std::string& path) {
+        Checkpoint c{SafetensorsFile::open(path), {}};
+        c.scan = scan_linear_layers(c.file);
+        return c;
+      },
+      nb::arg("path"),
+      "Maps a safetensors file (NVIDIA ModelOpt NVFP4 or BF16/F32 layers) and validates it.");
+}
+
+}  // namespace metrale::py

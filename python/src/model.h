@@ -1,0 +1,114 @@
+// Model: a ModelScope seen from Python, with the weights uploaded to it and the GEMMs on them.
+// A caller's arrays are borrowed (Backend::borrow) for the length of one call, so metrale reads
+// and writes them in place and never frees them; a call returns once its work is done, so
+// nothing it queued still uses them (docs/ARCHITECTURE.md, The Python package).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "arrays.h"
+#include "metrale/ledger.h"
+#include "metrale/model_scope.h"
+#include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
+
+namespace metrale::py {
+
+class Model;
+
+// 4-bit weights on a model's device: a model resource, released at the model's teardown.
+struct Weights {
+  Model* model = nullptr;
+  ops::QuantWeights q;
+  std::string label;
+  double pack_seconds = 0.0;
+};
+
+// Block-scaled E4M3 weights on a model's device, for the W8A8 op; released at teardown.
+struct Fp8Weights {
+  Model* model = nullptr;
+  ops::Fp8Weights q;
+  std::string label;
+};
+
+// What a GEMM would run, for reading (either op's plan, flattened).
+struct PlanView {
+  std::string route;  // a GemmRoute's name, or "w8a8"
+  std::int64_t m = 0, n = 0, k = 0, splits = 1;
+  std::uint64_t workspace_bytes = 0;
+  nanobind::list launches;           // each: kernel, grid, block, smem_bytes
+  std::optional<std::string> dense;  // the backend's dense GEMM, when the plan runs one
+  std::string text;                  // the plan's describe()
+};
+
+// A, C and the bias of one GEMM call, checked (arrays.h) against the weights' N and K.
+struct Operands {
+  ArrayArg a, c;
+  std::optional<ArrayArg> bias;
+};
+
+class Model {
+ public:
+  // A model on backend `which` ("auto", "cpu", "cuda"); the backend is made with the GIL off.
+  explicit Model(std::string_view which);
+
+  const std::string& backend_name() const { return name_; }
+  const std::string& device() const { return device_; }
+  const std::string& chosen() const { return chosen_; }
+  bool closed() const { return closing_ || scope_->torn_down(); }
+  // DLPack's device type of the arrays this model takes (kDLCPU or kDLCUDA).
+  int device_type() const;
+  // The stream every call runs on, as DLPack's stream rule names it (CUDA: the CUstream).
+  std::uint64_t stream();
+
+  // Uploads 4-bit weights in the layout `layout` names ("auto", "source", "decode").
+  Weights upload(const HostQuantWeights& host, std::string_view layout, std::string label);
+  // Uploads E4M3 codes [N, K] and FP32 block scales [ceil(N/128), ceil(K/128)] (host arrays).
+  Fp8Weights upload_fp8(nanobind::handle codes, nanobind::handle scales, std::int64_t n,
+                        std::int64_t k, std::string label);
+
+  // The plan of C[M, N] = A · dequant(W)ᵀ for M rows (bias: whether there will be one).
+  PlanView plan(std::int64_t m, const Weights& w, std::string_view route, bool allow_e4m3,
+                bool bias);
+  // The plan of the W8A8 op for M rows.
+  PlanView plan_w8a8(std::int64_t m, const Fp8Weights& w, bool bias);
+  // out = a · dequant(w)ᵀ (+ bias) on the arrays in place; returns when out is written.
+  void gemm(nanobind::handle a, bool a_bits, const Weights& w, nanobind::handle out, bool out_bits,
+            std::string_view route, bool allow_e4m3, nanobind::handle bias, bool bias_bits);
+  // The W8A8 op (A cast to E4M3 per row per 128 K) on the arrays in place.
+  void w8a8_gemm(nanobind::handle a, bool a_bits, const Fp8Weights& w, nanobind::handle out,
+                 bool out_bits, nanobind::handle bias, bool bias_bits);
+
+  // The ledger's counters: owned apart from borrowed.
+  nanobind::dict stats() const;
+  // The ledger's live allocations with their call sites.
+  std::string alloc_report() const { return probe_ ? probe_->report() : std::string(); }
+  // Tears the model down once and reports it (a second call: Error(kState)).
+  nanobind::dict teardown();
+
+ private:
+  // The backend, or Error(kState) naming api once the model is closed.
+  Backend& open(std::string_view api);
+  // Error(kInvalidArgument) unless weights of `label` belong to this model.
+  void check_owner(std::string_view api, const Model* owner, const std::string& label) const;
+  Operands check_operands(std::string_view api, nanobind::handle a, bool a_bits,
+                          nanobind::handle out, bool out_bits, nanobind::handle bias,
+                          bool bias_bits, std::int64_t n, std::int64_t k) const;
+
+  std::unique_ptr<ModelScope> scope_;
+  std::optional<LedgerProbe> probe_;
+  std::string name_, device_, chosen_;
+  bool closing_ = false;
+  // One call at a time: two calls lending the same array would overlap their borrows.
+  std::mutex call_mu_;
+};
+
+}  // namespace metrale::py

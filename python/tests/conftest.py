@@ -1,0 +1,72 @@
+"""Shared pieces of the Python tests: fresh random data, the float64 reference and its bounds."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import metrale
+
+BF16_NAN = 0x7FC0  # poison: an element metrale never wrote reads as NaN
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator with a fresh seed each run, printed so a failure can be replayed
+    (METRALE_TEST_SEED=... pins it)."""
+    seed = int(os.environ.get("METRALE_TEST_SEED", np.random.SeedSequence().entropy % 2**63))
+    print(f"{request.node.name}: seed {seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def model():
+    """A CPU model, torn down (and leak-checked) after the test."""
+    with metrale.Model("cpu") as m:
+        yield m
+
+
+def bf16(values: np.ndarray) -> np.ndarray:
+    """values rounded to BF16 (ml_dtypes.bfloat16, C-contiguous)."""
+    return np.ascontiguousarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def poisoned(rows: int, cols: int) -> np.ndarray:
+    """A BF16 output array filled with NaN, so an element left unwritten fails the check."""
+    return np.full((rows, cols), BF16_NAN, dtype=np.uint16).view(ml_dtypes.bfloat16)
+
+
+def reference(a: np.ndarray, w: metrale.HostWeights, bias=None) -> tuple[np.ndarray, np.ndarray]:
+    """(A · Wᵀ + bias in float64 from the exact weights, S = Σ_k |a·w| + |bias| per element)."""
+    a64 = np.asarray(a, dtype=np.float64)
+    w64 = w.dequantize(exact=True)
+    ref = a64 @ w64.T
+    mag = np.abs(a64) @ np.abs(w64).T
+    if bias is not None:
+        b64 = np.asarray(bias, dtype=np.float64)
+        ref, mag = ref + b64, mag + np.abs(b64)
+    return ref, mag
+
+
+def check_gemm(out, a: np.ndarray, w: metrale.HostWeights, bias=None, route="auto") -> float:
+    """Holds out to the float64 reference as the C++ suites do (toolkit/gemm_tolerance.h):
+    per element |out − ref| ≤ 2^-8·|ref| + (1 + 2^-8)·(γ + u_w + γ·u_w)·S with γ = (K + 8)·2^-23
+    and u_w the weights' own rounding (2^-8 on the dequant route, which rounds W to BF16; else
+    0); normalized error ≤ 8e-3 (+ 2^-8 on the dequant route, from 256 outputs) for K ≤ 1040.
+    Returns the normalized error."""
+    got = np.asarray(out).astype(np.float64)
+    ref, mag = reference(a, w, bias)
+    assert got.shape == ref.shape
+    assert np.isfinite(got).all(), "an output element is NaN or infinite (unwritten?)"
+    dequant = route == "dequant"
+    gamma, u_w = (w.k + 8) * 2.0**-23, 2.0**-8 if dequant else 0.0
+    bound = 2.0**-8 * np.abs(ref) + (1 + 2.0**-8) * (gamma + u_w + gamma * u_w) * mag
+    worst = np.max(np.abs(got - ref) - bound)
+    assert worst <= 0, f"an element is {worst:.3g} past its bound"
+    norm = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300))
+    if w.k <= 1040 and (not dequant or got.size >= 256):
+        assert norm <= 8e-3 + u_w, f"normalized error {norm:.3g}"
+    return norm
