@@ -5,7 +5,7 @@ set -euo pipefail
 
 # clang-16 and libclang-rt-16-dev: libFuzzer for scripts/fuzz.sh (clang 14 lacks
 # __builtin_source_location, which <source_location> needs).
-packages=(cmake ninja-build g++ git libfmt-dev libcli11-dev nlohmann-json3-dev
+packages=(cmake ninja-build g++ git libfmt-dev libcli11-dev nlohmann-json3-dev python3-venv python3-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3 python3-pip
   clang-16 libclang-rt-16-dev)
 

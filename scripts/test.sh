@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test, from a fresh checkout: formatting; the warnings-as-errors build and its tests
-# (build/); the whole suite again under AddressSanitizer + UBSan (build-asan/); the concurrency
-# tests under ThreadSanitizer (build-tsan/); and each libFuzzer target for FUZZ_SECONDS (default
-# 20) on its committed corpus, after replaying every kept crash input (build-fuzz/).
+# (build/); the Python package's pytest suite (scripts/python-test.sh); the whole suite again
+# under AddressSanitizer + UBSan (build-asan/); the concurrency tests under ThreadSanitizer
+# (build-tsan/); and each libFuzzer target for FUZZ_SECONDS (default 20) on its committed
+# corpus, after replaying every kept crash input (build-fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A failing test's own output in the log. See Note [failing test output in the log] in
@@ -17,6 +18,8 @@ jobs=$(nproc)
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"
 ctest --preset ci -j "$jobs"
+# The Python package, installed by pip over the ci tree (the library is not built again).
+scripts/python-test.sh
 
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"

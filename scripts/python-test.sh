@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The Python package's tests: a virtual environment in build/venv with the package installed by
+# pip (scikit-build-core through the project's CMake), then pytest over python/tests.
+#
+# It reuses the tree test.sh has just built (build/, the ci preset) as pip's build directory, so
+# the library is compiled once: pip adds only the extension and the CLI beside it. A plain
+# `pip install .` builds the same in its own tree (build-py/); README.md, "Python".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=$PWD/build/venv
+[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  numpy ml_dtypes pytest matplotlib nanobind scikit-build-core
+# The ci tree's own settings, so that pip's configure keeps everything it built.
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+  -C build-dir=build -C cmake.build-type=RelWithDebInfo \
+  -C cmake.define.METRALE_BUILD_TESTS=ON -C cmake.define.METRALE_BUILD_BENCH=ON \
+  -C cmake.define.METRALE_WERROR=ON .
+# From the tests' folder, so `import metrale` finds the installed package, not python/metrale.
+cd python/tests
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
