@@ -153,39 +153,34 @@ PlanView Model::plan_w8a8(std::int64_t m, const Fp8Weights& w, bool bias) {
 
 void Model::gemm(nb::handle a, bool a_bits, const Weights& w, nb::handle out, bool out_bits,
                  std::string_view route, bool allow_e4m3, nb::handle bias, bool bias_bits) {
-  constexpr std::string_view api = "gemm";
-  Backend& b = open(api);
-  check_owner(api, w.model, w.label);
+  Backend& b = open("gemm");
+  check_owner("gemm", w.model, w.label);
   const Operands args =
-      check_operands(api, a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
-  ops::GemmOptions options = gemm_options(api, route, allow_e4m3);
+      check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
+  ops::GemmOptions options = gemm_options("gemm", route, allow_e4m3);
   if (args.bias) options.bias = args.bias->ptr;
-
-  nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
-  const ops::GemmPlan p = as_call(api, [&] { return ops::plan(b, args.a.rows, w.q, options); });
-  const Loans loans(b, *probe_, args);
-  const StreamHandle stream = b.default_stream();
-  ops::run(p, stream, args.a.ptr, w.q, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
-  b.synchronize(stream);
+  run_planned(b, args, w.q, options);
 }
 
 void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle out, bool out_bits,
                       nb::handle bias, bool bias_bits) {
-  constexpr std::string_view api = "gemm";
-  Backend& b = open(api);
-  check_owner(api, w.model, w.label);
+  Backend& b = open("gemm");
+  check_owner("gemm", w.model, w.label);
   const Operands args =
-      check_operands(api, a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
+      check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
   ops::Fp8GemmOptions options;
   if (args.bias) options.bias = args.bias->ptr;
+  run_planned(b, args, w.q, options);
+}
 
+template <class W, class Options>
+void Model::run_planned(Backend& b, const Operands& args, const W& w, const Options& options) {
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);
-  const ops::Fp8GemmPlan p = as_call(api, [&] { return ops::plan(b, args.a.rows, w.q, options); });
+  const auto p = as_call("gemm", [&] { return ops::plan(b, args.a.rows, w, options); });
   const Loans loans(b, *probe_, args);
   const StreamHandle stream = b.default_stream();
-  ops::run(p, stream, args.a.ptr, w.q, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
+  ops::run(p, stream, args.a.ptr, w, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
   b.synchronize(stream);
 }
 

@@ -99,6 +99,10 @@ class Model {
   Backend& open(std::string_view api);
   // Error(kInvalidArgument) unless weights of `label` belong to this model.
   void check_owner(std::string_view api, const Model* owner, const std::string& label) const;
+  // Plans the op of W (ops::plan for its weights and options) for args with the GIL off and
+  // the model's lock held, lends the operands, runs the plan on the default stream and waits.
+  template <class W, class Options>
+  void run_planned(Backend& b, const Operands& args, const W& w, const Options& options);
   Operands check_operands(std::string_view api, nanobind::handle a, bool a_bits,
                           nanobind::handle out, bool out_bits, nanobind::handle bias,
                           bool bias_bits, std::int64_t n, std::int64_t k) const;
