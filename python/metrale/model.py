@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _metrale
 from ._array import Array, as_input, device_of, empty_like_output
-from .errors import LeakError, argument_error
+from .errors import DtypeError, LeakError, argument_error
 
 _KDL_CUDA = 2
 
@@ -118,6 +118,7 @@ class Model:
     def plan(self, m: int, w: Any, route: str = "auto", allow_e4m3: bool = False,
              bias: bool = False) -> _metrale.Plan:
         """The plan gemm would run for M rows of A: route, kernels, grid, workspace."""
+        _check_weights("plan", w)
         if isinstance(w, _metrale.Fp8Weights):
             _check_fp8_call("plan", route, allow_e4m3)
             return self._m.plan_w8a8(m, w, bias)
@@ -133,10 +134,12 @@ class Model:
         per 128 K and so needs ``allow_e4m3=True``. Returns ``out`` when given, else a new
         Array. Returns once the result is written.
         """
+        _check_weights("gemm", w)
         fp8 = isinstance(w, _metrale.Fp8Weights)
         if fp8:
             _check_fp8_call("gemm", route, allow_e4m3)
-        stream = self._m.stream if self._m.device_type == _KDL_CUDA else None
+        on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
+        stream = self._m.stream if on_gpu else None
         a_obj, a_bits = as_input("gemm", "a", a, stream)
         if out is None:
             rows = getattr(a, "shape", (0,))[0]
@@ -168,6 +171,14 @@ class Model:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"metrale.Model(backend={self.backend!r}, device={self.device!r}, {state})"
+
+
+def _check_weights(api: str, w: Any) -> None:
+    if not isinstance(w, (_metrale.Weights, _metrale.Fp8Weights)):
+        hint = " (upload it first: model.upload_weights)" if isinstance(
+            w, _metrale.HostWeights) else ""
+        raise argument_error(api, f"w: {type(w).__name__} is not weights on a device{hint}",
+                             DtypeError)
 
 
 def _check_fp8_call(api: str, route: str, allow_e4m3: bool) -> None:

@@ -120,6 +120,15 @@ def test_gemm_bad_argument(parts, what, change, cls, text):
     assert after["borrowed_count"] == 0 and after["owned_bytes"] == before["owned_bytes"]
 
 
+def test_host_weights_are_not_device_weights(parts):
+    model, w, a = parts
+    host = metrale.quantize_nvfp4(np.ones((N, K), np.float32))
+    for call in (lambda: model.gemm(a, host), lambda: model.plan(M, host)):
+        with pytest.raises(metrale.DtypeError, match="w: HostWeights is not weights on a "
+                                                     "device .upload it first"):
+            call()
+
+
 UPLOAD_CASES = [
     ("codes of the wrong size", dict(weights=np.zeros(10, np.uint8), scales=np.zeros(8, np.uint8),
                                      n=4, k=32), metrale.InvalidArgumentError,
