@@ -81,8 +81,8 @@ class Array:
 
 def device_of(x: Any) -> tuple[int, int]:
     """DLPack's (device type, id) of an array argument; (1, 0) for NumPy and plain buffers."""
-    if isinstance(x, (np.ndarray, Array)) or not hasattr(x, "__dlpack_device__"):
-        return x.__dlpack_device__() if isinstance(x, Array) else (_KDL_CPU, 0)
+    if not hasattr(x, "__dlpack_device__"):
+        return _KDL_CPU, 0
     dev = x.__dlpack_device__()
     return int(dev[0]), int(dev[1])
 
