@@ -19,6 +19,7 @@ enum class ErrorCode {
   kState,            // the object is in the wrong state for the call (released, busy, ...)
   kDriver,           // a driver or OS call failed for another reason
   kIo,               // a file could not be read or is malformed
+  kTimeout,          // a wait reached its limit (a collective whose peers did not answer)
   kInternal,         // an invariant of metrale itself broke: a bug to report
 };
 

@@ -19,7 +19,7 @@ from ._metrale import (Checkpoint, Fp8Weights, HostWeights, Plan, Weights, backe
                        load_safetensors)
 from .errors import (CaptureError, DeviceFaultError, DriverError, DtypeError, Error,
                      InternalError, InvalidArgumentError, IoError, LeakError, NotFoundError,
-                     OutOfMemoryError, StateError, UnavailableError)
+                     OutOfMemoryError, StateError, TimedOutError, UnavailableError)
 from .model import Model, TeardownReport, as_float32
 
 _metrale._set_error_classes({**errors.BY_CODE, "dtype": DtypeError})
@@ -46,7 +46,7 @@ def quantize_e4m3_block128(w: Any) -> tuple:
 __all__ = [
     "Array", "CaptureError", "Checkpoint", "DeviceFaultError", "DriverError", "DtypeError",
     "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError",
-    "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport",
+    "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
     "UnavailableError", "Weights", "backends", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",
     "quantize_nvfp4",
 ]

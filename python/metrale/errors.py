@@ -80,6 +80,12 @@ class IoError(Error, RuntimeError):
     code = "io"
 
 
+class TimedOutError(Error, TimeoutError):
+    """A wait reached its limit: a collective whose other ranks did not answer in time."""
+
+    code = "timeout"
+
+
 class InternalError(Error, RuntimeError):
     """An invariant of metrale itself broke: a bug to report."""
 
@@ -110,6 +116,7 @@ BY_CODE: dict[str, type[Error]] = {
         StateError,
         DriverError,
         IoError,
+        TimedOutError,
         InternalError,
     )
 }

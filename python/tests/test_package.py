@@ -26,13 +26,15 @@ def test_cli_ships_beside_the_package():
 
 def test_every_error_code_has_its_class():
     codes = {"invalid_argument", "out_of_memory", "not_found", "unavailable", "device_fault",
-             "capture", "state", "driver", "io", "internal"}
+             "capture", "state", "driver", "io", "timeout", "internal"}
     assert set(errors.BY_CODE) == codes
     assert issubclass(metrale.InvalidArgumentError, ValueError)
     assert issubclass(metrale.DtypeError, TypeError) and issubclass(metrale.DtypeError, ValueError)
     for cls in errors.BY_CODE.values():
         assert issubclass(cls, metrale.Error)
-        assert cls is metrale.InvalidArgumentError or issubclass(cls, RuntimeError)
+        assert (cls is metrale.InvalidArgumentError or issubclass(cls, RuntimeError)
+                or cls is metrale.TimedOutError)
+    assert issubclass(metrale.TimedOutError, TimeoutError)
     assert set(_metrale._error_classes) == codes | {"dtype"}
 
 

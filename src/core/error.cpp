@@ -24,6 +24,8 @@ std::string_view to_string(ErrorCode code) noexcept {
       return "driver";
     case ErrorCode::kIo:
       return "io";
+    case ErrorCode::kTimeout:
+      return "timeout";
     case ErrorCode::kInternal:
       return "internal";
   }
