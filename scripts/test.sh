@@ -10,23 +10,36 @@ cd "$(dirname "$0")/.."
 # docs/NOTES.md.
 export CTEST_OUTPUT_ON_FAILURE=1
 
+# One line per stage with the minutes so far, so a slow CI run says where its time went.
+start=$SECONDS
+stage() { printf '== test.sh: %s (at %d:%02d)\n' "$1" $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)); }
+
+stage "dependencies, format, layering"
 scripts/install-deps.sh
 scripts/check-format.sh
 scripts/check-layering.sh
 
 jobs=$(nproc)
+stage "ci build"
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"
+stage "ci tests"
 ctest --preset ci -j "$jobs"
+stage "python package"
 # The Python package, installed by pip over the ci tree (the library is not built again).
 scripts/python-test.sh
 
+stage "asan build"
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"
+stage "asan tests"
 ctest --preset asan -j "$jobs"
 
+stage "tsan build and tests"
 cmake --preset tsan
 cmake --build --preset tsan -j "$jobs"
 ctest --preset tsan -j "$jobs"
 
+stage "fuzz"
 scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+stage "done"
