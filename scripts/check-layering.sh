@@ -5,6 +5,8 @@
 #   backends-apart     src/cpu and src/cuda include each other
 #   ops-no-backend     src/ops includes cpu/ or cuda/ (ops reach backends through backend.h)
 #   kernels-abi-only   src/kernels includes a backend, ops, io or registry
+#   comm-no-backend    src/comm includes a backend, ops or the registry (transports reach
+#                      buffers through backend.h)
 #   bench-no-tools     bench/ compiles a source file from tools/ (it links the toolkit instead)
 #   public-internal    an installed header includes an internal one (not under include/metrale/)
 #   install-list       a header under include/metrale/ is missing from the install list in
@@ -26,6 +28,7 @@ FORBIDDEN = {  # room -> {room it must not include: rule}
     "cuda": {"cpu": "backends-apart"},
     "ops": {"cpu": "ops-no-backend", "cuda": "ops-no-backend"},
     "kernels": {r: "kernels-abi-only" for r in ("cpu", "cuda", "ops", "io", "registry")},
+    "comm": {r: "comm-no-backend" for r in ("cpu", "cuda", "ops", "registry")},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')

@@ -4,10 +4,11 @@
 set -euo pipefail
 
 # clang-16 and libclang-rt-16-dev: libFuzzer for scripts/fuzz.sh (clang 14 lacks
-# __builtin_source_location, which <source_location> needs).
+# __builtin_source_location, which <source_location> needs). OpenMPI: mpi.h for the MPI
+# transport (its library is loaded at run time) and mpirun for the multi-rank tests.
 packages=(cmake ninja-build g++ git libfmt-dev libcli11-dev nlohmann-json3-dev python3-venv python3-dev
   libgtest-dev libgmock-dev libbenchmark-dev clang-format python3 python3-pip
-  clang-16 libclang-rt-16-dev)
+  clang-16 libclang-rt-16-dev openmpi-bin libopenmpi-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -38,6 +38,9 @@ class CudaBackend final : public Backend {
   const cuda::ModuleRegistry& registry() const noexcept { return *registry_; }
   // The host (device info, fault latch).
   cuda::CudaHost& host() const noexcept { return *host_; }
+  // The driver stream of a handle (null: this backend's default stream), for libraries that
+  // enqueue on it (NCCL); Error(kInvalidArgument) under api for a stream this backend did not make.
+  CUstream driver_stream(std::string_view api, StreamHandle s) const { return stream_of(api, s); }
 
   std::string_view name() const override { return "cuda"; }
   std::string device_name() const override { return host_->info().name; }

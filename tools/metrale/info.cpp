@@ -3,12 +3,16 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "metrale/communicator.h"
 #include "metrale/runtime.h"
 
 namespace metrale::cli {
 
 int run_info(const CommonOptions& options) {
   const std::vector<BackendInfo> backends = discover_backends();
+  // The collective transports for tensor parallelism: each library is loaded (never started)
+  // to say whether it is there; a missing one is a line, not a failure.
+  const std::vector<TransportInfo> transports = discover_transports();
   if (options.json) {
     nlohmann::json doc;
     doc["backends"] = nlohmann::json::array();
@@ -27,6 +31,12 @@ int run_info(const CommonOptions& options) {
       }
       doc["backends"].push_back(j);
     }
+    doc["transports"] = nlohmann::json::array();
+    for (const TransportInfo& t : transports) {
+      doc["transports"].push_back({{"name", t.name},
+                                   {"available", t.available},
+                                   {t.available ? "library" : "reason", t.detail}});
+    }
     fmt::print("{}\n", doc.dump(2));
     return 0;
   }
@@ -44,6 +54,9 @@ int run_info(const CommonOptions& options) {
                    k.a_e4m3 ? "yes" : "no");
       }
     }
+  }
+  for (const TransportInfo& t : transports) {
+    fmt::print("{:<5} {}{}\n", t.name, t.available ? "available: " : "", t.detail);
   }
   return 0;
 }
