@@ -1,8 +1,10 @@
 // Reading safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian
 // header length, a JSON header naming each tensor's dtype, shape and byte range, then the data.
 // SafetensorsFile maps the file read-only and checks the whole header before it hands anything
-// out, so every later access is a bounds-checked view into the map. Reading linear layers out of
-// such a file, as ModelOpt exports them, is metrale/modelopt.h.
+// out, so every later access is a bounds-checked view into the map. read_safetensors_header
+// checks the header alone, for a reader that fetches byte ranges itself (a sharded checkpoint,
+// metrale/sharded_checkpoint.h). Reading linear layers out of such a file, as ModelOpt exports
+// them, is metrale/modelopt.h.
 //
 // Every failure is an Error whose message names the file and, where there is one, the tensor:
 // "[safetensors] model.safetensors: tensor 'x.weight': ...". kIo for a file that cannot be read
@@ -81,5 +83,18 @@ class SafetensorsFile {
   std::map<std::string, SafetensorsTensorInfo, std::less<>> tensors_;
   std::map<std::string, std::string, std::less<>> metadata_;
 };
+
+// A safetensors file's header alone: what read_safetensors_header found, with no data read.
+struct SafetensorsHeader {
+  std::map<std::string, SafetensorsTensorInfo, std::less<>> tensors;  // by name
+  std::map<std::string, std::string, std::less<>> metadata;           // "__metadata__"
+  std::uint64_t data_start = 0;  // file offset of the data section: 8 + the header length
+  std::uint64_t data_bytes = 0;  // size of the data section, which the tensors exactly cover
+};
+
+// Reads the header of the file open on `fd` (pread: the fd's offset does not move; the caller
+// keeps and closes it) and validates it by every rule of SafetensorsFile::open, without mapping
+// the file or reading its data section; `path` names the file in messages. Throws Error(kIo).
+SafetensorsHeader read_safetensors_header(int fd, const std::string& path);
 
 }  // namespace metrale

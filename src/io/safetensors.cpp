@@ -31,6 +31,9 @@ using json = nlohmann::json;
 constexpr std::uint64_t kMaxHeaderBytes = std::uint64_t{100} << 20;  // 100 MiB
 constexpr std::string_view kMetadataKey = "__metadata__";
 
+using TensorTable = std::map<std::string, SafetensorsTensorInfo, std::less<>>;
+using MetadataTable = std::map<std::string, std::string, std::less<>>;
+
 // ---- dtypes ----
 
 struct Dtype {
@@ -102,6 +105,25 @@ void check_header_utf8(std::string_view path, std::string_view header) {
   }
 }
 
+// Reads bytes [offset, offset + n) of the file open on `fd` into `out`, or throws Error(kIo).
+void pread_fully(int fd, std::string_view path, void* out, std::uint64_t n, std::uint64_t offset) {
+  auto* p = static_cast<unsigned char*>(out);
+  for (std::uint64_t done = 0; done < n;) {
+    const ::ssize_t got = ::pread(fd, p + done, static_cast<std::size_t>(n - done),
+                                  static_cast<::off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      fail_file(ErrorCode::kIo, path, fmt::format("cannot read: {}", std::strerror(errno)));
+    if (got == 0) {
+      fail_file(ErrorCode::kIo, path,
+                fmt::format("the file ends at byte {}, before the header's end at byte {} (did "
+                            "it shrink while being read?)",
+                            offset + done, offset + n));
+    }
+    done += static_cast<std::uint64_t>(got);
+  }
+}
+
 // Every file has at least the 8-byte header length.
 void check_file_size(std::string_view path, std::uint64_t size) {
   if (size < 8) {
@@ -109,6 +131,14 @@ void check_file_size(std::string_view path, std::uint64_t size) {
               fmt::format("the file is {} bytes, too short for the 8-byte header length", size));
   }
 }
+
+// The header length a file of `size` bytes (at least 8) declares in its first 8 bytes, checked to
+// lie within the file and under the limit.
+std::uint64_t header_length(std::string_view path, const unsigned char* base, std::uint64_t size);
+// Validates the JSON header of a file whose data section is `data_size` bytes and fills the
+// tables: every rule of SafetensorsFile::open after the header length's.
+void parse_header(std::string_view path, std::string_view header, std::uint64_t data_size,
+                  TensorTable& tensors, MetadataTable& metadata);
 
 }  // namespace
 
@@ -197,7 +227,15 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string name, std::span<const st
 }
 
 void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
-  const std::string& path = path_;  // for messages
+  const std::uint64_t header_len = header_length(path_, base, size);
+  const std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
+  data_ = reinterpret_cast<const std::byte*>(base) + 8 + header_len;
+  parse_header(path_, header, size - 8 - header_len, tensors_, metadata_);
+}
+
+namespace {
+
+std::uint64_t header_length(std::string_view path, const unsigned char* base, std::uint64_t size) {
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
   const std::uint64_t after_len = size - 8;
@@ -211,10 +249,11 @@ void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
         ErrorCode::kIo, path,
         fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, size));
   }
-  const std::string_view header(reinterpret_cast<const char*>(base + 8), header_len);
-  const std::uint64_t data_size = after_len - header_len;
-  data_ = reinterpret_cast<const std::byte*>(base) + 8 + header_len;
+  return header_len;
+}
 
+void parse_header(std::string_view path, std::string_view header, std::uint64_t data_size,
+                  TensorTable& tensors, MetadataTable& metadata) {
   check_header_utf8(path, header);
 
   // Parse, noting duplicate keys (the parser keeps only the last) of the header and of entries.
@@ -271,7 +310,7 @@ void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
                     fmt::format("__metadata__ '{}' is a JSON {}, not a string", printable(key),
                                 json_type(value)));
         }
-        metadata_.emplace(key, value.get<std::string>());
+        metadata.emplace(key, value.get<std::string>());
       }
       continue;
     }
@@ -330,14 +369,14 @@ void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
     }
     info.offset = begin;
     info.bytes = nbytes;
-    tensors_.emplace(name, std::move(info));
+    tensors.emplace(name, std::move(info));
   }
 
   // The tensors must tile the data section: sorted by offset, each starts where the one before
   // ends, and the last ends at the end of the file (the reference reader's rule).
   std::vector<const std::pair<const std::string, SafetensorsTensorInfo>*> order;
-  order.reserve(tensors_.size());
-  for (const auto& t : tensors_) order.push_back(&t);
+  order.reserve(tensors.size());
+  for (const auto& t : tensors) order.push_back(&t);
   std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
     return std::pair(a->second.offset, a->second.bytes) <
            std::pair(b->second.offset, b->second.bytes);
@@ -374,6 +413,8 @@ void SafetensorsFile::parse(const unsigned char* base, std::uint64_t size) {
   }
 }
 
+}  // namespace
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(tensors_.size());
@@ -394,6 +435,26 @@ const SafetensorsTensorInfo& SafetensorsFile::info(std::string_view name) const 
 std::span<const std::byte> SafetensorsFile::bytes(std::string_view name) const {
   const SafetensorsTensorInfo& i = info(name);
   return {data_ + i.offset, static_cast<std::size_t>(i.bytes)};
+}
+
+SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    fail_file(ErrorCode::kIo, path, fmt::format("cannot stat: {}", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) fail_file(ErrorCode::kIo, path, "not a regular file");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  check_file_size(path, size);
+  unsigned char length[8];
+  pread_fully(fd, path, length, sizeof length, 0);
+  const std::uint64_t header_len = header_length(path, length, size);
+  std::string header(static_cast<std::size_t>(header_len), '\0');
+  pread_fully(fd, path, header.data(), header_len, 8);
+  SafetensorsHeader out;
+  out.data_start = 8 + header_len;
+  out.data_bytes = size - out.data_start;
+  parse_header(path, header, out.data_bytes, out.tensors, out.metadata);
+  return out;
 }
 
 }  // namespace metrale
