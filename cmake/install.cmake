@@ -38,10 +38,12 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/ops/fp8_gemm.h
   include/metrale/ops/fp8_requant.h
   include/metrale/ops/gemm.h
+  include/metrale/ops/parallel_linear.h
   include/metrale/ops/quant_weights.h
   include/metrale/quant.h
   include/metrale/runtime.h
   include/metrale/safetensors.h
+  include/metrale/sharded_checkpoint.h
   include/metrale/weights.h
 )
 foreach(header IN LISTS METRALE_PUBLIC_HEADERS)

@@ -13,13 +13,16 @@ enum GemmFlags : std::uint32_t {
   kGemmBias = 1u << 2,        // add BF16 bias[N]
   // codes and scales in the decode layout (kernels/decode_layout.h; gemm_decode_packed only)
   kGemmDecodePacked = 1u << 3,
+  // C [M, N] as FP32: the sum after tensor scale and bias, not rounded (kernels that publish
+  // out_f32 only)
+  kGemmOutF32 = 1u << 4,
 };
 
 struct GemmParams {
   std::uint64_t a = 0;       // A [M, K]: BF16 (E4M3 for gemm_e4m3)
   std::uint64_t codes = 0;   // packed E2M1 codes (E4M3 bytes [N, K] for gemm_e4m3)
   std::uint64_t scales = 0;  // block scales, layout per flags
-  std::uint64_t out = 0;     // C [M, N] BF16
+  std::uint64_t out = 0;     // C [M, N] BF16 (FP32 with kGemmOutF32)
   std::uint64_t bias = 0;    // BF16 [N] when kGemmBias
   std::int64_t m = 0, n = 0, k = 0;
   float tensor_scale = 1.0f;

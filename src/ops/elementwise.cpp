@@ -69,4 +69,28 @@ void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, f
   backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
 }
 
+void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
+                      std::size_t n) {
+  constexpr std::string_view kApi = "cast_f32_to_bf16";
+  const nvtx::Range range("metrale::ops::cast_f32_to_bf16");
+  check_buffer(kApi, "in", in);
+  if (!out) throw Error(ErrorCode::kInvalidArgument, kApi, "out is null");
+  if (out.address() % 2 != 0) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("out = 0x{:x} is not 2-byte aligned", out.address()));
+  }
+  check_count(kApi, n);
+  const std::uint64_t in_bytes = std::uint64_t{n} * 4, out_bytes = std::uint64_t{n} * 2;
+  if (in.address() < out.address() + out_bytes && out.address() < in.address() + in_bytes) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("in = 0x{:x} and out = 0x{:x} overlap", in.address(), out.address()));
+  }
+  backend.check_range(kApi, "in", in, in_bytes);
+  backend.check_range(kApi, "out", out, out_bytes);
+  const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "cast_f32_bf16");
+  const std::array args{KernelArg::buffer(out), KernelArg::buffer(in),
+                        KernelArg::value(static_cast<std::uint32_t>(n))};
+  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+}
+
 }  // namespace metrale::ops

@@ -212,6 +212,7 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
     if (e.meta.min_m != 0 && m >= e.meta.min_m) return GemmRoute::kE4m3;
   }
   if (m <= decode_max_m_as(api, backend)) return GemmRoute::kDecode;
+  if (options.out_f32) return GemmRoute::kTiled;  // the dense GEMM writes BF16 only
   // Dequantize → dense BF16 from the M its kernel publishes as the crossover (none: never), where
   // the backend has the dense GEMM. See Note [route crossovers] in docs/NOTES.md.
   if (backend.has_kernel(kModule, kDequantEntry)) {
@@ -309,12 +310,12 @@ void check_workspace_part(std::string_view api, Backend& backend, const char* na
 // The kernels' GemmFlags for weights of this format, source layout and packing, with or without
 // a bias. Packed weights carry no source layout for a kernel to read: their flag says the
 // decode one.
-std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking packing,
-                         bool bias) {
+std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking packing, bool bias,
+                         bool out_f32) {
   const bool packed = packing == WeightPacking::kDecode;
   return (format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
          (!packed && layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
-         (packed ? kGemmDecodePacked : 0u) | (bias ? kGemmBias : 0u);
+         (packed ? kGemmDecodePacked : 0u) | (bias ? kGemmBias : 0u) | (out_f32 ? kGemmOutF32 : 0u);
 }
 
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
@@ -337,7 +338,8 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
       (!e4m3 || (plan.workspace.a_e4m3 >= um * uk && plan.workspace.w_e4m3 >= un * uk)) &&
       (plan.splits == 1 || plan.workspace.split_k / (um * un * sizeof(float)) >=
                                static_cast<std::uint64_t>(plan.splits));
-  const std::uint32_t flags = gemm_flags(plan.format, plan.layout, plan.packing, plan.bias);
+  const std::uint32_t flags =
+      gemm_flags(plan.format, plan.layout, plan.packing, plan.bias, plan.out_f32);
   if (plan.flags != flags) {
     throw Error(
         ErrorCode::kInvalidArgument, api,
@@ -412,6 +414,7 @@ std::string GemmPlan::describe() const {
                      dense->describe);
   }
   s += fmt::format("; split-K {} x {}; workspace {} B", splits, k_per_split, workspace.total());
+  if (out_f32) s += "; FP32 C";
   return s;
 }
 
@@ -421,14 +424,16 @@ std::int64_t decode_max_m(Backend& backend) {
 
 namespace {
 
-// check_call_buffers for W: A [M, K] and C [M, N] BF16, counted in 64 bits.
+// check_call_buffers for W: A [M, K] BF16 and C [M, N] (BF16, or FP32 when out_f32), counted
+// in 64 bits.
 CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
-                         const QuantWeights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
+                         const QuantWeights& w, DevicePtr a, DevicePtr c, DevicePtr bias,
+                         bool out_f32) {
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
   return check_call_buffers(api, backend, a, bytes_of(api, "A", um, uk, 2), c,
-                            bytes_of(api, "C", um, un, 2), w.codes, w.codes_bytes, w.scales,
-                            w.scales_bytes, bias, un * 2);
+                            bytes_of(api, "C", um, un, out_f32 ? 4 : 2), w.codes, w.codes_bytes,
+                            w.scales, w.scales_bytes, bias, un * 2);
 }
 
 // The planned launches, in order, on checked buffers.
@@ -515,6 +520,14 @@ GemmPlan finish_plan(std::string_view api, Backend& backend, GemmPlan& p) {
                               p.m, p.n, p.k));
     }
   }
+  // FP32 C only from a kernel that says it writes one: the last launch writes C.
+  if (p.out_f32 && !p.launches.empty() && !p.launches.back().kernel.meta.out_f32) {
+    throw Error(ErrorCode::kUnavailable, api,
+                fmt::format("the {} backend's {} kernel writes C in BF16 only (it publishes no "
+                            "out_f32), so FP32 output is not available on the {} route",
+                            backend.name(), backend.kernel_name(p.launches.back().kernel),
+                            to_string(p.route)));
+  }
   log_route(backend, p.route, p.m, p.n, p.k);
   return std::move(p);
 }
@@ -537,7 +550,13 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   p.packing = w.packing;
   p.fold = w.fold;
   p.bias = static_cast<bool>(options.bias);
-  p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias);
+  p.out_f32 = options.out_f32;
+  p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias, p.out_f32);
+  if (p.out_f32 && p.route == GemmRoute::kDequant) {
+    throw Error(ErrorCode::kUnavailable, api,
+                "the dequant route writes C through the backend's dense GEMM, in BF16 only; "
+                "FP32 output needs another route");
+  }
   OpCache& cache = backend.op_cache();
   const ResolvedKernel& gemm = check_route(api, backend, p.route, w, options);
 
@@ -621,7 +640,7 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
   }
   check_plan(api, plan);
   check_weights(api, w);
-  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias);
+  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias, plan.out_f32);
   const GemmWorkspaceBytes& need = plan.workspace;
   const Range rsplit{"split-K workspace", workspace.split_k.address(), need.split_k},
       ra8{"E4M3 A workspace", workspace.a_e4m3.address(), need.a_e4m3},
@@ -693,7 +712,7 @@ void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t
   const nvtx::Range range("metrale::ops::w4a16_gemm");
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
   check_plan_args(api, m, w);
-  (void)check_buffers(api, backend, m, w, a, c, options.bias);
+  (void)check_buffers(api, backend, m, w, a, c, options.bias, options.out_f32);
   const GemmPlan p = plan_checked(api, backend, m, w, options);
   const GemmWorkspace ws = scratch_workspace(p, stream);
   launch_planned(p, stream, a, w, c, ws, options.bias);

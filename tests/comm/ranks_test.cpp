@@ -21,6 +21,11 @@
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/numerics.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/ops/parallel_linear.h"
+#include "metrale/ops/quant_weights.h"
+#include "metrale/quant.h"
+#include "metrale/sharded_checkpoint.h"
 
 namespace metrale {
 namespace {
@@ -208,6 +213,137 @@ TEST_F(RanksTest, RanksThatCallDifferentCollectivesAreToldWhich) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kState);
     EXPECT_NE(std::string(e.what()).find("failed earlier"), std::string::npos) << e.what();
+  }
+}
+
+// Column-parallel: each rank multiplies by its rows of W and the shards are gathered; on every
+// rank the result is the single-rank GEMM's, bit for bit (the CPU kernels never split K, so a
+// column's sum does not depend on how many columns a rank holds), for decode and tiled M.
+TEST_F(RanksTest, ColumnParallelEqualsOneRankBitForBit) {
+  const std::uint64_t seed = shared_seed();
+  const std::int64_t n = size() * 16 * static_cast<std::int64_t>(1 + seed % 8);
+  const std::int64_t k = 64 * static_cast<std::int64_t>(1 + (seed >> 8) % 4);
+  const HostQuantWeights full =
+      quantize_nvfp4(values(seed, 100, static_cast<std::size_t>(n * k)), n, k);
+  const TensorSlice rows = shard_slice(0, n, 8, rank(), size());
+  HostQuantWeights mine = full;
+  mine.n = rows.end - rows.begin;
+  mine.codes.assign(full.codes.begin() + rows.begin * k / 2, full.codes.begin() + rows.end * k / 2);
+  mine.scales.assign(full.scales.begin() + rows.begin * k / 16,
+                     full.scales.begin() + rows.end * k / 16);
+  const ops::QuantWeights& w_full =
+      scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
+  const ops::QuantWeights& w_mine =
+      scope_.add(ops::make_weights_resource(backend(), mine, "shard of W")).weights();
+  for (const std::int64_t m : {1, 3, 17, 64}) {
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
+    const std::vector<float> af = values(seed, 200 + static_cast<int>(m), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = num::f32_to_bf16(af[i]);
+    const DevicePtr a_dev = upload(a);
+    const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
+    const DevicePtr c = upload(poison);
+    const DevicePtr c_local = upload(
+        std::vector<std::uint16_t>(static_cast<std::size_t>(m * (rows.end - rows.begin)), 0x7FC1));
+    const DevicePtr c_one = upload(poison);
+    ops::column_parallel_gemm(comm(), ops::plan(backend(), m, w_mine), {}, a_dev, w_mine, c_local,
+                              c);
+    const ops::GemmPlan one = ops::plan(backend(), m, w_full);
+    const StreamHandle s = backend().default_stream();
+    ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s));
+    const auto got = download<std::uint16_t>(c, poison.size());
+    const auto want = download<std::uint16_t>(c_one, poison.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "M=" << m << " N=" << n << " K=" << k << " row "
+                                 << i / static_cast<std::size_t>(n) << " column "
+                                 << i % static_cast<std::size_t>(n) << " (" << to_string(one.route)
+                                 << " route)";
+    }
+  }
+}
+
+// Row-parallel: each rank multiplies its columns of A by its columns of W into FP32 partials,
+// which are summed across ranks in rank order and rounded once. Every rank gets the same bits,
+// run after run; against the single-rank GEMM (one FP32 sum over all of K, rounded once) the
+// difference is bounded by the two roundings and the two sums' FP32 errors.
+TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
+  const std::uint64_t seed = shared_seed();
+  const std::int64_t n = 8 * static_cast<std::int64_t>(1 + seed % 16);
+  const std::int64_t k = size() * 32 * static_cast<std::int64_t>(1 + (seed >> 8) % 6);
+  const HostQuantWeights full =
+      quantize_nvfp4(values(seed, 300, static_cast<std::size_t>(n * k)), n, k);
+  const TensorSlice cols = shard_slice(1, k, 16, rank(), size());
+  HostQuantWeights mine = full;
+  mine.k = cols.end - cols.begin;
+  mine.codes.clear();
+  mine.scales.clear();
+  for (std::int64_t r = 0; r < n; ++r) {
+    mine.codes.insert(mine.codes.end(), full.codes.begin() + (r * k + cols.begin) / 2,
+                      full.codes.begin() + (r * k + cols.end) / 2);
+    mine.scales.insert(mine.scales.end(), full.scales.begin() + (r * k + cols.begin) / 16,
+                       full.scales.begin() + (r * k + cols.end) / 16);
+  }
+  const ops::QuantWeights& w_full =
+      scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
+  const ops::QuantWeights& w_mine =
+      scope_.add(ops::make_weights_resource(backend(), mine, "shard of W")).weights();
+  std::vector<std::uint16_t> bias(static_cast<std::size_t>(n));
+  const std::vector<float> bf = values(seed, 301, bias.size());
+  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = num::f32_to_bf16(bf[i]);
+  const DevicePtr bias_dev = upload(bias);
+  const StreamHandle s = backend().default_stream();
+  for (const std::int64_t m : {1, 3, 17, 64}) {
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), a_mine;
+    const std::vector<float> af = values(seed, 400 + static_cast<int>(m), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = num::f32_to_bf16(af[i]);
+    for (std::int64_t r = 0; r < m; ++r) {
+      a_mine.insert(a_mine.end(), a.begin() + r * k + cols.begin, a.begin() + r * k + cols.end);
+    }
+    const DevicePtr a_dev = upload(a), a_mine_dev = upload(a_mine);
+    const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
+    const DevicePtr c = upload(poison), c_again = upload(poison), c_one = upload(poison);
+    ops::GemmOptions o;
+    o.out_f32 = true;
+    o.bias = rank() == 0 ? bias_dev : DevicePtr{};
+    const ops::GemmPlan p = ops::plan(backend(), m, w_mine, o);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c, o.bias);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c_again, o.bias);
+    ops::GemmOptions one_o;
+    one_o.bias = bias_dev;
+    const ops::GemmPlan one = ops::plan(backend(), m, w_full, one_o);
+    ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s), bias_dev);
+    const auto got = download<std::uint16_t>(c, poison.size());
+    EXPECT_EQ(download<std::uint16_t>(c_again, poison.size()), got) << "not the same bits twice";
+    // Rank 0's bits on every rank.
+    const DevicePtr zeros = upload(got);
+    comm().broadcast(zeros, got.size() * 2, 0);
+    EXPECT_EQ(download<std::uint16_t>(zeros, got.size()), got) << "ranks disagree, M=" << m;
+    const auto want = download<std::uint16_t>(c_one, poison.size());
+    double worst = 0;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double exact = num::bf16_to_f32(bias[static_cast<std::size_t>(j)]);
+        double magnitude = std::fabs(exact);
+        for (std::int64_t kk = 0; kk < k; ++kk) {
+          const double t =
+              static_cast<double>(num::bf16_to_f32(a[i * k + kk])) * full.exact_weight(j, kk);
+          exact += t;
+          magnitude += std::fabs(t);
+        }
+        const float tp = num::bf16_to_f32(got[i * n + j]);
+        const float single = num::bf16_to_f32(want[i * n + j]);
+        ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
+        // Each side: FP32 sums of K (+ ranks, + bias, + tensor scale) terms, then one rounding.
+        const double sums =
+            (2.0 * static_cast<double>(k) + size() + 4) * std::ldexp(magnitude, -24);
+        const double bound = std::ldexp(std::fabs(tp) + std::fabs(single), -8) + sums + 1e-30;
+        worst = std::max(worst, std::fabs(static_cast<double>(tp) - single) / bound);
+        const double to_exact = std::ldexp(std::fabs(exact), -8) + sums / 2 + 1e-30;
+        ASSERT_LE(std::fabs(tp - exact), to_exact)
+            << "M=" << m << " N=" << n << " K=" << k << " element " << i * n + j;
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "M=" << m << " N=" << n << " K=" << k << " (" << to_string(p.route)
+                          << " route)";
   }
 }
 

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/fake_blas.h"
 #include "cuda/rig.h"
 #include "kernels/gemm_params.h"
+#include "metrale/error.h"
 #include "metrale/ops/gemm.h"
 
 namespace metrale::cuda::testing {
@@ -83,6 +85,43 @@ TEST(GemmRoutePolicy, TiledWhenTheDequantKernelPublishesNoMinimum) {
   o.blas = blas.source();
   Rig rig(std::move(o));
   EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kTiled);
+}
+
+}  // namespace
+}  // namespace metrale::cuda::testing
+
+namespace metrale::cuda::testing {
+namespace {
+
+// FP32 output is a kernel's to offer: refused, naming the kernel, where the one that writes C
+// publishes no out_f32 (the CUDA kernels today), planned with the flag where it does, and never
+// sent to the dequant route, whose dense GEMM writes BF16.
+TEST(GemmOutF32, OnlyFromAKernelThatPublishesIt) {
+  FakeBlas blas;
+  RigOptions o;
+  ModuleSpec with = route_module(256);
+  with.fake.publish_u32("gemm_tiled_out_f32", 1);
+  o.modules = {core_module(), with};
+  o.blas = blas.source();
+  Rig rig(std::move(o));
+  const ops::QuantWeights w = weights(rig.b());
+  ops::GemmOptions f32;
+  f32.out_f32 = true;
+  try {
+    (void)ops::plan(rig.b(), 1, w, f32);
+    ADD_FAILURE() << "gemm_decode publishes no out_f32, yet FP32 output was planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("w4a16::gemm_decode kernel writes C in BF16 only"),
+              std::string::npos)
+        << e.what();
+  }
+  const ops::GemmPlan tiled = ops::plan(rig.b(), 4096, w, f32);
+  EXPECT_EQ(tiled.route, ops::GemmRoute::kTiled) << "the dequant route writes BF16";
+  EXPECT_NE(tiled.flags & kGemmOutF32, 0u);
+  EXPECT_EQ(ops::plan(rig.b(), 4096, w).route, ops::GemmRoute::kDequant);
+  rig.b().free(w.codes);
+  rig.b().free(w.scales);
 }
 
 }  // namespace

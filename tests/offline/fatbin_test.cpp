@@ -94,7 +94,9 @@ Published w4a16_published(const std::string& target) {
 }
 
 Published core_published(const std::string&) {
-  return {{"fill_u32_n_tile", kCoreThreads}, {"axpy_f32_n_tile", kCoreThreads * 4}};
+  return {{"fill_u32_n_tile", kCoreThreads},
+          {"axpy_f32_n_tile", kCoreThreads * 4},
+          {"cast_f32_bf16_n_tile", kCoreThreads * 4}};
 }
 
 // Module "fp8": a warp per (row, 128-K block) pair, 8 warps a block, on every target.
@@ -111,7 +113,7 @@ struct Module {
 
 const std::vector<Module>& modules() {
   static const std::vector<Module> all = {
-      {"core", METRALE_CORE_FATBIN, {"fill_u32", "axpy_f32"}, core_published},
+      {"core", METRALE_CORE_FATBIN, {"fill_u32", "axpy_f32", "cast_f32_bf16"}, core_published},
       {"w4a16",
        METRALE_W4A16_FATBIN,
        {metrale::manifest::kW4a16Entries.begin(), metrale::manifest::kW4a16Entries.end()},

@@ -9,6 +9,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -19,6 +21,7 @@
 #include "metrale/error.h"
 #include "metrale/host_module.h"
 #include "metrale/kernel_args.h"
+#include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/elementwise.h"
 #include "support/read_back.h"
@@ -135,6 +138,73 @@ TEST(AxpyF32, MatchesAFloat64ReferenceAndWritesNothingPastN) {
     b.free(x);
   }
   b.destroy_stream(s);
+}
+
+// The cast's BF16 is the nearest-even rounding of each float, within 2^-8 of it (against
+// float64), with NaN staying NaN and infinities kept; nothing past n is written, in is read only.
+TEST(CastF32ToBf16, RoundsEachElementOnceAndWritesNothingPastN) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  CpuBackend b;
+  const StreamHandle s = b.create_stream();
+  const std::uint32_t tile = b.kernel_n_tile(b.op_cache().kernel(b, "core", "cast_f32_bf16"));
+  ASSERT_GT(tile, 1u);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> octave(-60, 60);
+  for (std::size_t n : sizes_around(tile)) {
+    std::vector<float> x(n);
+    for (float& v : x) v = std::ldexp(normal(gen), octave(gen));
+    if (n > 3) {
+      x[0] = std::nanf("");
+      x[1] = std::numeric_limits<float>::infinity();
+      x[2] = -0.0f;
+    }
+    const DevicePtr in = poisoned(b, n);
+    const DevicePtr out = poisoned(b, n);  // 4n bytes: its back half and the tail stay poisoned
+    b.copy_h2d(in, x.data(), n * 4);
+    ops::cast_f32_to_bf16(b, s, in, out, n);
+    const std::vector<std::uint16_t> got = read<std::uint16_t>(b, out, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float y = num::bf16_to_f32(got[i]);
+      if (std::isnan(x[i])) {
+        EXPECT_TRUE(std::isnan(y)) << "element " << i;
+        continue;
+      }
+      if (std::isinf(x[i])) {
+        EXPECT_EQ(y, x[i]) << "element " << i;
+        continue;
+      }
+      ASSERT_LE(std::abs(double{y} - double{x[i]}), std::ldexp(std::abs(double{x[i]}), -8))
+          << "element " << i << " of n = " << n << ": " << x[i] << " became " << y;
+      ASSERT_EQ(got[i], num::f32_to_bf16(x[i])) << "element " << i;
+    }
+    EXPECT_EQ(read<std::uint16_t>(b, out.offset(n * 2), n), std::vector<std::uint16_t>(n, 0xABAB))
+        << "n = " << n << ": written past n";
+    const std::vector<float> in_after = read<float>(b, in, n);  // in is read only
+    EXPECT_EQ(std::memcmp(in_after.data(), x.data(), n * 4), 0) << "n = " << n;
+    b.free(in);
+    b.free(out);
+  }
+  b.destroy_stream(s);
+}
+
+TEST(CastF32ToBf16, BadArgumentsThrowAndWriteNothing) {
+  CpuBackend b;
+  const DevicePtr in = poisoned(b, 64), out = poisoned(b, 64);
+  const StreamHandle s = b.default_stream();
+  EXPECT_THAT(expect_error([&] { ops::cast_f32_to_bf16(b, s, DevicePtr{}, out, 8); }).what(),
+              HasSubstr("in is null"));
+  EXPECT_THAT(expect_error([&] { ops::cast_f32_to_bf16(b, s, in, out.offset(1), 8); }).what(),
+              HasSubstr("not 2-byte aligned"));
+  EXPECT_THAT(expect_error([&] { ops::cast_f32_to_bf16(b, s, in, out, 0); }).what(),
+              HasSubstr("n = 0"));
+  EXPECT_THAT(expect_error([&] { ops::cast_f32_to_bf16(b, s, in, in.offset(8), 8); }).what(),
+              HasSubstr("overlap"));
+  EXPECT_EQ(read<std::uint32_t>(b, out, 64 + kTail),
+            std::vector<std::uint32_t>(64 + kTail, kPoison));
+  b.free(in);
+  b.free(out);
 }
 
 TEST(AxpyF32, AdjacentBuffersAreNotAnOverlap) {

@@ -17,4 +17,9 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
 void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, float a,
               std::size_t n);
 
+// out[i] = in[i] rounded to BF16 (nearest even; NaN stays NaN) for n (>= 1) elements: in FP32
+// and 4-byte aligned, out BF16 and 2-byte aligned, not overlapping; queued on stream.
+void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
+                      std::size_t n);
+
 }  // namespace metrale::ops

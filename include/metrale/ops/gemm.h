@@ -44,6 +44,11 @@ struct GemmOptions {
   Activations activations = Activations::kExactBf16;
   GemmRoute route = GemmRoute::kAuto;
   DevicePtr bias;  // BF16 [N], optional
+  // C as FP32 [M, N], the sum after tensor scale and bias with no rounding: a row-parallel
+  // rank's partial (ops/parallel_linear.h), rounded once after the ranks' sum. Only where the
+  // kernel that writes C publishes out_f32 (the CPU's); kAuto then never takes the dequant
+  // route, whose dense GEMM writes BF16.
+  bool out_f32 = false;
 };
 
 // The smallest M at which the e4m3 route can pay for its cast (below it the cast costs more than
@@ -93,6 +98,7 @@ struct GemmPlan {
   WeightPacking packing = WeightPacking::kSource;
   std::int32_t fold = 0;  // the weights' (QuantWeights::fold)
   bool bias = false;
+  bool out_f32 = false;     // C is FP32 (GemmOptions::out_f32)
   std::uint32_t flags = 0;  // the kernels' GemmFlags
   std::int64_t splits = 1, k_per_split = 0;
   // In launch order: [cast, dequant,] gemm[, split reduce]; the dequant route: its dequant.

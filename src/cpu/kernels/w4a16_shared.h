@@ -71,11 +71,16 @@ struct Weights {
   }
 };
 
-// Writes C[m, n] from an FP32 sum: tensor scale, bias, one rounding to BF16.
+// Writes C[m, n] from an FP32 sum: tensor scale, bias, then one rounding to BF16, or none for
+// FP32 output (kGemmOutF32: a row-parallel rank's partial sum, rounded after the ranks' sum).
 inline void store(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
   float v = sum * p.tensor_scale;
   if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
-  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  if (p.flags & kGemmOutF32) {
+    at<float>(p.out)[m * p.n + n] = v;
+  } else {
+    at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  }
 }
 
 inline float a_at(const GemmParams& p, std::int64_t m, std::int64_t k) {

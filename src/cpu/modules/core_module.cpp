@@ -6,12 +6,14 @@
 
 #include "cpu/modules/modules.h"
 #include "metrale/kernel_args.h"
+#include "metrale/numerics.h"
 
 namespace metrale::cpu {
 namespace {
 
 constexpr std::uint32_t kFillTile = 256;
 constexpr std::uint32_t kAxpyTile = 1024;
+constexpr std::uint32_t kCastTile = 1024;
 
 template <class T>
 T* at(std::uint64_t address) {
@@ -39,12 +41,24 @@ void axpy_f32(const HostBlock& b) {
   for (std::uint64_t i = begin; i < end; ++i) y[i] = a * x[i] + y[i];
 }
 
+// cast_f32_bf16(out, in, n): out[i] = in[i] rounded to BF16 for i in this block's tile.
+void cast_f32_bf16(const HostBlock& b) {
+  auto* out = at<std::uint16_t>(read_param<std::uint64_t>(b.params, 0));
+  const auto* in = at<const float>(read_param<std::uint64_t>(b.params, 1));
+  const auto n = read_param<std::uint32_t>(b.params, 2);
+  const std::uint64_t begin = std::uint64_t{b.block_idx.x} * kCastTile;
+  const std::uint64_t end = std::min<std::uint64_t>(n, begin + kCastTile);
+  for (std::uint64_t i = begin; i < end; ++i) out[i] = num::f32_to_bf16(in[i]);
+}
+
 }  // namespace
 
 HostModule make_core_module() {
   HostModule m("core");
   m.add_kernel("fill_u32", fill_u32, {8, 4, 4}).publish_u32("fill_u32_n_tile", kFillTile);
   m.add_kernel("axpy_f32", axpy_f32, {8, 8, 4, 4}).publish_u32("axpy_f32_n_tile", kAxpyTile);
+  m.add_kernel("cast_f32_bf16", cast_f32_bf16, {8, 8, 4})
+      .publish_u32("cast_f32_bf16_n_tile", kCastTile);
   return m;
 }
 

@@ -3,10 +3,13 @@
 // launcher reads at lookup to size its grid. Device code only: includes nothing from host code.
 #include <cstdint>
 
+#include "metrale/numerics.h"
+
 namespace {
 constexpr unsigned kThreads = 256;
 constexpr unsigned kFillTile = kThreads;      // one element per thread
 constexpr unsigned kAxpyTile = kThreads * 4;  // four elements per thread
+constexpr unsigned kCastTile = kThreads * 4;  // four elements per thread
 }  // namespace
 
 extern "C" {
@@ -14,6 +17,7 @@ extern "C" {
 // Published metadata (read with cuModuleGetGlobal); externally visible, so never dropped.
 __device__ std::uint32_t fill_u32_n_tile = kFillTile;
 __device__ std::uint32_t axpy_f32_n_tile = kAxpyTile;
+__device__ std::uint32_t cast_f32_bf16_n_tile = kCastTile;
 
 // out[i] = value over this block's tile of kFillTile elements.
 __global__ void __launch_bounds__(kThreads)
@@ -31,6 +35,18 @@ __global__ void __launch_bounds__(kThreads)
   for (unsigned j = 0; j < kAxpyTile / kThreads; ++j) {
     const std::uint64_t i = base + std::uint64_t{j} * kThreads;
     if (i < n) y[i] = fmaf(a, x[i], y[i]);
+  }
+}
+
+// out[i] = in[i] rounded to BF16 (nearest even, as metrale::num::f32_to_bf16 on the host) over
+// this block's tile of kCastTile elements: a row-parallel layer's one rounding of its FP32 sum.
+__global__ void __launch_bounds__(kThreads)
+    cast_f32_bf16(std::uint16_t* out, const float* in, std::uint32_t n) {
+  const std::uint64_t base = std::uint64_t{blockIdx.x} * kCastTile + threadIdx.x;
+#pragma unroll
+  for (unsigned j = 0; j < kCastTile / kThreads; ++j) {
+    const std::uint64_t i = base + std::uint64_t{j} * kThreads;
+    if (i < n) out[i] = metrale::num::f32_to_bf16(in[i]);
   }
 }
 
