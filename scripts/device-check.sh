@@ -114,7 +114,9 @@ step gpu-soak 90 env METRALE_GPU_SOAK_CYCLES=200 "$build/tests/gpu_tests" --gtes
 # the machine that built it, and it read these very fatbins there.
 skip="kernels_do_not_spill"
 [[ $prebuilt == yes ]] && skip+="|cuda.fatbin_offline"
-step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu|install" -E "$skip" \
+# Not the comm label either: MPI is the CPU's transport and the device machine has no OpenMPI
+# (NCCL's one-rank test is in gpu-tests).
+step other-tests 90 ctest --test-dir "$build" -LE "gpu|nogpu|install|comm" -E "$skip" \
   -j "$(nproc)" --output-on-failure
 step bench-op-cache 20 "$build/bench/bench_op_cache" --benchmark_min_time=0.2
 # Where time is left: Nsight Compute on the decode and tiled kernels of the 70B down layer

@@ -63,4 +63,13 @@ std::vector<float> dequantize(const HostQuantWeights& w);
 // The same weights in the other layout (codes and scales rearranged; values unchanged).
 HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout);
 
+// Rows [begin, end) of row-major W: a column-parallel rank's shard (the tensor scale is the whole
+// layer's). Throws Error(kInvalidArgument) for a range outside W or the transposed layout.
+HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
+
+// Columns [begin, end) of row-major W, both at multiples of the format's group: a row-parallel
+// rank's shard. Throws Error(kInvalidArgument) for a range outside W, off the group, or the
+// transposed layout.
+HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
+
 }  // namespace metrale

@@ -300,4 +300,50 @@ HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout) {
   return out;
 }
 
+namespace {
+
+// Refuses a slice [begin, end) of extent that is empty, outside it or off step, or weights in
+// the transposed layout (a slice of either kind is contiguous per row only in the row-major one).
+void check_slice(std::string_view api, const HostQuantWeights& w, std::int64_t begin,
+                 std::int64_t end, std::int64_t extent, std::int64_t step) {
+  if (w.layout != WeightLayout::kRowMajor) {
+    throw Error(ErrorCode::kInvalidArgument, api, "the weights are transposed; slice row-major W");
+  }
+  if (begin < 0 || end > extent || begin >= end || begin % step != 0 || end % step != 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("[{}, {}) is not a non-empty range of [0, {}) at multiples of {}",
+                            begin, end, extent, step));
+  }
+}
+
+}  // namespace
+
+HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end) {
+  check_slice("slice_rows", w, begin, end, w.n, 1);
+  const std::int64_t code_row = w.k / 2, scale_row = w.k / group_size(w.format);
+  HostQuantWeights out = w;
+  out.n = end - begin;
+  out.codes.assign(w.codes.begin() + begin * code_row, w.codes.begin() + end * code_row);
+  out.scales.assign(w.scales.begin() + begin * scale_row, w.scales.begin() + end * scale_row);
+  return out;
+}
+
+HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end) {
+  const std::int64_t group = group_size(w.format);
+  check_slice("slice_columns", w, begin, end, w.k, group);
+  HostQuantWeights out = w;
+  out.k = end - begin;
+  out.codes.clear();
+  out.scales.clear();
+  out.codes.reserve(static_cast<std::size_t>(w.n * out.k / 2));
+  out.scales.reserve(static_cast<std::size_t>(w.n * out.k / group));
+  for (std::int64_t r = 0; r < w.n; ++r) {
+    const auto codes = w.codes.begin() + r * (w.k / 2);
+    const auto scales = w.scales.begin() + r * (w.k / group);
+    out.codes.insert(out.codes.end(), codes + begin / 2, codes + end / 2);
+    out.scales.insert(out.scales.end(), scales + begin / group, scales + end / group);
+  }
+  return out;
+}
+
 }  // namespace metrale

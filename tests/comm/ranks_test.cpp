@@ -226,11 +226,7 @@ TEST_F(RanksTest, ColumnParallelEqualsOneRankBitForBit) {
   const HostQuantWeights full =
       quantize_nvfp4(values(seed, 100, static_cast<std::size_t>(n * k)), n, k);
   const TensorSlice rows = shard_slice(0, n, 8, rank(), size());
-  HostQuantWeights mine = full;
-  mine.n = rows.end - rows.begin;
-  mine.codes.assign(full.codes.begin() + rows.begin * k / 2, full.codes.begin() + rows.end * k / 2);
-  mine.scales.assign(full.scales.begin() + rows.begin * k / 16,
-                     full.scales.begin() + rows.end * k / 16);
+  const HostQuantWeights mine = slice_rows(full, rows.begin, rows.end);
   const ops::QuantWeights& w_full =
       scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
   const ops::QuantWeights& w_mine =
@@ -272,16 +268,7 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
   const HostQuantWeights full =
       quantize_nvfp4(values(seed, 300, static_cast<std::size_t>(n * k)), n, k);
   const TensorSlice cols = shard_slice(1, k, 16, rank(), size());
-  HostQuantWeights mine = full;
-  mine.k = cols.end - cols.begin;
-  mine.codes.clear();
-  mine.scales.clear();
-  for (std::int64_t r = 0; r < n; ++r) {
-    mine.codes.insert(mine.codes.end(), full.codes.begin() + (r * k + cols.begin) / 2,
-                      full.codes.begin() + (r * k + cols.end) / 2);
-    mine.scales.insert(mine.scales.end(), full.scales.begin() + (r * k + cols.begin) / 16,
-                       full.scales.begin() + (r * k + cols.end) / 16);
-  }
+  const HostQuantWeights mine = slice_columns(full, cols.begin, cols.end);
   const ops::QuantWeights& w_full =
       scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
   const ops::QuantWeights& w_mine =

@@ -689,3 +689,47 @@ TEST(QuantApi, MalformedWeightsAndIndicesAreRejected) {
 
 }  // namespace
 }  // namespace metrale
+
+namespace metrale {
+namespace {
+
+// A rank's shard is the same weights as the rows or columns it covers of the whole layer.
+TEST(QuantSlices, RowsAndColumnsAreTheWholeLayersWeights) {
+  std::mt19937 gen(std::random_device{}());
+  for (const WeightFormat format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    const std::int64_t group = group_size(format);
+    const std::int64_t n = 1 + static_cast<std::int64_t>(gen() % 40);
+    const std::int64_t k = group * (2 + static_cast<std::int64_t>(gen() % 6));
+    std::vector<float> values(static_cast<std::size_t>(n * k));
+    std::normal_distribution<float> normal;
+    for (float& v : values) v = normal(gen);
+    const HostQuantWeights w = format == WeightFormat::kNvfp4 ? quantize_nvfp4(values, n, k)
+                                                              : quantize_mxfp4(values, n, k);
+    const std::vector<float> whole = dequantize(w);
+    const std::int64_t r0 = static_cast<std::int64_t>(gen() % n);
+    const std::int64_t r1 = r0 + 1 + static_cast<std::int64_t>(gen() % (n - r0));
+    const std::vector<float> rows = dequantize(slice_rows(w, r0, r1));
+    ASSERT_EQ(rows.size(), static_cast<std::size_t>((r1 - r0) * k));
+    EXPECT_TRUE(std::equal(rows.begin(), rows.end(), whole.begin() + r0 * k));
+    const std::int64_t c0 = group * static_cast<std::int64_t>(gen() % (k / group));
+    const std::int64_t c1 =
+        c0 + group * (1 + static_cast<std::int64_t>(gen() % ((k - c0) / group)));
+    const HostQuantWeights cols = slice_columns(w, c0, c1);
+    EXPECT_EQ(cols.k, c1 - c0);
+    EXPECT_EQ(cols.tensor_scale, w.tensor_scale);
+    const std::vector<float> got = dequantize(cols);
+    for (std::int64_t r = 0; r < n; ++r) {
+      for (std::int64_t c = c0; c < c1; ++c) {
+        ASSERT_EQ(got[static_cast<std::size_t>(r * (c1 - c0) + c - c0)],
+                  whole[static_cast<std::size_t>(r * k + c)])
+            << "row " << r << " column " << c;
+      }
+    }
+    EXPECT_THROW(slice_columns(w, 1, group + 1), Error);  // off the group
+    EXPECT_THROW(slice_rows(w, 0, n + 1), Error);
+    EXPECT_THROW(slice_rows(with_layout(w, WeightLayout::kTransposed), 0, 1), Error);
+  }
+}
+
+}  // namespace
+}  // namespace metrale

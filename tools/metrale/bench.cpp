@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bench_fp8.h"
+#include "bench_models.h"
 #include "bench_timing.h"
 #include "commands.h"
 #include "interrupt.h"
@@ -39,32 +40,6 @@
 
 namespace metrale::cli {
 namespace {
-
-struct Layer {
-  std::string name;
-  std::int64_t n = 0, k = 0;
-};
-
-struct ModelShape {
-  std::vector<Layer> layers;  // one block's linear layers
-  int blocks = 1;             // blocks in the whole model
-};
-
-// Llama-3: fused q/k/v (hidden + 2 × kv heads × 128), o, fused gate/up, down.
-ModelShape model_shape(const std::string& name) {
-  if (name == "llama3-8b") {
-    return {
-        {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096}, {"down", 4096, 14336}},
-        32};
-  }
-  if (name == "llama3-70b") {
-    return {
-        {{"qkv", 10240, 8192}, {"o", 8192, 8192}, {"gate_up", 57344, 8192}, {"down", 8192, 28672}},
-        80};
-  }
-  throw Error(ErrorCode::kInvalidArgument, "bench",
-              fmt::format("unknown model '{}' (llama3-8b or llama3-70b)", name));
-}
 
 // One way of computing every layer at one M: the quantized GEMM on its automatic route (the
 // main table), on one route forced, the W8A8 op on the weights requantized to block-scaled E4M3

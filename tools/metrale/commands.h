@@ -29,11 +29,18 @@ struct BenchOptions {
   int repeats = 7;               // timed runs after the warm-up
   // Every route side by side with the dense BF16 baseline; unset: on a GPU only.
   std::optional<bool> compare_routes;
+  int tp = 0;  // --tp: ranks of a tensor-parallel run (one process each, under mpirun); 0: none
 };
 
 // One transformer block's linear layers on the chosen backend: checked against float64, timed
 // against roofs measured in the same run, torn down to zero live bytes.
 int run_bench(const CommonOptions& options, const BenchOptions& bench);
+
+// The block split over bench.tp ranks (this process one of them, started by mpirun):
+// column- and row-parallel layers, each phase timed (compute, communication) against rank 0
+// running the whole layer alone, each case checked against that run, every rank torn down to
+// zero bytes.
+int run_bench_tp(const CommonOptions& options, const BenchOptions& bench);
 
 struct CheckOptions {
   std::optional<std::uint64_t> seed;  // the random data's seed; unset: a fresh one, printed

@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
                   "time every route side by side with the dense BF16 GEMM (default: on a GPU)");
   bench->add_option("--repeats", bench_opts.repeats, "timed runs per case")
       ->check(CLI::Range(1, 1000));
+  bench
+      ->add_option("--tp", bench_opts.tp,
+                   "split the layers over N ranks, one process each: mpirun -np N metrale bench "
+                   "--tp N (CPU)")
+      ->check(CLI::Range(1, 4096));
 
   try {
     app.parse(argc, argv);
@@ -104,6 +109,7 @@ int main(int argc, char** argv) {
         }
         bench_opts.shapes.emplace_back(n, k);
       }
+      if (bench_opts.tp > 0) return metrale::cli::run_bench_tp(opts, bench_opts);
       return metrale::cli::run_bench(opts, bench_opts);
     }
   } catch (const metrale::Error& e) {
