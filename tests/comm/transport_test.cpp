@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/id_file.h"
+#include "core/expect_error.h"
 #include "metrale/backend.h"
 #include "metrale/communicator.h"
 #include "metrale/cpu_backend.h"
@@ -30,17 +31,7 @@
 namespace metrale {
 namespace {
 
-// Runs f and returns the Error it throws (failing the test when it throws none).
-template <class F>
-Error thrown_by(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no Error was thrown";
-  return Error(ErrorCode::kInternal, "none", "none");
-}
+using testing::expect_error;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -50,12 +41,12 @@ TEST(CommunicatorOptions, BadOptionsAreRefusedNamingTheValue) {
   CpuBackend backend;
   CommunicatorOptions o;
   o.transport = "carrier-pigeon";
-  Error e = thrown_by([&] { make_communicator(backend, o); });
+  Error e = expect_error([&] { make_communicator(backend, o); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "'carrier-pigeon'")) << e.what();
   o = {};
   o.timeout = std::chrono::milliseconds(0);
-  e = thrown_by([&] { make_communicator(backend, o); });
+  e = expect_error([&] { make_communicator(backend, o); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "timeout 0 ms")) << e.what();
 }
@@ -64,7 +55,7 @@ TEST(CommunicatorOptions, NcclIsRefusedOnTheCpuBackend) {
   CpuBackend backend;
   CommunicatorOptions o;
   o.transport = "nccl";
-  const Error e = thrown_by([&] { make_communicator(backend, o); });
+  const Error e = expect_error([&] { make_communicator(backend, o); });
 #if METRALE_HAVE_CUDA
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "this backend is cpu")) << e.what();
@@ -133,12 +124,12 @@ TEST(MpiSingleton, OneRankCollectivesAreItsOwnData) {
   EXPECT_EQ(got, x);
   comm.barrier();
   // A range outside the buffer is refused before anything is sent, and the group stays usable.
-  const Error e = thrown_by([&] { comm.all_reduce_sum(in, out, n + 1, ReduceType::kF32); });
+  const Error e = expect_error([&] { comm.all_reduce_sum(in, out, n + 1, ReduceType::kF32); });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "[Communicator::all_reduce_sum]")) << e.what();
   EXPECT_FALSE(comm.failed());
   comm.abort("planted");
-  const Error after = thrown_by([&] { comm.barrier(); });
+  const Error after = expect_error([&] { comm.barrier(); });
   EXPECT_EQ(after.code(), ErrorCode::kState);
   EXPECT_TRUE(contains(after.what(), "failed earlier: planted")) << after.what();
   const TeardownReport report = scope.teardown();
@@ -190,7 +181,7 @@ TEST_F(IdFile, AFileThatNeverAppearsTimesOutNamingIt) {
   std::vector<std::byte> got(128);
   const auto start = std::chrono::steady_clock::now();
   const Error e =
-      thrown_by([&] { comm::read_id_file(path_, got, std::chrono::milliseconds(200)); });
+      expect_error([&] { comm::read_id_file(path_, got, std::chrono::milliseconds(200)); });
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_TRUE(contains(e.what(), path_)) << e.what();
@@ -200,7 +191,7 @@ TEST_F(IdFile, AStrayFileIsNotTakenForAnId) {
   std::ofstream(path_) << std::string(136, 'x');
   std::vector<std::byte> got(128);
   const Error e =
-      thrown_by([&] { comm::read_id_file(path_, got, std::chrono::milliseconds(200)); });
+      expect_error([&] { comm::read_id_file(path_, got, std::chrono::milliseconds(200)); });
   EXPECT_EQ(e.code(), ErrorCode::kIo);
   EXPECT_TRUE(contains(e.what(), "not an id metrale wrote")) << e.what();
 }

@@ -121,8 +121,10 @@ ncclResult_t fake_finalize(ncclComm_t comm) {
   return s.finalize_result;
 }
 
-ncclResult_t fake_destroy(ncclComm_t comm) {
-  FakeNccl::State& s = state("ncclCommDestroy");
+// ncclCommDestroy and ncclCommAbort alike: the communicator is gone (the fake has no queued
+// work for destroy to flush).
+ncclResult_t end_comm(const char* call, ncclComm_t comm) {
+  FakeNccl::State& s = state(call);
   std::lock_guard lock(s.mu);
   FakeComm* c = live_comm(s, comm);
   if (c == nullptr) return ncclInvalidArgument;
@@ -131,14 +133,12 @@ ncclResult_t fake_destroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+ncclResult_t fake_destroy(ncclComm_t comm) {
+  return end_comm("ncclCommDestroy", comm);
+}
+
 ncclResult_t fake_abort(ncclComm_t comm) {
-  FakeNccl::State& s = state("ncclCommAbort");
-  std::lock_guard lock(s.mu);
-  FakeComm* c = live_comm(s, comm);
-  if (c == nullptr) return ncclInvalidArgument;
-  s.live.erase(c);
-  delete c;
-  return ncclSuccess;
+  return end_comm("ncclCommAbort", comm);
 }
 
 std::size_t type_bytes(ncclDataType_t t) {

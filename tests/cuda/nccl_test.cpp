@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "cuda/fake_nccl.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_communicator.h"
@@ -23,21 +24,11 @@
 namespace metrale::cuda::testing {
 namespace {
 
+using metrale::testing::expect_error;
 using std::chrono::milliseconds;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-template <class F>
-Error thrown_by(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no Error was thrown";
-  return Error(ErrorCode::kInternal, "none", "none");
 }
 
 class NcclTransport : public ::testing::Test {
@@ -114,7 +105,7 @@ TEST_F(NcclTransport, AModelsTeardownReleasesItsCommunicator) {
 
 TEST_F(NcclTransport, ARefusedInitNamesTheCallAndLeavesNothing) {
   nccl_.fail_init(ncclSystemError);
-  const Error e = thrown_by([&] { make(); });
+  const Error e = expect_error([&] { make(); });
   EXPECT_EQ(e.code(), ErrorCode::kDriver);
   EXPECT_TRUE(contains(e.what(),
                        "[Communicator::create] ncclCommInitRankConfig: unhandled "
@@ -127,7 +118,7 @@ TEST_F(NcclTransport, ARefusedInitNamesTheCallAndLeavesNothing) {
 TEST_F(NcclTransport, AnInitThatNeverFinishesTimesOutAndIsAborted) {
   nccl_.hang_init(true);
   const auto start = std::chrono::steady_clock::now();
-  const Error e = thrown_by([&] { make(milliseconds(150)); });
+  const Error e = expect_error([&] { make(milliseconds(150)); });
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(150));
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_TRUE(contains(e.what(), "did not all join within 150 ms")) << e.what();
@@ -139,7 +130,7 @@ TEST_F(NcclTransport, ARefusedCollectiveFailsTheCommunicatorAndAbortsIt) {
   auto comm = make();
   const DevicePtr p = upload(std::vector<float>(64, 1.0f));
   nccl_.fail_collectives(ncclUnhandledCudaError);
-  const Error e = thrown_by([&] { comm->all_reduce_sum(p, p, 64, ReduceType::kBf16); });
+  const Error e = expect_error([&] { comm->all_reduce_sum(p, p, 64, ReduceType::kBf16); });
   EXPECT_EQ(e.code(), ErrorCode::kDriver);
   EXPECT_TRUE(contains(e.what(),
                        "[Communicator::all_reduce_sum] ncclAllReduce: unhandled cuda "
@@ -148,7 +139,7 @@ TEST_F(NcclTransport, ARefusedCollectiveFailsTheCommunicatorAndAbortsIt) {
   EXPECT_TRUE(comm->failed());
   EXPECT_EQ(nccl_.calls("ncclCommAbort"), 1u);
   EXPECT_EQ(nccl_.live_comms(), 0);
-  const Error later = thrown_by([&] { comm->barrier(); });
+  const Error later = expect_error([&] { comm->barrier(); });
   EXPECT_EQ(later.code(), ErrorCode::kState);
   EXPECT_TRUE(contains(later.what(), "failed earlier: [Communicator::all_reduce_sum]"))
       << later.what();
@@ -163,7 +154,7 @@ TEST_F(NcclTransport, ACollectiveThatNeverFinishesTimesOutAndIsAborted) {
   const DevicePtr out = rig_.b().alloc(256);
   nccl_.hang_collectives(true);
   const auto start = std::chrono::steady_clock::now();
-  const Error e = thrown_by([&] { comm->all_gather(p, out, 256); });
+  const Error e = expect_error([&] { comm->all_gather(p, out, 256); });
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(150));
   EXPECT_EQ(e.code(), ErrorCode::kTimeout);
   EXPECT_TRUE(contains(e.what(),
@@ -180,7 +171,7 @@ TEST_F(NcclTransport, ACollectiveThatNeverFinishesTimesOutAndIsAborted) {
 TEST_F(NcclTransport, ARefusedFinalizeIsReportedAndTheCommunicatorAborted) {
   auto comm = make();
   nccl_.fail_finalize(ncclInternalError);
-  const Error e = thrown_by([&] { comm->release(); });
+  const Error e = expect_error([&] { comm->release(); });
   EXPECT_EQ(e.code(), ErrorCode::kDriver);
   EXPECT_TRUE(contains(e.what(), "ncclCommFinalize: internal error")) << e.what();
   EXPECT_EQ(nccl_.calls("ncclCommAbort"), 1u);
@@ -190,7 +181,7 @@ TEST_F(NcclTransport, ARefusedFinalizeIsReportedAndTheCommunicatorAborted) {
 
 TEST_F(NcclTransport, ABadPlaceIsRefusedBeforeNcclIsAsked) {
   CommunicatorOptions o;
-  const Error e = thrown_by([&] {
+  const Error e = expect_error([&] {
     make_nccl_communicator(rig_.b(), nccl_.api(), NcclJoin{2, 2, {}}, o);
   });
   EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
