@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -44,6 +45,31 @@ struct TpLayer {
   Layer layer;
   Split split = Split::kColumn;
 };
+
+// A checkpoint's NVFP4 linear layers ("<layer>.weight" U8 with its "<layer>.weight_scale"):
+// o_proj and down_proj row-parallel, the others column-parallel. Error(kIo) when there is none.
+std::vector<TpLayer> checkpoint_layers(const ShardedCheckpoint& ckpt) {
+  std::vector<TpLayer> out;
+  constexpr std::string_view kSuffix = ".weight";
+  for (const std::string& name : ckpt.names()) {
+    if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) continue;
+    const std::string layer = name.substr(0, name.size() - kSuffix.size());
+    const SafetensorsTensorInfo& info = ckpt.info(name);
+    if (info.dtype != "U8" || info.shape.size() != 2 || !ckpt.contains(layer + ".weight_scale")) {
+      continue;
+    }
+    const bool row =
+        layer.find("o_proj") != std::string::npos || layer.find("down_proj") != std::string::npos;
+    out.push_back({{layer, info.shape[0], info.shape[1] * 2}, row ? Split::kRow : Split::kColumn});
+  }
+  if (out.empty()) {
+    throw Error(ErrorCode::kIo, "bench",
+                fmt::format("{}: no NVFP4 linear layer (a U8 '<layer>.weight' with its "
+                            "'<layer>.weight_scale') to split",
+                            ckpt.index_path()));
+  }
+  return out;
+}
 
 // A model's o and down projections are row-parallel (their input is the previous layer's
 // sharded output), the others column-parallel; --shapes alternate, as a block's pairs do.
@@ -183,10 +209,10 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
                 "--tp on CUDA: the row-parallel layers need FP32 GEMM output, which the CUDA "
                 "kernels do not write yet; run it on the CPU (--backend cpu, under mpirun)");
   }
-  if (!bench.weights.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, "bench",
-                "--tp runs random weights; a checkpoint's shards are not benched yet");
-  }
+  // A sharded checkpoint (its index), opened and checked on every rank before anything runs:
+  // a bad one is the same kIo error everywhere (exit 2).
+  std::optional<ShardedCheckpoint> ckpt;
+  if (!bench.weights.empty()) ckpt.emplace(ShardedCheckpoint::open(bench.weights));
   // One rank per process: its share of this node's cores (OpenMPI says how many ranks share it).
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const unsigned per_node = local != nullptr && std::atoi(local) > 0
@@ -226,15 +252,26 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
   std::vector<Case> cases;
   bool all_ok = true;
   std::uint64_t layer_seed = seed;
-  for (const TpLayer& tl : tp_layers(bench)) {
+  for (const TpLayer& tl : ckpt ? checkpoint_layers(*ckpt) : tp_layers(bench)) {
     const Layer& l = tl.layer;
     const bool column = tl.split == Split::kColumn;
     std::mt19937_64 gen(++layer_seed);
-    const HostQuantWeights full = toolkit::random_weights(WeightFormat::kNvfp4, l.n, l.k, gen);
-    const TensorSlice part =
-        shard_slice(column ? 0 : 1, column ? l.n : l.k, column ? 8 : 16, comm.rank(), tp);
-    const HostQuantWeights mine =
-        column ? slice_rows(full, part.begin, part.end) : slice_columns(full, part.begin, part.end);
+    // Each rank's shard: read alone from the checkpoint (rank 0 also reads the whole layer, for
+    // its one-rank run), or cut from the same random weights on every rank.
+    HostQuantWeights full, mine;
+    TensorSlice part;
+    if (ckpt) {
+      Nvfp4LinearShard shard =
+          load_nvfp4_linear_shard(*ckpt, l.name, column ? 0 : 1, comm.rank(), tp);
+      mine = std::move(shard.w);
+      part = shard.slice;
+      if (lead) full = load_nvfp4_linear_shard(*ckpt, l.name, 0, 0, 1).w;
+    } else {
+      full = toolkit::random_weights(WeightFormat::kNvfp4, l.n, l.k, gen);
+      part = shard_slice(column ? 0 : 1, column ? l.n : l.k, column ? 8 : 16, comm.rank(), tp);
+      mine = column ? slice_rows(full, part.begin, part.end)
+                    : slice_columns(full, part.begin, part.end);
+    }
     const ops::QuantWeights& w =
         scope.add(ops::make_weights_resource(backend, mine, l.name)).weights();
     const ops::QuantWeights* w_one = nullptr;
@@ -365,19 +402,23 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
       fmt::print(
           "metrale bench --tp {}: {} on {} ranks ({}), cpu backend, {} thread(s) per rank, "
           "seed {}\n",
-          tp, bench.shapes.empty() ? bench.model + " block" : std::string("--shapes"), tp,
-          transport, cpu.threads, seed);
+          tp,
+          ckpt ? ckpt->index_path()
+               : (bench.shapes.empty() ? bench.model + " block" : std::string("--shapes")),
+          tp, transport, cpu.threads, seed);
       fmt::print(
           "times: the slowest rank's median of {} runs; 1 rank: rank 0 alone on every core\n",
           bench.repeats);
-      fmt::print("{:<10} {:<6} {:>6} {:>6} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8}  {}\n", "layer",
-                 "split", "N", "K", "M", "compute ms", "comm ms", "total ms", "1 rank ms",
+      std::size_t width = 8;  // the layer column fits the longest name (a checkpoint's are long)
+      for (const Case& c : cases) width = std::max(width, c.layer.size());
+      fmt::print("{:<{}} {:<6} {:>6} {:>6} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8}  {}\n", "layer",
+                 width, "split", "N", "K", "M", "compute ms", "comm ms", "total ms", "1 rank ms",
                  "speedup", "check");
       for (const Case& c : cases) {
         fmt::print(
-            "{:<10} {:<6} {:>6} {:>6} {:>5} {:>11.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>7.2f}x  {}\n",
-            c.layer, c.split, c.n, c.k, c.m, c.compute_ms, c.comm_ms, c.total_ms, c.one_rank_ms,
-            c.one_rank_ms / c.total_ms, c.check);
+            "{:<{}} {:<6} {:>6} {:>6} {:>5} {:>11.3f} {:>9.3f} {:>9.3f} {:>10.3f} {:>7.2f}x  {}\n",
+            c.layer, width, c.split, c.n, c.k, c.m, c.compute_ms, c.comm_ms, c.total_ms,
+            c.one_rank_ms, c.one_rank_ms / c.total_ms, c.check);
       }
       fmt::print("teardown: {} on every rank ({} ranks)\n",
                  clean ? std::string("0 bytes left")

@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   bench->add_option("--m", bench_opts.ms, "rows of A, e.g. 1,16,4096")->delimiter(',');
   bench
       ->add_option("--weights", bench_opts.weights,
-                   "a safetensors file: bench its NVFP4 (ModelOpt) or BF16 linear layers")
+                   "a safetensors file: bench its NVFP4 (ModelOpt) or BF16 linear layers; with "
+                   "--tp, a sharded checkpoint's model.safetensors.index.json")
       ->check(CLI::ExistingFile);
   bench->add_flag(
       "--allow-e4m3", bench_opts.allow_e4m3,
