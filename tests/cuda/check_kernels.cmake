@@ -41,6 +41,9 @@ foreach(log IN LISTS LOGS)
   endforeach()
 endforeach()
 if(failures)
-  message(FATAL_ERROR "${failures}")
+  # Printed as they are (FATAL_ERROR's text is re-wrapped at a width that depends on the paths),
+  # then a short failure.
+  message("${failures}")
+  message(FATAL_ERROR "an embedded kernel spills registers (above)")
 endif()
 message("${report}no entry spills")
