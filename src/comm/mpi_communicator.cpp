@@ -399,6 +399,22 @@ class MpiCommunicator final : public Communicator {
   std::string abort_text_;
 };
 
+// Polls request until it completes (true) or the deadline passes (false, the request left
+// pending); a failed MPI_Test throws kDriver under api.
+bool settled(const MpiApi& api, std::string_view api_name, MPI_Request& request,
+             Clock::time_point deadline) {
+  for (;;) {
+    int done = 0;
+    const int rc = api.MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      throw Error(ErrorCode::kDriver, api_name, "MPI_Test: " + mpi_error_text(api, rc));
+    }
+    if (done != 0) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 // MPI_Comm_idup, waited on against the deadline (MPI_Comm_dup would block without a limit).
 MPI_Comm duplicate(const MpiApi& api, Clock::time_point deadline,
                    std::chrono::milliseconds timeout) {
@@ -409,18 +425,9 @@ MPI_Comm duplicate(const MpiApi& api, Clock::time_point deadline,
   if (rc != MPI_SUCCESS) {
     throw Error(ErrorCode::kDriver, kApi, "MPI_Comm_idup: " + mpi_error_text(api, rc));
   }
-  for (;;) {
-    int done = 0;
-    rc = api.MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      throw Error(ErrorCode::kDriver, kApi, "MPI_Test: " + mpi_error_text(api, rc));
-    }
-    if (done != 0) break;
-    if (Clock::now() >= deadline) {
-      throw Error(ErrorCode::kTimeout, kApi,
-                  fmt::format("the ranks did not all join within {} ms", timeout.count()));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (!settled(api, kApi, request, deadline)) {
+    throw Error(ErrorCode::kTimeout, kApi,
+                fmt::format("the ranks did not all join within {} ms", timeout.count()));
   }
   rc = api.MPI_Comm_set_errhandler(comm, api.errors_return);
   if (rc != MPI_SUCCESS) {
@@ -453,24 +460,21 @@ void mpi_broadcast_bytes(std::span<std::byte> bytes, int root, std::chrono::mill
   // MPI's own copy: if the wait gives up, MPI may still write it, so it is then kept forever.
   std::vector<std::byte> staging(bytes.begin(), bytes.end());
   MPI_Request request = api.request_null;
-  int rc = api.MPI_Ibcast(staging.data(), static_cast<int>(staging.size()), api.byte, root, comm,
-                          &request);
-  for (int done = 0; rc == MPI_SUCCESS;) {
-    rc = api.MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS || done != 0) break;
-    if (Clock::now() >= deadline) {
-      keep_forever(std::move(staging));
-      api.MPI_Comm_free(&comm);
-      throw Error(ErrorCode::kTimeout, kApi,
-                  fmt::format("rank {}'s NCCL id did not reach every rank within {} ms", root,
-                              timeout.count()));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  api.MPI_Comm_free(&comm);
+  const int rc = api.MPI_Ibcast(staging.data(), static_cast<int>(staging.size()), api.byte, root,
+                                comm, &request);
   if (rc != MPI_SUCCESS) {
+    api.MPI_Comm_free(&comm);
     throw Error(ErrorCode::kDriver, kApi, "MPI_Ibcast: " + mpi_error_text(api, rc));
   }
+  if (!settled(api, kApi, request, deadline)) {
+    // Left pending: the staging and the communicator stay MPI's (Note [MPI transport]: a freed
+    // communicator's id is reused, and the broadcast's messages would reach its successor).
+    keep_forever(std::move(staging));
+    throw Error(ErrorCode::kTimeout, kApi,
+                fmt::format("rank {}'s NCCL id did not reach every rank within {} ms", root,
+                            timeout.count()));
+  }
+  api.MPI_Comm_free(&comm);
   std::copy(staging.begin(), staging.end(), bytes.begin());
 }
 
