@@ -40,19 +40,34 @@ function(metrale_cuda_module)
   # ctest cuda.kernels_do_not_spill, compiles every source for its own targets and fails on any
   # spill).
   set(ptxas_log ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}.ptxas.log)
+  if(METRALE_KERNEL_IMAGES_FROM)
+    # Device code does not depend on the host's sanitizers or build type, so a sanitizer tree
+    # takes the module from another tree of the same source (brought up to date there first)
+    # instead of running nvcc again. See Note [kernel images from another tree] in docs/NOTES.md.
+    set(from ${METRALE_KERNEL_IMAGES_FROM}/src/kernels/${M_NAME})
+    set(make_image
+      COMMAND ${CMAKE_COMMAND} --build ${METRALE_KERNEL_IMAGES_FROM} --target metrale_image_${M_NAME}
+      COMMAND ${CMAKE_COMMAND} -E copy ${from}.fatbin ${fatbin}
+      COMMAND ${CMAKE_COMMAND} -E copy ${from}.ptxas.log ${ptxas_log})
+    set(comment "module ${M_NAME}: the image of ${METRALE_KERNEL_IMAGES_FROM}")
+  else()
+    set(make_image
+      COMMAND ${CMAKE_COMMAND} -DLOG=${ptxas_log} -P ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake --
+              ${CMAKE_CUDA_COMPILER} -fatbin -std=c++17 -O3 -Xptxas -v ${gencode_flags}
+              -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src
+              -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE})
+    set(comment "nvcc: module ${M_NAME} (${M_GENCODE})")
+  endif()
   add_custom_command(OUTPUT ${fatbin}
     BYPRODUCTS ${ptxas_log}
-    COMMAND ${CMAKE_COMMAND} -DLOG=${ptxas_log} -P ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake --
-            ${CMAKE_CUDA_COMPILER} -fatbin -std=c++17 -O3 -Xptxas -v ${gencode_flags}
-            -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/src
-            -o ${fatbin} ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE}
+    ${make_image}
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} ${PROJECT_SOURCE_DIR}/include/metrale/numerics.h
             ${PROJECT_SOURCE_DIR}/src/kernels/gemm_params.h
             ${PROJECT_SOURCE_DIR}/src/kernels/fp8_cast.h
             ${PROJECT_SOURCE_DIR}/src/kernels/tile_math.h
             ${PROJECT_SOURCE_DIR}/src/kernels/w4a16.def ${kernel_headers}
             ${PROJECT_SOURCE_DIR}/cmake/nvcc_logged.cmake
-    COMMENT "nvcc: module ${M_NAME} (${M_GENCODE})" VERBATIM)
+    COMMENT "${comment}" VERBATIM)
   list(JOIN targets ", " targets_list)
   set(entries "")
   foreach(e IN LISTS M_ENTRIES)
@@ -78,6 +93,7 @@ const EmbeddedModule& embedded_module_${M_NAME}() {
 }  // namespace metrale::cuda
 ")
   configure_file(${embed}.in ${embed} COPYONLY)
+  add_custom_target(metrale_image_${M_NAME} DEPENDS ${fatbin})
   set_source_files_properties(${embed} PROPERTIES OBJECT_DEPENDS ${fatbin})
   set(METRALE_CUDA_MODULE_SOURCES ${METRALE_CUDA_MODULE_SOURCES} ${embed} ${fatbin} CACHE INTERNAL "")
   set(METRALE_CUDA_MODULE_TABLE ${METRALE_CUDA_MODULE_TABLE} ${M_NAME} CACHE INTERNAL "")

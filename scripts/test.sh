@@ -30,13 +30,14 @@ stage "python package"
 scripts/python-test.sh
 
 stage "asan build"
-cmake --preset asan
+# The sanitizer trees copy the ci tree's kernel modules (Note [kernel images from another tree]).
+cmake --preset asan -DMETRALE_KERNEL_IMAGES_FROM="$PWD/build"
 cmake --build --preset asan -j "$jobs"
 stage "asan tests"
 ctest --preset asan -j "$jobs"
 
 stage "tsan build and tests"
-cmake --preset tsan
+cmake --preset tsan -DMETRALE_KERNEL_IMAGES_FROM="$PWD/build"
 cmake --build --preset tsan -j "$jobs"
 ctest --preset tsan -j "$jobs"
 
