@@ -94,7 +94,7 @@ namespace metrale::cuda::testing {
 namespace {
 
 // FP32 output is a kernel's to offer: refused, naming the kernel, where the one that writes C
-// publishes no out_f32 (the CUDA kernels today), planned with the flag where it does, and never
+// publishes no out_f32 (a module of this fake's), planned with the flag where it does, and never
 // sent to the dequant route, whose dense GEMM writes BF16.
 TEST(GemmOutF32, OnlyFromAKernelThatPublishesIt) {
   FakeBlas blas;

@@ -90,6 +90,13 @@ Published w4a16_published(const std::string& target) {
       {"gemm_fused_block_threads", wgmma ? u32(metrale::fused::kThreads) : u32(tl::kDecodeThreads)},
       {"gemm_fused_layout", dl::kLayoutId},
       {"gemm_fused_a_e4m3", 0},
+      // Every kernel that writes C honours kGemmOutF32 (epilogue.cuh's write_final).
+      {"gemm_decode_out_f32", 1},
+      {"gemm_decode_packed_out_f32", 1},
+      {"gemm_split_reduce_out_f32", 1},
+      {"gemm_tiled_out_f32", 1},
+      {"gemm_e4m3_out_f32", 1},
+      {"gemm_fused_out_f32", 1},
   };
 }
 

@@ -1,10 +1,11 @@
 // metrale bench --tp N: one block's linear layers split over N ranks, one process each (mpirun
-// -np N on the CPU), with the tensor-parallel layers of metrale/ops/parallel_linear.h: q/k/v and
-// gate/up column-parallel (gathered), o and down row-parallel (FP32 partials, summed, rounded
-// once). Every rank holds its shard of the same random weights; rank 0 also runs each whole
-// layer alone on a backend with every core (the one-rank time the speedup is against, and the
-// result each case is checked against: bit for bit for column-parallel, within the row-parallel
-// bound otherwise). Times are each phase's median over the repeats, the slowest rank's.
+// -np N; on the CPU over MPI, on CUDA a GPU per rank over NCCL), with the tensor-parallel layers of
+// metrale/ops/parallel_linear.h: q/k/v and gate/up column-parallel (gathered), o and down
+// row-parallel (FP32 partials, summed, rounded once). Every rank holds its shard of the same random
+// weights; rank 0 also runs each whole layer alone on a backend with every core (the one-rank time
+// the speedup is against, and the result each case is checked against: bit for bit for
+// column-parallel, within the row-parallel bound otherwise). Times are each phase's median over the
+// repeats, the slowest rank's.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/parallel_linear.h"
 #include "metrale/ops/quant_weights.h"
+#include "metrale/runtime.h"
 #include "metrale/sharded_checkpoint.h"
 #include "toolkit/random_weights.h"
 
@@ -200,30 +202,54 @@ struct Case {
   bool ok = true;
 };
 
-}  // namespace
-
-int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
-  const int tp = bench.tp;
-  if (options.backend == "cuda") {
-    throw Error(ErrorCode::kUnavailable, "bench",
-                "--tp on CUDA: the row-parallel layers need FP32 GEMM output, which the CUDA "
-                "kernels do not write yet; run it on the CPU (--backend cpu, under mpirun)");
+// The backend of each rank's process. CPU: this node's cores shared among its ranks (OpenMPI
+// says how many share it), every core for rank 0's one-rank run. CUDA: the process's first
+// visible GPU, a GPU per rank (docs/TENSOR_PARALLEL.md: CUDA_VISIBLE_DEVICES from the local
+// rank); "auto" takes CUDA where it is usable, else the CPU.
+struct RankBackends {
+  bool cuda = false;
+  unsigned threads = 0;  // CPU: threads per rank
+  // A backend for this rank's share (whole = false) or for one rank alone (whole = true).
+  std::unique_ptr<Backend> make(bool whole) const {
+    if (cuda) return create_backend("cuda");
+    if (whole) return std::make_unique<CpuBackend>();
+    CpuBackendOptions cpu;
+    cpu.threads = threads;
+    return std::make_unique<CpuBackend>(cpu);
   }
-  // A sharded checkpoint (its index), opened and checked on every rank before anything runs:
-  // a bad one is the same kIo error everywhere (exit 2).
-  std::optional<ShardedCheckpoint> ckpt;
-  if (!bench.weights.empty()) ckpt.emplace(ShardedCheckpoint::open(bench.weights));
-  // One rank per process: its share of this node's cores (OpenMPI says how many ranks share it).
+};
+
+RankBackends rank_backends(const std::string& which, int tp) {
+  RankBackends rb;
+  if (which == "cuda") {
+    rb.cuda = true;
+  } else if (which == "auto") {
+    std::string why;
+    rb.cuda = create_backend("auto", &why)->name() == "cuda";
+  } else if (which != "cpu") {
+    (void)create_backend(which);  // an unknown name: its kInvalidArgument
+  }
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const unsigned per_node = local != nullptr && std::atoi(local) > 0
                                 ? static_cast<unsigned>(std::atoi(local))
                                 : static_cast<unsigned>(tp);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  CpuBackendOptions cpu;
-  cpu.threads = std::max(1u, cores / per_node);
-  ModelScope scope(std::make_unique<CpuBackend>(cpu));
+  rb.threads = std::max(1u, std::max(1u, std::thread::hardware_concurrency()) / per_node);
+  return rb;
+}
+
+}  // namespace
+
+int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
+  const int tp = bench.tp;
+  // A sharded checkpoint (its index), opened and checked on every rank before anything runs:
+  // a bad one is the same kIo error everywhere (exit 2).
+  std::optional<ShardedCheckpoint> ckpt;
+  if (!bench.weights.empty()) ckpt.emplace(ShardedCheckpoint::open(bench.weights));
+  const RankBackends rb = rank_backends(options.backend, tp);
+  ModelScope scope(rb.make(/*whole=*/false));
+  const bool cuda = scope.backend().name() == "cuda";
   CommunicatorOptions co;
-  co.transport = "mpi";
+  co.transport = cuda ? "nccl" : "mpi";
   Communicator& comm = create_communicator(scope, co);
   if (comm.size() != tp) {
     throw Error(ErrorCode::kInvalidArgument, "bench",
@@ -243,9 +269,9 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
   backend.copy_d2h(seed_v.data(), seed_buf, 8);
   const std::uint64_t seed = seed_v[0];
 
-  // Rank 0's one-rank runs: every core, the whole layer.
+  // Rank 0's one-rank runs: the whole layer on every core, or on rank 0's GPU.
   std::unique_ptr<ModelScope> alone;
-  if (lead) alone = std::make_unique<ModelScope>(std::make_unique<CpuBackend>());
+  if (lead) alone = std::make_unique<ModelScope>(rb.make(/*whole=*/true));
 
   const std::vector<std::int64_t> ms =
       bench.ms.empty() ? std::vector<std::int64_t>{1, 16} : bench.ms;
@@ -338,10 +364,15 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
         }
         one_rank = median(std::move(t));
         const std::vector<std::uint16_t> one = download(ab, c_one, out_elems);
-        if (column) {
-          cs.ok = got == one;
-          cs.check = cs.ok ? "bitwise" : "DIFFERS";
+        if (column && got == one) {
+          cs.check = "bitwise";
+        } else if (column && !cuda) {
+          cs.ok = false;
+          cs.check = "DIFFERS";
         } else {
+          // Row-parallel; or a CUDA column shard, whose narrower N may split K otherwise than
+          // the whole layer's GEMM does (the decode route's split-K), so its FP32 sums are the
+          // same terms in another order: held to the same bound.
           worst = row_check(got, one, a, full, m, tp, layer_seed + static_cast<std::uint64_t>(m));
           cs.ok = worst <= 1.0;
           cs.check = fmt::format("{:.2f} of bound", worst);
@@ -367,7 +398,9 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
   // The ranks' teardowns are reported through a communicator of their own, made before the
   // model's goes.
   ModelScope report(std::make_unique<CpuBackend>(CpuBackendOptions{builtin_host_modules(), 1}));
-  Communicator& tell = create_communicator(report, co);
+  CommunicatorOptions over_mpi;
+  over_mpi.transport = "mpi";
+  Communicator& tell = create_communicator(report, over_mpi);
   const TeardownReport td = scope.teardown();
   leftover[0] += static_cast<double>(td.live_bytes_after + td.swept_bytes);
   const double worst_leftover = slowest(tell, leftover)[0];
@@ -380,7 +413,8 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
       nlohmann::json doc;
       doc["tp"] = tp;
       doc["transport"] = transport;
-      doc["threads_per_rank"] = cpu.threads;
+      doc["backend"] = std::string(backend.name());
+      if (!cuda) doc["threads_per_rank"] = rb.threads;
       doc["seed"] = seed;
       for (const Case& c : cases) {
         doc["cases"].push_back({{"layer", c.layer},
@@ -399,16 +433,15 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
       doc["teardown_bytes_left_on_worst_rank"] = worst_leftover;
       fmt::print("{}\n", doc.dump(2));
     } else {
-      fmt::print(
-          "metrale bench --tp {}: {} on {} ranks ({}), cpu backend, {} thread(s) per rank, "
-          "seed {}\n",
-          tp,
-          ckpt ? ckpt->index_path()
-               : (bench.shapes.empty() ? bench.model + " block" : std::string("--shapes")),
-          tp, transport, cpu.threads, seed);
-      fmt::print(
-          "times: the slowest rank's median of {} runs; 1 rank: rank 0 alone on every core\n",
-          bench.repeats);
+      fmt::print("metrale bench --tp {}: {} on {} ranks ({}), {}, seed {}\n", tp,
+                 ckpt ? ckpt->index_path()
+                      : (bench.shapes.empty() ? bench.model + " block" : std::string("--shapes")),
+                 tp, transport,
+                 cuda ? std::string("cuda backend, a GPU per rank")
+                      : fmt::format("cpu backend, {} thread(s) per rank", rb.threads),
+                 seed);
+      fmt::print("times: the slowest rank's median of {} runs; 1 rank: rank 0 alone on {}\n",
+                 bench.repeats, cuda ? "its GPU" : "every core");
       std::size_t width = 8;  // the layer column fits the longest name (a checkpoint's are long)
       for (const Case& c : cases) width = std::max(width, c.layer.size());
       fmt::print("{:<{}} {:<6} {:>6} {:>6} {:>5} {:>11} {:>9} {:>9} {:>10} {:>8}  {}\n", "layer",

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--tp", bench_opts.tp,
                    "split the layers over N ranks, one process each: mpirun -np N metrale bench "
-                   "--tp N (CPU)")
+                   "--tp N (CPU over MPI; CUDA over NCCL, a GPU per process)")
       ->check(CLI::Range(1, 4096));
 
   try {

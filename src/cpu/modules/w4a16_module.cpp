@@ -139,8 +139,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
-  if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_tiled" ||
-      entry == "gemm_e4m3" || entry == "gemm_split_reduce") {
+  if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
+      entry == "gemm_tiled" || entry == "gemm_e4m3" || entry == "gemm_split_reduce") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

@@ -236,15 +236,12 @@ __device__ void fused_consume(const GemmParams& p, std::uint32_t stages, std::ui
     for (std::int64_t kb = 0; kb < kb_count; ++kb) block();
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
-    // The weights were multiplied by 2^-fold; the fold comes back with the tensor scale.
-    auto* out = reinterpret_cast<std::uint16_t*>(p.out);
+      // The weights were multiplied by 2^-fold; the fold comes back with the tensor scale.
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const std::int64_t m = ft.m0 + fu::fused_out_row(wtid, i);
       const std::int64_t n = ft.n0 + fu::fused_out_col(wg, wtid, i);
-      if (m < p.m && n < p.n) {
-        out[m * p.n + n] = static_cast<std::uint16_t>(final_bf16(p, n, acc[i] * fold));
-      }
+      if (m < p.m && n < p.n) write_final(p, m * p.n + n, n, acc[i] * fold);
     }
   }
 }

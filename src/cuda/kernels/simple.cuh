@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "epilogue.cuh"
 #include "kernels/gemm_params.h"
 #include "metrale/numerics.h"
 
@@ -40,11 +41,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ void store(const GemmParams& p, std::int64_t m, std::int64_t n,
                                       float sum) {
-  float v = sum * p.tensor_scale;
-  if (p.flags & metrale::kGemmBias) {
-    v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n]);
-  }
-  reinterpret_cast<std::uint16_t*>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  write_final(p, m * p.n + n, n, sum);
 }
 
 // C[:, n] for the warp's column n. E4M3 selects the e4m3 route's operands: A as E4M3 bytes and

@@ -9,15 +9,15 @@
 
 namespace metrale::kernels {
 
-// C = Σ_z partial[z] in slice order, then tensor scale, bias and one rounding to BF16.
+// C = Σ_z partial[z] in slice order, then tensor scale, bias and one rounding to BF16 (none for
+// FP32 C).
 __device__ void split_reduce(const GemmParams& p, std::int64_t i) {
   if (i >= p.m * p.n) return;
   const auto* ws = reinterpret_cast<const float*>(p.workspace);
   const std::int64_t plane = p.m * p.n;
   float sum = 0.0f;
   for (std::int64_t z = 0; z < p.splits; ++z) sum += ws[z * plane + i];
-  reinterpret_cast<std::uint16_t*>(p.out)[i] =
-      static_cast<std::uint16_t>(final_bf16(p, i % p.n, sum));
+  write_final(p, i, i % p.n, sum);
 }
 
 }  // namespace metrale::kernels

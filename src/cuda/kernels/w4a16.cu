@@ -4,8 +4,8 @@
 // e4m3_sm90.cuh) and on the correctness-first warp-per-column kernel elsewhere (simple.cuh). Each
 // entry publishes the launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile
 // (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
-// split-K unit; 0 = no split), _block_threads, _a_e4m3, and gemm_decode_max_m (the largest M the
-// automatic route sends to decode). The op code sizes every launch from these alone.
+// split-K unit; 0 = no split), _block_threads, _a_e4m3, _out_f32, and gemm_decode_max_m (the
+// largest M the automatic route sends to decode). The op code sizes every launch from these alone.
 #include <cstdint>
 
 #include "decode.cuh"
@@ -97,6 +97,14 @@ __device__ std::uint32_t gemm_fused_block_threads = kFusedThreads;
 __device__ std::uint32_t gemm_fused_layout = metrale::decode_layout::kLayoutId;
 __device__ std::uint32_t gemm_fused_a_e4m3 = 0;
 __device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
+// Every kernel that writes C writes it through epilogue.cuh's write_final, which honours
+// kGemmOutF32 (FP32 C, the row-parallel partials).
+__device__ std::uint32_t gemm_decode_out_f32 = 1;
+__device__ std::uint32_t gemm_decode_packed_out_f32 = 1;
+__device__ std::uint32_t gemm_split_reduce_out_f32 = 1;
+__device__ std::uint32_t gemm_tiled_out_f32 = 1;
+__device__ std::uint32_t gemm_e4m3_out_f32 = 1;
+__device__ std::uint32_t gemm_fused_out_f32 = 1;
 __device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
 __device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
 __device__ std::uint32_t dequant_bf16_block_threads = kThreads;

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -40,9 +41,11 @@ namespace {
 
 namespace emu = metrale::emulation;
 
-constexpr std::uint16_t kPoisonC = 0x7FC1;     // a BF16 NaN: an unwritten element fails
-constexpr std::uint16_t kPoisonTail = 0x5A5A;  // past C: must stay
-constexpr std::size_t kTail = 64;              // poisoned elements past C and the workspace
+constexpr std::uint16_t kPoisonC = 0x7FC1;       // a BF16 NaN: an unwritten element fails
+constexpr std::uint16_t kPoisonTail = 0x5A5A;    // past C: must stay
+constexpr std::size_t kTail = 64;                // poisoned elements past C and the workspace
+const float kPoisonC32 = std::nanf("0x7FC003");  // FP32 C: an unwritten element fails
+constexpr float kPoisonTail32 = -4321.0f;        // past FP32 C: must stay
 
 std::uint64_t address(const void* p) {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
@@ -109,7 +112,8 @@ Reference reference(const HostQuantWeights& w, const std::vector<std::uint16_t>&
 
 struct KernelRun {
   std::string error;             // a fault or deadlock of the emulation
-  std::vector<std::uint16_t> c;  // M * N, then kTail poison
+  std::vector<std::uint16_t> c;  // M * N, then kTail poison (BF16 C)
+  std::vector<float> c32;        // M * N, then kTail poison (FP32 C: kGemmOutF32)
   std::vector<float> workspace;  // splits * M * N, then kTail poison (split-K only)
   std::int64_t splits = 1;
 };
@@ -150,21 +154,28 @@ KernelWeights source_kernel(const HostQuantWeights& w) {
 // What ops/gemm.cpp's plan and launch_planned give the kernel (and gemm_split_reduce) for a
 // device of `sm_count` SMs (0: no split), run on the host.
 KernelRun run_kernel(const KernelWeights& kw, const std::vector<std::uint16_t>& a,
-                     const std::vector<std::uint16_t>& bias, std::int64_t m, int sm_count) {
+                     const std::vector<std::uint16_t>& bias, std::int64_t m, int sm_count,
+                     bool out_f32 = false) {
   KernelRun run;
-  run.c.assign(static_cast<std::size_t>(m * kw.n), kPoisonC);
-  run.c.resize(run.c.size() + kTail, kPoisonTail);
   GemmParams p;
+  if (out_f32) {
+    run.c32.assign(static_cast<std::size_t>(m * kw.n), kPoisonC32);
+    run.c32.resize(run.c32.size() + kTail, kPoisonTail32);
+    p.out = address(run.c32.data());
+  } else {
+    run.c.assign(static_cast<std::size_t>(m * kw.n), kPoisonC);
+    run.c.resize(run.c.size() + kTail, kPoisonTail);
+    p.out = address(run.c.data());
+  }
   p.a = address(a.data());
   p.codes = address(kw.codes->data());
   p.scales = address(kw.scales->data());
-  p.out = address(run.c.data());
   p.bias = bias.empty() ? 0 : address(bias.data());
   p.m = m;
   p.n = kw.n;
   p.k = kw.k;
   p.tensor_scale = kw.tensor_scale;
-  p.flags = kw.flags | (bias.empty() ? 0u : kGemmBias);
+  p.flags = kw.flags | (bias.empty() ? 0u : kGemmBias) | (out_f32 ? kGemmOutF32 : 0u);
   p.weight_fold = kw.fold;
   // The grid from what both entries publish: x over N by <entry>_n_tile (32), z over K slices
   // of <entry>_split_k units (kDecodeSplitUnit) when the N tiles alone leave SMs idle (the
@@ -334,6 +345,98 @@ INSTANTIATE_TEST_SUITE_P(
                     Shape{WeightFormat::kMxfp4, 17}, Shape{WeightFormat::kMxfp4, 1, kT},
                     Shape{WeightFormat::kMxfp4, 9, kT}),
     shape_name);
+
+// FP32 C (kGemmOutF32, the row-parallel partials): both decode kernels and the split-K sum write
+// every element as the FP32 value whose one rounding is the BF16 run's element, bit for bit (the
+// same sums, the rounding left out), within FP32 summation error of the float64 product, and
+// nothing past C.
+void check_out_f32(const HostQuantWeights& w, const KernelWeights& kw, std::int64_t m,
+                   std::mt19937_64& rng) {
+  const std::vector<std::uint16_t> a = random_bf16(static_cast<std::size_t>(m * w.k), rng);
+  const std::vector<std::uint16_t> bias = random_bf16(static_cast<std::size_t>(w.n), rng);
+  const Reference ref = reference(w, a, bias, m);
+  for (const int sms : {0, 132}) {
+    SCOPED_TRACE(sms == 0 ? "no split" : "split for 132 SMs");
+    const KernelRun bf16 = run_kernel(kw, a, bias, m, sms);
+    const KernelRun f32 = run_kernel(kw, a, bias, m, sms, /*out_f32=*/true);
+    ASSERT_EQ(bf16.error, "");
+    ASSERT_EQ(f32.error, "");
+    EXPECT_EQ(f32.splits, bf16.splits);
+    int bad = 0;
+    double err2 = 0.0, ref2 = 0.0;
+    for (std::int64_t i = 0; i < m * w.n; ++i) {
+      const float got = f32.c32[static_cast<std::size_t>(i)];
+      const double want = ref.c[static_cast<std::size_t>(i)];
+      err2 += (got - want) * (got - want);
+      ref2 += want * want;
+      const bool same_rounding = num::f32_to_bf16(got) == bf16.c[static_cast<std::size_t>(i)];
+      const bool near = std::fabs(got - want) <= 1e-4 * ref.magnitude[i] + 1e-30;
+      if (!(same_rounding && near) && ++bad <= 5) {
+        ADD_FAILURE() << "C[" << i / w.n << ", " << i % w.n << "] = " << got << " (BF16 run "
+                      << num::bf16_to_f32(bf16.c[static_cast<std::size_t>(i)]) << "), want "
+                      << want;
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    std::printf("FP32 C, M %lld, splits %lld: normalized error %.3g\n", static_cast<long long>(m),
+                static_cast<long long>(f32.splits), std::sqrt(err2 / ref2));
+    for (std::size_t i = static_cast<std::size_t>(m * w.n); i < f32.c32.size(); ++i) {
+      ASSERT_EQ(f32.c32[i], kPoisonTail32) << "FP32 C's tail, element " << i << ", was written";
+    }
+  }
+}
+
+TEST(DecodeOnHostOutF32, BothKernelsWriteTheUnroundedSums) {
+  std::mt19937_64 rng = seeded_rng();
+  for (const WeightFormat format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    SCOPED_TRACE(format == WeightFormat::kMxfp4 ? "MXFP4" : "NVFP4");
+    const HostQuantWeights w = random_weights(format, kN, k_of(format), rng);
+    const ops::PackedDecodeWeights pk = ops::pack_for_decode(w);
+    check_out_f32(w, packed_kernel(pk), 9, rng);
+  }
+  const HostQuantWeights w = random_weights(WeightFormat::kNvfp4, kN, 5184, rng);
+  check_out_f32(w, source_kernel(w), 9, rng);
+}
+
+// store_pair, the wgmma kernels' epilogue (tiled, E4M3), into FP32 C: the 8-byte pair store where
+// a pair is aligned and inside C, one element at a time elsewhere (an odd N, the last column).
+TEST(EpilogueOutF32, PairsLandAtTheirColumns) {
+  for (const std::int64_t n : {8, 7}) {
+    const std::int64_t m = 3;
+    std::vector<float> c(static_cast<std::size_t>(m * n) + kTail, kPoisonTail32);
+    std::fill_n(c.begin(), m * n, kPoisonC32);
+    const std::vector<std::uint16_t> bias = {num::f32_to_bf16(0.5f), num::f32_to_bf16(-1.0f),
+                                             num::f32_to_bf16(2.0f), num::f32_to_bf16(0.25f),
+                                             num::f32_to_bf16(3.0f), num::f32_to_bf16(-0.5f),
+                                             num::f32_to_bf16(1.5f), num::f32_to_bf16(-2.0f)};
+    GemmParams p;
+    p.out = address(c.data());
+    p.bias = address(bias.data());
+    p.m = m;
+    p.n = n;
+    p.tensor_scale = 0.75f;
+    p.flags = kGemmOutF32 | kGemmBias;
+    // A value per (row, column) that a misplaced or rounded store cannot reproduce.
+    const auto value = [](std::int64_t r, std::int64_t col) {
+      return 1.0f + static_cast<float>(r) / 3.0f + static_cast<float>(col) / 7.0f;
+    };
+    for (std::int64_t r = 0; r < m + 1; ++r) {  // row m: outside C, must not be stored
+      for (std::int64_t col = 0; col < n + 1; col += 2) {
+        kernels::store_pair(p, r, col, value(r, col), value(r, col + 1));
+      }
+    }
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t col = 0; col < n; ++col) {
+        const float want = value(r, col) * 0.75f + num::bf16_to_f32(bias[col]);
+        EXPECT_EQ(c[static_cast<std::size_t>(r * n + col)], want)
+            << "N " << n << ", C[" << r << ", " << col << "]";
+      }
+    }
+    for (std::size_t i = static_cast<std::size_t>(m * n); i < c.size(); ++i) {
+      ASSERT_EQ(c[i], kPoisonTail32) << "N " << n << ": past C, element " << i;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace metrale
