@@ -12,7 +12,8 @@
 
 namespace metrale {
 
-// What A and B hold. Every kind writes C[M, N] as BF16, row-major, rounded once from FP32.
+// What A and B hold. Every kind writes C[M, N] row-major: BF16 rounded once from FP32, or the
+// FP32 value itself where the shape asks for it (DenseGemmShape::out_f32).
 enum class DenseKind {
   // A [M, K] and B [N, K] BF16, row-major; exact BF16 products, FP32 accumulation.
   kBf16,
@@ -52,6 +53,7 @@ struct DenseGemmShape {
   DenseKind kind = DenseKind::kBf16;
   std::int64_t m = 0, n = 0, k = 0;
   bool bias = false;
+  bool out_f32 = false;  // C is FP32 (the sum and bias, not rounded): row-parallel partials
   friend bool operator==(const DenseGemmShape&, const DenseGemmShape&) = default;
 };
 

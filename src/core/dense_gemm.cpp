@@ -79,7 +79,7 @@ DenseGemmBytes dense_gemm_bytes(std::string_view api, const DenseGemmShape& shap
   DenseGemmBytes b;
   b.a = product(api, "A", m, k, elem);
   b.b = product(api, "B", n, k, elem);
-  b.c = product(api, "C", m, n, 2);
+  b.c = product(api, "C", m, n, shape.out_f32 ? 4 : 2);
   b.bias = shape.bias ? n * 2 : 0;
   if (e4m3) {
     // dense_gemm.h's padded leading dimensions, rounded here in 64 unsigned bits so that no M

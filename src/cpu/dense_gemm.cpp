@@ -54,6 +54,7 @@ void CpuBackend::run_dense_gemm_checked(const DenseGemmPlan& plan, const DenseGe
   p.m = plan.shape.m;
   p.n = plan.shape.n;
   p.k = plan.shape.k;
+  p.out_f32 = plan.shape.out_f32 ? 1u : 0u;
   launch_typed(k.handle, Dim3{static_cast<std::uint32_t>(blocks)}, Dim3{k.meta.block_threads}, 0,
                stream, std::array{KernelArg::value(p)});
 }

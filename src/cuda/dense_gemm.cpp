@@ -28,8 +28,8 @@ namespace {
 // pointers through untouched.
 
 std::string shape_str(const DenseGemmShape& s) {
-  return fmt::format("{} M={} N={} K={}{}", to_string(s.kind), s.m, s.n, s.k,
-                     s.bias ? " +bias" : "");
+  return fmt::format("{} M={} N={} K={}{}{}", to_string(s.kind), s.m, s.n, s.k,
+                     s.bias ? " +bias" : "", s.out_f32 ? " FP32 C" : "");
 }
 
 void* ptr(DevicePtr p) {
@@ -86,7 +86,8 @@ struct Descriptors {
     check("cublasLtMatrixLayoutCreate(B)",
           api.cublasLtMatrixLayoutCreate(&b, in, u(shape.k), u(shape.m), shape.k));
     check("cublasLtMatrixLayoutCreate(D)",
-          api.cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, u(shape.n), u(shape.m), shape.n));
+          api.cublasLtMatrixLayoutCreate(&d, shape.out_f32 ? CUDA_R_32F : CUDA_R_16BF, u(shape.n),
+                                         u(shape.m), shape.n));
   }
   Descriptors(const Descriptors&) = delete;
   Descriptors& operator=(const Descriptors&) = delete;
@@ -182,7 +183,7 @@ cublasLtHandle_t DenseGemms::handle_locked(std::string_view where) {
 
 DenseGemmPlan DenseGemms::plan(const DenseGemmShape& shape) {
   constexpr std::string_view where = "plan_dense_gemm";
-  const Key key{static_cast<int>(shape.kind), shape.m, shape.n, shape.k, shape.bias};
+  const Key key{static_cast<int>(shape.kind), shape.m, shape.n, shape.k, shape.bias, shape.out_f32};
   std::lock_guard lock(mu_);
   auto found = index_.find(key);
   if (found == index_.end()) {

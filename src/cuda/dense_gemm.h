@@ -56,7 +56,7 @@ class DenseGemms {
     std::uint64_t workspace = 0;
     std::string describe;
   };
-  using Key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool>;
+  using Key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool, bool>;
 
   // The library's table (only called once unavailable() said it is usable).
   const BlasApi& api() const { return *host_.blas().api; }

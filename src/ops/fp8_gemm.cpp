@@ -42,11 +42,12 @@ void check_weights(std::string_view api, const Fp8Weights& w) {
 }
 
 // M, the weights, and the sizes of A and C (dense_gemm_bytes counts them in 64 bits).
-DenseGemmShape check_args(std::string_view api, std::int64_t m, const Fp8Weights& w, bool bias) {
+DenseGemmShape check_args(std::string_view api, std::int64_t m, const Fp8Weights& w, bool bias,
+                          bool out_f32) {
   if (m < 1)
     throw Error(ErrorCode::kInvalidArgument, api, fmt::format("M = {}; it must be at least 1", m));
   check_weights(api, w);
-  const DenseGemmShape shape{DenseKind::kE4m3Block128, m, w.n, w.k, bias};
+  const DenseGemmShape shape{DenseKind::kE4m3Block128, m, w.n, w.k, bias, out_f32};
   const DenseGemmBytes b = dense_gemm_bytes(api, shape);
   if (b.a > UINT64_MAX / 2) {  // A is BF16 here: twice the dense GEMM's E4M3 A
     throw Error(ErrorCode::kInvalidArgument, api,
@@ -55,13 +56,15 @@ DenseGemmShape check_args(std::string_view api, std::int64_t m, const Fp8Weights
   return shape;
 }
 
-// check_call_buffers for W: A [M, K] and C [M, N] BF16 (check_args counted them in 64 bits).
+// check_call_buffers for W: A [M, K] BF16 and C [M, N] BF16, or FP32 when out_f32 (check_args
+// counted them in 64 bits).
 CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
-                         const Fp8Weights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
+                         const Fp8Weights& w, DevicePtr a, DevicePtr c, DevicePtr bias,
+                         bool out_f32) {
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
-  return check_call_buffers(api, backend, a, um * uk * 2, c, um * un * 2, w.codes, w.codes_bytes,
-                            w.scales, w.scales_bytes, bias, un * 2);
+  return check_call_buffers(api, backend, a, um * uk * 2, c, um * un * (out_f32 ? 4 : 2), w.codes,
+                            w.codes_bytes, w.scales, w.scales_bytes, bias, un * 2);
 }
 
 void check_workspace_part(std::string_view api, Backend& backend, const Range& part, DevicePtr p,
@@ -84,6 +87,7 @@ Fp8GemmPlan plan_checked(std::string_view api, Backend& backend, const DenseGemm
   p.n = shape.n;
   p.k = shape.k;
   p.bias = shape.bias;
+  p.out_f32 = shape.out_f32;
   const ResolvedKernel& cast = backend.op_cache().kernel(backend, kModule, kCast);
   if (cast.meta.block_threads == 0) {
     throw Error(ErrorCode::kNotFound, api,
@@ -163,15 +167,16 @@ Fp8Workspace Fp8Workspace::carve(DevicePtr base, const Fp8WorkspaceBytes& bytes)
 }
 
 std::string Fp8GemmPlan::describe() const {
-  return fmt::format("w8a8 M={} N={} K={}: {} {}x{}x{} x {} threads, {}; workspace {} B", m, n, k,
+  return fmt::format("w8a8 M={} N={} K={}: {} {}x{}x{} x {} threads, {}; workspace {} B{}", m, n, k,
                      backend->kernel_name(cast.kernel), cast.grid.x, cast.grid.y, cast.grid.z,
-                     cast.block.x, dense.describe, workspace.total());
+                     cast.block.x, dense.describe, workspace.total(), out_f32 ? "; FP32 C" : "");
 }
 
 Fp8GemmPlan plan(Backend& backend, std::int64_t m, const Fp8Weights& w,
                  const Fp8GemmOptions& options) {
   constexpr std::string_view api = "plan_w8a8";
-  const DenseGemmShape shape = check_args(api, m, w, static_cast<bool>(options.bias));
+  const DenseGemmShape shape =
+      check_args(api, m, w, static_cast<bool>(options.bias), options.out_f32);
   if (options.bias) check_pointer(api, "bias", options.bias);
   return plan_checked(api, backend, shape);
 }
@@ -198,7 +203,7 @@ void run(const Fp8GemmPlan& plan, StreamHandle stream, DevicePtr a, const Fp8Wei
                 plan.bias ? "the plan adds a bias, but bias is null"
                           : "bias is given, but the plan was made without one");
   }
-  const DenseGemmShape shape = check_args(api, plan.m, w, plan.bias);
+  const DenseGemmShape shape = check_args(api, plan.m, w, plan.bias, plan.out_f32);
   const DenseGemmBytes need = dense_gemm_bytes(api, shape);
   if (!(plan.dense.shape == shape) || plan.workspace.a_codes < need.a ||
       plan.workspace.a_scales < need.a_scales ||
@@ -208,7 +213,7 @@ void run(const Fp8GemmPlan& plan, StreamHandle stream, DevicePtr a, const Fp8Wei
                             "K={}: make it with plan()",
                             plan.m, plan.n, plan.k));
   }
-  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias);
+  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias, plan.out_f32);
   const Range rc{"E4M3 A workspace", workspace.a_codes.address(), plan.workspace.a_codes},
       rs{"A scales workspace", workspace.a_scales.address(), plan.workspace.a_scales},
       rd{"dense GEMM workspace", workspace.dense.address(), plan.workspace.dense};
@@ -244,8 +249,8 @@ void w8a8_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t 
   constexpr std::string_view api = "w8a8_gemm";
   const nvtx::Range range("metrale::ops::w8a8_gemm");
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
-  const DenseGemmShape shape = check_args(api, m, w, static_cast<bool>(bias));
-  (void)check_buffers(api, backend, m, w, a, c, bias);
+  const DenseGemmShape shape = check_args(api, m, w, static_cast<bool>(bias), false);
+  (void)check_buffers(api, backend, m, w, a, c, bias, false);
   const Fp8GemmPlan p = plan_checked(api, backend, shape);
   launch_planned(p, stream, a, w, c, scratch_workspace(p, stream), bias);
 }

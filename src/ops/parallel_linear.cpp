@@ -41,9 +41,12 @@ void gather_columns(Communicator& comm, DevicePtr c_local, std::int64_t m, std::
   }
 }
 
-void column_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle stream,
-                          DevicePtr a, const QuantWeights& w_local, DevicePtr c_local,
-                          DevicePtr c) {
+namespace {
+
+// One column-parallel layer for either op (Plan: GemmPlan or Fp8GemmPlan).
+template <class Plan, class Weights>
+void column_parallel(Communicator& comm, const Plan& plan, StreamHandle stream, DevicePtr a,
+                     const Weights& w_local, DevicePtr c_local, DevicePtr c) {
   if (plan.backend != &comm.backend()) {
     throw Error(ErrorCode::kInvalidArgument, "column_parallel_gemm",
                 "the plan was made on another backend than the communicator's");
@@ -59,9 +62,11 @@ void column_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle
   if (c) gather_columns(comm, c_local, plan.m, plan.n, c, stream);
 }
 
-void row_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle stream,
-                       DevicePtr a_local, const QuantWeights& w_local, DevicePtr c,
-                       DevicePtr bias) {
+// One row-parallel layer for either op; `fp32_option` names the option the plan needs.
+template <class Plan, class Weights>
+void row_parallel(Communicator& comm, const Plan& plan, StreamHandle stream, DevicePtr a_local,
+                  const Weights& w_local, DevicePtr c, DevicePtr bias,
+                  std::string_view fp32_option) {
   constexpr std::string_view kApi = "row_parallel_gemm";
   Backend& backend = comm.backend();
   if (plan.backend != &backend) {
@@ -70,8 +75,9 @@ void row_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle st
   }
   if (!plan.out_f32) {
     throw Error(ErrorCode::kInvalidArgument, kApi,
-                "the plan writes BF16: a row-parallel rank's partial sums must stay FP32 until "
-                "the ranks' sum (plan with GemmOptions::out_f32)");
+                fmt::format("the plan writes BF16: a row-parallel rank's partial sums must stay "
+                            "FP32 until the ranks' sum (plan with {})",
+                            fp32_option));
   }
   if (bias && comm.rank() != 0) {
     throw Error(ErrorCode::kInvalidArgument, kApi,
@@ -91,6 +97,30 @@ void row_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle st
   }
   comm.all_reduce_sum(partial, partial, count, ReduceType::kF32, stream);
   cast_f32_to_bf16(backend, stream, partial, c, count);
+}
+
+}  // namespace
+
+void column_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle stream,
+                          DevicePtr a, const QuantWeights& w_local, DevicePtr c_local,
+                          DevicePtr c) {
+  column_parallel(comm, plan, stream, a, w_local, c_local, c);
+}
+
+void column_parallel_gemm(Communicator& comm, const Fp8GemmPlan& plan, StreamHandle stream,
+                          DevicePtr a, const Fp8Weights& w_local, DevicePtr c_local, DevicePtr c) {
+  column_parallel(comm, plan, stream, a, w_local, c_local, c);
+}
+
+void row_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle stream,
+                       DevicePtr a_local, const QuantWeights& w_local, DevicePtr c,
+                       DevicePtr bias) {
+  row_parallel(comm, plan, stream, a_local, w_local, c, bias, "GemmOptions::out_f32");
+}
+
+void row_parallel_gemm(Communicator& comm, const Fp8GemmPlan& plan, StreamHandle stream,
+                       DevicePtr a_local, const Fp8Weights& w_local, DevicePtr c, DevicePtr bias) {
+  row_parallel(comm, plan, stream, a_local, w_local, c, bias, "Fp8GemmOptions::out_f32");
 }
 
 }  // namespace metrale::ops

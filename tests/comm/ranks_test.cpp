@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,11 +22,14 @@
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/numerics.h"
+#include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/fp8_slices.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/parallel_linear.h"
 #include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
 #include "metrale/sharded_checkpoint.h"
+#include "support/fp8_reference.h"
 
 namespace metrale {
 namespace {
@@ -331,6 +335,127 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
     }
     EXPECT_LE(worst, 1.0) << "M=" << m << " N=" << n << " K=" << k << " (" << to_string(p.route)
                           << " route)";
+  }
+}
+
+// The W8A8 layers: W cut at 128-blocks (N for column-parallel, K for row-parallel), so each
+// rank casts whole 128-blocks of A exactly as one rank does.
+class W8a8RanksTest : public RanksTest {
+ protected:
+  // E4M3 weights [n, k] from the seed, the same on every rank, and their upload's resource.
+  testing::fp8::HostFp8Weights weights(std::uint64_t seed, std::int64_t n, std::int64_t k) {
+    std::mt19937_64 gen(seed);
+    return testing::fp8::random_weights(n, k, gen);
+  }
+  const ops::Fp8Weights& upload_weights(std::span<const std::uint8_t> codes,
+                                        std::span<const std::uint8_t> scales, std::int64_t n,
+                                        std::int64_t k) {
+    return scope_.add(std::make_unique<ops::Fp8WeightsResource>(backend(), codes, scales, n, k))
+        .weights();
+  }
+  std::vector<std::uint16_t> activations(std::uint64_t seed, int m_tag, std::size_t count) {
+    const std::vector<float> f = values(seed, 500 + m_tag, count);
+    std::vector<std::uint16_t> a(count);
+    for (std::size_t i = 0; i < count; ++i) a[i] = num::f32_to_bf16(f[i]);
+    return a;
+  }
+};
+
+TEST_F(W8a8RanksTest, ColumnParallelEqualsOneRankBitForBit) {
+  const std::uint64_t seed = shared_seed();
+  const std::int64_t n = size() * 128 * static_cast<std::int64_t>(1 + seed % 2);
+  const std::int64_t k = 100 + static_cast<std::int64_t>((seed >> 8) % 300);
+  const testing::fp8::HostFp8Weights full = weights(seed, n, k);
+  const std::vector<std::uint8_t> full_scales = full.scale_bytes();
+  const TensorSlice rows = shard_slice(0, n, 128, rank(), size());
+  const ops::HostFp8Weights mine =
+      ops::slice_fp8_rows(full.codes, full_scales, n, k, rows.begin, rows.end);
+  const ops::Fp8Weights& w_full = upload_weights(full.codes, full_scales, n, k);
+  const ops::Fp8Weights& w_mine = upload_weights(mine.codes, mine.scales, mine.n, mine.k);
+  const StreamHandle s = backend().default_stream();
+  for (const std::int64_t m : {1, 5, 64}) {
+    const std::vector<std::uint16_t> a =
+        activations(seed, static_cast<int>(m), static_cast<std::size_t>(m * k));
+    const DevicePtr a_dev = upload(a);
+    const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
+    const DevicePtr c = upload(poison), c_one = upload(poison);
+    const DevicePtr c_local =
+        upload(std::vector<std::uint16_t>(static_cast<std::size_t>(m * mine.n), 0x7FC1));
+    ops::column_parallel_gemm(comm(), ops::plan(backend(), m, w_mine, {}), s, a_dev, w_mine,
+                              c_local, c);
+    const ops::Fp8GemmPlan one = ops::plan(backend(), m, w_full, {});
+    ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s));
+    EXPECT_EQ(download<std::uint16_t>(c, poison.size()),
+              download<std::uint16_t>(c_one, poison.size()))
+        << "M=" << m << " N=" << n << " K=" << k;
+  }
+}
+
+// Row-parallel W8A8: the ranks' FP32 partials are sums of whole 128-blocks, each block's sum the
+// one a single rank computes; the totals differ only in the order the block sums are added, and
+// then each side rounds once to BF16. Every rank gets the same bits, run after run.
+TEST_F(W8a8RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
+  const std::uint64_t seed = shared_seed();
+  const std::int64_t n = 64 + static_cast<std::int64_t>(seed % 200);
+  const std::int64_t k = size() * 128 * static_cast<std::int64_t>(1 + (seed >> 8) % 3);
+  const testing::fp8::HostFp8Weights full = weights(seed, n, k);
+  const std::vector<std::uint8_t> full_scales = full.scale_bytes();
+  const TensorSlice cols = shard_slice(1, k, 128, rank(), size());
+  const ops::HostFp8Weights mine =
+      ops::slice_fp8_columns(full.codes, full_scales, n, k, cols.begin, cols.end);
+  const ops::Fp8Weights& w_full = upload_weights(full.codes, full_scales, n, k);
+  const ops::Fp8Weights& w_mine = upload_weights(mine.codes, mine.scales, mine.n, mine.k);
+  std::vector<std::uint16_t> bias(static_cast<std::size_t>(n));
+  const std::vector<float> bf = values(seed, 601, bias.size());
+  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = num::f32_to_bf16(bf[i]);
+  const DevicePtr bias_dev = upload(bias);
+  const StreamHandle s = backend().default_stream();
+  for (const std::int64_t m : {1, 3, 64}) {
+    const std::vector<std::uint16_t> a =
+        activations(seed, static_cast<int>(m), static_cast<std::size_t>(m * k));
+    std::vector<std::uint16_t> a_mine;
+    for (std::int64_t r = 0; r < m; ++r) {
+      a_mine.insert(a_mine.end(), a.begin() + r * k + cols.begin, a.begin() + r * k + cols.end);
+    }
+    const DevicePtr a_dev = upload(a), a_mine_dev = upload(a_mine);
+    const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
+    const DevicePtr c = upload(poison), c_again = upload(poison), c_one = upload(poison);
+    ops::Fp8GemmOptions o;
+    o.out_f32 = true;
+    o.bias = rank() == 0 ? bias_dev : DevicePtr{};
+    const ops::Fp8GemmPlan p = ops::plan(backend(), m, w_mine, o);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c, o.bias);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c_again, o.bias);
+    ops::Fp8GemmOptions one_o;
+    one_o.bias = bias_dev;
+    const ops::Fp8GemmPlan one = ops::plan(backend(), m, w_full, one_o);
+    ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s), bias_dev);
+    const auto got = download<std::uint16_t>(c, poison.size());
+    EXPECT_EQ(download<std::uint16_t>(c_again, poison.size()), got) << "not the same bits twice";
+    const DevicePtr zeros = upload(got);
+    comm().broadcast(zeros, got.size() * 2, 0);
+    EXPECT_EQ(download<std::uint16_t>(zeros, got.size()), got) << "ranks disagree, M=" << m;
+    const auto want = download<std::uint16_t>(c_one, poison.size());
+    const testing::fp8::CastA cast = testing::fp8::cast_a(a, m, k);
+    const double blocks = static_cast<double>(testing::fp8::blocks(k));
+    double worst = 0;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double magnitude = std::fabs(num::bf16_to_f32(bias[static_cast<std::size_t>(j)]));
+        for (std::int64_t kk = 0; kk < k; ++kk) {
+          magnitude += std::fabs(cast.value[static_cast<std::size_t>(i * k + kk)] * full.at(j, kk));
+        }
+        const float tp = num::bf16_to_f32(got[static_cast<std::size_t>(i * n + j)]);
+        const float single = num::bf16_to_f32(want[static_cast<std::size_t>(i * n + j)]);
+        ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
+        // The same block sums added in two orders (blocks + ranks + bias additions, and the
+        // scale products) in FP32, then one rounding each.
+        const double sums = 2 * (blocks + size() + 4) * std::ldexp(magnitude, -24);
+        const double bound = std::ldexp(std::fabs(tp) + std::fabs(single), -8) + sums + 1e-30;
+        worst = std::max(worst, std::fabs(static_cast<double>(tp) - single) / bound);
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "M=" << m << " N=" << n << " K=" << k;
   }
 }
 

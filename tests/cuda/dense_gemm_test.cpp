@@ -465,6 +465,45 @@ TEST(DenseGemm, BlockScaledE4m3MatchesTheFloat64Reference) {
   EXPECT_LT(e4m3_error(r, {DenseKind::kE4m3Block128, 8, 200, 450}, 1024.0f), kBf16OutTolerance);
 }
 
+// FP32 C (the row-parallel partials): a shape of its own to the heuristic (its D layout is
+// FP32), every element written, and the FP32 value the BF16 C's one rounding of it.
+TEST(DenseGemm, Fp32OutputIsItsOwnShapeAndTheSumBf16Rounds) {
+  BlasRig r;
+  Backend& b = r.b();
+  const DenseGemmShape s16{DenseKind::kE4m3Block128, 5, 200, 300, true};
+  DenseGemmShape s32 = s16;
+  s32.out_f32 = true;
+  const std::int64_t kbs = 3, lda = 8, ldb = 4;
+  const DenseGemmBytes bytes = dense_gemm_bytes("test", s32);
+  EXPECT_EQ(bytes.c, static_cast<std::uint64_t>(s32.m * s32.n) * 4);
+  DenseGemmArgs args;
+  args.a = upload(b, random_e4m3(static_cast<std::size_t>(s16.m * s16.k), 7));
+  args.b = upload(b, random_e4m3(static_cast<std::size_t>(s16.n * s16.k), 8));
+  args.a_scales = upload(b, padded_scales(kbs, s16.m, lda, 1.0f, 9));
+  args.b_scales = upload(b, padded_scales(2, kbs, ldb, 1.0f, 10));
+  args.bias = upload(b, random_bf16(static_cast<std::size_t>(s16.n), 12));
+  const DenseGemmPlan p16 = b.plan_dense_gemm(s16), p32 = b.plan_dense_gemm(s32);
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 2u) << "one memo for both shapes";
+  const auto mn = static_cast<std::size_t>(s16.m * s16.n);
+  args.c = poisoned_c(b, s16);
+  b.run_dense_gemm(p16, args, b.default_stream());
+  const DevicePtr c16 = args.c;
+  args.c = b.alloc(mn * 4);
+  b.memset(args.c, 0xFF, mn * 4);
+  b.run_dense_gemm(p32, args, b.default_stream());
+  b.synchronize(b.default_stream());
+  const std::vector<std::uint16_t> out16 = download_c(b, c16, s16);
+  std::vector<float> out32(mn);
+  b.copy_d2h(out32.data(), args.c, mn * 4);
+  for (std::size_t i = 0; i < mn; ++i) {
+    ASSERT_FALSE(std::isnan(out32[i])) << "element " << i << " unwritten";
+    ASSERT_EQ(num::f32_to_bf16(out32[i]), out16[i]) << "element " << i;
+  }
+  for (DevicePtr p : {args.a, args.b, args.a_scales, args.b_scales, args.bias, args.c, c16}) {
+    b.free(p);
+  }
+}
+
 TEST(DenseGemm, BlockScaledShapesWithPaddedScalesRun) {
   BlasRig r;
   // M % 4 != 0 (A's scales padded to round_up(M, 4)) and ceil(K/128) % 4 != 0 (B's padded to

@@ -144,7 +144,9 @@ cublasStatus_t check_problem(FakeBlas::State& s, const void* handle, const void*
   }
   if (out.c->type != out.d->type || out.c->rows != out.d->rows || out.c->cols != out.d->cols)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (ds.compute != CUBLAS_COMPUTE_32F || ds.scale_type != CUDA_R_32F || out.d->type != CUDA_R_16BF)
+  // D in BF16 or FP32 (the type table's rows for BF16 and E4M3 inputs with FP32 compute).
+  if (ds.compute != CUBLAS_COMPUTE_32F || ds.scale_type != CUDA_R_32F ||
+      (out.d->type != CUDA_R_16BF && out.d->type != CUDA_R_32F))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   out.rows = a_rows;
   out.cols = b_cols;
@@ -230,7 +232,7 @@ void compute(const Problem& p, const void* A, const void* B, void* D, float alph
     if (l.type == CUDA_R_16BF) return bf16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
     return e4m3_to_f32(static_cast<const std::uint8_t*>(base)[i]);
   };
-  auto* out = static_cast<std::uint16_t*>(D);
+  const bool f32 = p.d->type == CUDA_R_32F;
   const auto* bias = static_cast<const std::uint16_t*>(ds.bias);
   const std::uint64_t blocks = (p.inner + 127) / 128;
   for (std::uint64_t j = 0; j < p.cols; ++j) {
@@ -250,7 +252,12 @@ void compute(const Problem& p, const void* A, const void* B, void* D, float alph
       }
       float v = alpha * acc;
       if (ds.epilogue == CUBLASLT_EPILOGUE_BIAS) v += bf16_to_f32(bias[i]);
-      out[j * static_cast<std::uint64_t>(p.d->ld) + i] = f32_to_bf16(v);
+      const std::uint64_t at_d = j * static_cast<std::uint64_t>(p.d->ld) + i;
+      if (f32) {
+        static_cast<float*>(D)[at_d] = v;
+      } else {
+        static_cast<std::uint16_t*>(D)[at_d] = f32_to_bf16(v);
+      }
     }
   }
 }

@@ -74,6 +74,9 @@ void free_fp8_weights(Backend& backend, Fp8Weights& w);
 
 struct Fp8GemmOptions {
   DevicePtr bias;  // BF16 [N], optional
+  // C in FP32 [M, N]: the dense GEMM's FP32 sum (and bias), not rounded; for row-parallel
+  // partial sums (metrale/ops/parallel_linear.h). Rounding it to BF16 gives the BF16 C.
+  bool out_f32 = false;
 };
 
 // Scratch of one W8A8 GEMM, in bytes.
@@ -100,6 +103,7 @@ struct Fp8GemmPlan {
   Backend* backend = nullptr;
   std::int64_t m = 0, n = 0, k = 0;
   bool bias = false;
+  bool out_f32 = false;  // C is FP32 (Fp8GemmOptions::out_f32)
   PlannedLaunch cast;
   DenseGemmPlan dense;
   Fp8WorkspaceBytes workspace;

@@ -13,6 +13,7 @@
 
 #include "metrale/communicator.h"
 #include "metrale/handles.h"
+#include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
 
 namespace metrale::ops {
@@ -40,6 +41,16 @@ void column_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle
 // than 0; a rank whose GEMM throws tells the others before the error goes on.
 void row_parallel_gemm(Communicator& comm, const GemmPlan& plan, StreamHandle stream,
                        DevicePtr a_local, const QuantWeights& w_local, DevicePtr c,
+                       DevicePtr bias = {});
+
+// The W8A8 (block-FP8) layers, with the same rules: W and its scales cut at 128-blocks
+// (metrale/ops/fp8_slices.h), so along K each rank casts its own whole 128-blocks of A exactly as
+// one rank would; the row-parallel plan is made with Fp8GemmOptions::out_f32.
+void column_parallel_gemm(Communicator& comm, const Fp8GemmPlan& plan, StreamHandle stream,
+                          DevicePtr a, const Fp8Weights& w_local, DevicePtr c_local,
+                          DevicePtr c = {});
+void row_parallel_gemm(Communicator& comm, const Fp8GemmPlan& plan, StreamHandle stream,
+                       DevicePtr a_local, const Fp8Weights& w_local, DevicePtr c,
                        DevicePtr bias = {});
 
 }  // namespace metrale::ops

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "cpu/kernels/dense_store.h"
 #include "metrale/numerics.h"
 
 namespace metrale::cpu::blas {
@@ -35,7 +36,6 @@ void gemm_bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
   const auto* a = reinterpret_cast<const std::uint16_t*>(p.a);
   const auto* b = reinterpret_cast<const std::uint16_t*>(p.b);
   const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
-  auto* c = reinterpret_cast<std::uint16_t*>(p.c);
   const auto k = static_cast<std::size_t>(p.k), cols = static_cast<std::size_t>(n1 - n0);
   // The block's rows of B widened once (a BF16 product is exact in FP32), then each row of A.
   std::vector<float> bw(cols * k), aw(k);
@@ -45,8 +45,10 @@ void gemm_bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
     for (std::size_t j = 0; j < cols; ++j) {
       float v = dot(aw.data(), bw.data() + j * k, p.k);
       if (bias != nullptr) v += num::bf16_to_f32(bias[static_cast<std::size_t>(n0) + j]);
-      c[static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n0) +
-        j] = num::f32_to_bf16(v);
+      store_c(p,
+              static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) +
+                  static_cast<std::size_t>(n0) + j,
+              v);
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "cpu/kernels/dense_store.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/numerics.h"
 
@@ -46,7 +47,6 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
   const auto* sa = reinterpret_cast<const float*>(p.a_scales);
   const auto* sb = reinterpret_cast<const float*>(p.b_scales);
   const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
-  auto* c = reinterpret_cast<std::uint16_t*>(p.c);
   const auto& lut = e4m3_table();
   const auto k = static_cast<std::size_t>(p.k), cols = static_cast<std::size_t>(n1 - n0);
   const std::int64_t kblocks = dense_scale_blocks(p.k);
@@ -69,8 +69,10 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
         v += block * sa[kb * lda + m] * sbrow[kb];
       }
       if (bias != nullptr) v += num::bf16_to_f32(bias[n]);
-      c[static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n)] =
-          num::f32_to_bf16(v);
+      store_c(
+          p,
+          static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n),
+          v);
     }
   }
 }
