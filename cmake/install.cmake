@@ -37,6 +37,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/ops/elementwise.h
   include/metrale/ops/fp8_gemm.h
   include/metrale/ops/fp8_requant.h
+  include/metrale/ops/fp8_slices.h
   include/metrale/ops/gemm.h
   include/metrale/ops/parallel_linear.h
   include/metrale/ops/quant_weights.h
