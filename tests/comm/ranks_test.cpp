@@ -30,6 +30,7 @@
 #include "metrale/quant.h"
 #include "metrale/sharded_checkpoint.h"
 #include "support/fp8_reference.h"
+#include "toolkit/gemm_tolerance.h"
 
 namespace metrale {
 namespace {
@@ -324,12 +325,9 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
         const float single = num::bf16_to_f32(want[i * n + j]);
         ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
         // Each side: FP32 sums of K (+ ranks, + bias, + tensor scale) terms, then one rounding.
-        const double sums =
-            (2.0 * static_cast<double>(k) + size() + 4) * std::ldexp(magnitude, -24);
-        const double bound = std::ldexp(std::fabs(tp) + std::fabs(single), -8) + sums + 1e-30;
-        worst = std::max(worst, std::fabs(static_cast<double>(tp) - single) / bound);
-        const double to_exact = std::ldexp(std::fabs(exact), -8) + sums / 2 + 1e-30;
-        ASSERT_LE(std::fabs(tp - exact), to_exact)
+        const double roundings = 2.0 * static_cast<double>(k) + size() + 4;
+        worst = std::max(worst, toolkit::row_parallel_ratio(tp, single, magnitude, roundings));
+        ASSERT_LE(toolkit::row_parallel_exact_ratio(tp, exact, magnitude, roundings), 1.0)
             << "M=" << m << " N=" << n << " K=" << k << " element " << i * n + j;
       }
     }
@@ -450,9 +448,8 @@ TEST_F(W8a8RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
         ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
         // The same block sums added in two orders (blocks + ranks + bias additions, and the
         // scale products) in FP32, then one rounding each.
-        const double sums = 2 * (blocks + size() + 4) * std::ldexp(magnitude, -24);
-        const double bound = std::ldexp(std::fabs(tp) + std::fabs(single), -8) + sums + 1e-30;
-        worst = std::max(worst, std::fabs(static_cast<double>(tp) - single) / bound);
+        worst = std::max(
+            worst, toolkit::row_parallel_ratio(tp, single, magnitude, 2 * (blocks + size() + 4)));
       }
     }
     EXPECT_LE(worst, 1.0) << "M=" << m << " N=" << n << " K=" << k;

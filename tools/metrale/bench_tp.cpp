@@ -34,6 +34,7 @@
 #include "metrale/ops/quant_weights.h"
 #include "metrale/runtime.h"
 #include "metrale/sharded_checkpoint.h"
+#include "toolkit/gemm_tolerance.h"
 #include "toolkit/random_weights.h"
 
 namespace metrale::cli {
@@ -184,12 +185,9 @@ double row_check(const std::vector<std::uint16_t>& tp, const std::vector<std::ui
     }
     const double c_tp = num::bf16_to_f32(tp[static_cast<std::size_t>(i * w.n + j)]);
     const double c_one = num::bf16_to_f32(one[static_cast<std::size_t>(i * w.n + j)]);
-    const double sums = (2.0 * static_cast<double>(w.k) + ranks + 4) * std::ldexp(magnitude, -24);
-    worst =
-        std::max(worst, std::fabs(c_tp - c_one) /
-                            (std::ldexp(std::fabs(c_tp) + std::fabs(c_one), -8) + sums + 1e-30));
-    worst = std::max(
-        worst, std::fabs(c_tp - exact) / (std::ldexp(std::fabs(exact), -8) + sums / 2 + 1e-30));
+    const double roundings = 2.0 * static_cast<double>(w.k) + ranks + 4;
+    worst = std::max({worst, toolkit::row_parallel_ratio(c_tp, c_one, magnitude, roundings),
+                      toolkit::row_parallel_exact_ratio(c_tp, exact, magnitude, roundings)});
   }
   return worst;
 }

@@ -73,6 +73,7 @@
 //    other routes' entries are unchanged.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "metrale/ops/gemm.h"
@@ -119,6 +120,28 @@ constexpr GemmTolerance gemm_tolerance(ops::GemmRoute route, WeightFormat /*form
   }
   return route == ops::GemmRoute::kE4m3 ? GemmTolerance{AMode::kE4m3, kNormTol}
                                         : GemmTolerance{AMode::kBf16, kNormTol};
+}
+
+// Row-parallel layers (docs/RELIABILITY.md, "Collectives across ranks"): the ranks' result and
+// one rank's are FP32 sums of the same products in two orders, each with at most `roundings`
+// FP32 roundings of 2^-24 of S = Σ|a·w| + |bias| (the W4A16 layer: 2K + ranks + 4, counting the
+// one-rank sum's K and the ranks' K plus their sum; the W8A8 layer: 2·(ceil(K/128) + ranks + 4),
+// its products summed exactly per block first), then one BF16 rounding each. The returned ratio
+// of |c_tp − c_one| to that bound passes at ≤ 1.
+inline double row_parallel_ratio(double c_tp, double c_one, double magnitude,
+                                 double roundings) noexcept {
+  const double bound = std::ldexp(std::fabs(c_tp) + std::fabs(c_one), -8) +
+                       roundings * std::ldexp(magnitude, -24) + 1e-30;
+  return std::fabs(c_tp - c_one) / bound;
+}
+
+// The ranks' result against the float64 product: half those FP32 roundings (its own sums) and
+// its one BF16 rounding. Passes at ≤ 1.
+inline double row_parallel_exact_ratio(double c_tp, double exact, double magnitude,
+                                       double roundings) noexcept {
+  const double bound =
+      std::ldexp(std::fabs(exact), -8) + roundings / 2 * std::ldexp(magnitude, -24) + 1e-30;
+  return std::fabs(c_tp - exact) / bound;
 }
 
 }  // namespace metrale::toolkit
