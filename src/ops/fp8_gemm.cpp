@@ -56,15 +56,14 @@ DenseGemmShape check_args(std::string_view api, std::int64_t m, const Fp8Weights
   return shape;
 }
 
-// check_call_buffers for W: A [M, K] BF16 and C [M, N] BF16, or FP32 when out_f32 (check_args
-// counted them in 64 bits).
-CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
-                         const Fp8Weights& w, DevicePtr a, DevicePtr c, DevicePtr bias,
-                         bool out_f32) {
-  const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
+// check_call_buffers for W: A [M, K] BF16 and C as the dense shape sizes it (check_args counted
+// both in 64 bits).
+CallRanges check_buffers(std::string_view api, Backend& backend, const DenseGemmShape& shape,
+                         const Fp8Weights& w, DevicePtr a, DevicePtr c, DevicePtr bias) {
+  const auto um = static_cast<std::uint64_t>(shape.m), un = static_cast<std::uint64_t>(w.n),
              uk = static_cast<std::uint64_t>(w.k);
-  return check_call_buffers(api, backend, a, um * uk * 2, c, um * un * (out_f32 ? 4 : 2), w.codes,
-                            w.codes_bytes, w.scales, w.scales_bytes, bias, un * 2);
+  return check_call_buffers(api, backend, a, um * uk * 2, c, dense_gemm_bytes(api, shape).c,
+                            w.codes, w.codes_bytes, w.scales, w.scales_bytes, bias, un * 2);
 }
 
 void check_workspace_part(std::string_view api, Backend& backend, const Range& part, DevicePtr p,
@@ -213,7 +212,7 @@ void run(const Fp8GemmPlan& plan, StreamHandle stream, DevicePtr a, const Fp8Wei
                             "K={}: make it with plan()",
                             plan.m, plan.n, plan.k));
   }
-  const CallRanges r = check_buffers(api, backend, plan.m, w, a, c, bias, plan.out_f32);
+  const CallRanges r = check_buffers(api, backend, shape, w, a, c, bias);
   const Range rc{"E4M3 A workspace", workspace.a_codes.address(), plan.workspace.a_codes},
       rs{"A scales workspace", workspace.a_scales.address(), plan.workspace.a_scales},
       rd{"dense GEMM workspace", workspace.dense.address(), plan.workspace.dense};
@@ -250,7 +249,7 @@ void w8a8_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t 
   const nvtx::Range range("metrale::ops::w8a8_gemm");
   // Bad arguments are refused before any kernel is looked up or any scratch allocated.
   const DenseGemmShape shape = check_args(api, m, w, static_cast<bool>(bias), false);
-  (void)check_buffers(api, backend, m, w, a, c, bias, false);
+  (void)check_buffers(api, backend, shape, w, a, c, bias);
   const Fp8GemmPlan p = plan_checked(api, backend, shape);
   launch_planned(p, stream, a, w, c, scratch_workspace(p, stream), bias);
 }

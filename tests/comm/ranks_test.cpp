@@ -87,6 +87,36 @@ class RanksTest : public ::testing::Test {
     return v;
   }
 
+  // values() rounded to BF16.
+  static std::vector<std::uint16_t> bf16_values(std::uint64_t seed, int r, std::size_t n) {
+    const std::vector<float> f = values(seed, r, n);
+    std::vector<std::uint16_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = num::f32_to_bf16(f[i]);
+    return v;
+  }
+
+  // Columns [cols.begin, cols.end) of each of the m rows of A [m, k]: a row-parallel rank's A.
+  static std::vector<std::uint16_t> columns_of(const std::vector<std::uint16_t>& a, std::int64_t m,
+                                               std::int64_t k, const TensorSlice& cols) {
+    std::vector<std::uint16_t> out;
+    for (std::int64_t r = 0; r < m; ++r) {
+      out.insert(out.end(), a.begin() + r * k + cols.begin, a.begin() + r * k + cols.end);
+    }
+    return out;
+  }
+
+  // A layer's `count` BF16 outputs in c, checked to be c_again's bits (the same run twice) and
+  // rank 0's bits on every rank.
+  std::vector<std::uint16_t> agreed_output(DevicePtr c, DevicePtr c_again, std::size_t count,
+                                           std::int64_t m) {
+    const auto got = download<std::uint16_t>(c, count);
+    EXPECT_EQ(download<std::uint16_t>(c_again, count), got) << "not the same bits twice";
+    const DevicePtr zeros = upload(got);
+    comm().broadcast(zeros, got.size() * 2, 0);
+    EXPECT_EQ(download<std::uint16_t>(zeros, got.size()), got) << "ranks disagree, M=" << m;
+    return got;
+  }
+
   ModelScope scope_{std::make_unique<CpuBackend>()};
   Communicator* comm_ = nullptr;
 };
@@ -122,12 +152,7 @@ TEST_F(RanksTest, AllReduceF32SumsInRankOrderOnEveryRank) {
 TEST_F(RanksTest, AllReduceBf16InPlaceRoundsOnce) {
   const std::uint64_t seed = shared_seed();
   const std::size_t n = 1 + seed % 3000;
-  auto bf16_of = [&](int r) {
-    std::vector<std::uint16_t> h(n);
-    const std::vector<float> f = values(seed, r, n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = num::f32_to_bf16(f[i]);
-    return h;
-  };
+  auto bf16_of = [&](int r) { return bf16_values(seed, r, n); };
   const DevicePtr io = upload(bf16_of(rank()));
   comm().all_reduce_sum(io, io, n, ReduceType::kBf16);
   const std::vector<std::uint16_t> got = download<std::uint16_t>(io, n);
@@ -237,10 +262,8 @@ TEST_F(RanksTest, ColumnParallelEqualsOneRankBitForBit) {
   const ops::QuantWeights& w_mine =
       scope_.add(ops::make_weights_resource(backend(), mine, "shard of W")).weights();
   for (const std::int64_t m : {1, 3, 17, 64}) {
-    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
-    const std::vector<float> af = values(seed, 200 + static_cast<int>(m), a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) a[i] = num::f32_to_bf16(af[i]);
-    const DevicePtr a_dev = upload(a);
+    const DevicePtr a_dev =
+        upload(bf16_values(seed, 200 + static_cast<int>(m), static_cast<std::size_t>(m * k)));
     const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
     const DevicePtr c = upload(poison);
     const DevicePtr c_local = upload(
@@ -278,19 +301,13 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
       scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
   const ops::QuantWeights& w_mine =
       scope_.add(ops::make_weights_resource(backend(), mine, "shard of W")).weights();
-  std::vector<std::uint16_t> bias(static_cast<std::size_t>(n));
-  const std::vector<float> bf = values(seed, 301, bias.size());
-  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = num::f32_to_bf16(bf[i]);
+  const std::vector<std::uint16_t> bias = bf16_values(seed, 301, static_cast<std::size_t>(n));
   const DevicePtr bias_dev = upload(bias);
   const StreamHandle s = backend().default_stream();
   for (const std::int64_t m : {1, 3, 17, 64}) {
-    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), a_mine;
-    const std::vector<float> af = values(seed, 400 + static_cast<int>(m), a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) a[i] = num::f32_to_bf16(af[i]);
-    for (std::int64_t r = 0; r < m; ++r) {
-      a_mine.insert(a_mine.end(), a.begin() + r * k + cols.begin, a.begin() + r * k + cols.end);
-    }
-    const DevicePtr a_dev = upload(a), a_mine_dev = upload(a_mine);
+    const std::vector<std::uint16_t> a =
+        bf16_values(seed, 400 + static_cast<int>(m), static_cast<std::size_t>(m * k));
+    const DevicePtr a_dev = upload(a), a_mine_dev = upload(columns_of(a, m, k, cols));
     const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
     const DevicePtr c = upload(poison), c_again = upload(poison), c_one = upload(poison);
     ops::GemmOptions o;
@@ -303,12 +320,7 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
     one_o.bias = bias_dev;
     const ops::GemmPlan one = ops::plan(backend(), m, w_full, one_o);
     ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s), bias_dev);
-    const auto got = download<std::uint16_t>(c, poison.size());
-    EXPECT_EQ(download<std::uint16_t>(c_again, poison.size()), got) << "not the same bits twice";
-    // Rank 0's bits on every rank.
-    const DevicePtr zeros = upload(got);
-    comm().broadcast(zeros, got.size() * 2, 0);
-    EXPECT_EQ(download<std::uint16_t>(zeros, got.size()), got) << "ranks disagree, M=" << m;
+    const auto got = agreed_output(c, c_again, poison.size(), m);
     const auto want = download<std::uint16_t>(c_one, poison.size());
     double worst = 0;
     for (std::int64_t i = 0; i < m; ++i) {
@@ -351,11 +363,8 @@ class W8a8RanksTest : public RanksTest {
     return scope_.add(std::make_unique<ops::Fp8WeightsResource>(backend(), codes, scales, n, k))
         .weights();
   }
-  std::vector<std::uint16_t> activations(std::uint64_t seed, int m_tag, std::size_t count) {
-    const std::vector<float> f = values(seed, 500 + m_tag, count);
-    std::vector<std::uint16_t> a(count);
-    for (std::size_t i = 0; i < count; ++i) a[i] = num::f32_to_bf16(f[i]);
-    return a;
+  static std::vector<std::uint16_t> activations(std::uint64_t seed, int m_tag, std::size_t count) {
+    return bf16_values(seed, 500 + m_tag, count);
   }
 };
 
@@ -403,19 +412,13 @@ TEST_F(W8a8RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
       ops::slice_fp8_columns(full.codes, full_scales, n, k, cols.begin, cols.end);
   const ops::Fp8Weights& w_full = upload_weights(full.codes, full_scales, n, k);
   const ops::Fp8Weights& w_mine = upload_weights(mine.codes, mine.scales, mine.n, mine.k);
-  std::vector<std::uint16_t> bias(static_cast<std::size_t>(n));
-  const std::vector<float> bf = values(seed, 601, bias.size());
-  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = num::f32_to_bf16(bf[i]);
+  const std::vector<std::uint16_t> bias = bf16_values(seed, 601, static_cast<std::size_t>(n));
   const DevicePtr bias_dev = upload(bias);
   const StreamHandle s = backend().default_stream();
   for (const std::int64_t m : {1, 3, 64}) {
     const std::vector<std::uint16_t> a =
         activations(seed, static_cast<int>(m), static_cast<std::size_t>(m * k));
-    std::vector<std::uint16_t> a_mine;
-    for (std::int64_t r = 0; r < m; ++r) {
-      a_mine.insert(a_mine.end(), a.begin() + r * k + cols.begin, a.begin() + r * k + cols.end);
-    }
-    const DevicePtr a_dev = upload(a), a_mine_dev = upload(a_mine);
+    const DevicePtr a_dev = upload(a), a_mine_dev = upload(columns_of(a, m, k, cols));
     const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
     const DevicePtr c = upload(poison), c_again = upload(poison), c_one = upload(poison);
     ops::Fp8GemmOptions o;
@@ -428,11 +431,7 @@ TEST_F(W8a8RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
     one_o.bias = bias_dev;
     const ops::Fp8GemmPlan one = ops::plan(backend(), m, w_full, one_o);
     ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s), bias_dev);
-    const auto got = download<std::uint16_t>(c, poison.size());
-    EXPECT_EQ(download<std::uint16_t>(c_again, poison.size()), got) << "not the same bits twice";
-    const DevicePtr zeros = upload(got);
-    comm().broadcast(zeros, got.size() * 2, 0);
-    EXPECT_EQ(download<std::uint16_t>(zeros, got.size()), got) << "ranks disagree, M=" << m;
+    const auto got = agreed_output(c, c_again, poison.size(), m);
     const auto want = download<std::uint16_t>(c_one, poison.size());
     const testing::fp8::CastA cast = testing::fp8::cast_a(a, m, k);
     const double blocks = static_cast<double>(testing::fp8::blocks(k));

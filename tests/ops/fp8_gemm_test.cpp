@@ -142,15 +142,7 @@ void check_problem(Backend& be, const Problem& s, bool one_call, StreamHandle st
 
 // The numerics suite's instances ("cpu", "cuda"; gpu.ops_numerics_suite runs the "/cuda" ones):
 // a backend without the kE4m3Block128 dense GEMM skips, saying why.
-class W8a8Numerics : public testing::gemm::GemmBackendTest {
- protected:
-  void SetUp() override {
-    GemmBackendTest::SetUp();
-    if (IsSkipped()) return;
-    if (std::string why = b().dense_gemm_unavailable(DenseKind::kE4m3Block128); !why.empty())
-      GTEST_SKIP() << why;
-  }
-};
+class W8a8Numerics : public testing::gemm::W8a8BackendTest {};
 
 TEST_P(W8a8Numerics, MatchesTheFloat64References) {
   // The GPU's FP8 tensor cores align products to the largest and keep about 13 fraction bits,

@@ -40,17 +40,8 @@ std::vector<std::uint16_t> random_a(std::size_t count, std::mt19937_64& gen) {
   return v;
 }
 
-// The numerics suite's instances ("cpu", "cuda"): a backend without the kE4m3Block128 dense GEMM
-// skips, saying why.
-class W8a8OutF32 : public testing::gemm::GemmBackendTest {
- protected:
-  void SetUp() override {
-    GemmBackendTest::SetUp();
-    if (IsSkipped()) return;
-    if (std::string why = b().dense_gemm_unavailable(DenseKind::kE4m3Block128); !why.empty())
-      GTEST_SKIP() << why;
-  }
-};
+// The numerics suite's instances ("cpu", "cuda"; gpu.ops_numerics_suite runs the "/cuda" ones).
+class W8a8OutF32 : public testing::gemm::W8a8BackendTest {};
 
 // FP32 C is the sum (and bias) the BF16 C rounds: rounding it gives the BF16 C bit for bit, and
 // every element is written (C is NaN first).

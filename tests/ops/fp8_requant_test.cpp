@@ -44,15 +44,8 @@ HostQuantWeights random_4bit(const Problem& s, std::mt19937_64& gen) {
 }
 
 // The numerics suite's instances ("cpu", "cuda"; gpu.ops_numerics_suite runs the "/cuda" ones).
-class W8a8RequantNumerics : public testing::gemm::GemmBackendTest {
+class W8a8RequantNumerics : public testing::gemm::W8a8BackendTest {
  protected:
-  void SetUp() override {
-    GemmBackendTest::SetUp();
-    if (IsSkipped()) return;
-    if (std::string why = b().dense_gemm_unavailable(DenseKind::kE4m3Block128); !why.empty())
-      GTEST_SKIP() << why;
-  }
-
   // Runs s and returns the normalized error against the exact reference (checking every element).
   double check(const Problem& s, double mma_term) {
     SCOPED_TRACE(::testing::Message()

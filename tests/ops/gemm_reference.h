@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "metrale/backend.h"
+#include "metrale/dense_gemm.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
@@ -240,6 +241,18 @@ class GemmBackendTest : public ::testing::TestWithParam<std::string> {
   std::vector<DevicePtr> owned_;
   std::uint64_t seed_ = 0;
   std::mt19937_64 gen_;
+};
+
+// The W8A8 op's numerics instances: as GemmBackendTest, and a backend without the kE4m3Block128
+// dense GEMM skips, saying why.
+class W8a8BackendTest : public GemmBackendTest {
+ protected:
+  void SetUp() override {
+    GemmBackendTest::SetUp();
+    if (IsSkipped()) return;
+    if (std::string why = b().dense_gemm_unavailable(DenseKind::kE4m3Block128); !why.empty())
+      GTEST_SKIP() << why;
+  }
 };
 
 }  // namespace metrale::testing::gemm
