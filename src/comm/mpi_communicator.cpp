@@ -192,6 +192,7 @@ class MpiCommunicator final : public Communicator {
   void raw_barrier() override { exchange("Communicator::barrier", Kind::kBarrier, 0); }
 
   void raw_abort(const std::string& message) noexcept override {
+    bound_mpi_finalize(timeout());  // a group that failed may have lost a rank
     // One message to each other rank; small sends complete eagerly. Waits at most 200 ms so an
     // abort on a group whose peers are gone cannot hang.
     // The group's token first: OpenMPI reuses a freed communicator's context id, so a message

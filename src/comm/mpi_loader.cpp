@@ -3,10 +3,16 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "comm/mpi_api.h"
 #include "metrale/error.h"
@@ -87,7 +93,8 @@ struct WorldState {
   bool done = false;
   MpiWorld world;
   std::string failure;
-  const MpiApi* finalize_with = nullptr;  // set when metrale initialized MPI
+  const MpiApi* finalize_with = nullptr;           // set when metrale initialized MPI
+  std::atomic<std::int64_t> finalize_bound_ms{0};  // 0: finalize unbounded (no group failed)
 };
 
 WorldState& world_state() {
@@ -95,15 +102,41 @@ WorldState& world_state() {
   return *state;
 }
 
-void finalize_at_exit() {
-  const MpiApi* api = world_state().finalize_with;
+// Run by exit() (on_exit, for the status): MPI_Finalize is a fence over every rank, so after a
+// failed collective it may wait forever on a rank that died. A watchdog then ends the process
+// with the status exit() was given once the bound passes.
+void finalize_at_exit(int status, void* /*unused*/) {
+  WorldState& s = world_state();
+  const MpiApi* api = s.finalize_with;
   int finalized = 1;
-  if (api != nullptr && api->MPI_Finalized(&finalized) == MPI_SUCCESS && finalized == 0) {
-    api->MPI_Finalize();
+  if (api == nullptr || api->MPI_Finalized(&finalized) != MPI_SUCCESS || finalized != 0) return;
+  const std::int64_t bound_ms = s.finalize_bound_ms.load();
+  if (bound_ms > 0) {
+    try {
+      std::thread([status, bound_ms] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(bound_ms));
+        std::fprintf(stderr,
+                     "metrale: MPI_Finalize did not return within %lld ms after a failed "
+                     "collective (a rank is gone or stuck); exiting without it\n",
+                     static_cast<long long>(bound_ms));
+        std::_Exit(status);
+      }).detach();
+    } catch (...) {  // no thread: finalize unguarded, as MPI itself would
+    }
   }
+  api->MPI_Finalize();
 }
 
 }  // namespace
+
+void bound_mpi_finalize(std::chrono::milliseconds wait) noexcept {
+  constexpr std::int64_t kLeast = 5'000;  // healthy ranks still tearing down reach it late
+  const std::int64_t want = std::max<std::int64_t>(wait.count(), kLeast);
+  std::atomic<std::int64_t>& bound = world_state().finalize_bound_ms;
+  std::int64_t have = bound.load();
+  while (have < want && !bound.compare_exchange_weak(have, want)) {
+  }
+}
 
 MpiWorld mpi_world(const MpiApi& api) {
   WorldState& s = world_state();
@@ -124,7 +157,7 @@ MpiWorld mpi_world(const MpiApi& api) {
     const int rc = api.MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) fail("MPI_Init_thread: " + mpi_error_text(api, rc));
     s.finalize_with = &api;
-    std::atexit(finalize_at_exit);
+    on_exit(finalize_at_exit, nullptr);  // glibc: the handler gets exit's status
     if (provided < MPI_THREAD_MULTIPLE) {
       fail(fmt::format("the library gives thread level {}, not MPI_THREAD_MULTIPLE", provided));
     }

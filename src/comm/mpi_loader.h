@@ -3,6 +3,7 @@
 // is separate (mpi_world), since only a process that joins ranks should do it.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace metrale::comm {
@@ -34,6 +35,12 @@ struct MpiWorld {
 // Initializes MPI on api (once per process) and returns this process's place in the world.
 // Throws Error(kUnavailable) when MPI cannot be initialized or lacks MPI_THREAD_MULTIPLE.
 MpiWorld mpi_world(const MpiApi& api);
+
+// Marks this process's MPI world as one a collective failed in (a peer may be gone): metrale's
+// MPI_Finalize at exit, which waits on every rank, then gets at most max(wait, 5 s), the longest
+// such wait, before the process ends with its own exit status without it (Note [MPI transport]).
+// Safe from any thread, never throws.
+void bound_mpi_finalize(std::chrono::milliseconds wait) noexcept;
 
 // The text of an MPI error code ("MPI_ERR_TRUNCATE: message truncated").
 std::string mpi_error_text(const MpiApi& api, int code);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -553,20 +554,26 @@ TEST_F(RanksTest, ABadArgumentFailsBeforeAnythingIsSent) {
 namespace metrale {
 namespace {
 
-// Run alone by comm.rank_dies (METRALE_COMM_RANK_DIES=1): the last rank ends its process in the
-// middle of a layer, as a crash would, without a word. The others must not hang: their
-// collective fails within the timeout, or the launcher ends the job on the dead rank first.
+// Run alone by comm.rank_dies (METRALE_COMM_RANK_DIES=exit) and comm.rank_hangs (=hang): the
+// last rank ends its process in the middle of a layer, as a crash would, or stops answering
+// without ending, as a deadlocked one would. The others must not hang: their collective fails
+// within the timeout, and at exit their MPI_Finalize, which waits for every rank, is bounded.
 TEST_F(ShortTimeoutTest, ARankThatDiesMidLayer) {
-  if (std::getenv("METRALE_COMM_RANK_DIES") == nullptr) GTEST_SKIP() << "run by comm.rank_dies";
+  const char* how = std::getenv("METRALE_COMM_RANK_DIES");
+  if (how == nullptr) GTEST_SKIP() << "run by comm.rank_dies and comm.rank_hangs";
   const DevicePtr p = buffer(4096);
   comm().barrier();
-  if (rank() == size() - 1) std::_Exit(3);
+  if (rank() == size() - 1) {
+    if (std::string(how) == "hang") std::this_thread::sleep_for(std::chrono::minutes(2));
+    std::_Exit(3);
+  }
   const auto start = Clock::now();
   try {
     comm().all_reduce_sum(p, p, 1024, ReduceType::kF32);
     ADD_FAILURE() << "the collective completed without the dead rank";
   } catch (const Error& e) {
     std::printf("rank %d: %s\n", rank(), e.what());
+    std::fflush(stdout);
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   }
 }
