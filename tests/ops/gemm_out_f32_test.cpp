@@ -116,6 +116,8 @@ TEST_P(OutF32, IsTheSumTheBf16OutputRoundsOnce) {
                          Case{GemmRoute::kAuto, 3, UploadLayout::kSource, true},
                          Case{GemmRoute::kAuto, 37, UploadLayout::kSource, true},
                          Case{GemmRoute::kTiled, 64, UploadLayout::kSource, false},
+                         // Past one block of rows (the CPU's tiled blocks are 256 tall).
+                         Case{GemmRoute::kTiled, 300, UploadLayout::kSource, true},
                          Case{GemmRoute::kE4m3, 20, UploadLayout::kSource, true},
                          Case{GemmRoute::kDecode, 2, UploadLayout::kDecode, true},
                          Case{GemmRoute::kAuto, 300, UploadLayout::kDecode, true}}) {

@@ -261,7 +261,7 @@ template <DecodeKind K>
   for (std::int64_t m0 = 0; m0 < p.m; m0 += kRows) {
     GemmParams q = p;
     q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
-    q.out += static_cast<std::uint64_t>(m0 * p.n * 2);
+    q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
     q.m = std::min(kRows, p.m - m0);
     if (q.m <= 1) {
       decode_block<K, 1>(q, n0, n1);
@@ -364,7 +364,7 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   // Rows [m0, m1) as a GEMM of their own: A and C start at row m0.
   GemmParams q = p;
   q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
-  q.out += static_cast<std::uint64_t>(m0 * p.n * 2);
+  q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
   q.m = m1 - m0;
   // Columns whose E8M0 scales a panel cannot carry exactly take the decode kernels, which scale
   // each block's sum (tiled_panels.h).
