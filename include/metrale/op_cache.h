@@ -49,6 +49,7 @@ struct KernelMeta {
   std::uint32_t layout = 0;         // weights it reads: 1 the decode layout, 0 the source layout
   bool a_e4m3 = false;              // casts its BF16 A operand to E4M3 with no scale
   bool out_f32 = false;             // writes C as FP32 when asked (GemmFlags kGemmOutF32)
+  bool panels = false;              // also reads the CPU panel layout (GemmFlags kGemmPanels)
 };
 
 // A resolved kernel: its handle and what it published, returned together by one lookup.

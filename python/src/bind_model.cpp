@@ -23,12 +23,20 @@ void bind_model(nb::module_& m) {
       .def_prop_ro("format", [](const Weights& w) { return std::string(to_string(w.q.format)); })
       .def_prop_ro("packing",
                    [](const Weights& w) {
-                     const bool packed = w.q.packing == ops::WeightPacking::kDecode;
-                     return std::string(packed ? "decode" : "source");
+                     switch (w.q.packing) {
+                       case ops::WeightPacking::kDecode:
+                         return std::string("decode");
+                       case ops::WeightPacking::kPanels:
+                         return std::string("panels");
+                       case ops::WeightPacking::kSource:
+                         break;
+                     }
+                     return std::string("source");
                    })
       .def_ro("label", &Weights::label)
       .def_prop_ro("nbytes", [](const Weights& w) { return w.q.codes_bytes + w.q.scales_bytes; })
-      .def_ro("pack_seconds", &Weights::pack_seconds, "Seconds the decode-layout repack took.")
+      .def_ro("pack_seconds", &Weights::pack_seconds,
+              "Seconds the decode- or panel-layout repack took.")
       .def("__repr__", [](const Weights& w) {
         return fmt::format("Weights('{}', {} {} x {})", w.label, to_string(w.q.format), w.q.n,
                            w.q.k);

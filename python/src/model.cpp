@@ -22,8 +22,9 @@ ops::UploadLayout parse_upload(std::string_view api, std::string_view text) {
   if (text == "auto") return ops::UploadLayout::kBackendPreferred;
   if (text == "source") return ops::UploadLayout::kSource;
   if (text == "decode") return ops::UploadLayout::kDecode;
+  if (text == "panels") return ops::UploadLayout::kPanels;
   throw Error(ErrorCode::kInvalidArgument, api,
-              fmt::format("layout: '{}', expected auto, source or decode", text));
+              fmt::format("layout: '{}', expected auto, source, decode or panels", text));
 }
 
 }  // namespace

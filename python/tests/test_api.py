@@ -98,6 +98,19 @@ def test_upload_from_codes_and_scales_arrays(rng, model):
     check_gemm(model.gemm(a, w), a, host)
 
 
+def test_upload_in_the_panel_layout(rng, model):
+    host = metrale.quantize_nvfp4(rng.standard_normal((70, 96)).astype(np.float32))
+    try:
+        panels = model.upload_weights(host, layout="panels")
+    except metrale.Error as e:  # a backend whose kernels do not read it says so
+        assert "panel layout" in str(e)
+        return
+    assert panels.packing == "panels"
+    for m in (1, 3, 20):
+        a = bf16(rng.standard_normal((m, 96)))
+        check_gemm(model.gemm(a, panels), a, host)
+
+
 def test_upload_in_the_decode_layout_and_the_transposed_source(rng, model):
     host = metrale.quantize_mxfp4(rng.standard_normal((64, 128)).astype(np.float32))
     packed = model.upload_weights(host, layout="decode")

@@ -16,6 +16,9 @@ enum GemmFlags : std::uint32_t {
   // C [M, N] as FP32: the sum after tensor scale and bias, not rounded (kernels that publish
   // out_f32 only)
   kGemmOutF32 = 1u << 4,
+  // Codes and scales in the panel layout (kernels/panel_layout.h): the CPU kernels of modules
+  // that publish it as <entry>_layout only.
+  kGemmPanels = 1u << 5,
 };
 
 struct GemmParams {

@@ -13,6 +13,7 @@
 #include "kernels/decode_layout.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
+#include "ops/pack_source.h"
 
 namespace metrale::ops {
 
@@ -21,43 +22,6 @@ namespace dl = decode_layout;
 namespace {
 
 constexpr const char* kApi = "pack_for_decode";
-
-void check_source(const HostQuantWeights& w) {
-  if (w.format != WeightFormat::kNvfp4 && w.format != WeightFormat::kMxfp4) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("unknown weight format {}", static_cast<int>(w.format)));
-  }
-  if (w.layout != WeightLayout::kRowMajor && w.layout != WeightLayout::kTransposed) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("unknown weight layout {}", static_cast<int>(w.layout)));
-  }
-  const int group = group_size(w.format);
-  if (w.n <= 0) throw Error(ErrorCode::kInvalidArgument, kApi, fmt::format("n = {} <= 0", w.n));
-  if (w.k <= 0) throw Error(ErrorCode::kInvalidArgument, kApi, fmt::format("k = {} <= 0", w.k));
-  if (w.k % group != 0) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("k = {} is not a multiple of {}'s group of {}", w.k,
-                            to_string(w.format), group));
-  }
-  // The padded buffers must be addressable too (N and K round up by at most 31 and 127).
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max() / 4;
-  if (w.n > kMax / (w.k + dl::kBlockK) - dl::kTileN) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("n = {} x k = {} is too large to address", w.n, w.k));
-  }
-  const auto codes = static_cast<std::size_t>(w.n * (w.k / 2));
-  const auto scales = static_cast<std::size_t>(w.n * (w.k / group));
-  if (w.codes.size() != codes) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("{} weights of n = {}, k = {} need {} code bytes, got {}",
-                            to_string(w.format), w.n, w.k, codes, w.codes.size()));
-  }
-  if (w.scales.size() != scales) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("{} weights of n = {}, k = {} need {} scale bytes, got {}",
-                            to_string(w.format), w.n, w.k, scales, w.scales.size()));
-  }
-}
 
 // The fold of MXFP4 weights: the largest finite E8M0 code present minus 128, so that its table
 // entry is 2^127, BF16's largest power of two (0 with no finite code).
@@ -204,7 +168,8 @@ void check_read(const char* api, const PackedDecodeWeights& p, std::int64_t n, s
 }  // namespace
 
 PackedDecodeWeights pack_for_decode(const HostQuantWeights& w) {
-  check_source(w);
+  // N and K round up by at most 31 and 127.
+  pack::check_source(kApi, w, dl::kTileN, dl::kBlockK);
   const bool mx = w.format == WeightFormat::kMxfp4;
   PackedDecodeWeights p;
   p.format = w.format;
@@ -240,27 +205,10 @@ PackedDecodeWeights pack_for_decode(const HostQuantWeights& w) {
       }
     }
   };
-  // Tiles are independent: a large matrix is cut into one range of tiles per hardware thread (up
-  // to 16), each of at least kBlocksPerThread tile blocks (2 MiB of codes), so small weights stay
-  // on the caller's thread.
+  // Tiles are independent: a large matrix is cut into one range of tiles per hardware thread,
+  // each of at least kBlocksPerThread tile blocks (2 MiB of codes).
   constexpr std::int64_t kBlocksPerThread = 1024;
-  const std::int64_t hw = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  const std::int64_t parts =
-      std::clamp<std::int64_t>(tiles * kbs / kBlocksPerThread, 1, std::min<std::int64_t>(hw, 16));
-  std::vector<std::thread> threads;
-  std::int64_t done = 0;
-  try {
-    for (std::int64_t i = 1; i < parts; ++i) {
-      const std::int64_t t0 = tiles * i / parts, t1 = tiles * (i + 1) / parts;
-      threads.emplace_back(pack_tiles, t0, t1);
-      done = t1;
-    }
-  } catch (const std::system_error&) {
-    // No thread to spare: the ranges not started are packed on this thread below.
-  }
-  pack_tiles(0, tiles / parts);
-  if (done < tiles) pack_tiles(std::max(done, tiles / parts), tiles);
-  for (std::thread& t : threads) t.join();
+  pack::split(tiles, std::max<std::int64_t>(1, kBlocksPerThread / kbs), pack_tiles);
   return p;
 }
 

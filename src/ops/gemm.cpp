@@ -14,6 +14,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
+#include "kernels/panel_layout.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -112,6 +113,20 @@ void check_packed_weights(std::string_view api, const QuantWeights& w) {
   }
 }
 
+// Weights in the panel layout: buffers of the padded sizes panel_layout.h gives.
+void check_panel_weights(std::string_view api, const QuantWeights& w) {
+  const int group = group_size(w.format);
+  const auto codes = static_cast<std::uint64_t>(panel_layout::code_bytes(w.n, w.k));
+  const auto scales = static_cast<std::uint64_t>(panel_layout::scale_bytes(w.n, w.k, group));
+  if (w.codes_bytes != codes || w.scales_bytes != scales) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("weight codes and scales are {} and {} bytes; {} {}x{} in the panel "
+                    "layout needs {} and {}",
+                    w.codes_bytes, w.scales_bytes, to_string(w.format), w.n, w.k, codes, scales));
+  }
+}
+
 void check_weights(std::string_view api, const QuantWeights& w) {
   const int group = group_size(w.format);
   if (w.n < 1 || w.k < 1) {
@@ -130,6 +145,8 @@ void check_weights(std::string_view api, const QuantWeights& w) {
   const std::uint64_t scales = un * (uk / static_cast<std::uint64_t>(group));
   if (w.packing == WeightPacking::kDecode) {
     check_packed_weights(api, w);
+  } else if (w.packing == WeightPacking::kPanels) {
+    check_panel_weights(api, w);
   } else {
     if (w.codes_bytes != codes) {
       throw Error(ErrorCode::kInvalidArgument, api,
@@ -195,6 +212,11 @@ std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
 GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
                    const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
+  // Weights in the panel layout: the decode route's kernel up to its largest M, the tiled one
+  // above (both read it, Note [CPU panel layout]).
+  if (w.packing == WeightPacking::kPanels) {
+    return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
+  }
   // Only the decode route reads the decode layout; it takes every M.
   // Weights in the decode layout: the decode route, or above its sizes the fused prefill kernel
   // where the module has one (both read that layout).
@@ -232,6 +254,23 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
   if (route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
+  }
+  if (w.packing == WeightPacking::kPanels) {
+    if (route != GemmRoute::kDecode && route != GemmRoute::kTiled) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("route {} reads weights in their source layout, but these were "
+                              "uploaded in the panel layout (only the decode and tiled routes "
+                              "read it)",
+                              to_string(route)));
+    }
+    const ResolvedKernel& gemm = backend.op_cache().kernel(backend, kModule, entry_of(route));
+    if (!gemm.meta.panels) {
+      throw Error(ErrorCode::kNotFound, api,
+                  fmt::format("{} does not read the panel layout these weights are in (it "
+                              "publishes no {}_panels)",
+                              backend.kernel_name(gemm), entry_of(route)));
+    }
+    return gemm;
   }
   const bool packed = w.packing == WeightPacking::kDecode;
   if (packed && route != GemmRoute::kDecode && route != GemmRoute::kFused) {
@@ -294,7 +333,15 @@ const char* layout_name(WeightLayout layout) {
 }
 
 const char* packing_name(WeightPacking packing) {
-  return packing == WeightPacking::kDecode ? "decode" : "source";
+  switch (packing) {
+    case WeightPacking::kDecode:
+      return "decode";
+    case WeightPacking::kPanels:
+      return "panel";
+    case WeightPacking::kSource:
+      break;
+  }
+  return "source";
 }
 
 // A workspace part the plan needs must be there, aligned, inside one of the backend's own
@@ -313,9 +360,11 @@ void check_workspace_part(std::string_view api, Backend& backend, const char* na
 std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking packing, bool bias,
                          bool out_f32) {
   const bool packed = packing == WeightPacking::kDecode;
+  const bool panels = packing == WeightPacking::kPanels;
   return (format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
-         (!packed && layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
-         (packed ? kGemmDecodePacked : 0u) | (bias ? kGemmBias : 0u) | (out_f32 ? kGemmOutF32 : 0u);
+         (!packed && !panels && layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
+         (packed ? kGemmDecodePacked : 0u) | (panels ? kGemmPanels : 0u) | (bias ? kGemmBias : 0u) |
+         (out_f32 ? kGemmOutF32 : 0u);
 }
 
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
@@ -415,6 +464,7 @@ std::string GemmPlan::describe() const {
   }
   s += fmt::format("; split-K {} x {}; workspace {} B", splits, k_per_split, workspace.total());
   if (out_f32) s += "; FP32 C";
+  if (packing == WeightPacking::kPanels) s += "; panel layout";
   return s;
 }
 

@@ -1,5 +1,7 @@
 #include "metrale/ops/quant_weights.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <exception>
 #include <optional>
@@ -8,9 +10,11 @@
 
 #include "core/log.h"
 #include "kernels/decode_layout.h"
+#include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"
 #include "ops/decode_pack.h"
+#include "ops/panel_pack.h"
 
 namespace metrale::ops {
 
@@ -41,25 +45,63 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
 }
 
 bool uploads_decode_layout(Backend& backend, UploadLayout upload) {
-  if (upload != UploadLayout::kBackendPreferred) return upload == UploadLayout::kDecode;
+  return upload_packing(backend, upload) == WeightPacking::kDecode;
+}
+
+bool reads_panel_layout(Backend& backend) {
+  constexpr std::string_view kModule = "w4a16";
+  for (const std::string_view entry : {"gemm_decode", "gemm_tiled"}) {
+    if (!backend.has_kernel(kModule, entry)) return false;
+    if (!backend.op_cache().kernel(backend, kModule, entry).meta.panels) return false;
+  }
+  return true;
+}
+
+WeightPacking upload_packing(Backend& backend, UploadLayout upload) {
+  switch (upload) {
+    case UploadLayout::kSource:
+      return WeightPacking::kSource;
+    case UploadLayout::kDecode:
+      return WeightPacking::kDecode;
+    case UploadLayout::kPanels:
+      return WeightPacking::kPanels;
+    case UploadLayout::kBackendPreferred:
+      break;
+  }
   constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
-  if (!backend.has_kernel(kModule, kEntry)) return false;
-  const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
-  return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
+  if (backend.has_kernel(kModule, kEntry)) {
+    const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
+    if (meta.layout == decode_layout::kLayoutId && meta.max_m != 0) return WeightPacking::kDecode;
+  }
+  return reads_panel_layout(backend) ? WeightPacking::kPanels : WeightPacking::kSource;
 }
 
 WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,
                                  UploadLayout upload, std::source_location loc)
     : label_(std::move(label)) {
   // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
+  const WeightPacking packing = upload_packing(backend, upload);
+  if (packing == WeightPacking::kPanels && !reads_panel_layout(backend)) {
+    throw Error(ErrorCode::kUnavailable, "WeightsResource",
+                fmt::format("{} has no w4a16 decode and tiled kernels that read the panel layout "
+                            "(they publish no gemm_decode_panels and gemm_tiled_panels); upload "
+                            "with UploadLayout::kSource or kBackendPreferred",
+                            backend.name()));
+  }
   std::optional<PackedDecodeWeights> packed;
-  if (uploads_decode_layout(backend, upload)) {
-    const auto start = std::chrono::steady_clock::now();
-    packed = pack_for_decode(host);
+  std::optional<PackedPanelWeights> panels;
+  const auto start = std::chrono::steady_clock::now();
+  if (packing == WeightPacking::kDecode) packed = pack_for_decode(host);
+  if (packing == WeightPacking::kPanels) panels = pack_for_panels(host);
+  if (packing != WeightPacking::kSource) {
     pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  const std::vector<std::uint8_t>& hcodes = packed ? packed->codes : host.codes;
-  const std::vector<std::uint8_t>& hscales = packed ? packed->scales : host.scales;
+  const std::vector<std::uint8_t>& hcodes = packed   ? packed->codes
+                                            : panels ? panels->codes
+                                                     : host.codes;
+  const std::vector<std::uint8_t>& hscales = packed   ? packed->scales
+                                             : panels ? panels->scales
+                                                      : host.scales;
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from a half-built object: GCC 12 at -O2 dropped such an object's member initializers on the
   // path that throws, and the fault sweep (tests/reliability) caught a catch block freeing stack
@@ -76,12 +118,10 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
     throw;
   }
   w_ = describe_weights(host);
-  if (packed) {
-    w_.packing = WeightPacking::kDecode;
-    w_.fold = packed->fold;
-    w_.codes_bytes = hcodes.size();
-    w_.scales_bytes = hscales.size();
-  }
+  w_.packing = packing;
+  w_.codes_bytes = hcodes.size();
+  w_.scales_bytes = hscales.size();
+  if (packed) w_.fold = packed->fold;
   w_.codes = codes;
   w_.scales = scales;
 }

@@ -15,15 +15,19 @@
 namespace metrale::ops {
 
 // How the device buffers hold the codes and scales: as the host gave them (`layout` says which),
-// or rearranged at upload into the decode layout (src/kernels/decode_layout.h), which only the
-// decode route reads (gemm_decode_packed, at every M).
-enum class WeightPacking { kSource, kDecode };
+// rearranged at upload into the decode layout (src/kernels/decode_layout.h), which only the
+// decode route reads (gemm_decode_packed, at every M), or into the CPU's panel layout
+// (src/kernels/panel_layout.h), which the CPU's decode and tiled routes read.
+enum class WeightPacking { kSource, kDecode, kPanels };
 
 // Which layout an upload stores. kSource: the host's own. kDecode: the decode layout on every
-// backend (the CPU runs it too, as a reference). kBackendPreferred: the decode layout where the
-// backend's module publishes a decode kernel for it with a largest M (gemm_decode_packed_max_m:
-// the CUDA module), else the host's own.
-enum class UploadLayout { kSource, kDecode, kBackendPreferred };
+// backend (the CPU runs it too, as a reference). kPanels: the panel layout, on a backend whose
+// decode and tiled kernels publish that they read it (the CPU module), else refused.
+// kBackendPreferred: the decode layout where the backend's module publishes a decode kernel for
+// it with a largest M (gemm_decode_packed_max_m: the CUDA module); else the panel layout where
+// the decode and tiled kernels publish it (the CPU module on processors with AVX-512 BF16); else
+// the host's own.
+enum class UploadLayout { kSource, kDecode, kBackendPreferred, kPanels };
 
 // Device-resident quantized weights W[N, K] (formats and layouts in quant.h).
 struct QuantWeights {
@@ -52,7 +56,8 @@ class WeightsResource final : public ModelResource {
  public:
   // Allocates and fills both buffers (the ledger names loc), in the layout `upload` chooses;
   // on any failure frees what it allocated and throws (an empty codes or scales array, or
-  // weights the decode layout cannot take: Error(kInvalidArgument)).
+  // weights the decode or panel layout cannot take: Error(kInvalidArgument); kPanels on a
+  // backend that does not read it: Error(kUnavailable)).
   WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label = "weights",
                   UploadLayout upload = UploadLayout::kSource,
                   std::source_location loc = std::source_location::current());
@@ -65,8 +70,8 @@ class WeightsResource final : public ModelResource {
   // Hands the buffers to the caller (who frees them with free_weights); the resource then holds
   // nothing to release.
   QuantWeights take() noexcept;
-  // Seconds the upload spent rearranging the weights into the decode layout (0 when it kept
-  // the host's layout).
+  // Seconds the upload spent rearranging the weights into the decode or panel layout (0 when it
+  // kept the host's layout).
   double pack_seconds() const noexcept { return pack_seconds_; }
 
  private:
@@ -82,8 +87,15 @@ std::unique_ptr<WeightsResource> make_weights_resource(
     UploadLayout upload = UploadLayout::kSource,
     std::source_location loc = std::source_location::current());
 
+// The packing an upload with `upload` stores on backend (kPanels asked of a backend that does
+// not read it is refused at upload, not here).
+WeightPacking upload_packing(Backend& backend, UploadLayout upload);
+
 // Whether an upload with `upload` stores the decode layout on backend.
 bool uploads_decode_layout(Backend& backend, UploadLayout upload);
+
+// Whether backend's decode and tiled kernels read the panel layout (they publish `panels`).
+bool reads_panel_layout(Backend& backend);
 
 // Uploads host weights as WeightsResource does and hands the buffers to the caller (freed with
 // free_weights): for code that owns the weights outside a ModelScope.

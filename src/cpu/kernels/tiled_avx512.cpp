@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/kernels/scales_avx512.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/w4a16_shared.h"
+#include "kernels/panel_layout.h"
 
 // See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -80,30 +82,6 @@ template <bool Bf16, class Panel>
     _mm512_storeu_ps(panel + 2 * p * kPanelCols + c0, v.lo);
     _mm512_storeu_ps(panel + (2 * p + 1) * kPanelCols + c0, v.hi);
   }
-}
-
-// 16 scale codes (one per lane, zero-extended) as FP32, as num::e4m3_to_f32 / e8m0_to_f32 give
-// them. E4M3: the 7 magnitude bits placed under FP32's exponent field read as 2^-120 times the
-// value (subnormals included, FP32 keeps them), so one exact multiply by 2^120 and the sign
-// finish it. E8M0: the code is the exponent; 0 is 2^-127 (an FP32 subnormal). A gather from the
-// tables cost 61% of the scales' time on Zen 4.
-[[METRALE_TARGET_AVX512, gnu::always_inline]] inline __m512 scales16(__m512i code, bool mxfp4) {
-  if (mxfp4) {
-    __m512i bits = _mm512_slli_epi32(code, 23);
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(code, _mm512_setzero_si512()),
-                                 _mm512_set1_epi32(0x00400000));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(code, _mm512_set1_epi32(255)),
-                                 _mm512_set1_epi32(0x7fc00000));
-    return _mm512_castsi512_ps(bits);
-  }
-  const __m512i mag = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
-  const __m512 value = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)),
-                                     _mm512_castsi512_ps(_mm512_set1_epi32(0x7B800000)));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24);
-  const __m512 signed_value =
-      _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(value), sign));
-  return _mm512_mask_mov_ps(signed_value, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
-                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
 }
 
 // panel_scales (tiled_panels.h) with vectors: each column's scale codes decoded in one vector
@@ -201,6 +179,44 @@ template <bool Bf16, class Panel>
   }
 }
 
+// The BF16 panel from weights in the panel layout (kernels/panel_layout.h): one 64-byte line is
+// 16 columns × 8 K, and its words shifted by 0, 4, 8 and 12 look up the panel's four pair vectors
+// with no transpose. Each pair goes through FP32 for its block scale, and its upper 16 bits are
+// the BF16 weight exactly (E2M1 × scale fits BF16; tiled_panels.h says which scales do). Columns
+// past nc are the layout's padding: code 0, so zero.
+[[METRALE_TARGET_AVX512BF16]] void pack_from_panels(const Weights& w, std::int64_t n0, std::int64_t,
+                                                    std::int64_t k0, std::int64_t kc,
+                                                    std::uint32_t* panel) {
+  const __m512i lut = _mm512_load_si512(tables().e2m1_bf16);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const std::int64_t lines_per_block = w.group / panel_layout::kLineK;
+  for (int half = 0; half < 2; ++half) {
+    const std::int64_t g = n0 / panel_layout::kGroupCols + half;
+    const std::uint8_t* src =
+        w.codes + panel_layout::line_offset(w.k, g, k0 / panel_layout::kLineK);
+    const std::uint8_t* sc =
+        w.scales + panel_layout::scale_offset(w.k, static_cast<int>(w.group), g, k0 / w.group);
+    __m512 scale = _mm512_setzero_ps();
+    for (std::int64_t t = 0; t < kc / panel_layout::kLineK; ++t) {
+      if (t % lines_per_block == 0) {
+        const auto* codes16 = reinterpret_cast<const __m128i*>(sc + t / lines_per_block * 16);
+        scale = scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(codes16)), w.mxfp4);
+      }
+      const __m512i line = _mm512_loadu_si512(src + t * panel_layout::kLineBytes);
+      std::uint32_t* out = panel + 4 * t * kPanelCols + half * 16;
+      for (int s = 0; s < 4; ++s) {
+        const __m512i pairs = _mm512_permutexvar_epi16(
+            s == 0 ? line : _mm512_srli_epi16(line, panel_layout::nibble_shift(s)), lut);
+        const __m512 lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), scale);
+        const __m512 hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(pairs, high)), scale);
+        _mm512_storeu_si512(out + s * kPanelCols,
+                            _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(hi), high),
+                                            _mm512_srli_epi32(_mm512_castps_si512(lo), 16)));
+      }
+    }
+  }
+}
+
 // acc[MR rows, 32] (FP32, row stride ldc) += A[MR rows, kc] · BF16 panel.
 template <int MR>
 [[METRALE_TARGET_AVX512BF16]] void tile_bf16(const std::uint16_t* a, std::int64_t lda,
@@ -270,6 +286,12 @@ void tiled_avx512bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   tiled_block(
       p, n0, n1,
       TiledKernel<std::uint32_t, std::uint16_t>{8, unstaged_a, pack_panel<true>, kBf16Tiles});
+}
+
+void tiled_avx512bf16_panels(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  tiled_block(
+      p, n0, n1,
+      TiledKernel<std::uint32_t, std::uint16_t>{8, unstaged_a, pack_from_panels, kBf16Tiles});
 }
 
 void tiled_avx512(const GemmParams& p, std::int64_t n0, std::int64_t n1) {

@@ -9,6 +9,7 @@
 
 #include "cpu/kernels/w4a16_shared.h"
 #include "kernels/gemm_params.h"
+#include "kernels/panel_layout.h"
 
 namespace metrale::cpu::w4a16::detail {
 
@@ -28,6 +29,19 @@ inline bool scales_fit_panels(const Weights& w, std::int64_t n0, std::int64_t nc
   for (std::int64_t c = n0; c < n0 + nc; ++c) {
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::uint8_t s = w.transposed ? w.scales[g * w.n + c] : w.scales[c * groups + g];
+      if (s <= 1 || s == 253 || s == 254) return false;
+    }
+  }
+  return true;
+}
+
+// scales_fit_panels for weights in the panel layout (kernels/panel_layout.h).
+inline bool panel_scales_fit(const Weights& w, std::int64_t n0, std::int64_t nc) {
+  if (!w.mxfp4) return true;
+  const std::int64_t blocks = w.k / w.group;
+  for (std::int64_t c = n0; c < n0 + nc; ++c) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::uint8_t s = panel_layout::scale_at(w.scales, w.k, static_cast<int>(w.group), c, b);
       if (s <= 1 || s == 253 || s == 254) return false;
     }
   }
@@ -136,6 +150,8 @@ inline const float* staged_a_f32(const GemmParams& p, std::int64_t k0, std::int6
 // The tiled kernels per instruction set (tiled_avx512.cpp, tiled_avx2.cpp, tiled_portable.cpp):
 // C[:, n0:n1] for weights whose scales fit panels; the caller has checked the processor.
 void tiled_avx512bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1);
+// The same over weights in the panel layout (kGemmPanels), n0 a multiple of 32.
+void tiled_avx512bf16_panels(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 void tiled_avx512(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 void tiled_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 void tiled_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1);

@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "cpu/kernels/decode_bf16.h"
+#include "cpu/kernels/panels_small.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "metrale/numerics.h"
@@ -345,6 +346,10 @@ const char* to_string(Isa isa) noexcept {
 }
 
 void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (p.flags & kGemmPanels) {
+    return isa == Isa::kAvx512Bf16 ? panels_small_avx512bf16(p, n0, n1)
+                                   : panels_portable(p, n0, n1);
+  }
   // The vector path walks row-major codes; the transposed layout takes the portable path.
   if (p.flags & kGemmTransposed) return decode_portable(p, n0, n1);
   switch (isa) {
@@ -368,6 +373,11 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   q.m = m1 - m0;
   // Columns whose E8M0 scales a panel cannot carry exactly take the decode kernels, which scale
   // each block's sum (tiled_panels.h).
+  if (p.flags & kGemmPanels) {
+    if (isa != Isa::kAvx512Bf16) return panels_portable(q, n0, n1);
+    if (!panel_scales_fit(Weights(p), n0, n1 - n0)) return panels_small_avx512bf16(q, n0, n1);
+    return tiled_avx512bf16_panels(q, n0, n1);
+  }
   if (!scales_fit_panels(Weights(p), n0, n1 - n0)) return gemm_decode(q, n0, n1, isa);
   switch (isa) {
     case Isa::kAvx512Bf16:

@@ -20,6 +20,9 @@ struct Tables {
   float e8m0[256];
   float e2m1[16];
   std::uint8_t e2m1_as_e4m3[16];  // every E2M1 value is exact in E4M3
+  // BF16 bits of E2M1 value i & 15 for i < 32: vpermw reads 5 index bits, and the bit above a
+  // nibble is its neighbour's.
+  alignas(64) std::uint16_t e2m1_bf16[32];
 };
 
 inline const Tables& tables() {
@@ -33,6 +36,7 @@ inline const Tables& tables() {
       x.e2m1[i] = num::e2m1_to_f32(static_cast<std::uint8_t>(i));
       x.e2m1_as_e4m3[i] = num::f32_to_e4m3(x.e2m1[i]);
     }
+    for (int i = 0; i < 32; ++i) x.e2m1_bf16[i] = num::f32_to_bf16(x.e2m1[i & 15]);
     return x;
   }();
   return t;

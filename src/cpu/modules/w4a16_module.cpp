@@ -138,6 +138,12 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode_packed" || entry == "gemm_fused") {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
+  // The decode and tiled entries read the panel layout too; they publish it where they read it
+  // fast (AVX-512 BF16), so that uploads following the backend's preference take it there.
+  if ((entry == "gemm_decode" || entry == "gemm_tiled") &&
+      w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
+    m.publish(e + "_panels", {std::byte{1}});
+  }
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_tiled" || entry == "gemm_e4m3" || entry == "gemm_split_reduce") {

@@ -1,0 +1,73 @@
+#include "ops/panel_pack.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/panel_layout.h"
+#include "ops/pack_source.h"
+
+namespace metrale::ops {
+
+namespace pl = panel_layout;
+
+namespace {
+
+// The 16-bit words of one column in a line from its 4 code bytes (k = 8t + 2s, 8t + 2s + 1 in
+// byte s's low and high nibble): h = 0 gathers the low nibbles, h = 1 the high ones, nibble s
+// of each at bits 4s (panel_layout.h).
+std::uint16_t gather_nibbles(std::uint32_t bytes) {
+  std::uint32_t x = bytes & 0x0F0F0F0Fu;  // nibble s at bit 8s
+  x = (x | x >> 4) & 0x00FF00FFu;         // nibbles 0, 1 at bits 0, 4; 2, 3 at 16, 20
+  return static_cast<std::uint16_t>(x | x >> 8);
+}
+
+}  // namespace
+
+PackedPanelWeights pack_for_panels(const HostQuantWeights& w) {
+  pack::check_source("pack_for_panels", w, pl::kPadCols, 0);
+  PackedPanelWeights p;
+  p.format = w.format;
+  p.n = w.n;
+  p.k = w.k;
+  p.tensor_scale = w.tensor_scale;
+  const int group = group_size(w.format);
+  p.codes.assign(static_cast<std::size_t>(pl::code_bytes(w.n, w.k)), 0);
+  p.scales.assign(static_cast<std::size_t>(pl::scale_bytes(w.n, w.k, group)), 0);
+  const bool transposed = w.layout == WeightLayout::kTransposed;
+  const std::int64_t lines = w.k / pl::kLineK, blocks = w.k / group, row_bytes = w.k / 2;
+  const auto pack_groups = [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      for (int c = 0; c < pl::kGroupCols; ++c) {
+        const std::int64_t n = g * pl::kGroupCols + c;
+        if (n >= w.n) break;  // padding stays code 0, scale code 0
+        for (std::int64_t t = 0; t < lines; ++t) {
+          std::uint32_t bytes = 0;
+          if (transposed) {
+            for (int s = 0; s < 4; ++s) {
+              bytes |= std::uint32_t{w.codes[static_cast<std::size_t>((4 * t + s) * w.n + n)]}
+                       << (8 * s);
+            }
+          } else {
+            std::memcpy(&bytes, w.codes.data() + n * row_bytes + 4 * t, 4);  // little-endian
+          }
+          std::uint8_t* line = p.codes.data() + pl::line_offset(w.k, g, t);
+          for (int h = 0; h < 2; ++h) {
+            const std::uint16_t word = gather_nibbles(h == 0 ? bytes : bytes >> 4);
+            std::memcpy(line + 2 * pl::word_of(c, h), &word, 2);
+          }
+        }
+        for (std::int64_t b = 0; b < blocks; ++b) {
+          p.scales[static_cast<std::size_t>(pl::scale_offset(w.k, group, g, b) + c)] =
+              transposed ? w.scales[static_cast<std::size_t>(b * w.n + n)]
+                         : w.scales[static_cast<std::size_t>(n * blocks + b)];
+        }
+      }
+    }
+  };
+  // Groups are independent: about 2 MiB of codes per thread.
+  pack::split(pl::groups(w.n), std::max<std::int64_t>(1, (std::int64_t{1} << 21) / (8 * w.k)),
+              pack_groups);
+  return p;
+}
+
+}  // namespace metrale::ops

@@ -1,0 +1,27 @@
+// The repack of NVFP4 and MXFP4 host weights into the panel layout (kernels/panel_layout.h) that
+// the CPU's AVX-512 BF16 kernels read, run once per upload. Codes and scale codes are moved,
+// never changed: the layout keeps every weight exactly as the source has it. Padding (N to 32)
+// holds code 0 and scale code 0, which add exact zeros.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "metrale/quant.h"
+
+namespace metrale::ops {
+
+// Weights in the panel layout, with the shape and format they were packed from.
+struct PackedPanelWeights {
+  WeightFormat format = WeightFormat::kNvfp4;
+  std::int64_t n = 0, k = 0;         // the source's shape (unpadded)
+  std::vector<std::uint8_t> codes;   // panel_layout::code_bytes(n, k) bytes
+  std::vector<std::uint8_t> scales;  // panel_layout::scale_bytes(n, k, group) bytes
+  float tensor_scale = 1.0f;
+};
+
+// w (either format, either layout) in the panel layout. Throws Error(kInvalidArgument,
+// "pack_for_panels") naming the bad value for a bad shape or buffer size.
+PackedPanelWeights pack_for_panels(const HostQuantWeights& w);
+
+}  // namespace metrale::ops
