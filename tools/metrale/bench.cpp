@@ -237,9 +237,15 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     }
     return rot;
   };
-  const auto rotation_source = source_wanted
-                                   ? upload_rotation(ops::UploadLayout::kSource, "")
-                                   : std::vector<std::vector<const ops::WeightsResource*>>{};
+  // The panel layout where the backend prefers it (the CPU with AVX-512 BF16): its decode and
+  // tiled routes read it, the routes compared with --compare-routes do not.
+  const bool panels_wanted =
+      source_wanted && !compare && !bench.source_layout &&
+      ops::upload_packing(b, ops::UploadLayout::kBackendPreferred) == ops::WeightPacking::kPanels;
+  const auto rotation_source =
+      source_wanted ? panels_wanted ? upload_rotation(ops::UploadLayout::kPanels, " (panel layout)")
+                                    : upload_rotation(ops::UploadLayout::kSource, "")
+                    : std::vector<std::vector<const ops::WeightsResource*>>{};
   const auto rotation_packed = packed_wanted
                                    ? upload_rotation(ops::UploadLayout::kDecode, " (decode layout)")
                                    : std::vector<std::vector<const ops::WeightsResource*>>{};
@@ -608,6 +614,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (packed_wanted) {
     fmt::print("  decode layout for M <= {}: {} layer(s) repacked at upload in {:.1f} ms\n",
                decode_m, shape.layers.size(), pack_seconds * 1e3);
+  }
+  if (panels_wanted) {
+    fmt::print("  panel layout: {} layer(s) repacked at upload in {:.1f} ms\n", shape.layers.size(),
+               pack_seconds * 1e3);
   }
   if (!fp8_host.empty()) {
     std::uint64_t fp8_bytes = 0, q4_bytes = 0;

@@ -29,6 +29,8 @@ struct BenchOptions {
   int repeats = 7;               // timed runs after the warm-up
   // Every route side by side with the dense BF16 baseline; unset: on a GPU only.
   std::optional<bool> compare_routes;
+  // Upload in the source layout even where the backend prefers the panel layout (to compare).
+  bool source_layout = false;
   int tp = 0;  // --tp: ranks of a tensor-parallel run (one process each, under mpirun); 0: none
 };
 

@@ -72,6 +72,8 @@ int main(int argc, char** argv) {
   bench->add_flag("--graph", bench_opts.graph, "capture each GEMM once and replay it as a graph");
   bench->add_flag("--compare-routes,!--no-compare-routes", bench_opts.compare_routes,
                   "time every route side by side with the dense BF16 GEMM (default: on a GPU)");
+  bench->add_flag("--source-layout", bench_opts.source_layout,
+                  "upload the weights as given, not in the CPU's panel layout it prefers");
   bench->add_option("--repeats", bench_opts.repeats, "timed runs per case")
       ->check(CLI::Range(1, 1000));
   bench

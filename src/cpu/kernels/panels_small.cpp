@@ -39,14 +39,17 @@ template <int MR, int LPB>
       w.scales + pl::scale_offset(w.k, static_cast<int>(w.group), g, 0),
       w.scales + pl::scale_offset(w.k, static_cast<int>(w.group), g + 1, 0)};
   __m512 acc[MR][2];
+#pragma GCC unroll 4
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (std::int64_t b = 0; b < blocks; ++b) {
     __m512 sum[MR][2];
+#pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int h = 0; h < LPB; ++h) {
       const std::int64_t t = b * LPB + h;
       __m512i line[2];
+#pragma GCC unroll 2
       for (int i = 0; i < 2; ++i) {
         const std::uint8_t* at_line = src[i] + t * pl::kLineBytes;
         line[i] = _mm512_loadu_si512(at_line);
@@ -56,10 +59,12 @@ template <int MR, int LPB>
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
         __m512bh pairs[2];
+#pragma GCC unroll 2
         for (int i = 0; i < 2; ++i) {
           pairs[i] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(
               s == 0 ? line[i] : _mm512_srli_epi16(line[i], pl::nibble_shift(s)), lut));
         }
+#pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) {
           const auto x = reinterpret_cast<__m512bh>(
               _mm512_broadcastd_epi32(_mm_loadu_si32(a + r * p.k + t * pl::kLineK + 2 * s)));
@@ -68,9 +73,11 @@ template <int MR, int LPB>
         }
       }
     }
+#pragma GCC unroll 2
     for (int i = 0; i < 2; ++i) {
       const auto* codes16 = reinterpret_cast<const __m128i*>(sc[i] + b * pl::kGroupCols);
       const __m512 scale = scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(codes16)), w.mxfp4);
+#pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) acc[r][i] = _mm512_fmadd_ps(sum[r][i], scale, acc[r][i]);
     }
   }
