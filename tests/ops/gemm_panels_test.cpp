@@ -200,6 +200,31 @@ TEST_P(GemmPanels, OtherRoutesAreRefusedByName) {
 
 INSTANTIATE_TEST_SUITE_P(, GemmPanels, ::testing::Values("cpu"), backend_name);
 
+// Where the backend's kernels do not read the panel layout (the CUDA module; the CPU's below
+// AVX-512 BF16: ops.gemm_isa_avx512 runs this with METRALE_CPU_ISA=avx512), an upload in it is
+// refused by name with nothing left allocated, and the preference is another layout.
+TEST(GemmPanelsRefused, AnUploadWhereTheKernelsDoNotReadItIsRefusedByName) {
+  BackendOrReason r = make_backend("cpu");
+  ASSERT_TRUE(r.backend) << r.reason;
+  Backend& b = *r.backend;
+  if (ops::reads_panel_layout(b)) GTEST_SKIP() << "the CPU's kernels read the panel layout here";
+  EXPECT_NE(ops::upload_packing(b, ops::UploadLayout::kBackendPreferred),
+            ops::WeightPacking::kPanels);
+  std::mt19937_64 gen(fresh_seed());
+  const HostQuantWeights host =
+      quantize(WeightFormat::kNvfp4, random_weight_values(gen, 40, 64), 40, 64);
+  try {
+    ops::WeightsResource w(b, host, "panels", ops::UploadLayout::kPanels);
+    ADD_FAILURE() << "uploaded in a layout the kernels do not read";
+    w.release(b);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("panel layout")) << e.what();
+  }
+  b.op_cache().release(b);
+  EXPECT_EQ(b.live_bytes(), 0u);
+}
+
 // The packer moves codes and scale codes, never changes them: every one of the source's, in
 // both layouts, read back where panel_layout.h says, and the padding zero.
 TEST(PanelPack, EveryCodeAndScaleCodeWherePanelLayoutSays) {
