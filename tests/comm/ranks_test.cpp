@@ -564,7 +564,8 @@ TEST_F(ShortTimeoutTest, ARankThatDiesMidLayer) {
   const DevicePtr p = buffer(4096);
   comm().barrier();
   if (rank() == size() - 1) {
-    if (std::string(how) == "hang") std::this_thread::sleep_for(std::chrono::minutes(2));
+    // Longer than comm.rank_hangs lets mpirun run (30 s), short enough not to outlive it long.
+    if (std::string(how) == "hang") std::this_thread::sleep_for(std::chrono::seconds(45));
     std::_Exit(3);
   }
   const auto start = Clock::now();
