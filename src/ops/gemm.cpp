@@ -83,6 +83,18 @@ std::uint64_t bytes_of(std::string_view api, std::string_view what, std::uint64_
   return abc;
 }
 
+// Buffers of weights rearranged at upload must have the sizes their layout gives.
+void check_layout_bytes(std::string_view api, const QuantWeights& w, std::string_view layout,
+                        std::uint64_t codes, std::uint64_t scales) {
+  if (w.codes_bytes != codes || w.scales_bytes != scales) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("packed weight codes and scales are {} and {} bytes; {} {}x{} in the "
+                            "{} layout needs {} and {}",
+                            w.codes_bytes, w.scales_bytes, to_string(w.format), w.n, w.k, layout,
+                            codes, scales));
+  }
+}
+
 // Weights in the decode layout: its padded buffer sizes (kernels/decode_layout.h) and a fold
 // whose power of two a float holds.
 void check_packed_weights(std::string_view api, const QuantWeights& w) {
@@ -100,31 +112,21 @@ void check_packed_weights(std::string_view api, const QuantWeights& w) {
                static_cast<std::uint64_t>(decode_layout::padded_k(w.k)), 1) /
       2;
   const auto scales = static_cast<std::uint64_t>(decode_layout::scale_bytes(w.n, w.k, mx));
-  if (w.codes_bytes != codes || w.scales_bytes != scales) {
-    throw Error(
-        ErrorCode::kInvalidArgument, api,
-        fmt::format("packed weight codes and scales are {} and {} bytes; {} {}x{} in the "
-                    "decode layout needs {} and {}",
-                    w.codes_bytes, w.scales_bytes, to_string(w.format), w.n, w.k, codes, scales));
-  }
+  check_layout_bytes(api, w, "decode", codes, scales);
   if (w.fold < -128 || w.fold > 127) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("packed weights fold {}; it must lie in [-128, 127]", w.fold));
   }
 }
 
-// Weights in the panel layout: buffers of the padded sizes panel_layout.h gives.
+// Weights in the panel layout: buffers of the padded sizes panel_layout.h gives, counted in 64
+// unsigned bits, checked (N is padded by up to 31 rows past what the source size counted).
 void check_panel_weights(std::string_view api, const QuantWeights& w) {
-  const int group = group_size(w.format);
-  const auto codes = static_cast<std::uint64_t>(panel_layout::code_bytes(w.n, w.k));
-  const auto scales = static_cast<std::uint64_t>(panel_layout::scale_bytes(w.n, w.k, group));
-  if (w.codes_bytes != codes || w.scales_bytes != scales) {
-    throw Error(
-        ErrorCode::kInvalidArgument, api,
-        fmt::format("weight codes and scales are {} and {} bytes; {} {}x{} in the panel "
-                    "layout needs {} and {}",
-                    w.codes_bytes, w.scales_bytes, to_string(w.format), w.n, w.k, codes, scales));
-  }
+  const auto padded = static_cast<std::uint64_t>(panel_layout::padded_n(w.n));
+  const auto uk = static_cast<std::uint64_t>(w.k);
+  const std::uint64_t codes = bytes_of(api, "the panel-layout weights", padded, uk, 1) / 2;
+  const std::uint64_t scales = padded * (uk / static_cast<std::uint64_t>(group_size(w.format)));
+  check_layout_bytes(api, w, "panel", codes, scales);
 }
 
 void check_weights(std::string_view api, const QuantWeights& w) {

@@ -21,16 +21,10 @@ namespace metrale {
 namespace {
 
 using testing::expect_error;
+using testing::random_bf16;
 using testing::rng;
 
 constexpr std::uint16_t kPoison = 0x7FC1;  // a BF16 NaN no GEMM writes
-
-std::vector<std::uint16_t> random_bf16(std::size_t count) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<std::uint16_t> v(count);
-  for (auto& x : v) x = num::f32_to_bf16(u(rng()));
-  return v;
-}
 
 struct Buffers {
   CpuBackend& be;

@@ -23,19 +23,9 @@
 namespace metrale::cpu::w4a16 {
 namespace {
 
+using testing::address;
+using testing::random_bf16;
 using testing::rng;
-
-std::vector<std::uint16_t> random_bf16(std::size_t count) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<std::uint16_t> v(count);
-  for (auto& x : v) x = num::f32_to_bf16(u(rng()));
-  return v;
-}
-
-template <class T>
-std::uint64_t address(const T* p) {
-  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
-}
 
 // The levels this processor can run (a vector level it lacks would fault).
 std::vector<Isa> runnable_levels() {
