@@ -1,14 +1,18 @@
-// w4a16_gemm on the CPU backend next to the machine's own read bandwidth, measured in the same
-// moments by a multi-threaded read of a buffer larger than the caches. Decode (M ≤ 16) moves the
-// weights once, so its goal is a share of that bandwidth; the figure is reported as
-// pct_read_bw (paired rounds, see below). Shapes: Llama-3 8B's and 70B's linear layers (N×K). See
-// docs/PERF.md for the method.
+// w4a16_gemm on the CPU backend next to the machine's own roofs, measured in the same moments:
+// a multi-threaded read of a buffer larger than the caches, and the dot products (or FMAs) the
+// kernels multiply with, on every thread. Decode (M ≤ 16) moves the weights once, so its goal is
+// a share of that bandwidth (pct_read_bw); from M = 16 on, a share of the compute roof
+// (pct_dot_roof). Both are paired rounds, see below. Shapes: Llama-3 8B's and 70B's linear
+// layers (N×K), uploaded in the source layout or the backend's preferred one (the panel layout
+// where the CPU has AVX-512 BF16), side by side in one run. See docs/PERF.md for the method.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "metrale/cpu_backend.h"
@@ -24,8 +28,10 @@ using metrale::CpuBackend;
 
 // The benchmark cycles through copies of a layer's weights (toolkit/rotation.h), as a forward
 // pass reads each layer once.
-// Paired rounds (kernel pass, roof read) per decode case for pct_read_bw.
+// Paired rounds (kernel pass, roof read) per decode case for pct_read_bw, and (kernel pass, roof
+// reading) per compute-bound case for pct_dot_roof (each pass is long there).
 constexpr int kPairedRounds = 15;
+constexpr int kComputeRounds = 5;
 
 struct Fixture {
   CpuBackend backend;
@@ -37,12 +43,14 @@ void BM_W4a16(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const auto format =
       state.range(3) ? metrale::WeightFormat::kMxfp4 : metrale::WeightFormat::kNvfp4;
+  const auto layout = state.range(4) ? metrale::ops::UploadLayout::kBackendPreferred
+                                     : metrale::ops::UploadLayout::kSource;
   Fixture fx;
   std::mt19937_64 rng(1234);
   const metrale::HostQuantWeights hq = metrale::toolkit::random_weights(format, n, k, rng);
   const std::size_t copies = metrale::toolkit::rotation_copies(hq.codes.size() + hq.scales.size());
   for (std::size_t i = 0; i < copies; ++i) {
-    fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq));
+    fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq, layout));
   }
   std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k), 0x3F80);  // 1.0 in BF16
   fx.a = fx.backend.alloc(a.size() * 2);
@@ -85,28 +93,53 @@ void BM_W4a16(benchmark::State& state) {
     state.counters["pct_read_bw"] = 100.0 * ratios[ratios.size() / 2];
     state.counters["read_bw_GB/s"] = roofs[roofs.size() / 2] / 1e9;
   }
-  state.SetLabel(metrale::ops::to_string(metrale::ops::choose_route(fx.backend, m, w0)).data());
+  if (m >= 16) {
+    std::string of;
+    std::vector<double> ratios;
+    for (int round = 0; round < kComputeRounds; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& w : fx.copies) {
+        metrale::ops::w4a16_gemm(fx.backend, stream, fx.a, m, w, fx.c);
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double rate = 2.0 * static_cast<double>(m * n * k * std::ssize(fx.copies)) / s;
+      const double roof = metrale::toolkit::measure_cpu_compute(&of);
+      if (roof > 0) ratios.push_back(rate / roof);
+    }
+    if (!ratios.empty()) {
+      std::sort(ratios.begin(), ratios.end());
+      state.counters["pct_dot_roof"] = 100.0 * ratios[ratios.size() / 2];
+    }
+  }
+  state.SetLabel(fmt::format("{}{}",
+                             metrale::ops::to_string(metrale::ops::choose_route(fx.backend, m, w0)),
+                             w0.packing == metrale::ops::WeightPacking::kPanels ? ", panels" : ""));
   for (auto& w : fx.copies) metrale::ops::free_weights(fx.backend, w);
   fx.backend.free(fx.a);
   fx.backend.free(fx.c);
 }
 
-// Llama-3 8B and 70B linear layers at decode (M = 1, 16) and a small prefill; NVFP4 (0) and
-// MXFP4 (1). The CPU run is a subset of the M list (docs/CONTRACT.md, GEMM goals): M = 4096 would
+// Llama-3 8B and 70B linear layers at decode (M = 1, 16) and batches of 64 and 256; NVFP4 (mx 0)
+// and MXFP4 (mx 1); the source layout (panels 0) or the backend's preferred one (panels 1). The
+// CPU run is a subset of the M list (docs/CONTRACT.md, GEMM goals): M = 4096 would
 // take minutes per case.
 BENCHMARK(BM_W4a16)
-    ->ArgNames({"M", "N", "K", "mx"})
-    ->Args({1, 6144, 4096, 0})
-    ->Args({1, 4096, 4096, 0})
-    ->Args({1, 28672, 4096, 0})
-    ->Args({1, 4096, 14336, 0})
-    ->Args({1, 28672, 4096, 1})
-    ->Args({1, 10240, 8192, 0})
-    ->Args({1, 8192, 8192, 0})
-    ->Args({1, 57344, 8192, 0})
-    ->Args({1, 8192, 28672, 0})
-    ->Args({16, 28672, 4096, 0})
-    ->Args({256, 4096, 4096, 0})
+    ->ArgNames({"M", "N", "K", "mx", "panels"})
+    ->Args({1, 6144, 4096, 0, 0})
+    ->Args({1, 4096, 4096, 0, 0})
+    ->Args({1, 28672, 4096, 0, 0})
+    ->Args({1, 4096, 14336, 0, 0})
+    ->Args({1, 28672, 4096, 1, 0})
+    ->Args({1, 10240, 8192, 0, 0})
+    ->Args({1, 8192, 8192, 0, 0})
+    ->Args({1, 57344, 8192, 0, 0})
+    ->Args({1, 8192, 28672, 0, 0})
+    ->Args({16, 28672, 4096, 0, 0})
+    ->Args({16, 28672, 4096, 0, 1})
+    ->Args({64, 28672, 4096, 0, 0})
+    ->Args({64, 28672, 4096, 0, 1})
+    ->Args({256, 4096, 4096, 0, 0})
+    ->Args({256, 4096, 4096, 0, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

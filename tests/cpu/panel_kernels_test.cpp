@@ -3,7 +3,8 @@
 // weights: the decode entry (the small-M kernel, or the one-weight-at-a-time path below AVX-512
 // BF16, which no upload reaches since the module publishes the layout only with it) and the
 // tiled entry, both formats, ragged N, K not a multiple of the 256-K panel, M across the 4-row
-// passes and 8-row tiles, bias on and off, the output poisoned first with a poisoned tail.
+// passes, the 6-row tiles (16 rows: 6, 5, 5) and past 96 rows (the scaled panels' 8-row tiles),
+// bias on and off, the output poisoned first with a poisoned tail.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -52,7 +53,7 @@ TEST(PanelKernels, BothEntriesAtEveryLevelMatchTheFloat64Reference) {
     const ops::PackedPanelWeights packed = ops::pack_for_panels(w);
     for (const Isa isa : runnable_levels()) {
       for (const bool tiled : {false, true}) {
-        for (const std::int64_t m : {1, 4, 5, 9}) {
+        for (const std::int64_t m : {1, 4, 5, 9, 16, 100}) {
           const bool with_bias = m % 2 == 1;
           SCOPED_TRACE(fmt::format("{} n = {} k = {} m = {} {} entry, {}", to_string(c.format), c.n,
                                    c.k, m, tiled ? "tiled" : "decode", to_string(isa)));

@@ -179,14 +179,15 @@ class GemmNumerics : public GemmBackendTest {
                          upload == ops::UploadLayout::kPanels ? ", panel layout" : "");
     }
   };
-  static constexpr std::array<ScaleRun, 7> kScaleRuns = {
+  static constexpr std::array<ScaleRun, 8> kScaleRuns = {
       {{1, GemmRoute::kDecode, WeightLayout::kRowMajor, ops::UploadLayout::kSource},
        {5, GemmRoute::kDecode, WeightLayout::kRowMajor, ops::UploadLayout::kSource},
        {1, GemmRoute::kDecode, WeightLayout::kTransposed, ops::UploadLayout::kSource},
        {3, GemmRoute::kTiled, WeightLayout::kRowMajor, ops::UploadLayout::kSource},
        {5, GemmRoute::kDecode, WeightLayout::kRowMajor, ops::UploadLayout::kPanels},
        {3, GemmRoute::kTiled, WeightLayout::kTransposed, ops::UploadLayout::kPanels},
-       {20, GemmRoute::kTiled, WeightLayout::kRowMajor, ops::UploadLayout::kPanels}}};
+       {20, GemmRoute::kTiled, WeightLayout::kRowMajor, ops::UploadLayout::kPanels},
+       {100, GemmRoute::kTiled, WeightLayout::kRowMajor, ops::UploadLayout::kPanels}}};
 
   // Whether this backend runs `run` (panel-layout runs need kernels that read it).
   bool runs(const ScaleRun& run) {

@@ -228,4 +228,8 @@ Roofline measure_roofline(Backend& backend) {
   return r;
 }
 
+double measure_cpu_compute(std::string* of) {
+  return cpu_fma_rate(of);
+}
+
 }  // namespace metrale::toolkit

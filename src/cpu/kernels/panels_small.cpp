@@ -1,13 +1,13 @@
 // The small-M kernels over the panel layout (panels_small.h). On AVX-512 BF16, two groups of 16
-// columns and up to four rows at a time: each 64-byte line is looked up into four vectors of
-// BF16 pairs (its words shifted by 0, 4, 8, 12 index the E2M1 table), each pair vector is
-// multiplied by every row's broadcast A pair, and the sums of one block are scaled once by the
-// block's FP32 scales, as the decode kernel does. So any E8M0 scale is exact here, and each
-// line is decoded once for all rows (see Note [CPU panel layout] in docs/NOTES.md).
+// columns and up to four rows at a time walk the whole K (panel_sums_avx512.h), and the sums of
+// one block are scaled once by the block's FP32 scales, as the decode kernel does. So any E8M0
+// scale is exact here, and each line is decoded once for all rows (see Note [CPU panel layout]
+// in docs/NOTES.md).
 #include <immintrin.h>
 
 #include <algorithm>
 
+#include "cpu/kernels/panel_sums_avx512.h"
 #include "cpu/kernels/panels_small.h"
 #include "cpu/kernels/scales_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
@@ -21,10 +21,6 @@ namespace metrale::cpu::w4a16::detail {
 namespace {
 
 namespace pl = panel_layout;
-
-// Prefetch distances in bytes of a group's code run: a line into L1 a little ahead and one into
-// L2 far ahead, as in the decode kernel (Note [L2 read-ahead distance]).
-constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
 
 // Rows [0, MR) of p (A and C start there) × columns 16g..16g+31, LPB lines per scale block.
 template <int MR, int LPB>
@@ -45,34 +41,7 @@ template <int MR, int LPB>
     __m512 sum[MR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int h = 0; h < LPB; ++h) {
-      const std::int64_t t = b * LPB + h;
-      __m512i line[2];
-#pragma GCC unroll 2
-      for (int i = 0; i < 2; ++i) {
-        const std::uint8_t* at_line = src[i] + t * pl::kLineBytes;
-        line[i] = _mm512_loadu_si512(at_line);
-        _mm_prefetch(reinterpret_cast<const char*>(at_line + kPrefetchL1), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(at_line + kPrefetchL2), _MM_HINT_T1);
-      }
-#pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        __m512bh pairs[2];
-#pragma GCC unroll 2
-        for (int i = 0; i < 2; ++i) {
-          pairs[i] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(
-              s == 0 ? line[i] : _mm512_srli_epi16(line[i], pl::nibble_shift(s)), lut));
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < MR; ++r) {
-          const auto x = reinterpret_cast<__m512bh>(
-              _mm512_broadcastd_epi32(_mm_loadu_si32(a + r * p.k + t * pl::kLineK + 2 * s)));
-          sum[r][0] = _mm512_dpbf16_ps(sum[r][0], pairs[0], x);
-          sum[r][1] = _mm512_dpbf16_ps(sum[r][1], pairs[1], x);
-        }
-      }
-    }
+    add_block<MR, LPB, true>(a, p.k, src, b * LPB, lut, sum);
 #pragma GCC unroll 2
     for (int i = 0; i < 2; ++i) {
       const auto* codes16 = reinterpret_cast<const __m128i*>(sc[i] + b * pl::kGroupCols);

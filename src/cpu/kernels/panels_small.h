@@ -1,6 +1,6 @@
 // The small-M kernels over weights in the panel layout (kernels/panel_layout.h, kGemmPanels):
-// the decode route's for the panel layout, and the tiled route's for columns whose scales a
-// BF16 panel cannot carry. Internal to src/cpu/kernels. See Note [CPU panel layout].
+// the decode route's for the panel layout, and the portable path every route takes below AVX-512
+// BF16. Internal to src/cpu/kernels. See Note [CPU panel layout].
 #pragma once
 
 #include <cstdint>

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "cpu/kernels/decode_bf16.h"
 #include "cpu/kernels/panels_small.h"
+#include "cpu/kernels/panels_tiled.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "metrale/numerics.h"
@@ -364,6 +365,11 @@ void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa)
   }
 }
 
+// The most rows of the tiled route over the panel layout that panels_tiled.cpp runs. Against the
+// scaled panels of tiled_avx512.cpp, side by side on 8B's layers (docs/PERF.md): 1.25x at M = 16,
+// 1.05x at 64, level at 96 and 128, 0.93x at 192 and 256.
+constexpr std::int64_t kPanelSumsMaxM = 96;
+
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int64_t m0,
                 std::int64_t m1, Isa isa) {
   // Rows [m0, m1) as a GEMM of their own: A and C start at row m0.
@@ -371,13 +377,17 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
   q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
   q.m = m1 - m0;
-  // Columns whose E8M0 scales a panel cannot carry exactly take the decode kernels, which scale
-  // each block's sum (tiled_panels.h).
   if (p.flags & kGemmPanels) {
     if (isa != Isa::kAvx512Bf16) return panels_portable(q, n0, n1);
-    if (!panel_scales_fit(Weights(p), n0, n1 - n0)) return panels_small_avx512bf16(q, n0, n1);
+    // Up to kPanelSumsMaxM rows the register tiles decode the lines themselves; past it a panel
+    // decoded once with its scales multiplied in pays, where the E8M0 codes allow it.
+    if (q.m <= kPanelSumsMaxM || !panel_scales_fit(Weights(p), n0, n1 - n0)) {
+      return panels_tiled_avx512bf16(q, n0, n1);
+    }
     return tiled_avx512bf16_panels(q, n0, n1);
   }
+  // Columns whose E8M0 scales a panel cannot carry exactly take the decode kernels, which scale
+  // each block's sum (tiled_panels.h).
   if (!scales_fit_panels(Weights(p), n0, n1 - n0)) return gemm_decode(q, n0, n1, isa);
   switch (isa) {
     case Isa::kAvx512Bf16:
