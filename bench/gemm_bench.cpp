@@ -75,7 +75,7 @@ void BM_W4a16(benchmark::State& state) {
   // median of the rounds' ratios. The VM's bandwidth drifts with other tenants between about
   // 30 and 50 GB/s, so a roof read once per run (or per case) compared moments, not kernels.
   if (m <= 16) {
-    // The decode route moves the weights once; the tiled route (m > 16) is compute-bound.
+    // Up to 16 rows the weights' bytes set the pace (the decode route moves them once).
     static const metrale::toolkit::CpuReadProbe roof;
     std::vector<double> ratios, roofs;
     for (int round = 0; round < kPairedRounds; ++round) {

@@ -3,7 +3,7 @@
 // weights: the decode entry (the small-M kernel, or the one-weight-at-a-time path below AVX-512
 // BF16, which no upload reaches since the module publishes the layout only with it) and the
 // tiled entry, both formats, ragged N, K not a multiple of the 256-K panel, M across the 4-row
-// passes, the 6-row tiles (16 rows: 6, 5, 5) and past 96 rows (the scaled panels' 8-row tiles),
+// passes, the 6-row tiles (16 rows: 5, 5, 6) and past 96 rows (the scaled panels' 8-row tiles),
 // bias on and off, the output poisoned first with a poisoned tail.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

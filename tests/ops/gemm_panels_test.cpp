@@ -4,7 +4,8 @@
 // reference of the SOURCE weights, with poisoned outputs and a poisoned tail past C. Both
 // formats, both source layouts, N on both sides of the 32-column padding, K a multiple of the
 // group but not of the 256-K panel, M across the small-M kernel's 4-row passes and the tiled
-// route's 8-row tiles and 256-row blocks, bias, FP32 C, and refusals. Every E4M3 and E8M0 scale
+// route's 6-row tiles (up to 96 rows), 8-row tiles and 256-row blocks, bias, FP32 C, and
+// refusals. Every E4M3 and E8M0 scale
 // code on the panel layout: GemmNumerics.Every*BlockScaleCodeOnTheExactRoutes (gemm_test.cpp).
 #include <fmt/format.h>
 #include <gmock/gmock.h>

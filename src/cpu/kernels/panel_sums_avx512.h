@@ -35,8 +35,11 @@ template <int MR, int LPB, bool kPrefetch>
       const std::uint8_t* at_line = line[i] + t * pl::kLineBytes;
       codes[i] = _mm512_loadu_si512(at_line);
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(at_line + kPanelPrefetchL1), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(at_line + kPanelPrefetchL2), _MM_HINT_T1);
+        // Addresses as integers: near the end of the codes they lie past the buffer, where a
+        // prefetch is harmless but pointer arithmetic is not defined.
+        const auto ahead = reinterpret_cast<std::uintptr_t>(at_line);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + kPanelPrefetchL1), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + kPanelPrefetchL2), _MM_HINT_T1);
       }
     }
 #pragma GCC unroll 4

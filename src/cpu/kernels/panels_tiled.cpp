@@ -95,7 +95,7 @@ template <int LPB>
 void columns(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   const Weights w(p);
   const auto* a = at<const std::uint16_t>(p.a);
-  // Row tiles as even as 6-row tiles allow (16 rows: 6, 5, 5, not 6, 6, 4): a tile's table
+  // Row tiles as even as 6-row tiles allow (16 rows: 5, 5, 6, not 6, 6, 4): a tile's table
   // look-ups are per tile, so a short one pays them over fewer rows.
   const std::int64_t tiles = (p.m + kRowTile - 1) / kRowTile;
   thread_local std::vector<float> acc;

@@ -1,6 +1,6 @@
 // Block scale codes decoded to FP32 in a vector, for the AVX-512 kernels (tiled_avx512.cpp,
-// panels_avx512.cpp). Internal to src/cpu/kernels; include only from files whose functions are
-// compiled for AVX-512 (the helper is always inlined into them).
+// panels_small.cpp, panels_tiled.cpp). Internal to src/cpu/kernels; include only from files whose
+// functions are compiled for AVX-512 (the helper is always inlined into them).
 #pragma once
 
 #include <immintrin.h>

@@ -1,6 +1,6 @@
-// What the tiled route's CPU kernels share (tiled_bf16.cpp, tiled_fp32.cpp): the block
-// structure, the panel sizes and the rule for scales that panels cannot carry. Internal to
-// src/cpu/kernels. See Note [CPU tiled panels] in docs/NOTES.md.
+// What the tiled route's CPU kernels share (tiled_avx512.cpp, tiled_avx2.cpp, tiled_portable.cpp):
+// the block structure, the panel sizes and the rule for scales that panels cannot carry. Internal
+// to src/cpu/kernels. See Note [CPU tiled panels] in docs/NOTES.md.
 #pragma once
 
 #include <algorithm>

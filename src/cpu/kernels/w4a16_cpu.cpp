@@ -365,10 +365,11 @@ void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa)
   }
 }
 
-// The most rows of the tiled route over the panel layout that panels_tiled.cpp runs. Against the
-// scaled panels of tiled_avx512.cpp, side by side on 8B's layers (docs/PERF.md): 1.25x at M = 16,
-// 1.05x at 64, level at 96 and 128, 0.93x at 192 and 256.
-constexpr std::int64_t kPanelSumsMaxM = 96;
+// Rows of one tiled block (up to 256, the grid's M tile) up to which the panel layout's tiled
+// route runs panels_tiled.cpp for every column; above, the scaled panels of tiled_avx512.cpp.
+// Side by side on 8B's layers (docs/PERF.md), panels_tiled's time was 1/1.24 of theirs at
+// M = 16, 1/1.05 at 64, level at 96 and 128, and 1/0.93 at 192.
+constexpr std::int64_t kPanelsTiledMaxM = 96;
 
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int64_t m0,
                 std::int64_t m1, Isa isa) {
@@ -379,9 +380,9 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   q.m = m1 - m0;
   if (p.flags & kGemmPanels) {
     if (isa != Isa::kAvx512Bf16) return panels_portable(q, n0, n1);
-    // Up to kPanelSumsMaxM rows the register tiles decode the lines themselves; past it a panel
+    // Up to kPanelsTiledMaxM rows the register tiles decode the lines themselves; past it a panel
     // decoded once with its scales multiplied in pays, where the E8M0 codes allow it.
-    if (q.m <= kPanelSumsMaxM || !panel_scales_fit(Weights(p), n0, n1 - n0)) {
+    if (q.m <= kPanelsTiledMaxM || !panel_scales_fit(Weights(p), n0, n1 - n0)) {
       return panels_tiled_avx512bf16(q, n0, n1);
     }
     return tiled_avx512bf16_panels(q, n0, n1);

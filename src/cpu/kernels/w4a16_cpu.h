@@ -22,8 +22,9 @@ const char* to_string(Isa isa) noexcept;
 
 // C[:, n0:n1] for the decode route (weights streamed once per block, M rows reuse each load).
 void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
-// C[m0:m1, n0:n1] for the tiled route: weight panels dequantized once per call and reused by
-// every row tile of A (BF16 pairs with AVX-512 BF16, FP32 otherwise).
+// C[m0:m1, n0:n1] for the tiled route: register tiles over 32 columns and several rows, the
+// weights decoded once per panel for every row tile (or, on the panel layout up to 96 rows,
+// by each row tile itself; panels_tiled.h).
 void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int64_t m0,
                 std::int64_t m1, Isa isa);
 // C[:, n0:n1] for the E4M3 route: E4M3 A and W, exact products, FP32 sums per K-group, FP32

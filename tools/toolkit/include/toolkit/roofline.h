@@ -45,8 +45,8 @@ class CpuReadProbe {
 double measure_bandwidth(Backend& backend);
 
 // The CPU's compute half of measure_roofline alone (FLOP per second of every thread; 0 where the
-// processor has neither AVX-512 nor AVX2 with FMA), what was measured in *of: for benchmarks that
-// pair each timed stretch of a compute-bound kernel with a reading of the roof.
+// processor has neither AVX-512 nor AVX2 with FMA), what was measured in *of (not null): for
+// benchmarks that pair each timed stretch of a compute-bound kernel with a reading of the roof.
 double measure_cpu_compute(std::string* of);
 
 }  // namespace metrale::toolkit
