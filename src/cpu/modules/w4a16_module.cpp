@@ -42,8 +42,8 @@ constexpr std::uint32_t kBlockThreads = 256;
 // kernel (whose register tiles take 8 rows at M = 5..8 and 16 at 9..16): on 8B's layers, in
 // runs of --compare-routes, tiled took 1.24-1.48x decode's time at M = 4, 0.83-0.88x at 5 and
 // 6, 0.71-0.90x at 8 and 0.61-0.68x at 16 (docs/PERF.md). On the panel layout the same holds
-// (one thread, 8B gate_up, panels_tiled against panels_small): 1.09x at 4, 0.90x at 5, 0.95x at 6
-// and 0.98x at 8.
+// (one thread, 8B gate_up, panels_tiled's time over panels_small's): 1.09-1.10x at 4, 0.90x at
+// 5, 0.94-0.96x at 6 and 0.97-0.99x at 8.
 constexpr std::uint32_t kDecodeMaxM = 4;
 
 template <std::uint32_t Tile>
