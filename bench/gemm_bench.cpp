@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "metrale/cpu_backend.h"
@@ -70,46 +71,42 @@ void BM_W4a16(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 
-  // The share of the read roof, for the decode cases: paired rounds of one pass over every copy
-  // (at least 512 MiB of weights) and one read of the roof's 512 MiB, back to back, and the
-  // median of the rounds' ratios. The VM's bandwidth drifts with other tenants between about
-  // 30 and 50 GB/s, so a roof read once per run (or per case) compared moments, not kernels.
-  if (m <= 16) {
-    // Up to 16 rows the weights' bytes set the pace (the decode route moves them once).
-    static const metrale::toolkit::CpuReadProbe roof;
+  // A share of a roof by paired rounds: one pass over every copy (at least 512 MiB of weights),
+  // then one reading of the roof, back to back; the median of the rounds' ratios of the pass's
+  // rate (work per second) to the roof's, and the median roof. The VM's bandwidth drifts with
+  // other tenants between about 30 and 50 GB/s, so a roof read once per run (or per case)
+  // compared moments, not kernels.
+  const auto paired = [&](int rounds, double work_per_copy, const auto& read_roof) {
     std::vector<double> ratios, roofs;
-    for (int round = 0; round < kPairedRounds; ++round) {
+    for (int round = 0; round < rounds; ++round) {
       const auto t0 = std::chrono::steady_clock::now();
       for (const auto& w : fx.copies) {
         metrale::ops::w4a16_gemm(fx.backend, stream, fx.a, m, w, fx.c);
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double gemm_rate = bytes * static_cast<double>(fx.copies.size()) / s;
-      roofs.push_back(roof.read());
-      ratios.push_back(gemm_rate / roofs.back());
+      roofs.push_back(read_roof());
+      ratios.push_back(work_per_copy * static_cast<double>(fx.copies.size()) / s / roofs.back());
     }
     std::sort(ratios.begin(), ratios.end());
     std::sort(roofs.begin(), roofs.end());
-    state.counters["pct_read_bw"] = 100.0 * ratios[ratios.size() / 2];
-    state.counters["read_bw_GB/s"] = roofs[roofs.size() / 2] / 1e9;
+    return std::pair{ratios[ratios.size() / 2], roofs[roofs.size() / 2]};
+  };
+  if (m <= 16) {
+    // Up to 16 rows the weights' bytes set the pace (the decode route moves them once): the read
+    // roof's 512 MiB.
+    static const metrale::toolkit::CpuReadProbe roof;
+    const auto [share, read_bw] = paired(kPairedRounds, bytes, [&] { return roof.read(); });
+    state.counters["pct_read_bw"] = 100.0 * share;
+    state.counters["read_bw_GB/s"] = read_bw / 1e9;
   }
-  if (m >= 16) {
-    std::string of;
-    std::vector<double> ratios;
-    for (int round = 0; round < kComputeRounds; ++round) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (const auto& w : fx.copies) {
-        metrale::ops::w4a16_gemm(fx.backend, stream, fx.a, m, w, fx.c);
-      }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double rate = 2.0 * static_cast<double>(m * n * k * std::ssize(fx.copies)) / s;
-      const double roof = metrale::toolkit::measure_cpu_compute(&of);
-      if (roof > 0) ratios.push_back(rate / roof);
-    }
-    if (!ratios.empty()) {
-      std::sort(ratios.begin(), ratios.end());
-      state.counters["pct_dot_roof"] = 100.0 * ratios[ratios.size() / 2];
-    }
+  // From 16 rows on, the dot products (or FMAs) set it, where this processor has a vector roof.
+  std::string of;
+  static const bool has_compute_roof = metrale::toolkit::measure_cpu_compute(&of) > 0;
+  if (m >= 16 && has_compute_roof) {
+    const double share = paired(kComputeRounds, 2.0 * static_cast<double>(m * n * k), [&] {
+                           return metrale::toolkit::measure_cpu_compute(&of);
+                         }).first;
+    state.counters["pct_dot_roof"] = 100.0 * share;
   }
   state.SetLabel(fmt::format("{}{}",
                              metrale::ops::to_string(metrale::ops::choose_route(fx.backend, m, w0)),

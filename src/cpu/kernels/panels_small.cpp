@@ -44,8 +44,7 @@ template <int MR, int LPB>
     add_block<MR, LPB, true>(a, p.k, src, b * LPB, lut, sum);
 #pragma GCC unroll 2
     for (int i = 0; i < 2; ++i) {
-      const auto* codes16 = reinterpret_cast<const __m128i*>(sc[i] + b * pl::kGroupCols);
-      const __m512 scale = scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(codes16)), w.mxfp4);
+      const __m512 scale = scales16_at(sc[i] + b * pl::kGroupCols, w.mxfp4);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) acc[r][i] = _mm512_fmadd_ps(sum[r][i], scale, acc[r][i]);
     }

@@ -84,9 +84,8 @@ constexpr Tile kTiles[kRowTile] = {tile<1, LPB, kPrefetch>, tile<2, LPB, kPrefet
   for (int i = 0; i < 2; ++i) {
     const std::uint8_t* sc = w.scales + pl::scale_offset(w.k, static_cast<int>(w.group), g + i, b0);
     for (std::int64_t b = 0; b < count; ++b) {
-      const auto* codes16 = reinterpret_cast<const __m128i*>(sc + b * pl::kGroupCols);
       _mm512_storeu_ps(out + b * kCols + i * pl::kGroupCols,
-                       scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(codes16)), w.mxfp4));
+                       scales16_at(sc + b * pl::kGroupCols, w.mxfp4));
     }
   }
 }

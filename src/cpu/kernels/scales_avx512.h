@@ -5,6 +5,8 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace metrale::cpu::w4a16::detail {
 
 // 16 scale codes (one per lane, zero-extended) as FP32, as num::e4m3_to_f32 / e8m0_to_f32 give
@@ -30,6 +32,13 @@ scales16(__m512i code, bool mxfp4) {
       _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(value), sign));
   return _mm512_mask_mov_ps(signed_value, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
                             _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+}
+
+// The 16 scale codes at `codes` (one per column of a group) as scales16 gives them.
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma"), gnu::always_inline]] inline __m512
+scales16_at(const std::uint8_t* codes, bool mxfp4) {
+  return scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))),
+                  mxfp4);
 }
 
 }  // namespace metrale::cpu::w4a16::detail

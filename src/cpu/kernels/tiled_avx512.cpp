@@ -199,8 +199,7 @@ template <bool Bf16, class Panel>
     __m512 scale = _mm512_setzero_ps();
     for (std::int64_t t = 0; t < kc / panel_layout::kLineK; ++t) {
       if (t % lines_per_block == 0) {
-        const auto* codes16 = reinterpret_cast<const __m128i*>(sc + t / lines_per_block * 16);
-        scale = scales16(_mm512_cvtepu8_epi32(_mm_loadu_si128(codes16)), w.mxfp4);
+        scale = scales16_at(sc + t / lines_per_block * panel_layout::kGroupCols, w.mxfp4);
       }
       const __m512i line = _mm512_loadu_si512(src + t * panel_layout::kLineBytes);
       std::uint32_t* out = panel + 4 * t * kPanelCols + half * 16;
