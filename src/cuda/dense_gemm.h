@@ -43,17 +43,22 @@ class DenseGemms {
   // The memoized plan for an available, checked shape: the first call per shape asks the
   // heuristic (Error(kNotFound) naming cublasLtMatmulAlgoGetHeuristic when it has no
   // algorithm, Error(kDriver) naming the call that failed otherwise); later calls return the
-  // same plan without asking.
+  // same plan without asking. An FP8 N or K the library's documentation excludes is
+  // Error(kUnavailable) naming the rule, before the heuristic. The plan's workspace holds the
+  // algorithm's and, where the library's rules need them, a padded A and D (M off a multiple of
+  // 4 for the block scalings) and an FP32 bias (BF16 with FP32 C).
   DenseGemmPlan plan(const DenseGemmShape& shape);
-  // Queues a checked run on stream (the context is current). Error(kInvalidArgument) when the
-  // plan is not one this object made for its shape; Error(kDriver) naming the failed call.
+  // Queues a checked run on stream (the context is current): the padding copies, the library
+  // call, the copy of the real rows out. Error(kInvalidArgument) when the plan is not one this
+  // object made for its shape; Error(kDriver) naming the failed call.
   void run(const DenseGemmPlan& plan, const DenseGemmArgs& args, CUstream stream);
 
  private:
   struct Choice {
     DenseGemmShape shape;
     cublasLtMatmulAlgo_t algo{};
-    std::uint64_t workspace = 0;
+    std::uint64_t workspace = 0;  // what the algorithm needs, at the workspace's start
+    std::uint64_t total = 0;      // that and the padded buffers after it (dense_gemm.cpp)
     std::string describe;
   };
   using Key = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, bool, bool>;

@@ -169,6 +169,12 @@ std::vector<std::uint16_t> download_c(Backend& b, DevicePtr c, const DenseGemmSh
   return out;
 }
 
+// A workspace of the plan's size for args (none when it needs none); the caller frees it.
+void give_workspace(Backend& b, const DenseGemmPlan& plan, DenseGemmArgs& args) {
+  args.workspace = plan.workspace_bytes == 0 ? DevicePtr{} : b.alloc(plan.workspace_bytes);
+  args.workspace_bytes = plan.workspace_bytes;
+}
+
 // One BF16 GEMM of shape on the rig; the normalized error against float64.
 double bf16_error(BlasRig& r, const DenseGemmShape& s) {
   Backend& b = r.b();
@@ -181,10 +187,11 @@ double bf16_error(BlasRig& r, const DenseGemmShape& s) {
   args.b = upload(b, w);
   args.c = poisoned_c(b, s);
   if (s.bias) args.bias = upload(b, bias);
+  give_workspace(b, plan, args);
   b.run_dense_gemm(plan, args, b.default_stream());
   b.synchronize(b.default_stream());
   const double err = normalized_error(download_c(b, args.c, s), reference_bf16(s, a, w, bias));
-  for (DevicePtr p : {args.a, args.b, args.c, args.bias}) {
+  for (DevicePtr p : {args.a, args.b, args.c, args.bias, args.workspace}) {
     if (p) b.free(p);
   }
   return err;
@@ -248,7 +255,7 @@ TEST(DenseGemm, BlockScaledE4m3NeedsSm90AndCublasLt129) {
     BlasRig r(ada);
     EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kBf16), "");
     EXPECT_THAT(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128),
-                HasSubstr("needs sm_90 or newer; this device is sm_89"));
+                HasSubstr("documented for compute capability 9.0 only; this device is sm_89"));
   }
   {
     BlasRig r;
@@ -265,7 +272,8 @@ TEST(DenseGemm, InfoSaysWhichLibraryAndWhichKinds) {
             "cuBLASLt 13.1.0 (fake cuBLASLt): bf16, e4m3-block128");
   EXPECT_EQ(describe_dense_gemms(r.rig.host->blas(), {8, 0}),
             "cuBLASLt 13.1.0 (fake cuBLASLt): bf16; not e4m3-block128: cuBLASLt's block-scaled "
-            "FP8 (e4m3-block128) needs sm_90 or newer; this device is sm_80");
+            "FP8 (e4m3-block128: VEC128_32F and BLK128x128_32F scales) is documented for compute "
+            "capability 9.0 only; this device is sm_80");
   BlasLoad missing;
   missing.reason = "cuBLASLt unavailable: cannot load libcublasLt.so.13 (gone)";
   EXPECT_EQ(describe_dense_gemms(missing, {9, 0}),
@@ -451,18 +459,29 @@ double e4m3_error(BlasRig& r, const DenseGemmShape& s, float pad) {
   args.b = upload(b, w);
   args.a_scales = upload(b, sa);
   args.b_scales = upload(b, sb);
+  if (s.bias) args.bias = upload(b, random_bf16(static_cast<std::size_t>(s.n), 7));
   args.c = poisoned_c(b, s);
+  give_workspace(b, plan, args);
   b.run_dense_gemm(plan, args, b.default_stream());
   b.synchronize(b.default_stream());
-  const double err = normalized_error(download_c(b, args.c, s), reference_e4m3(s, a, w, sa, sb));
-  for (DevicePtr p : {args.a, args.b, args.a_scales, args.b_scales, args.c}) b.free(p);
+  std::vector<double> ref = reference_e4m3(s, a, w, sa, sb);
+  if (s.bias) {
+    std::vector<std::uint16_t> bias(static_cast<std::size_t>(s.n));
+    b.copy_d2h(bias.data(), args.bias, bias.size() * 2);
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += bf16_to_f32(bias[i % bias.size()]);
+  }
+  const double err = normalized_error(download_c(b, args.c, s), ref);
+  for (DevicePtr p :
+       {args.a, args.b, args.a_scales, args.b_scales, args.c, args.bias, args.workspace}) {
+    if (p) b.free(p);
+  }
   return err;
 }
 
 TEST(DenseGemm, BlockScaledE4m3MatchesTheFloat64Reference) {
   BlasRig r;
   // Two N blocks (the second partial), four K blocks (the last partial), scales all distinct.
-  EXPECT_LT(e4m3_error(r, {DenseKind::kE4m3Block128, 8, 200, 450}, 1024.0f), kBf16OutTolerance);
+  EXPECT_LT(e4m3_error(r, {DenseKind::kE4m3Block128, 8, 200, 448}, 1024.0f), kBf16OutTolerance);
 }
 
 // FP32 C (the row-parallel partials): a shape of its own to the heuristic (its D layout is
@@ -470,7 +489,7 @@ TEST(DenseGemm, BlockScaledE4m3MatchesTheFloat64Reference) {
 TEST(DenseGemm, Fp32OutputIsItsOwnShapeAndTheSumBf16Rounds) {
   BlasRig r;
   Backend& b = r.b();
-  const DenseGemmShape s16{DenseKind::kE4m3Block128, 5, 200, 300, true};
+  const DenseGemmShape s16{DenseKind::kE4m3Block128, 5, 200, 304, true};
   DenseGemmShape s32 = s16;
   s32.out_f32 = true;
   const std::int64_t kbs = 3, lda = 8, ldb = 4;
@@ -486,10 +505,12 @@ TEST(DenseGemm, Fp32OutputIsItsOwnShapeAndTheSumBf16Rounds) {
   EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 2u) << "one memo for both shapes";
   const auto mn = static_cast<std::size_t>(s16.m * s16.n);
   args.c = poisoned_c(b, s16);
+  give_workspace(b, p16, args);
   b.run_dense_gemm(p16, args, b.default_stream());
-  const DevicePtr c16 = args.c;
+  const DevicePtr c16 = args.c, ws16 = args.workspace;
   args.c = b.alloc(mn * 4);
   b.memset(args.c, 0xFF, mn * 4);
+  give_workspace(b, p32, args);
   b.run_dense_gemm(p32, args, b.default_stream());
   b.synchronize(b.default_stream());
   const std::vector<std::uint16_t> out16 = download_c(b, c16, s16);
@@ -499,7 +520,8 @@ TEST(DenseGemm, Fp32OutputIsItsOwnShapeAndTheSumBf16Rounds) {
     ASSERT_FALSE(std::isnan(out32[i])) << "element " << i << " unwritten";
     ASSERT_EQ(num::f32_to_bf16(out32[i]), out16[i]) << "element " << i;
   }
-  for (DevicePtr p : {args.a, args.b, args.a_scales, args.b_scales, args.bias, args.c, c16}) {
+  for (DevicePtr p : {args.a, args.b, args.a_scales, args.b_scales, args.bias, args.c, c16, ws16,
+                      args.workspace}) {
     b.free(p);
   }
 }
@@ -508,25 +530,238 @@ TEST(DenseGemm, BlockScaledShapesWithPaddedScalesRun) {
   BlasRig r;
   // M % 4 != 0 (A's scales padded to round_up(M, 4)) and ceil(K/128) % 4 != 0 (B's padded to
   // round_up(ceil(K/128), 4)): decode's M = 1 among them. Finite padding far from any scale.
-  for (const DenseGemmShape& s : {DenseGemmShape{DenseKind::kE4m3Block128, 1, 300, 200},
-                                  DenseGemmShape{DenseKind::kE4m3Block128, 5, 129, 300},
+  for (const DenseGemmShape& s : {DenseGemmShape{DenseKind::kE4m3Block128, 1, 296, 208},
+                                  DenseGemmShape{DenseKind::kE4m3Block128, 5, 136, 304},
                                   DenseGemmShape{DenseKind::kE4m3Block128, 6, 128, 512},
                                   DenseGemmShape{DenseKind::kE4m3Block128, 8, 128, 256},
-                                  DenseGemmShape{DenseKind::kE4m3Block128, 3, 40, 37}}) {
+                                  DenseGemmShape{DenseKind::kE4m3Block128, 3, 40, 48}}) {
     SCOPED_TRACE(fmt::format("M={} N={} K={}", s.m, s.n, s.k));
     EXPECT_LT(e4m3_error(r, s, 1024.0f), kBf16OutTolerance);
   }
   EXPECT_EQ(r.fb.calls("cublasLtMatmul"), 5u);
 }
 
-TEST(DenseGemm, ThePaddingOfTheScalesIsNeverRead) {
+TEST(DenseGemm, ThePaddingOfTheScalesNeverReachesC) {
   BlasRig r;
-  // NaN in every padding entry: one read of it makes an output NaN (an infinite error).
-  for (const DenseGemmShape& s : {DenseGemmShape{DenseKind::kE4m3Block128, 1, 300, 200},
-                                  DenseGemmShape{DenseKind::kE4m3Block128, 7, 129, 700}}) {
+  // NaN in every padding entry: one that reaches C makes an output NaN (an infinite error). The
+  // library reads A's padding entries for the zero rows M pads to a multiple of 4, whose outputs
+  // stay in the workspace; B's it never reads.
+  for (const DenseGemmShape& s : {DenseGemmShape{DenseKind::kE4m3Block128, 1, 296, 208},
+                                  DenseGemmShape{DenseKind::kE4m3Block128, 7, 136, 704}}) {
     SCOPED_TRACE(fmt::format("M={} N={} K={}", s.m, s.n, s.k));
     EXPECT_LT(e4m3_error(r, s, std::nanf("")), kBf16OutTolerance);
   }
+}
+
+// cuBLAS's block scalings need the matmul's M and N multiples of 4 (3.1.4.5.1), and our M is
+// the library's N: decode's M = 1 and every M off a multiple of 4 run on rows padded with zero
+// codes, the real rows copied back. The fake refuses the unpadded call (NOT_SUPPORTED from the
+// heuristic) and reads the scales by the documented layout, so a wrong padding shows as an
+// error, a NaN or a wrong number.
+TEST(DenseGemm, BlockScaledMOffAMultipleOfFourRunsOnPaddedRows) {
+  BlasRig r;
+  for (const std::int64_t m : {1, 2, 3, 5, 6}) {
+    // N = 136 (a partial second N block), K = 208 (a partial second K block, ldb padded).
+    const DenseGemmShape s{DenseKind::kE4m3Block128, m, 136, 208};
+    SCOPED_TRACE(fmt::format("M={}", m));
+    EXPECT_LT(e4m3_error(r, s, 1024.0f), kBf16OutTolerance);
+    ASSERT_FALSE(r.fb.matmuls().empty());
+    EXPECT_EQ(r.fb.matmuls().back().cols, static_cast<std::uint64_t>((m + 3) / 4 * 4));
+    EXPECT_EQ(r.fb.matmuls().back().rows, 136u);
+  }
+  // With a bias and FP32 C too.
+  DenseGemmShape s{DenseKind::kE4m3Block128, 1, 64, 128, true};
+  EXPECT_LT(e4m3_error(r, s, std::nanf("")), kBf16OutTolerance);
+  s.out_f32 = true;
+  EXPECT_NO_THROW(r.b().plan_dense_gemm(s));
+}
+
+// What Tensor Core Usage excludes for FP8 (K a multiple of 16; N·size of C a multiple of 16:
+// N % 8 with BF16 C, N % 4 with FP32 C) is refused by name before the heuristic is asked.
+TEST(DenseGemm, BlockScaledNOrKTheLibraryExcludesIsRefusedByName) {
+  BlasRig r;
+  const auto refused = [&](DenseGemmShape s, const char* words) {
+    SCOPED_TRACE(fmt::format("M={} N={} K={} f32={}", s.m, s.n, s.k, s.out_f32));
+    const Error e = expect_error([&] { r.b().plan_dense_gemm(s); });
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_THAT(e.what(), HasSubstr(words));
+  };
+  refused({DenseKind::kE4m3Block128, 4, 128, 200}, "K = 200 is not a multiple of 16");
+  refused({DenseKind::kE4m3Block128, 4, 132, 256}, "N = 132 is not a multiple of 8");
+  refused({DenseKind::kE4m3Block128, 4, 130, 256, false, true}, "N = 130 is not a multiple of 4");
+  EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 0u);
+  // N % 4 is enough with FP32 C.
+  EXPECT_NO_THROW(r.b().plan_dense_gemm({DenseKind::kE4m3Block128, 4, 132, 256, false, true}));
+  // BF16 has no such rule ("Aside from FP8, there are no longer any restrictions").
+  EXPECT_LT(bf16_error(r, {DenseKind::kBf16, 3, 13, 7}), kBf16OutTolerance);
+}
+
+// The block scalings are documented for compute capability 9.0 only ("Scaling Mode Support
+// Overview"): elsewhere the kind is unavailable, naming the device, and nothing asks the library.
+TEST(DenseGemm, BlockScaledE4m3IsUnavailableOffComputeCapability90) {
+  for (const auto& [major, minor] : {std::pair{10, 0}, std::pair{8, 9}, std::pair{12, 0}}) {
+    FakeDevice d;
+    d.cc_major = major;
+    d.cc_minor = minor;
+    BlasRig r(d);
+    SCOPED_TRACE(fmt::format("sm_{}{}", major, minor));
+    EXPECT_EQ(r.b().dense_gemm_unavailable(DenseKind::kBf16), "");
+    EXPECT_THAT(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128),
+                HasSubstr(fmt::format("compute capability 9.0 only; this device is sm_{}{}", major,
+                                      minor)));
+    const Error e = expect_error([&] {
+      r.b().plan_dense_gemm({DenseKind::kE4m3Block128, 4, 128, 128});
+    });
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_EQ(r.fb.calls("cublasLtMatmulAlgoGetHeuristic"), 0u);
+  }
+}
+
+// BF16 A/B with FP32 C take a CUDA_R_32F bias (the cublasLtMatmul() datatype table); the
+// contract's bias is BF16, widened exactly into the workspace.
+TEST(DenseGemm, ABf16GemmWithFp32OutputTakesItsBiasAsFp32) {
+  BlasRig r;
+  Backend& b = r.b();
+  const DenseGemmShape s{DenseKind::kBf16, 5, 24, 40, true, true};
+  const auto a = random_bf16(static_cast<std::size_t>(s.m * s.k), 41);
+  const auto w = random_bf16(static_cast<std::size_t>(s.n * s.k), 43);
+  auto bias = random_bf16(static_cast<std::size_t>(s.n), 47);
+  bias[3] = 0x0001;  // a subnormal, kept exactly
+  const DenseGemmPlan plan = b.plan_dense_gemm(s);
+  EXPECT_GE(plan.workspace_bytes, static_cast<std::uint64_t>(s.n) * 4);
+  DenseGemmArgs args;
+  args.a = upload(b, a);
+  args.b = upload(b, w);
+  args.bias = upload(b, bias);
+  const auto mn = static_cast<std::size_t>(s.m * s.n);
+  args.c = b.alloc(mn * 4);
+  b.memset(args.c, 0xFF, mn * 4);
+  args.workspace = b.alloc(plan.workspace_bytes);
+  args.workspace_bytes = plan.workspace_bytes;
+  b.run_dense_gemm(plan, args, b.default_stream());
+  b.synchronize(b.default_stream());
+  std::vector<float> out(mn);
+  b.copy_d2h(out.data(), args.c, mn * 4);
+  const std::vector<double> ref = reference_bf16(s, a, w, bias);
+  for (std::size_t i = 0; i < mn; ++i) {
+    ASSERT_FALSE(std::isnan(out[i])) << "element " << i << " unwritten";
+    // FP32 sums of exact products: K + 1 roundings of 2^-24.
+    double sum_abs = std::fabs(bf16_to_f32(bias[i % 24]));
+    for (std::int64_t k = 0; k < s.k; ++k) {
+      sum_abs += std::fabs(double(bf16_to_f32(a[(i / 24) * 40 + static_cast<std::size_t>(k)])) *
+                           bf16_to_f32(w[(i % 24) * 40 + static_cast<std::size_t>(k)]));
+    }
+    ASSERT_LE(std::fabs(out[i] - ref[i]), double(s.k + 2) * std::ldexp(1.0, -24) * sum_abs)
+        << "element " << i;
+  }
+  for (DevicePtr p : {args.a, args.b, args.bias, args.c, args.workspace}) b.free(p);
+}
+
+// ---- the fake library's own rules (its table called directly, no mapping of ours) ----
+
+// One FP8 or BF16 problem posed to the fake as a caller of cuBLASLt would: D = op(A) op(B),
+// m x n, inner k, in the "TN" form, with the given scale modes, D type and bias type.
+constexpr std::int32_t kNoBias = -2;  // no bias epilogue (CUDA_R_32F is 0)
+struct LtCall {
+  cudaDataType_t in = CUDA_R_8F_E4M3, d_type = CUDA_R_16BF;
+  std::uint64_t m = 128, n = 4, k = 128;
+  std::int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+               b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  std::int32_t bias_type = kNoBias;
+};
+
+cublasStatus_t ask_heuristic(const BlasApi& lt, const LtCall& c) {
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  EXPECT_EQ(lt.cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(lt.cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+            CUBLAS_STATUS_SUCCESS);
+  const std::int32_t t = CUBLAS_OP_T, nop = CUBLAS_OP_N;
+  lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
+  lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nop, sizeof nop);
+  if (c.in == CUDA_R_8F_E4M3) {
+    lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &c.a_mode,
+                                      sizeof c.a_mode);
+    lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &c.b_mode,
+                                      sizeof c.b_mode);
+  }
+  if (c.bias_type != kNoBias) {
+    const std::uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    lt.cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c.bias_type,
+                                      sizeof c.bias_type);
+  }
+  const auto k = static_cast<std::int64_t>(c.k), m = static_cast<std::int64_t>(c.m);
+  lt.cublasLtMatrixLayoutCreate(&a, c.in, c.k, c.m, k);
+  lt.cublasLtMatrixLayoutCreate(&b, c.in, c.k, c.n, k);
+  lt.cublasLtMatrixLayoutCreate(&d, c.d_type, c.m, c.n, m);
+  lt.cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulHeuristicResult_t result{};
+  int count = 0;
+  const cublasStatus_t st =
+      lt.cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 1, &result, &count);
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  for (cublasLtMatrixLayout_t l : {a, b, d}) lt.cublasLtMatrixLayoutDestroy(l);
+  lt.cublasLtMatmulDescDestroy(desc);
+  lt.cublasLtDestroy(h);
+  return st == CUBLAS_STATUS_SUCCESS && count == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : st;
+}
+
+TEST(FakeBlasRules, TheHeuristicRefusesWhatTheDocumentationExcludes) {
+  BlasRig r;
+  r.b().plan_dense_gemm({DenseKind::kBf16, 4, 8, 16});  // the context current on this thread
+  const BlasApi& lt = *r.fb.load().api;
+  const auto ask = [&](LtCall c) { return ask_heuristic(lt, c); };
+  EXPECT_EQ(ask({}), CUBLAS_STATUS_SUCCESS);
+  LtCall c;
+  c.n = 1;  // 3.1.4.5.1: M and N multiples of 4
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  c = {};
+  c.m = 132;  // Tensor Core Usage: m x size(C) a multiple of 16 (BF16 C)
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  c.d_type = CUDA_R_32F;  // 132 x 4 bytes is
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_SUCCESS);
+  c = {};
+  c.k = 200;  // Tensor Core Usage: k x 1 byte a multiple of 16
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  c = {};
+  c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;  // BLK x BLK: not in the table
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;  // VEC x BLK is
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_SUCCESS);
+  // The datatype tables' bias types: FP8 takes BF16 with BF16 and FP32 D alike.
+  c = {};
+  c.bias_type = CUDA_R_16BF;
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_SUCCESS);
+  c.d_type = CUDA_R_32F;
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_SUCCESS);
+  c.bias_type = CUDA_R_32F;
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  // BF16 inputs take a bias of D's type: FP32 with FP32 D, and no FP8 rule on their shape.
+  c = {};
+  c.in = CUDA_R_16BF;
+  c.m = 13;
+  c.n = 1;
+  c.k = 7;
+  c.d_type = CUDA_R_32F;
+  c.bias_type = CUDA_R_16BF;
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_NOT_SUPPORTED);
+  c.bias_type = CUDA_R_32F;
+  EXPECT_EQ(ask(c), CUBLAS_STATUS_SUCCESS);
+}
+
+TEST(FakeBlasRules, BlockScalingIsRefusedOffComputeCapability90) {
+  FakeDevice blackwell;
+  blackwell.cc_major = 10;
+  BlasRig r(blackwell);
+  r.b().plan_dense_gemm({DenseKind::kBf16, 4, 8, 16});
+  const BlasApi& lt = *r.fb.load().api;
+  EXPECT_EQ(ask_heuristic(lt, {}), CUBLAS_STATUS_NOT_SUPPORTED);
+  LtCall tensorwide;  // SCALAR_32F on both: 8.9+
+  tensorwide.a_mode = tensorwide.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  EXPECT_EQ(ask_heuristic(lt, tensorwide), CUBLAS_STATUS_SUCCESS);
 }
 
 // ---- failures and life ----

@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
 
 #include "cuda/fake_state.h"
 #include "metrale/numerics.h"
@@ -118,6 +119,68 @@ auto* find(Map& m, const void* p) {
   return it == m.end() ? nullptr : it->second.get();
 }
 
+bool block_mode(std::int32_t m) {
+  return m == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+         m == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+// The compute capability of the fake driver's device current on this thread ({0, 0}: none).
+std::pair<int, int> current_cc() {
+  FakeDriver::State* d = fake::g_state.load();
+  if (d == nullptr) return {0, 0};
+  std::lock_guard lock(d->mutex);
+  const int dev = fake::current_device(*d);
+  if (dev < 0 || static_cast<std::size_t>(dev) >= d->devices.size()) return {0, 0};
+  return {d->devices[static_cast<std::size_t>(dev)].cc_major,
+          d->devices[static_cast<std::size_t>(dev)].cc_minor};
+}
+
+// The FP8 rules of cuBLAS's documentation (docs.nvidia.com/cuda/cublas, CUDA 13.x), all of which
+// a problem must meet before the library offers or runs an algorithm; what breaks one is
+// CUBLAS_STATUS_NOT_SUPPORTED ("the current implementation ... doesn't support the configured
+// operation"). m, n, k are cuBLAS's: D is m x n, op(A) m x k, op(B) k x n.
+//  - cublasLtMatmul(), FP8: "All matrix dimensions must meet the optimal requirements listed in
+//    Tensor Core Usage", and 2.1.11 Tensor Core Usage lists, for each size in bytes:
+//    (op_A == N ? m : k)·Asize, (op_B == N ? k : n)·Bsize, m·Csize, lda·Asize, ldb·Bsize and
+//    ldc·Csize all multiples of 16.
+//  - 3.1.4 "Scaling Mode Support Overview": tensorwide scaling on 8.9+, the 128-element 1D and
+//    128x128 2D block scalings (VEC128_32F, BLK128x128_32F) on compute capability 9.0 only.
+//  - 3.1.4.5: those two modes on A and B only, in the combinations of its table (BLK x BLK is
+//    not one), D in BF16, FP16 or FP32; 3.1.4.5.1 Scaling factors layouts: "M and N must be
+//    multiples of 4".
+cublasStatus_t check_fp8_rules(const Problem& p) {
+  const Desc& ds = *p.desc;
+  const bool ta = ds.transa == CUBLAS_OP_T, tb = ds.transb == CUBLAS_OP_T;
+  const std::uint64_t m = p.rows, n = p.cols, k = p.inner;
+  const std::uint64_t as = elem_bytes(p.a->type), bs = elem_bytes(p.b->type),
+                      cs = elem_bytes(p.c->type);
+  const auto ld = [](const Layout* l) { return static_cast<std::uint64_t>(l->ld); };
+  for (const std::uint64_t bytes : {(ta ? k : m) * as, (tb ? n : k) * bs, m * cs, ld(p.a) * as,
+                                    ld(p.b) * bs, ld(p.c) * cs, ld(p.d) * cs}) {
+    if (bytes % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const auto [major, minor] = current_cc();
+  const bool blocks = block_mode(ds.a_mode) || block_mode(ds.b_mode);
+  if (!blocks)
+    return major * 10 + minor >= 89 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+  if (major != 9 || minor != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!block_mode(ds.a_mode) || !block_mode(ds.b_mode) ||
+      (ds.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+       ds.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (m % 4 != 0 || n % 4 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// The bias type the cublasLtMatmul() datatype tables give (BIAS_DATA_TYPE -1 is the default):
+// BF16 A/B take a bias of D's type (CUDA_R_16BF with BF16 C, CUDA_R_32F with FP32 C); E4M3 A/B
+// take CUDA_R_16BF whether D is BF16 or FP32 (the FP8 table's rows; cublasLt.h's
+// BIAS_DATA_TYPE: "fp8 kernels with an output type of CUDA_R_32F" are the exception to D's
+// type).
+cudaDataType_t required_bias_type(const Problem& p) {
+  return p.fp8 ? CUDA_R_16BF : p.d->type;
+}
+
 cublasStatus_t check_problem(FakeBlas::State& s, const void* handle, const void* desc,
                              const void* a, const void* b, const void* c, const void* d,
                              Problem& out) {
@@ -152,25 +215,27 @@ cublasStatus_t check_problem(FakeBlas::State& s, const void* handle, const void*
   out.cols = b_cols;
   out.inner = a_cols;
   if (out.a->type == CUDA_R_16BF && out.b->type == CUDA_R_16BF) {
+    // 3.1.4: "If any scale is set for a non-narrow precisions matmul, cuBLAS will return an
+    // error."
     if (ds.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
         ds.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || ds.a_scale || ds.b_scale)
       return CUBLAS_STATUS_NOT_SUPPORTED;
   } else if (out.a->type == CUDA_R_8F_E4M3 && out.b->type == CUDA_R_8F_E4M3) {
-    // FP8 runs only in the "TN" form: both operands K-major.
+    // FP8 runs only in the "TN" form on 8.9, 9.0 and 12.x (cublasLtMatmul(), FP8).
     if (!ta || tb) return CUBLAS_STATUS_NOT_SUPPORTED;
     for (std::int32_t m : {ds.a_mode, ds.b_mode}) {
-      if (m != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F &&
-          m != CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F &&
-          m != CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+      if (m != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && !block_mode(m))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     out.fp8 = true;
+    if (const cublasStatus_t st = check_fp8_rules(out); st != CUBLAS_STATUS_SUCCESS) return st;
   } else {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (ds.epilogue != CUBLASLT_EPILOGUE_DEFAULT && ds.epilogue != CUBLASLT_EPILOGUE_BIAS)
     return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (ds.epilogue == CUBLASLT_EPILOGUE_BIAS && ds.bias_type != -1 && ds.bias_type != CUDA_R_16BF)
+  if (ds.epilogue == CUBLASLT_EPILOGUE_BIAS && ds.bias_type != -1 &&
+      ds.bias_type != required_bias_type(out))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -180,12 +245,19 @@ std::uint64_t span_bytes(const Layout& l) {
   return ((l.cols - 1) * static_cast<std::uint64_t>(l.ld) + l.rows) * elem_bytes(l.type);
 }
 
-// The FP32 count a scale tensor of mode spans for an operand of outer x inner (inner = K).
+// 3.1.4.5.1 Scaling factors layouts, for an operand whose scales cover outer x inner elements
+// (outer: M for A, N for B, each a multiple of 4 by the rule above; inner: K), L = ceil(K/128):
+//   VEC128_32F: "M-major for A with shape M x L" (N-major for B): the outer index fastest,
+//     s[kb * outer + o];
+//   BLK128x128_32F: "K-major and the stride between the consecutive columns must be a multiple
+//     of 4", shape L4 x ceil(outer/128) with L4 = L rounded up to 4: s[(o / 128) * L4 + kb];
+//   SCALAR_32F: s[0] (1 without a pointer).
+// The FP32 count the tensor of mode spans.
 std::uint64_t scale_span(std::int32_t mode, std::uint64_t outer, std::uint64_t inner) {
   const std::uint64_t kb = (inner + 127) / 128;
   switch (mode) {
     case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
-      return (kb - 1) * round_up(outer, 4) + outer;
+      return kb * outer;
     case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
       return ((outer + 127) / 128 - 1) * round_up(kb, 4) + kb;
     default:
@@ -199,7 +271,7 @@ float scale_at(std::int32_t mode, const void* p, std::uint64_t o, std::uint64_t 
   const auto* f = static_cast<const float*>(p);
   switch (mode) {
     case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
-      return f[kb * round_up(outer, 4) + o];
+      return f[kb * outer + o];
     case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F:
       return f[(o / 128) * round_up((inner + 127) / 128, 4) + kb];
     default:
@@ -233,7 +305,11 @@ void compute(const Problem& p, const void* A, const void* B, void* D, float alph
     return e4m3_to_f32(static_cast<const std::uint8_t*>(base)[i]);
   };
   const bool f32 = p.d->type == CUDA_R_32F;
-  const auto* bias = static_cast<const std::uint16_t*>(ds.bias);
+  const bool bias_f32 = required_bias_type(p) == CUDA_R_32F;
+  const auto bias_at = [&](std::uint64_t i) {
+    if (bias_f32) return static_cast<const float*>(ds.bias)[i];
+    return bf16_to_f32(static_cast<const std::uint16_t*>(ds.bias)[i]);
+  };
   const std::uint64_t blocks = (p.inner + 127) / 128;
   for (std::uint64_t j = 0; j < p.cols; ++j) {
     for (std::uint64_t i = 0; i < p.rows; ++i) {
@@ -251,7 +327,7 @@ void compute(const Problem& p, const void* A, const void* B, void* D, float alph
         }
       }
       float v = alpha * acc;
-      if (ds.epilogue == CUBLASLT_EPILOGUE_BIAS) v += bf16_to_f32(bias[i]);
+      if (ds.epilogue == CUBLASLT_EPILOGUE_BIAS) v += bias_at(i);
       const std::uint64_t at_d = j * static_cast<std::uint64_t>(p.d->ld) + i;
       if (f32) {
         static_cast<float*>(D)[at_d] = v;
@@ -468,6 +544,17 @@ cublasStatus_t fake_cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t
     if (workspace_bytes > 0 && workspace == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     if (prob.desc->epilogue == CUBLASLT_EPILOGUE_BIAS && prob.desc->bias == nullptr)
       return CUBLAS_STATUS_INVALID_VALUE;
+    // FP8's pointers: Tensor Core Usage's intptr_t(A), (B), (C) % 16 == 0, and 3.1.4.5.1
+    // "Starting addresses of scaling factors must be 16B aligned" (D is C here).
+    if (prob.fp8) {
+      const auto misaligned = [](const void* q) {
+        return reinterpret_cast<std::uintptr_t>(q) % 16 != 0;
+      };
+      if (misaligned(A) || misaligned(B) || misaligned(C) ||
+          (block_mode(prob.desc->a_mode) && misaligned(prob.desc->a_scale)) ||
+          (block_mode(prob.desc->b_mode) && misaligned(prob.desc->b_scale)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
     alpha_v = *static_cast<const float*>(alpha);
   }
   const Desc& ds = *prob.desc;
@@ -475,7 +562,8 @@ cublasStatus_t fake_cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t
   bool ok = in_fake_memory(A, span_bytes(*prob.a)) && in_fake_memory(B, span_bytes(*prob.b)) &&
             in_fake_memory(D, span_bytes(*prob.d)) && stream_live(stream) &&
             (workspace_bytes == 0 || in_fake_memory(workspace, workspace_bytes)) &&
-            (ds.epilogue != CUBLASLT_EPILOGUE_BIAS || in_fake_memory(ds.bias, prob.rows * 2));
+            (ds.epilogue != CUBLASLT_EPILOGUE_BIAS ||
+             in_fake_memory(ds.bias, prob.rows * elem_bytes(required_bias_type(prob))));
   if (prob.fp8) {
     ok = ok &&
          (ds.a_scale == nullptr ||

@@ -5,12 +5,18 @@
 // contract onto the library is what the tests check, not a copy of it:
 //   BF16 x BF16: exact products, FP32 accumulation, one rounding to BF16;
 //   E4M3 x E4M3: exact products summed in FP32 per 128 K, times the two operands' scales, summed
-//     in FP32. Scale layouts, for an operand whose inner dimension (the leading one) is K:
-//     VEC128_32F s[kb * round_up(outer, 4) + o], BLK128x128_32F
-//     s[(o / 128) * round_up(ceil(K / 128), 4) + kb], SCALAR_32F s[0] (1 without a pointer).
-//     These follow what public users of cuBLASLt 12.9+ on sm_90 feed it (the activation scales
-//     outer-dimension-major, the weight scales K-blocks fastest, leading dimensions padded to
-//     4); not yet checked against the library on a GPU.
+//     in FP32. Scale layouts as cuBLAS's documentation gives them (3.1.4.5.1 "Scaling factors
+//     layouts"), for an operand whose scales cover outer x K (outer: M for A, N for B):
+//     VEC128_32F s[kb * outer + o] (outer-major), BLK128x128_32F
+//     s[(o / 128) * round_up(ceil(K / 128), 4) + kb] (K-major), SCALAR_32F s[0] (1 without a
+//     pointer).
+// It refuses what the documentation excludes, never what our own mapping happens to avoid
+// (fake_blas.cpp cites each rule): FP8 outside "TN", Tensor Core Usage's 16-byte multiples
+// (K, M x C's element size, every leading dimension) and 16-byte pointers, the block scalings
+// on any device but compute capability 9.0 (the fake driver's current one), block-scaled M or N
+// off a multiple of 4, BLK x BLK, a bias type the datatype tables do not list (BF16 inputs take
+// a bias of D's type, FP32 with FP32 D; FP8 inputs take BF16): the heuristic and cublasLtMatmul
+// answer CUBLAS_STATUS_NOT_SUPPORTED, misaligned pointers CUBLAS_STATUS_INVALID_VALUE.
 // It checks that every buffer lies in a live fake allocation, and can be told to fail the
 // load, the heuristic (a status or 0 results), to report a workspace size, and to fail matmul.
 //

@@ -128,10 +128,12 @@ TEST(W8a8OnFakeCuda, PaddedScaleShapesRunAndMatchTheFloat64Reference) {
   W8a8Rig r;
   ASSERT_EQ(r.b().dense_gemm_unavailable(DenseKind::kE4m3Block128), "");
   std::mt19937_64 gen(20261201);
-  // M % 4 != 0 pads the cast's scales, ceil(K/128) % 4 != 0 the weights'; {4, 64, 512} neither.
+  // M % 4 != 0 pads the cast's scales (and the library's rows), ceil(K/128) % 4 != 0 the
+  // weights'; {4, 64, 512} neither. N and K meet cuBLAS's FP8 rules (N % 8, K % 16), partial
+  // 128-blocks among them.
   for (const Problem& s :
-       {Problem{1, 300, 200, false}, Problem{1, 64, 128, true}, Problem{5, 129, 300, true},
-        Problem{3, 40, 700, false}, Problem{4, 64, 512, true}, Problem{9, 130, 130, false}}) {
+       {Problem{1, 296, 208, false}, Problem{1, 64, 128, true}, Problem{5, 136, 304, true},
+        Problem{3, 40, 704, false}, Problem{4, 64, 512, true}, Problem{9, 136, 144, false}}) {
     check_problem(r, s, gen);
   }
   EXPECT_EQ(r.fb.calls("cublasLtMatmul"), 6u);
