@@ -22,8 +22,10 @@ enum class DenseKind {
   // K-block-major: [ceil(K/128), lda], lda = dense_a_scales_ld(M) = round_up(M, 4)) and
   // b_scales[(n / 128) * ldb + kb] (one FP32 per 128 x 128 block of B, row-major
   // [ceil(N/128), ldb], ldb = dense_b_scales_ld(K) = round_up(ceil(K/128), 4)), then summed over
-  // blocks in FP32. The padded leading dimensions are what cuBLASLt reads; the padding entries
-  // (m >= M, kb >= ceil(K/128)) are never read and may hold anything.
+  // blocks in FP32. The padded leading dimensions are cuBLASLt's layouts (the CUDA backend runs
+  // M padded to a multiple of 4, whose zero rows read a_scales' padding); the padding entries
+  // (m >= M, kb >= ceil(K/128)) may hold anything and never reach C. A backend may refuse an N
+  // or K its library excludes (CUDA: K % 16, N % 8, or N % 4 with FP32 C; docs/CONTRACT.md).
   kE4m3Block128,
 };
 // "bf16", "e4m3-block128".
@@ -48,7 +50,8 @@ constexpr std::int64_t dense_b_scales_ld(std::int64_t k) noexcept {
   return dense_a_scales_ld(dense_scale_blocks(k));
 }
 
-// One GEMM shape: C[M, N] = A[M, K] · B[N, K]ᵀ (+ bias[N], BF16, added in FP32 before rounding).
+// One GEMM shape: C[M, N] = A[M, K] · B[N, K]ᵀ (+ bias[N], BF16, added in FP32 before rounding;
+// every kind and output type takes the same BF16 bias).
 struct DenseGemmShape {
   DenseKind kind = DenseKind::kBf16;
   std::int64_t m = 0, n = 0, k = 0;
@@ -62,7 +65,7 @@ struct DenseGemmShape {
 // on the backend that made it until its OpCache is released.
 struct DenseGemmPlan {
   DenseGemmShape shape;
-  std::uint64_t workspace_bytes = 0;  // scratch run_dense_gemm needs (0: none)
+  std::uint64_t workspace_bytes = 0;  // scratch run_dense_gemm needs, padding included (0: none)
   std::uint64_t algorithm = 0;        // the backend's key for its memoized choice
   std::string describe;  // e.g. "cuBLASLt BF16 algo 66 tile 128x256" or "cpu reference"
 };

@@ -150,10 +150,29 @@ TEST_P(W8a8Numerics, MatchesTheFloat64References) {
   // (32 + 1)·2^-13 of its Σ|a8·w|. Allowed on a GPU backend until a device run measures
   // cuBLASLt's own; the CPU reference accumulates in FP32 and is held to the FP32 bound alone.
   const double mma = GetParam() == "cpu" ? 0.0 : 2 * toolkit::kFp8MmaTerm;
-  for (const Problem s :
-       {Problem{1, 300, 200, false}, Problem{1, 64, 128, true}, Problem{5, 129, 300, true},
-        Problem{128, 200, 257, false}, Problem{300, 130, 130, true}, Problem{3, 70, 700, false},
-        Problem{4, 64, 512, true}}) {
+  // N and K within cuBLAS's FP8 rules (N % 8, K % 16), 128-blocks partial and whole, M on and
+  // off multiples of 4: every backend runs these.
+  std::vector<Problem> shapes = {Problem{1, 296, 208, false},  Problem{1, 64, 128, true},
+                                 Problem{5, 136, 304, true},   Problem{128, 200, 272, false},
+                                 Problem{300, 136, 144, true}, Problem{3, 72, 704, false},
+                                 Problem{4, 64, 512, true}};
+  // Any N and K on the CPU; on CUDA, cuBLASLt's FP8 rules refuse them by name at plan time.
+  const std::vector<Problem> ragged = {Problem{1, 300, 200, false}, Problem{5, 129, 300, true},
+                                       Problem{128, 200, 257, false}, Problem{300, 130, 130, true},
+                                       Problem{3, 70, 700, false}};
+  if (GetParam() == "cpu") {
+    shapes.insert(shapes.end(), ragged.begin(), ragged.end());
+  } else {
+    for (const Problem& s : ragged) {
+      const f8::HostFp8Weights hw = f8::random_weights(s.n, s.k, rng());
+      ops::Fp8Weights w = ops::upload_fp8_weights(b(), hw.codes, hw.scale_bytes(), s.n, s.k);
+      const Error e = expect_error([&] { (void)ops::plan(b(), s.m, w, {}); });
+      EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not a multiple of"), std::string::npos) << e.what();
+      ops::free_fp8_weights(b(), w);
+    }
+  }
+  for (const Problem& s : shapes) {
     check_problem(b(), s, /*one_call=*/true, stream(), mma);
     check_problem(b(), s, /*one_call=*/false, stream(), mma);
   }
