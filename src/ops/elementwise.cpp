@@ -12,8 +12,6 @@
 namespace metrale::ops {
 namespace {
 
-constexpr std::uint32_t kBlockThreads = 256;
-
 void check_buffer(std::string_view api, std::string_view name, DevicePtr p) {
   if (!p) throw Error(ErrorCode::kInvalidArgument, api, fmt::format("{} is null", name));
   if (p.address() % 4 != 0) {
@@ -35,6 +33,18 @@ Dim3 grid_for(const Backend& backend, const ResolvedKernel& k, std::size_t n) {
   return Dim3{static_cast<std::uint32_t>((n + tile - 1) / tile), 1, 1};
 }
 
+// Block from the kernel's own published size: a kernel's tile is strided by the block it was
+// written for, so a launch with another block size would skip or repeat elements.
+Dim3 block_for(std::string_view api, const Backend& backend, const ResolvedKernel& k) {
+  if (k.meta.block_threads == 0) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} publishes no block size (its <entry>_block_threads symbol is "
+                            "missing or 0); a launcher cannot assume one",
+                            backend.kernel_name(k)));
+  }
+  return Dim3{k.meta.block_threads};
+}
+
 }  // namespace
 
 void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t n,
@@ -46,7 +56,8 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
   const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "fill_u32");
   const std::array args{KernelArg::buffer(out), KernelArg::value(value),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
-  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+  const Dim3 grid = grid_for(backend, k, n);  // first: a missing tile is named before the block
+  backend.launch_typed(k, grid, block_for("fill_u32", backend, k), 0, stream, args);
 }
 
 void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, float a,
@@ -66,7 +77,8 @@ void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, f
   const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "axpy_f32");
   const std::array args{KernelArg::buffer(y), KernelArg::buffer(x), KernelArg::value(a),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
-  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+  const Dim3 grid = grid_for(backend, k, n);
+  backend.launch_typed(k, grid, block_for("axpy_f32", backend, k), 0, stream, args);
 }
 
 void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
@@ -90,7 +102,8 @@ void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, Devic
   const ResolvedKernel& k = backend.op_cache().kernel(backend, "core", "cast_f32_bf16");
   const std::array args{KernelArg::buffer(out), KernelArg::buffer(in),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
-  backend.launch_typed(k, grid_for(backend, k, n), Dim3{kBlockThreads}, 0, stream, args);
+  const Dim3 grid = grid_for(backend, k, n);
+  backend.launch_typed(k, grid, block_for(kApi, backend, k), 0, stream, args);
 }
 
 }  // namespace metrale::ops

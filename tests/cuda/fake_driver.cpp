@@ -88,6 +88,16 @@ std::vector<unsigned char> FakeDriver::fake_image(const std::string& name) {
   return image;
 }
 
+void FakeDriver::hold_events(bool hold) {
+  locked(*state_, [&](State& s) { s.hold_events = hold; });
+}
+
+void FakeDriver::release_events() {
+  locked(*state_, [&](State& s) {
+    for (auto& [handle, ev] : s.events) ev.held = false;
+  });
+}
+
 void FakeDriver::set_events_ready(bool ready) {
   locked(*state_, [&](State& s) { s.events_ready = ready; });
 }

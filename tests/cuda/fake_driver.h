@@ -109,6 +109,12 @@ class FakeDriver {
   // Makes cuEventQuery and cuEventElapsedTime answer as if recorded work were done (true, the
   // default) or CUDA_ERROR_NOT_READY (false).
   void set_events_ready(bool ready);
+  // While held (true), an event recorded is not done: cuEventQuery answers CUDA_ERROR_NOT_READY
+  // for it until cuEventSynchronize waits on it (its work then completes) or release_events.
+  // Models work still queued behind a record, one event at a time.
+  void hold_events(bool hold);
+  // Completes the work behind every held event.
+  void release_events();
   // Moves the fake's device clock forward by ms (timing events read it when recorded; every
   // launch moves it by 0.001 ms).
   void advance_clock(double ms);

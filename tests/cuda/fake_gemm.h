@@ -21,11 +21,16 @@ T* at(std::uint64_t address) {
   return reinterpret_cast<T*>(static_cast<std::uintptr_t>(address));
 }
 
-// C[m, n] from its FP32 sum: tensor scale, bias, one rounding to BF16 (the kernels' epilogue).
+// C[m, n] from its FP32 sum: tensor scale, bias, then (the kernels' epilogue) one rounding to
+// BF16, or, with kGemmOutF32, the FP32 value itself (a row-parallel rank's partial sum).
 inline void store_c(const GemmParams& p, std::int64_t m, std::int64_t n, float sum) {
   float v = sum * p.tensor_scale;
   if (p.flags & kGemmBias) v += num::bf16_to_f32(at<const std::uint16_t>(p.bias)[n]);
-  at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  if (p.flags & kGemmOutF32) {
+    at<float>(p.out)[m * p.n + n] = v;
+  } else {
+    at<std::uint16_t>(p.out)[m * p.n + n] = num::f32_to_bf16(v);
+  }
 }
 
 // W[n, k] as a fake kernel reads it from the buffers GemmParams points at.

@@ -83,6 +83,7 @@ struct Event {
   bool timing = true;     // not made with CU_EVENT_DISABLE_TIMING
   bool recorded = false;  // recorded outside a capture at least once
   double at_ms = 0;       // State::clock_ms at the last such record
+  bool held = false;      // recorded under hold_events: its work is not done until waited on
 };
 
 struct LoadedModule {
@@ -145,6 +146,7 @@ struct FakeDriver::State {
   bool initialized = false;
   int driver_version = 13000;
   bool events_ready = true;
+  bool hold_events = false;  // FakeDriver::hold_events
   double clock_ms = 0;       // the fake's device clock: what timing events read
   double launch_ms = 0.001;  // how far each launch moves it
   CUresult sticky = CUDA_SUCCESS;

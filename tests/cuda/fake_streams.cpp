@@ -197,6 +197,7 @@ CUresult fake_cuEventRecord(CUevent event, CUstream stream) {
     ev->second.recorded = true;
     ev->second.at_ms = s.clock_ms;  // work runs when queued: the stream is here now
   }
+  ev->second.held = s.hold_events;
   return CUDA_SUCCESS;
 }
 
@@ -205,15 +206,20 @@ CUresult fake_cuEventQuery(CUevent event) {
   auto ev = s.events.find(event);
   if (ev == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
   if (ev->second.captured) return CUDA_ERROR_CAPTURED_EVENT;
+  if (ev->second.held) return CUDA_ERROR_NOT_READY;
   return s.events_ready ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-// Waiting always succeeds: the work behind the event completes while the host waits.
+// Waiting always succeeds: the work behind the event completes while the host waits, so a held
+// event is done from then on (cuEventSynchronize: "Waits until the completion of all work
+// currently captured in hEvent").
 CUresult fake_cuEventSynchronize(CUevent event) {
   FAKE_ENTER(Need::kContext);
   auto ev = s.events.find(event);
   if (ev == s.events.end()) return CUDA_ERROR_INVALID_HANDLE;
-  return ev->second.captured ? CUDA_ERROR_CAPTURED_EVENT : CUDA_SUCCESS;
+  if (ev->second.captured) return CUDA_ERROR_CAPTURED_EVENT;
+  ev->second.held = false;
+  return CUDA_SUCCESS;
 }
 
 // The driver's rules: both events live, made with timing and recorded (else INVALID_HANDLE),

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -109,6 +110,56 @@ TEST(CudaOps, TheGridComesFromThePublishedTile) {
   ASSERT_EQ(launches.size(), 1u);
   EXPECT_EQ(launches[0].grid[0], 16u);  // ceil(1000 / 64)
   for (std::size_t i = 0; i < kN; ++i) ASSERT_EQ(host_view<std::uint32_t>(out)[i], 7u) << i;
+  b.free(out);
+}
+
+// The kernels stride their tile by the block size they are written for: here 128 threads over
+// a 512-element tile, four elements each. A launch of the 256 threads elementwise once assumed
+// adds a * x twice to half the tile; only a block read from the published size matches the
+// float64 reference.
+TEST(CudaOps, TheBlockComesFromThePublishedBlockSize) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  Rig rig({.modules = {core_module(512, 128)}});
+  CudaBackend& b = rig.b();
+  constexpr std::size_t kN = 1500;
+  std::vector<float> x(kN), y(kN);
+  for (auto& v : x) v = dist(gen);
+  for (auto& v : y) v = dist(gen);
+  const float a = dist(gen);
+  const DevicePtr dx = b.alloc(kN * 4), dy = b.alloc(kN * 4);
+  b.copy_h2d(dx, x.data(), kN * 4);
+  b.copy_h2d(dy, y.data(), kN * 4);
+  ops::axpy_f32(b, b.default_stream(), dy, dx, a, kN);
+  b.synchronize(b.default_stream());
+  std::vector<float> got(kN);
+  b.copy_d2h(got.data(), dy, kN * 4);
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < kN; ++i) {
+    const double want = double{a} * x[i] + y[i];
+    err += (got[i] - want) * (got[i] - want);
+    norm += want * want;
+  }
+  EXPECT_LT(std::sqrt(err / norm), 1e-6);
+  const FakeLaunch last = rig.fd.launches().back();
+  EXPECT_EQ(last.block[0], 128u);
+  EXPECT_EQ(last.grid[0], blocks_for(kN, 512));
+  b.free(dx);
+  b.free(dy);
+}
+
+TEST(CudaOps, AKernelPublishingNoBlockSizeLaunchesNothing) {
+  ModuleSpec m = core_module();
+  m.fake.globals.erase("fill_u32_block_threads");
+  Rig rig({.modules = {m}});
+  CudaBackend& b = rig.b();
+  const DevicePtr out = b.alloc(64);
+  const Error e = expect_error([&] { ops::fill_u32(b, b.default_stream(), out, 16, 1u); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), HasSubstr("core::fill_u32 publishes no block size"));
+  EXPECT_TRUE(rig.fd.launches().empty());
   b.free(out);
 }
 

@@ -23,6 +23,7 @@
 #include "cuda/host.h"
 #include "cuda/module_registry.h"
 #include "metrale/kernel_args.h"
+#include "metrale/numerics.h"
 
 namespace metrale::cuda::testing {
 
@@ -34,44 +35,72 @@ T* host_view(DevicePtr p) {
   return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p.address()));
 }
 
-// fill_u32(out, value, n) as the real kernel covers it: block bx writes elements
-// [bx * tile, bx * tile + tile) below n. A grid sized from a wrong tile leaves a tail unwritten.
-inline FakeFunction fill_u32_kernel(std::uint32_t tile) {
+// Calls at(i) for each element the real core kernels (src/cuda/kernels/core.cu) touch in a
+// launch: block bx's thread t covers bx * tile + t + j * threads for j < tile / threads, the
+// stride being the block size the kernel is written for (`threads`), not the launch's. So a
+// launch with fewer threads leaves elements unwritten and one with more touches some twice, as
+// on the device.
+template <class F>
+void for_core_elements(const FakeLaunch& l, std::uint32_t tile, std::uint32_t threads,
+                       std::uint32_t n, F&& at) {
+  for (std::uint64_t bx = 0; bx < l.grid[0]; ++bx) {
+    for (std::uint64_t t = 0; t < l.block[0]; ++t) {
+      for (std::uint64_t j = 0; j < tile / threads; ++j) {
+        const std::uint64_t i = bx * tile + t + j * threads;
+        if (i < n) at(i);
+      }
+    }
+  }
+}
+
+// fill_u32(out, value, n): out[i] = value. A grid sized from a wrong tile, or a block of other
+// than `threads`, leaves elements unwritten.
+inline FakeFunction fill_u32_kernel(std::uint32_t tile, std::uint32_t threads = 0) {
+  if (threads == 0) threads = tile;
   FakeFunction f;
   f.param_sizes = {sizeof(std::uint64_t), sizeof(std::uint32_t), sizeof(std::uint32_t)};
-  f.body = [tile](const FakeLaunch& l) {
+  f.body = [tile, threads](const FakeLaunch& l) {
     auto* out = reinterpret_cast<std::uint32_t*>(
         static_cast<std::uintptr_t>(read_param<std::uint64_t>(l.params, 0)));
     const auto value = read_param<std::uint32_t>(l.params, 1);
     const auto n = read_param<std::uint32_t>(l.params, 2);
-    for (std::uint64_t bx = 0; bx < l.grid[0]; ++bx) {
-      for (std::uint64_t t = 0; t < tile; ++t) {
-        const std::uint64_t i = bx * tile + t;
-        if (i < n) out[i] = value;
-      }
-    }
+    for_core_elements(l, tile, threads, n, [&](std::uint64_t i) { out[i] = value; });
   };
   return f;
 }
 
-// axpy_f32(y, x, a, n): y[i] = a * x[i] + y[i], tiled like fill_u32_kernel.
-inline FakeFunction axpy_f32_kernel(std::uint32_t tile) {
+// axpy_f32(y, x, a, n): y[i] = a * x[i] + y[i], covered like fill_u32_kernel.
+inline FakeFunction axpy_f32_kernel(std::uint32_t tile, std::uint32_t threads = 0) {
+  if (threads == 0) threads = tile;
   FakeFunction f;
   f.param_sizes = {sizeof(std::uint64_t), sizeof(std::uint64_t), sizeof(float),
                    sizeof(std::uint32_t)};
-  f.body = [tile](const FakeLaunch& l) {
+  f.body = [tile, threads](const FakeLaunch& l) {
     auto* y = reinterpret_cast<float*>(
         static_cast<std::uintptr_t>(read_param<std::uint64_t>(l.params, 0)));
     const auto* x = reinterpret_cast<const float*>(
         static_cast<std::uintptr_t>(read_param<std::uint64_t>(l.params, 1)));
     const auto a = read_param<float>(l.params, 2);
     const auto n = read_param<std::uint32_t>(l.params, 3);
-    for (std::uint64_t bx = 0; bx < l.grid[0]; ++bx) {
-      for (std::uint64_t t = 0; t < tile; ++t) {
-        const std::uint64_t i = bx * tile + t;
-        if (i < n) y[i] = a * x[i] + y[i];
-      }
-    }
+    for_core_elements(l, tile, threads, n, [&](std::uint64_t i) { y[i] = a * x[i] + y[i]; });
+  };
+  return f;
+}
+
+// cast_f32_bf16(out, in, n): out[i] = in[i] rounded to BF16 (nearest even), covered like
+// fill_u32_kernel: the row-parallel GEMM's one rounding of its FP32 sum.
+inline FakeFunction cast_f32_bf16_kernel(std::uint32_t tile, std::uint32_t threads = 0) {
+  if (threads == 0) threads = tile;
+  FakeFunction f;
+  f.param_sizes = {sizeof(std::uint64_t), sizeof(std::uint64_t), sizeof(std::uint32_t)};
+  f.body = [tile, threads](const FakeLaunch& l) {
+    auto* out = reinterpret_cast<std::uint16_t*>(
+        static_cast<std::uintptr_t>(read_param<std::uint64_t>(l.params, 0)));
+    const auto* in = reinterpret_cast<const float*>(
+        static_cast<std::uintptr_t>(read_param<std::uint64_t>(l.params, 1)));
+    const auto n = read_param<std::uint32_t>(l.params, 2);
+    for_core_elements(l, tile, threads, n,
+                      [&](std::uint64_t i) { out[i] = num::f32_to_bf16(in[i]); });
   };
   return f;
 }
@@ -98,15 +127,22 @@ struct ModuleSpec {
   bool register_with_fake = true;  // false: cuModuleLoadData refuses its image
 };
 
-// The "core" module: fill_u32 and axpy_f32 with bodies, both publishing `tile`, and "nop"
-// (no body, no parameters) for launches that only exercise the host rules.
-inline ModuleSpec core_module(std::uint32_t tile = 256) {
+// The "core" module: fill_u32, axpy_f32 and cast_f32_bf16 with bodies, each publishing
+// `tile` and `threads` (0: as many threads as the tile, one element each), and "nop" (no body,
+// no parameters) for launches that only exercise the host rules.
+inline ModuleSpec core_module(std::uint32_t tile = 256, std::uint32_t threads = 0) {
+  if (threads == 0) threads = tile;
   ModuleSpec m;
-  m.fake.functions["fill_u32"] = fill_u32_kernel(tile);
-  m.fake.functions["axpy_f32"] = axpy_f32_kernel(tile);
+  m.fake.functions["fill_u32"] = fill_u32_kernel(tile, threads);
+  m.fake.functions["axpy_f32"] = axpy_f32_kernel(tile, threads);
+  m.fake.functions["cast_f32_bf16"] = cast_f32_bf16_kernel(tile, threads);
   m.fake.functions["nop"] = FakeFunction{};
-  m.fake.publish_u32("fill_u32_n_tile", tile);
-  m.fake.publish_u32("axpy_f32_n_tile", tile);
+  for (const char* e : {"fill_u32", "axpy_f32", "cast_f32_bf16"}) {
+    m.fake.publish_u32(std::string(e) + "_n_tile", tile);
+    m.fake.publish_u32(std::string(e) + "_block_threads", threads);
+  }
+  // The manifest the backend tests count (backend_kernels_test.cpp); cast_f32_bf16 resolves by
+  // name all the same.
   m.entries = {"fill_u32", "axpy_f32"};
   return m;
 }

@@ -101,9 +101,10 @@ Published w4a16_published(const std::string& target) {
 }
 
 Published core_published(const std::string&) {
-  return {{"fill_u32_n_tile", kCoreThreads},
-          {"axpy_f32_n_tile", kCoreThreads * 4},
-          {"cast_f32_bf16_n_tile", kCoreThreads * 4}};
+  return {
+      {"fill_u32_n_tile", kCoreThreads},          {"axpy_f32_n_tile", kCoreThreads * 4},
+      {"cast_f32_bf16_n_tile", kCoreThreads * 4}, {"fill_u32_block_threads", kCoreThreads},
+      {"axpy_f32_block_threads", kCoreThreads},   {"cast_f32_bf16_block_threads", kCoreThreads}};
 }
 
 // Module "fp8": a warp per (row, 128-K block) pair, 8 warps a block, on every target.
@@ -360,8 +361,7 @@ TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
       for (const auto& e : m.entries) {
         const auto it = seen.find(e + "_n_tile");
         EXPECT_TRUE(it != seen.end() && it->second != 0) << e << "_n_tile is missing or zero";
-        // The ops size every w4a16 and fp8 launch from the block size the entry publishes.
-        if (m.name == "core") continue;
+        // The ops size every launch from the block size the entry publishes.
         const auto bt = seen.find(e + "_block_threads");
         EXPECT_TRUE(bt != seen.end() && bt->second != 0) << e << "_block_threads is missing or 0";
       }

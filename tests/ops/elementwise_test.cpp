@@ -298,10 +298,12 @@ void fill_u32_narrow(const HostBlock& b) {
   for (std::uint64_t i = begin; i < end; ++i) out[i] = value;
 }
 
-// A backend whose module "core" has that kernel, publishing `tile` (or nothing when absent).
+// A backend whose module "core" has that kernel, publishing `tile` (or nothing when absent)
+// and its block size (the launcher reads it as it reads the tile).
 CpuBackendOptions narrow_core(std::optional<std::uint32_t> tile) {
   HostModule core("core");
-  core.add_kernel("fill_u32", fill_u32_narrow, {8, 4, 4});
+  core.add_kernel("fill_u32", fill_u32_narrow, {8, 4, 4})
+      .publish_u32("fill_u32_block_threads", kNarrowTile);
   if (tile) core.publish_u32("fill_u32_n_tile", *tile);
   CpuBackendOptions o;
   o.modules.clear();

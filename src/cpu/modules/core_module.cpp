@@ -11,6 +11,8 @@
 namespace metrale::cpu {
 namespace {
 
+// The GPU kernels' block size, published so the launcher reads it on either backend.
+constexpr std::uint32_t kThreads = 256;
 constexpr std::uint32_t kFillTile = 256;
 constexpr std::uint32_t kAxpyTile = 1024;
 constexpr std::uint32_t kCastTile = 1024;
@@ -55,10 +57,15 @@ void cast_f32_bf16(const HostBlock& b) {
 
 HostModule make_core_module() {
   HostModule m("core");
-  m.add_kernel("fill_u32", fill_u32, {8, 4, 4}).publish_u32("fill_u32_n_tile", kFillTile);
-  m.add_kernel("axpy_f32", axpy_f32, {8, 8, 4, 4}).publish_u32("axpy_f32_n_tile", kAxpyTile);
+  m.add_kernel("fill_u32", fill_u32, {8, 4, 4})
+      .publish_u32("fill_u32_n_tile", kFillTile)
+      .publish_u32("fill_u32_block_threads", kThreads);
+  m.add_kernel("axpy_f32", axpy_f32, {8, 8, 4, 4})
+      .publish_u32("axpy_f32_n_tile", kAxpyTile)
+      .publish_u32("axpy_f32_block_threads", kThreads);
   m.add_kernel("cast_f32_bf16", cast_f32_bf16, {8, 8, 4})
-      .publish_u32("cast_f32_bf16_n_tile", kCastTile);
+      .publish_u32("cast_f32_bf16_n_tile", kCastTile)
+      .publish_u32("cast_f32_bf16_block_threads", kThreads);
   return m;
 }
 

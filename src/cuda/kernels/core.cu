@@ -1,6 +1,7 @@
 // Module "core" on the GPU: the element-wise kernels whose host twins live in
 // src/cpu/modules/core_module.cpp. Each publishes the output tile one block covers, which the
-// launcher reads at lookup to size its grid. Device code only: includes nothing from host code.
+// launcher reads at lookup to size its grid, and the block size it is written for, which the
+// launcher reads rather than assume one. Device code only: includes nothing from host code.
 #include <cstdint>
 
 #include "metrale/numerics.h"
@@ -18,6 +19,9 @@ extern "C" {
 __device__ std::uint32_t fill_u32_n_tile = kFillTile;
 __device__ std::uint32_t axpy_f32_n_tile = kAxpyTile;
 __device__ std::uint32_t cast_f32_bf16_n_tile = kCastTile;
+__device__ std::uint32_t fill_u32_block_threads = kThreads;
+__device__ std::uint32_t axpy_f32_block_threads = kThreads;
+__device__ std::uint32_t cast_f32_bf16_block_threads = kThreads;
 
 // out[i] = value over this block's tile of kFillTile elements.
 __global__ void __launch_bounds__(kThreads)
