@@ -42,6 +42,11 @@
 namespace metrale::cli {
 namespace {
 
+// What the check before the timing covers, for the report.
+constexpr const char* kChecks =
+    "every copy of the weight rotation that is timed, against the float64 reference: sampled "
+    "outputs (96 of copy 0, 16 of each other copy; toolkit/rotation.h)";
+
 // One way of computing every layer at one M: the quantized GEMM on its automatic route (the
 // main table), on one route forced, the W8A8 op on the weights requantized to block-scaled E4M3
 // (ops/fp8_requant.h), or the backend's dense BF16 GEMM on the weights dequantized to BF16 (the
@@ -92,7 +97,8 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
         cell = "WRONG";
       } else if (cs != nullptr && cs->timed) {
         cell = fmt::format("{}{}", cs->seconds == best ? "*" : "", toolkit::format_ms(cs->seconds));
-        if (base > 0 && cs->seconds > 0 && !v.dense_bf16) cell += fmt::format(" {:.2f}x", base / cs->seconds);
+        if (base > 0 && cs->seconds > 0 && !v.dense_bf16)
+          cell += fmt::format(" {:.2f}x", base / cs->seconds);
         if (v.name == "auto") cell = cs->route + " " + cell;
       }
       fmt::print(" {:>16}", cell);
@@ -435,6 +441,9 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                    gemm_options.bias);
         }
       };
+      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size()
+                                 : v.w8a8     ? rotation_fp8.size()
+                                              : rotation.size();
       for (std::size_t li = 0; li < shape.layers.size() && !interrupted(); ++li) {
         const Layer& l = shape.layers[li];
         progress.step(cases.size(), fmt::format("{} M={} {}", l.name, m, v.name));
@@ -466,20 +475,26 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
             l.n,      l.k,
             v.name,   v.dense_bf16 ? "bf16" : v.w8a8 ? "w8a8" : std::string(ops::to_string(route)),
             plan_text};
-        b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
-        queue(0, li);
-        b.synchronize(stream);
-        std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
-        b.copy_d2h(out.data(), c, out.size() * 2);
-        // The W8A8 column against the 4-bit weights it was requantized from, with a GPU's FP8
-        // tensor cores' allowance (tests/ops/fp8_gemm_test.cpp).
-        const toolkit::SampledCheck check =
-            v.w8a8
-                ? toolkit::sampled_check_w8a8(a_rows, out, fp8_host[li].view(), m,
-                                              gpu ? 2 * toolkit::kFp8MmaTerm : 0.0, rng, &host[li])
-                : toolkit::sampled_check(a_rows, out, host[li], m, route, rng);
-        cs.error = check.normalized;
+        // Every copy the timing cycles through is checked (toolkit/rotation.h), so no copy whose
+        // upload went wrong is timed: copy 0 with the full sample, the others with a smaller one.
+        const auto check_copy = [&](std::size_t r, int samples) {
+          b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
+          queue(r, li);
+          b.synchronize(stream);
+          std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
+          b.copy_d2h(out.data(), c, out.size() * 2);
+          // The W8A8 column against the 4-bit weights it was requantized from, with a GPU's FP8
+          // tensor cores' allowance (tests/ops/fp8_gemm_test.cpp).
+          return v.w8a8 ? toolkit::sampled_check_w8a8(a_rows, out, fp8_host[li].view(), m,
+                                                      gpu ? 2 * toolkit::kFp8MmaTerm : 0.0, rng,
+                                                      &host[li], samples)
+                        : toolkit::sampled_check(a_rows, out, host[li], m, route, rng, samples);
+        };
+        const toolkit::RotationCheck check = toolkit::check_rotation(copies, check_copy);
+        cs.error = check.failed_copy ? check.failed.normalized : check.first.normalized;
         cs.passed = check.passed();
+        cs.copies_checked = check.copies;
+        if (check.failed_copy) cs.failed_copy = static_cast<std::int64_t>(*check.failed_copy);
         if (!cs.passed) {
           ok = false;
         } else {
@@ -490,9 +505,6 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       }
       if (timed.empty()) continue;
 
-      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size()
-                                 : v.w8a8     ? rotation_fp8.size()
-                                              : rotation.size();
       const auto t = time_in_turns(b, stream, copies, shape.layers.size(), timed, queue,
                                    bench.graph, bench.repeats);
       for (std::size_t li : timed) {
@@ -593,6 +605,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                          {"flops_of", roof.flops_of},
                          {"bandwidth_readings", bw_readings.count()},
                          {"flops_readings", flops_readings.count()}}},
+                       {"checks", kChecks},
                        {"roof_read_low", roof_low},
                        {"roof_note", roof_note},
                        {"decode_layout_pack_s", pack_seconds},
@@ -626,7 +639,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
            {"pct_bandwidth", cs.pct_bw},
            {"pct_flops", cs.pct_flops},
            {"above_roof", cs.above_bw || cs.above_flops},
-           {"error", cs.error}});
+           {"error", cs.error},
+           {"copies_checked", cs.copies_checked},
+           {"failed_copy",
+            cs.failed_copy >= 0 ? nlohmann::json(cs.failed_copy) : nlohmann::json()}});
     }
     for (const Block& bl : blocks) {
       // null where nothing was timed or the time was below the timer's resolution, never inf.
@@ -652,6 +668,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                                   : "custom shapes";
   fmt::print("metrale bench: {} on {} ({})\n  backend {}\n", what, backend_name, device, why);
   fmt::print("  timed with {}\n", kTimingMethod);
+  fmt::print("  checked: {}\n", kChecks);
   fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
              roof.bandwidth_of,
              roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)
@@ -689,7 +706,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
         cs.layer, width, cs.m, cs.n, cs.k, cs.route,
         cs.timed ? toolkit::format_ms(cs.seconds) : "-", cs.gbps,
         toolkit::format_share({cs.pct_bw, cs.above_bw}), cs.tflops,
-        toolkit::format_share({cs.pct_flops, cs.above_flops}), cs.passed ? "ok" : "WRONG",
+        toolkit::format_share({cs.pct_flops, cs.above_flops}),
+        cs.passed             ? "ok"
+        : cs.failed_copy >= 0 ? fmt::format("WRONG in copy {}", cs.failed_copy)
+                              : std::string("WRONG"),
         cs.error);
   }
   if (roof_low) fmt::print("  ! {}\n", roof_note);

@@ -20,8 +20,10 @@ struct Case {
   std::string route;
   std::string plan;  // the describe() of the plan that ran
   double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
-  bool passed = false;  // the sampled check (toolkit/sampled_check.h)
-  bool timed = false;   // it passed and was timed (seconds 0: below the timer's resolution)
+  bool passed = false;             // the sampled check (toolkit/sampled_check.h)
+  std::size_t copies_checked = 0;  // copies of the rotation the check covered
+  std::int64_t failed_copy = -1;   // the copy whose check failed; -1: none
+  bool timed = false;  // it passed and was timed (seconds 0: below the timer's resolution)
   // The share of a roof is above 100%: that roof read low (toolkit/roof_share.h).
   bool above_bw = false, above_flops = false;
 };
