@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "metrale/numerics.h"
@@ -139,6 +140,47 @@ Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, boo
     ref2 += ref.value[i] * ref.value[i];
     const double bound =
         element_bound(ref, i) + (add_cast_gap ? (1.0 + kBf16Unit) * ref.cast_gap[i] : 0.0);
+    const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
+                     : bound > 0.0 ? std::fabs(d) / bound
+                     : d == 0.0    ? 0.0
+                                   : std::numeric_limits<double>::infinity();
+    if (c.worst_at < 0 || r > c.worst) {
+      c.worst = r;
+      c.worst_at = static_cast<std::int64_t>(i);
+      c.worst_out = o;
+      c.worst_ref = ref.value[i];
+      c.worst_bound = bound;
+    }
+  }
+  c.ref_norm = std::sqrt(ref2);
+  c.normalized = std::sqrt(err2) / c.ref_norm;
+  c.underflow_norm = std::sqrt(under2);
+  return c;
+}
+
+Comparison compare_f32(std::span<const float> out, const Reference& ref) {
+  Comparison c;
+  c.n = ref.n;
+  c.count = static_cast<std::int64_t>(ref.value.size());
+  double err2 = 0.0, ref2 = 0.0, under2 = 0.0;
+  for (std::size_t i = 0; i < ref.value.size(); ++i) {
+    const double act =
+        ref.act_abs_sum.empty() ? 0.0 : ref.act_abs_sum[i / static_cast<std::size_t>(ref.n)];
+    // No BF16 output: the FP32 terms of element_bound alone (its underflow without BF16's).
+    const double under =
+        underflow_bound(ref.k, ref.weight_rounding, act) - (1.0 + kBf16Unit) * kBf16Underflow;
+    const double bound =
+        element_bound(ref.value[i], ref.abs_sum[i], ref.k, ref.mode, ref.weight_rounding, act) -
+        kBf16Unit * std::fabs(ref.value[i]) - (1.0 + kBf16Unit) * kBf16Underflow;
+    under2 += under * under;
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &out[i], 4);
+    c.unwritten += bits == kPoisonF32;
+    c.nonzero += out[i] != 0.0f;
+    const double o = out[i];
+    const double d = o - ref.value[i];
+    err2 += d * d;
+    ref2 += ref.value[i] * ref.value[i];
     const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
                      : bound > 0.0 ? std::fabs(d) / bound
                      : d == 0.0    ? 0.0

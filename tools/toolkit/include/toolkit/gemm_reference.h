@@ -23,6 +23,7 @@ namespace metrale::toolkit {
 // memset(0xFF) leaves 0xFFFF in every BF16: a NaN, so an unwritten element makes the error NaN.
 inline constexpr std::uint8_t kPoisonByte = 0xFF;
 inline constexpr std::uint16_t kPoisonBf16 = 0xFFFF;
+inline constexpr std::uint32_t kPoisonF32 = 0xFFFFFFFF;  // the same bytes read as FP32: a NaN
 
 struct Reference {
   std::int64_t m = 0, n = 0, k = 0;
@@ -91,6 +92,10 @@ struct Comparison {
 // term of the aware bound exceeds the exact one's by at most 2^-8 × the gap).
 Comparison compare(std::span<const std::uint16_t> out, const Reference& ref,
                    bool add_cast_gap = false);
+
+// Compares FP32 out (GemmOptions::out_f32: no BF16 rounding) with ref: the same figures, each
+// element held to element_bound less its BF16 output terms (2^-8·|ref| and BF16's underflow).
+Comparison compare_f32(std::span<const float> out, const Reference& ref);
 
 // Whether c meets tol: the reference and the output not all zero, every element written, the
 // normalized error within tol (plus the underflow allowance over ‖ref‖) and every element within
