@@ -238,6 +238,14 @@ def main():
     scales.tofile(p("down_proj.scales.bin"))
     deq.astype("<f4").tofile(p("down_proj.dequant.bin"))
     o_proj.astype("<u2").tofile(p("o_proj.bf16.bin"))
+
+    # ---- a BF16 layer whose weights are all subnormal (0x0001..0x007F, either sign): quantized
+    # to NVFP4 on load, it must be computed within the bound (metrale bench, issue 33) ----
+    sub_rng = np.random.default_rng(33)  # its own generator: the other files' data is unchanged
+    tiny = sub_rng.integers(1, 0x80, size=(16, 16)) | (sub_rng.integers(0, 2, size=(16, 16)) << 15)
+    tiny = tiny.astype(np.uint16)
+    save(p("subnormal_bf16.safetensors"),
+         {"model.layers.0.mlp.down_proj.weight": ("bfloat16", tiny.shape, tiny)})
     q_proj.astype("<f4").tofile(p("q_proj.f32.bin"))
 
     # One 8-byte tensor (bytes 0, 1, ..., 7) of each dtype the installed reference writer knows,

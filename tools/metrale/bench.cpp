@@ -33,6 +33,7 @@
 #include "metrale/weights.h"
 #include "planted_leak.h"
 #include "toolkit/random_weights.h"
+#include "toolkit/roof_share.h"
 #include "toolkit/roofline.h"
 #include "toolkit/rotation.h"
 #include "toolkit/sampled_check.h"
@@ -40,6 +41,11 @@
 
 namespace metrale::cli {
 namespace {
+
+// What the check before the timing covers, for the report.
+constexpr const char* kChecks =
+    "every copy of the weight rotation that is timed, against the float64 reference: sampled "
+    "outputs (96 of copy 0, 16 of each other copy; toolkit/rotation.h)";
 
 // One way of computing every layer at one M: the quantized GEMM on its automatic route (the
 // main table), on one route forced, the W8A8 op on the weights requantized to block-scaled E4M3
@@ -89,9 +95,10 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
       std::string cell = "-";
       if (cs != nullptr && !cs->passed) {
         cell = "WRONG";
-      } else if (cs != nullptr && cs->seconds > 0) {
-        cell = fmt::format("{}{:.3f}", cs->seconds == best ? "*" : "", cs->seconds * 1e3);
-        if (base > 0 && !v.dense_bf16) cell += fmt::format(" {:.2f}x", base / cs->seconds);
+      } else if (cs != nullptr && cs->timed) {
+        cell = fmt::format("{}{}", cs->seconds == best ? "*" : "", toolkit::format_ms(cs->seconds));
+        if (base > 0 && cs->seconds > 0 && !v.dense_bf16)
+          cell += fmt::format(" {:.2f}x", base / cs->seconds);
         if (v.name == "auto") cell = cs->route + " " + cell;
       }
       fmt::print(" {:>16}", cell);
@@ -184,6 +191,17 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   ModelScope scope(std::move(backend));
   Backend& b = scope.backend();
   toolkit::Roofline roof = toolkit::measure_roofline(b);
+  // The roofs are read again after each M's timing and at the end, and the highest reading is
+  // the roof: on a shared machine they drift with other tenants, and a roof read in a busy moment
+  // would put kernels timed in a quiet one above 100%.
+  toolkit::RoofReadings bw_readings, flops_readings;
+  bw_readings.add(roof.bandwidth);
+  flops_readings.add(roof.flops);
+  const auto read_roofs = [&] {
+    std::string of;
+    bw_readings.add(toolkit::measure_bandwidth(b));
+    flops_readings.add(toolkit::measure_compute(b, &of));
+  };
 
   std::mt19937_64 rng(std::random_device{}());
   std::int64_t max_n = 0, max_k = 0;
@@ -345,6 +363,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   Progress progress(isatty(STDOUT_FILENO) && !options.json,
                     ms.size() * shape.layers.size() * variants.size());
   for (std::int64_t m : ms) {
+    if (any_q4 && m != ms.front() && !interrupted()) read_roofs();  // between the Ms' timing
     for (const Variant& v : variants) {
       if (!any_q4 || interrupted()) break;
       if (v.w8a8 && !w8a8_skipped.empty()) {
@@ -422,6 +441,9 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                    gemm_options.bias);
         }
       };
+      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size()
+                                 : v.w8a8     ? rotation_fp8.size()
+                                              : rotation.size();
       for (std::size_t li = 0; li < shape.layers.size() && !interrupted(); ++li) {
         const Layer& l = shape.layers[li];
         progress.step(cases.size(), fmt::format("{} M={} {}", l.name, m, v.name));
@@ -453,20 +475,26 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
             l.n,      l.k,
             v.name,   v.dense_bf16 ? "bf16" : v.w8a8 ? "w8a8" : std::string(ops::to_string(route)),
             plan_text};
-        b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
-        queue(0, li);
-        b.synchronize(stream);
-        std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
-        b.copy_d2h(out.data(), c, out.size() * 2);
-        // The W8A8 column against the 4-bit weights it was requantized from, with a GPU's FP8
-        // tensor cores' allowance (tests/ops/fp8_gemm_test.cpp).
-        const toolkit::SampledCheck check =
-            v.w8a8
-                ? toolkit::sampled_check_w8a8(a_rows, out, fp8_host[li].view(), m,
-                                              gpu ? 2 * toolkit::kFp8MmaTerm : 0.0, rng, &host[li])
-                : toolkit::sampled_check(a_rows, out, host[li], m, route, rng);
-        cs.error = check.normalized;
+        // Every copy the timing cycles through is checked (toolkit/rotation.h), so no copy whose
+        // upload went wrong is timed: copy 0 with the full sample, the others with a smaller one.
+        const auto check_copy = [&](std::size_t r, int samples) {
+          b.memset(c, 0xFF, static_cast<std::size_t>(m * l.n * 2));  // poison: NaN in BF16
+          queue(r, li);
+          b.synchronize(stream);
+          std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.n));
+          b.copy_d2h(out.data(), c, out.size() * 2);
+          // The W8A8 column against the 4-bit weights it was requantized from, with a GPU's FP8
+          // tensor cores' allowance (tests/ops/fp8_gemm_test.cpp).
+          return v.w8a8 ? toolkit::sampled_check_w8a8(a_rows, out, fp8_host[li].view(), m,
+                                                      gpu ? 2 * toolkit::kFp8MmaTerm : 0.0, rng,
+                                                      &host[li], samples)
+                        : toolkit::sampled_check(a_rows, out, host[li], m, route, rng, samples);
+        };
+        const toolkit::RotationCheck check = toolkit::check_rotation(copies, check_copy);
+        cs.error = check.failed_copy ? check.failed.normalized : check.first.normalized;
         cs.passed = check.passed();
+        cs.copies_checked = check.copies;
+        if (check.failed_copy) cs.failed_copy = static_cast<std::int64_t>(*check.failed_copy);
         if (!cs.passed) {
           ok = false;
         } else {
@@ -477,9 +505,6 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
       }
       if (timed.empty()) continue;
 
-      const std::size_t copies = v.dense_bf16 ? rotation_bf16.size()
-                                 : v.w8a8     ? rotation_fp8.size()
-                                              : rotation.size();
       const auto t = time_in_turns(b, stream, copies, shape.layers.size(), timed, queue,
                                    bench.graph, bench.repeats);
       for (std::size_t li : timed) {
@@ -503,14 +528,31 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                           rng, cases) &&
          ok;
   }
-  // The bandwidth is read again after the timing and the higher reading is the roof: on a shared
-  // machine it drifts with other tenants, and a dip at the start must not flatter every case.
-  roof.bandwidth = std::max(roof.bandwidth, toolkit::measure_bandwidth(b));
-  roof.bandwidth_of += ", the higher of a read before and one after the timing";
+  // The last reading, after all the timing; every share is of the highest reading.
+  if (!interrupted()) read_roofs();
+  roof.bandwidth = bw_readings.highest();
+  roof.bandwidth_of +=
+      fmt::format(", the highest of {} readings through the run", bw_readings.count());
+  roof.flops = flops_readings.highest();
+  if (roof.flops > 0)
+    roof.flops_of +=
+        fmt::format(", the highest of {} readings through the run", flops_readings.count());
+  bool roof_low = false;
   for (Case& cs : cases) {
-    if (cs.seconds <= 0) continue;  // failed its check, not timed
-    cs.pct_bw = 100.0 * cs.gbps * 1e9 / roof.bandwidth;
+    if (!cs.timed) continue;  // failed its check, not timed
+    const toolkit::RoofShare bw = toolkit::roof_share(cs.gbps * 1e9, roof.bandwidth);
+    const toolkit::RoofShare fl = toolkit::roof_share(cs.tflops * 1e12, roof.flops);
+    cs.pct_bw = bw.pct;
+    cs.pct_flops = fl.pct;
+    cs.above_bw = bw.above;
+    cs.above_flops = fl.above;
+    roof_low = roof_low || bw.above || fl.above;
   }
+  const std::string roof_note =
+      roof_low ? "a share above 100% (marked !) means the roof read low in this run: the machine "
+                 "was busier while the roof was read than while that case was timed; the share "
+                 "bounds nothing"
+               : "";
   if (gpu) b.destroy_stream(stream);
   // The scratch pool's figures after every case ran, before teardown gives its memory back.
   const PoolStats pool = b.alloc_stats().scratch_pool;
@@ -532,12 +574,18 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   struct Block {
     std::int64_t m;
     double seconds;
+    bool timed;  // some layer at this M passed and was timed
   };
   std::vector<Block> blocks;
   for (std::int64_t m : ms) {
     double s = 0;
-    for (const Case& cs : cases) s += cs.m == m && cs.variant == "auto" ? cs.seconds : 0;
-    blocks.push_back({m, s});
+    bool timed = false;
+    for (const Case& cs : cases) {
+      if (cs.m != m || cs.variant != "auto" || !cs.timed) continue;
+      s += cs.seconds;
+      timed = true;
+    }
+    blocks.push_back({m, s, timed});
   }
 
   if (options.json) {
@@ -554,7 +602,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                         {{"bandwidth_GBps", roof.bandwidth / 1e9},
                          {"bandwidth_of", roof.bandwidth_of},
                          {"TFLOPs", roof.flops / 1e12},
-                         {"flops_of", roof.flops_of}}},
+                         {"flops_of", roof.flops_of},
+                         {"bandwidth_readings", bw_readings.count()},
+                         {"flops_readings", flops_readings.count()}}},
+                       {"checks", kChecks},
+                       {"roof_read_low", roof_low},
+                       {"roof_note", roof_note},
                        {"decode_layout_pack_s", pack_seconds},
                        {"w8a8_requantize_s", requant_seconds},
                        {"scratch_pool",
@@ -572,26 +625,34 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                        {"swept_after_teardown", td.swept},
                        {"passed", ok}};
     for (const Case& cs : cases) {
-      doc[cs.variant == "auto" ? "layers" : "routes"].push_back({{"layer", cs.layer},
-                                                                 {"variant", cs.variant},
-                                                                 {"M", cs.m},
-                                                                 {"N", cs.n},
-                                                                 {"K", cs.k},
-                                                                 {"route", cs.route},
-                                                                 {"plan", cs.plan},
-                                                                 {"ms", cs.seconds * 1e3},
-                                                                 {"GBps", cs.gbps},
-                                                                 {"TFLOPs", cs.tflops},
-                                                                 {"pct_bandwidth", cs.pct_bw},
-                                                                 {"pct_flops", cs.pct_flops},
-                                                                 {"error", cs.error}});
+      doc[cs.variant == "auto" ? "layers" : "routes"].push_back(
+          {{"layer", cs.layer},
+           {"variant", cs.variant},
+           {"M", cs.m},
+           {"N", cs.n},
+           {"K", cs.k},
+           {"route", cs.route},
+           {"plan", cs.plan},
+           {"ms", cs.seconds * 1e3},
+           {"GBps", cs.gbps},
+           {"TFLOPs", cs.tflops},
+           {"pct_bandwidth", cs.pct_bw},
+           {"pct_flops", cs.pct_flops},
+           {"above_roof", cs.above_bw || cs.above_flops},
+           {"error", cs.error},
+           {"copies_checked", cs.copies_checked},
+           {"failed_copy",
+            cs.failed_copy >= 0 ? nlohmann::json(cs.failed_copy) : nlohmann::json()}});
     }
     for (const Block& bl : blocks) {
-      doc["blocks"].push_back(
-          {{"M", bl.m},
-           {"ms", bl.seconds * 1e3},
-           {"blocks", shape.blocks},
-           {"tokens_per_s", static_cast<double>(bl.m) / (bl.seconds * shape.blocks)}});
+      // null where nothing was timed or the time was below the timer's resolution, never inf.
+      const std::optional<double> tps = toolkit::tokens_per_s(
+          static_cast<double>(bl.m), bl.seconds * static_cast<double>(shape.blocks));
+      doc["blocks"].push_back({{"M", bl.m},
+                               {"ms", bl.seconds * 1e3},
+                               {"blocks", shape.blocks},
+                               {"timed", bl.timed},
+                               {"tokens_per_s", tps ? nlohmann::json(*tps) : nlohmann::json()}});
     }
     for (const auto& f : td.failures)
       doc["teardown_failures"].push_back(f.label + ": " + f.message);
@@ -607,6 +668,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                                                   : "custom shapes";
   fmt::print("metrale bench: {} on {} ({})\n  backend {}\n", what, backend_name, device, why);
   fmt::print("  timed with {}\n", kTimingMethod);
+  fmt::print("  checked: {}\n", kChecks);
   fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
              roof.bandwidth_of,
              roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)
@@ -640,11 +702,17 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   for (const Case& cs : cases) {
     if (cs.variant != "auto") continue;
     fmt::print(
-        "{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9.3f} {:>8.1f} {:>5.0f}% {:>8.3f} {:>5.0f}%  {} (err "
-        "{:.1e})\n",
-        cs.layer, width, cs.m, cs.n, cs.k, cs.route, cs.seconds * 1e3, cs.gbps, cs.pct_bw,
-        cs.tflops, cs.pct_flops, cs.passed ? "ok" : "WRONG", cs.error);
+        "{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8.1f} {:>6} {:>8.3f} {:>6}  {} (err {:.1e})\n",
+        cs.layer, width, cs.m, cs.n, cs.k, cs.route,
+        cs.timed ? toolkit::format_ms(cs.seconds) : "-", cs.gbps,
+        toolkit::format_share({cs.pct_bw, cs.above_bw}), cs.tflops,
+        toolkit::format_share({cs.pct_flops, cs.above_flops}),
+        cs.passed             ? "ok"
+        : cs.failed_copy >= 0 ? fmt::format("WRONG in copy {}", cs.failed_copy)
+                              : std::string("WRONG"),
+        cs.error);
   }
+  if (roof_low) fmt::print("  ! {}\n", roof_note);
   fmt::print("\nplans (as run):\n");
   for (const Case& cs : cases) {
     if (cs.variant == "auto") fmt::print("  {:<{}} {}\n", cs.layer, width, cs.plan);
@@ -652,9 +720,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (compare) print_side_by_side(cases, variants, skipped, width);
   fmt::print("\n{:<{}} {:>5} {:>12} {:>22}\n", "block", width, "M", "ms", "model tokens/s");
   for (const Block& bl : blocks) {
-    fmt::print("{:<{}} {:>5} {:>12.3f} {:>14.1f} ({} blocks)\n", "block", width, bl.m,
-               bl.seconds * 1e3, static_cast<double>(bl.m) / (bl.seconds * shape.blocks),
-               shape.blocks);
+    fmt::print(
+        "{:<{}} {:>5} {:>12} {:>14} ({} blocks)\n", "block", width, bl.m,
+        bl.timed ? toolkit::format_ms(bl.seconds) : "-",
+        toolkit::format_tokens_per_s(static_cast<double>(bl.m),
+                                     bl.seconds * static_cast<double>(shape.blocks), bl.timed),
+        shape.blocks);
   }
   fmt::print("\nscratch pool: {}\n", pool_line);
   fmt::print("\nteardown: {} resource(s) released, {} swept, {} live bytes on the ledger{}\n",

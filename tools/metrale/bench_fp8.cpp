@@ -44,16 +44,21 @@ bool bench_fp8_layers(ModelScope& scope, const std::vector<Fp8Layer>& layers,
       plans.push_back(ops::plan(b, m, rotation.front()[li]->weights(), {}));
       workspaces.push_back(ops::scratch_workspace(plans.back(), run.stream));
       Case cs{l.name, m, l.w.n, l.w.k, "auto", "w8a8", plans.back().describe()};
-      b.memset(run.c, 0xFF, static_cast<std::size_t>(m * l.w.n * 2));  // poison: NaN in BF16
-      ops::run(plans[li], run.stream, run.a, rotation.front()[li]->weights(), run.c,
-               workspaces[li]);
-      b.synchronize(run.stream);
-      std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.w.n));
-      b.copy_d2h(out.data(), run.c, out.size() * 2);
-      const toolkit::SampledCheck check = toolkit::sampled_check_w8a8(
-          run.ha.first(static_cast<std::size_t>(m * l.w.k)), out, l.w, m, mma, rng);
-      cs.error = check.normalized;
+      // Every copy the timing cycles through is checked (toolkit/rotation.h).
+      const auto check_copy = [&](std::size_t r, int samples) {
+        b.memset(run.c, 0xFF, static_cast<std::size_t>(m * l.w.n * 2));  // poison: NaN in BF16
+        ops::run(plans[li], run.stream, run.a, rotation[r][li]->weights(), run.c, workspaces[li]);
+        b.synchronize(run.stream);
+        std::vector<std::uint16_t> out(static_cast<std::size_t>(m * l.w.n));
+        b.copy_d2h(out.data(), run.c, out.size() * 2);
+        return toolkit::sampled_check_w8a8(run.ha.first(static_cast<std::size_t>(m * l.w.k)), out,
+                                           l.w, m, mma, rng, nullptr, samples);
+      };
+      const toolkit::RotationCheck check = toolkit::check_rotation(rotation.size(), check_copy);
+      cs.error = check.failed_copy ? check.failed.normalized : check.first.normalized;
       cs.passed = check.passed();
+      cs.copies_checked = check.copies;
+      if (check.failed_copy) cs.failed_copy = static_cast<std::int64_t>(*check.failed_copy);
       ok = ok && cs.passed;
       if (cs.passed) {
         timed.push_back(li);

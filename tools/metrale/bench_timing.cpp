@@ -19,6 +19,11 @@ double median(std::vector<double> v) {
 
 void set_rates(Case& cs, double seconds, double weight_bytes, double peak_flops) {
   cs.seconds = seconds;
+  cs.timed = true;
+  if (!(seconds > 0)) {  // below the timer's resolution: no rate to divide out
+    cs.gbps = cs.tflops = cs.pct_flops = 0;
+    return;
+  }
   const double bytes = weight_bytes + static_cast<double>(cs.m * cs.k * 2 + cs.m * cs.n * 2);
   cs.gbps = bytes / seconds / 1e9;
   cs.tflops = 2.0 * static_cast<double>(cs.m * cs.n * cs.k) / seconds / 1e12;

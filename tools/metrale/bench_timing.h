@@ -20,15 +20,20 @@ struct Case {
   std::string route;
   std::string plan;  // the describe() of the plan that ran
   double seconds = 0, gbps = 0, tflops = 0, pct_bw = 0, pct_flops = 0, error = 0;
-  bool passed = false;  // the sampled check (toolkit/sampled_check.h)
+  bool passed = false;             // the sampled check (toolkit/sampled_check.h)
+  std::size_t copies_checked = 0;  // copies of the rotation the check covered
+  std::int64_t failed_copy = -1;   // the copy whose check failed; -1: none
+  bool timed = false;  // it passed and was timed (seconds 0: below the timer's resolution)
+  // The share of a roof is above 100%: that roof read low (toolkit/roof_share.h).
+  bool above_bw = false, above_flops = false;
 };
 
 // The middle element of v (the upper one of an even count); v must not be empty.
 double median(std::vector<double> v);
 
 // Sets cs.seconds and its rates: the bytes streamed (weight_bytes plus A and C in BF16) per
-// second, FLOP/s and their share of peak_flops (0: unknown). The share of the bandwidth roof is
-// set later, from the roof read after all the timing.
+// second, FLOP/s and their share of peak_flops (0: unknown); rates 0 for a time the timer read as
+// 0. The bench sets the shares again at the end, from the highest roofs read through the run.
 void set_rates(Case& cs, double seconds, double weight_bytes, double peak_flops);
 
 // How time_in_turns times a call, as the bench output names it.

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -31,9 +32,36 @@ namespace {
 struct Row {
   std::string name;
   bool passed = false;
+  bool skipped = false;  // not run on this backend: detail says why (never a silent pass)
   std::string detail;
   double ms = 0;
 };
+
+// Thrown by a row's body when the backend lacks what the row needs (a kernel, a layout, an
+// output type): the row is reported skipped with the reason.
+struct Skipped {
+  std::string why;
+};
+
+// The BF16 nearest to x (ties to even; past the largest finite value by half a unit or more,
+// infinity), chosen by distances in float64: an independent reference for the FP32 → BF16 cast.
+// NaN is not handled here (any NaN is accepted for a NaN input).
+std::uint16_t nearest_bf16_f64(float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, 4);
+  const std::uint32_t sign = bits & 0x80000000u, mag = bits & 0x7FFFFFFFu;
+  const std::uint32_t lo = mag & 0xFFFF0000u, hi = lo + 0x10000u;       // the two candidates
+  if (mag == lo) return static_cast<std::uint16_t>((sign | lo) >> 16);  // exact (or infinity)
+  const auto value = [](std::uint32_t m) {
+    if (m >= 0x7F800000u) return std::ldexp(1.0, 128);  // infinity, as rounding sees it
+    float f = 0;
+    std::memcpy(&f, &m, 4);
+    return static_cast<double>(f);
+  };
+  const double v = value(mag), dlo = v - value(lo), dhi = value(hi) - v;
+  const bool up = dhi < dlo || (dhi == dlo && (lo & 0x10000u) != 0);
+  return static_cast<std::uint16_t>((sign | (up ? hi : lo)) >> 16);
+}
 
 // ‖out − ref‖ / ‖ref‖ in float64.
 double normalized_error(const std::vector<float>& out, const std::vector<double>& ref) {
@@ -64,6 +92,9 @@ class Checker {
     try {
       row.detail = body();
       row.passed = true;
+    } catch (const Skipped& s) {
+      row.skipped = true;
+      row.detail = "skipped: " + s.why;
     } catch (const std::exception& e) {
       row.detail = e.what();
     }
@@ -136,8 +167,10 @@ class Checker {
   // One w4a16_gemm case on random data against the float64 reference: bf16 A (E4M3-rounded A
   // for the e4m3 route) times the dequantized host weights. Output poisoned first. `upload`:
   // kDecode runs the decode route on the decode layout (at M past 16 too).
+  // `out_f32`: C in FP32 (GemmOptions::out_f32), held to the bound without the BF16 rounding. A
+  // panel upload or FP32 output the backend does not offer skips the row, with its reason.
   std::string gemm(ops::GemmRoute route, WeightFormat format, WeightLayout layout, bool bias,
-                   ops::UploadLayout upload = ops::UploadLayout::kSource) {
+                   ops::UploadLayout upload = ops::UploadLayout::kSource, bool out_f32 = false) {
     Backend& b = scope_.backend();
     const bool packed = upload == ops::UploadLayout::kDecode;
     // The fused route's tiles hold 128 tokens: up to 300 rows covers a partial second tile.
@@ -157,29 +190,52 @@ class Checker {
     std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), hb(static_cast<std::size_t>(n));
     for (auto& x : a) x = num::f32_to_bf16(normal(rng_));
     for (auto& x : hb) x = num::f32_to_bf16(normal(rng_));
-    ops::QuantWeights w = ops::upload_weights(b, hw, upload);
+    const bool optional = out_f32 || upload == ops::UploadLayout::kPanels;
+    ops::QuantWeights w;
+    try {
+      w = ops::upload_weights(b, hw, upload);
+    } catch (const Error& e) {
+      if (optional && e.code() == ErrorCode::kUnavailable) throw Skipped{e.message()};
+      throw;
+    }
+    const std::size_t c_size = out_f32 ? 4 : 2;
     const DevicePtr da = scope_.alloc_buffer("gemm A", a.size() * 2);
-    const DevicePtr dc = scope_.alloc_buffer("gemm C", static_cast<std::size_t>(m * n) * 2);
+    const DevicePtr dc = scope_.alloc_buffer("gemm C", static_cast<std::size_t>(m * n) * c_size);
     const DevicePtr dbias = scope_.alloc_buffer("gemm bias", hb.size() * 2);
     b.copy_h2d(da, a.data(), a.size() * 2);
     b.copy_h2d(dbias, hb.data(), hb.size() * 2);
-    b.memset(dc, 0xFF, static_cast<std::size_t>(m * n) * 2);
+    b.memset(dc, 0xFF, static_cast<std::size_t>(m * n) * c_size);  // poison: NaN in either type
     ops::GemmOptions o;
+    o.out_f32 = out_f32;
     o.route = route;
     o.activations = route == ops::GemmRoute::kE4m3 ? ops::Activations::kAllowE4m3
                                                    : ops::Activations::kExactBf16;
     if (bias) o.bias = dbias;
-    const ops::GemmPlan plan = ops::plan(b, m, w, o);
+    ops::GemmPlan plan;
+    try {
+      plan = ops::plan(b, m, w, o);
+    } catch (const Error& e) {
+      ops::free_weights(b, w);
+      if (optional && e.code() == ErrorCode::kUnavailable) throw Skipped{e.message()};
+      throw;
+    }
     ops::run(plan, b.default_stream(), da, w, dc, ops::scratch_workspace(plan, b.default_stream()),
              o.bias);
-    std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
-    b.copy_d2h(c.data(), dc, c.size() * 2);
+    std::vector<std::uint16_t> c(out_f32 ? 0 : static_cast<std::size_t>(m * n));
+    std::vector<float> c32(out_f32 ? static_cast<std::size_t>(m * n) : 0);
+    if (out_f32) {
+      b.copy_d2h(c32.data(), dc, c32.size() * 4);
+    } else {
+      b.copy_d2h(c.data(), dc, c.size() * 2);
+    }
     ops::free_weights(b, w);
     // The float64 reference and the route's bounds of the tests' suite (tools/toolkit): the
     // normalized error and every element within its deterministic bound.
     const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(route, format);
-    const toolkit::Comparison cmp = toolkit::compare(
-        c, toolkit::reference(a, m, hw, bias ? hb : std::vector<std::uint16_t>{}, tol));
+    const toolkit::Reference ref =
+        toolkit::reference(a, m, hw, bias ? hb : std::vector<std::uint16_t>{}, tol);
+    const toolkit::Comparison cmp =
+        out_f32 ? toolkit::compare_f32(c32, ref) : toolkit::compare(c, ref);
     if (!toolkit::within(cmp, tol)) {
       throw Error(
           ErrorCode::kInternal, "check",
@@ -212,6 +268,48 @@ class Checker {
       }
     }
     return "65536 of 65536 BF16 patterns";
+  }
+
+  // The FP32 → BF16 cast (ops::cast_f32_to_bf16) on random bit patterns of every binade, the
+  // midpoints between BF16 neighbours (ties), and the special values, against the nearest BF16
+  // chosen in float64. Skipped where the backend's core module has no cast_f32_bf16.
+  std::string cast_f32() {
+    Backend& b = scope_.backend();
+    if (!b.has_kernel("core", "cast_f32_bf16")) {
+      throw Skipped{
+          fmt::format("the {} backend's core module has no cast_f32_bf16 kernel", b.name())};
+    }
+    std::vector<std::uint32_t> bits;
+    for (int i = 0; i < 200'000; ++i) bits.push_back(static_cast<std::uint32_t>(rng_()));
+    for (int i = 0; i < 50'000; ++i) {  // ties: halfway between two BF16 values
+      bits.push_back((static_cast<std::uint32_t>(rng_()) & 0xFFFF0000u) | 0x8000u);
+    }
+    for (const std::uint32_t x :
+         {0x00000000u, 0x80000000u, 0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x00800000u,
+          0x7F7FFFFFu, 0x7F7F8000u, 0x7F7F7FFFu, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFF800001u,
+          0x3F808000u, 0x3F818000u}) {
+      bits.push_back(x);
+    }
+    const std::size_t n = bits.size();
+    const DevicePtr din = scope_.alloc_buffer("cast f32 in", n * 4);
+    const DevicePtr dout = scope_.alloc_buffer("cast f32 out", n * 2);
+    b.copy_h2d(din, bits.data(), n * 4);
+    b.memset(dout, 0x5A, n * 2);  // poison: 0x5A5A is no cast of these inputs' neighbours
+    ops::cast_f32_to_bf16(b, b.default_stream(), din, dout, n);
+    std::vector<std::uint16_t> out(n);
+    b.copy_d2h(out.data(), dout, n * 2);
+    for (std::size_t i = 0; i < n; ++i) {
+      float x = 0;
+      std::memcpy(&x, &bits[i], 4);
+      const bool nan_in = std::isnan(x), nan_out = (out[i] & 0x7FFFu) > 0x7F80u;
+      const std::uint16_t want = nan_in ? std::uint16_t{0x7FC0} : nearest_bf16_f64(x);
+      if (nan_in ? !nan_out : out[i] != want) {
+        throw Error(ErrorCode::kInternal, "check",
+                    fmt::format("f32 0x{:08x} cast to 0x{:04x}, expected {}", bits[i], out[i],
+                                nan_in ? std::string("a NaN") : fmt::format("0x{:04x}", want)));
+      }
+    }
+    return fmt::format("{} values (random, ties, specials) equal the float64 nearest", n);
   }
 
   std::string scratch() {
@@ -268,6 +366,7 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
     c.run("graph capture + replay", [&] { return c.graph(); });
     c.run("grow-only scratch", [&] { return c.scratch(); });
     c.run("bf16 -> e4m3 cast, exhaustive", [&] { return c.cast_all(); });
+    c.run("f32 -> bf16 cast vs float64", [&] { return c.cast_f32(); });
     // The dequant route where the backend has a dense BF16 GEMM (its rows are absent otherwise).
     std::vector<ops::GemmRoute> routes = {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled,
                                           ops::GemmRoute::kE4m3};
@@ -314,6 +413,36 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
         }
       }
     }
+    // The panel layout (made at upload; the CPU's decode and tiled routes read it), skipped with
+    // the reason where the backend does not read it.
+    for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled}) {
+      for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+        for (const auto layout : {WeightLayout::kRowMajor, WeightLayout::kTransposed}) {
+          const bool bias = layout == WeightLayout::kTransposed;
+          c.run(fmt::format("w4a16 {}-panels {} {}{}", ops::to_string(route), to_string(format),
+                            layout == WeightLayout::kRowMajor ? "rows" : "transposed",
+                            bias ? " +bias" : ""),
+                [&] { return c.gemm(route, format, layout, bias, ops::UploadLayout::kPanels); });
+        }
+      }
+    }
+    // FP32 output on every route: run where the route's kernel publishes out_f32, else skipped
+    // with the reason (the dequant route's dense GEMM writes BF16 only).
+    for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled, ops::GemmRoute::kE4m3,
+                             ops::GemmRoute::kDequant, ops::GemmRoute::kFused}) {
+      const bool fused = route == ops::GemmRoute::kFused;
+      c.run(fmt::format("w4a16 {} nvfp4 +bias, FP32 C", ops::to_string(route)), [&] {
+        if (fused && !scope.backend().has_kernel("w4a16", "gemm_fused")) {
+          throw Skipped{"the backend's w4a16 module has no gemm_fused kernel"};
+        }
+        if (route == ops::GemmRoute::kDequant &&
+            !scope.backend().dense_gemm_unavailable(DenseKind::kBf16).empty()) {
+          throw Skipped{scope.backend().dense_gemm_unavailable(DenseKind::kBf16)};
+        }
+        return c.gemm(route, WeightFormat::kNvfp4, WeightLayout::kRowMajor, true,
+                      fused ? ops::UploadLayout::kDecode : ops::UploadLayout::kSource, true);
+      });
+    }
     // The W8A8 op, on backends whose dense GEMM library has the block-scaled FP8 kind.
     if (has_w8a8(scope)) {
       for (const bool bias : {false, true}) {
@@ -341,7 +470,7 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
   }
 
   bool ok = true;
-  for (const Row& r : rows) ok = ok && r.passed;
+  for (const Row& r : rows) ok = ok && (r.passed || r.skipped);
   if (options.json) {
     nlohmann::json doc{{"backend", backend_name},
                        {"device", device},
@@ -350,20 +479,30 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                        {"passed", ok}};
     doc["checks"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      doc["checks"].push_back(
-          {{"name", r.name}, {"passed", r.passed}, {"detail", r.detail}, {"ms", r.ms}});
+      doc["checks"].push_back({{"name", r.name},
+                               {"passed", r.passed},
+                               {"skipped", r.skipped},
+                               {"detail", r.detail},
+                               {"ms", r.ms}});
     }
     fmt::print("{}\n", doc.dump(2));
   } else {
     fmt::print("metrale check on {} ({})\n  backend {}\n  seed {} (rerun with --seed {})\n",
                backend_name, device, why, seed, seed);
     for (const Row& r : rows) {
-      fmt::print("  {:<4}  {:<34} {:>8.1f} ms  {}\n", r.passed ? "PASS" : "FAIL", r.name, r.ms,
-                 r.detail);
+      fmt::print("  {:<4}  {:<42} {:>8.1f} ms  {}\n",
+                 r.passed    ? "PASS"
+                 : r.skipped ? "SKIP"
+                             : "FAIL",
+                 r.name, r.ms, r.detail);
     }
-    std::size_t passed = 0;
-    for (const Row& r : rows) passed += r.passed ? 1 : 0;
-    fmt::print("{} passed, {} failed\n", passed, rows.size() - passed);
+    std::size_t passed = 0, skipped = 0;
+    for (const Row& r : rows) {
+      passed += r.passed ? 1 : 0;
+      skipped += r.skipped ? 1 : 0;
+    }
+    fmt::print("{} passed, {} failed, {} skipped\n", passed, rows.size() - passed - skipped,
+               skipped);
   }
   return ok ? 0 : 1;
 }

@@ -35,7 +35,7 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
   SampledCheck r;
   r.tolerance = tol.normalized;
   r.samples = samples;
-  double num = 0, den = 0;
+  double num = 0, den = 0, under = 0;
   for (int s = 0; s < samples; ++s) {
     const std::int64_t i = pick_m(rng), j = pick_n(rng);
     const ReferenceElement ref = reference_element(
@@ -45,10 +45,14 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
     const double d = got - ref.value;
     num += d * d;
     den += ref.value * ref.value;
-    const double bound = element_bound(ref.value, ref.abs_sum, w.k, tol.reference);
+    const double bound = element_bound(ref.value, ref.abs_sum, w.k, tol.reference,
+                                       tol.weight_rounding, ref.act_abs_sum);
+    const double u = underflow_bound(w.k, tol.weight_rounding, ref.act_abs_sum);
+    under += u * u;
     r.worst = std::max(r.worst, bound_ratio(d, bound));
   }
   r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
+  r.underflow = den > 0 ? std::sqrt(under / den) : 0.0;
   return r;
 }
 

@@ -3,8 +3,9 @@
 // toolkit/gemm_tolerance.h).
 //
 // THE REFERENCE. C_ref[m, n] = Σ_k double(A[m, k]) × double(W[n, k]) (+ double(bias[n])), with
-// W[n, k] = HostQuantWeights::weight(n, k) of the host weights that were uploaded (its float
-// rounding is at most 2^-24 relative per weight) and A the BF16 activations, or for the e4m3
+// W[n, k] = HostQuantWeights::exact_weight(n, k) of the host weights that were uploaded (exact in
+// double: a weight rounded to float would lose bits in FP32's subnormal range, where a checkpoint's
+// all-subnormal BF16 layer lies) and A the BF16 activations, or for the e4m3
 // route the E4M3-rounded activations e4m3_to_f32(bf16_to_e4m3(A)) (the e4m3-aware reference).
 #pragma once
 
@@ -22,6 +23,7 @@ namespace metrale::toolkit {
 // memset(0xFF) leaves 0xFFFF in every BF16: a NaN, so an unwritten element makes the error NaN.
 inline constexpr std::uint8_t kPoisonByte = 0xFF;
 inline constexpr std::uint16_t kPoisonBf16 = 0xFFFF;
+inline constexpr std::uint32_t kPoisonF32 = 0xFFFFFFFF;  // the same bytes read as FP32: a NaN
 
 struct Reference {
   std::int64_t m = 0, n = 0, k = 0;
@@ -30,12 +32,14 @@ struct Reference {
   std::vector<double> cast_gap;  // kE4m3 only: Σ_k |A8 − A|·|w| (how far the cast moved it)
   AMode mode = AMode::kBf16;     // kE4m3: the FP8 tensor cores' accumulation term applies
   double weight_rounding = 0.0;  // the weights' relative rounding (GemmTolerance::weight_rounding)
+  std::vector<double> act_abs_sum;  // Σ_k |a| per row: the scale of the weights' underflow
 };
 
 // One element of the reference: its value and S.
 struct ReferenceElement {
   double value = 0.0;
   double abs_sum = 0.0;
+  double act_abs_sum = 0.0;  // Σ_k |a| of the row
 };
 
 // The activation as the reference sees it.
@@ -58,7 +62,10 @@ ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const H
 // FP8 tensor cores' accumulation term for mode kE4m3 and the weights' rounding (derivation in
 // gemm_tolerance.h).
 double element_bound(double value, double abs_sum, std::int64_t k, AMode mode,
-                     double weight_rounding = 0.0);
+                     double weight_rounding = 0.0, double act_abs_sum = 0.0);
+// The absolute part of that bound that underflow adds (gemm_tolerance.h, "Underflow"): 0 for
+// nothing, tiny beside any value that is not itself near FP32's smallest normal.
+double underflow_bound(std::int64_t k, double weight_rounding, double act_abs_sum) noexcept;
 // The same for element i of ref.
 double element_bound(const Reference& ref, std::size_t i);
 
@@ -73,6 +80,7 @@ struct Comparison {
   std::int64_t nonzero = 0;    // elements that are not ±0
   std::int64_t n = 1;          // columns, for naming the worst element
   std::int64_t count = 0;      // elements compared (M·N)
+  double underflow_norm = 0.0;  // ‖underflow_bound‖₂ over the elements: allowed beside the norm
 
   // Every figure above, in one line.
   std::string str() const;
@@ -85,8 +93,13 @@ struct Comparison {
 Comparison compare(std::span<const std::uint16_t> out, const Reference& ref,
                    bool add_cast_gap = false);
 
+// Compares FP32 out (GemmOptions::out_f32: no BF16 rounding) with ref: the same figures, each
+// element held to element_bound less its BF16 output terms (2^-8·|ref| and BF16's underflow).
+Comparison compare_f32(std::span<const float> out, const Reference& ref);
+
 // Whether c meets tol: the reference and the output not all zero, every element written, the
-// normalized error within tol and every element within its bound.
+// normalized error within tol (plus the underflow allowance over ‖ref‖) and every element within
+// its bound.
 bool within(const Comparison& c, double tol);
 // The same with a route's tolerance: its normalized bound from tol.norm_min_outputs outputs.
 bool within(const Comparison& c, const GemmTolerance& tol);

@@ -71,6 +71,17 @@
 //    can make ‖ref‖ arbitrarily small against the δ's, which do not cancel with it): the norm is
 //    applied from kDequantStatMinOutputs = 256 outputs (M·N), the per-element bound always. The
 //    other routes' entries are unchanged.
+//  - Underflow: every relative figure above holds in the normal range only. A rounding whose
+//    result lies in a format's subnormal range errs by up to half its smallest subnormal, an
+//    absolute amount: 2^-134 for the BF16 output (its smallest subnormal is 2^-133), 2^-150 for
+//    each FP32 product, sum or scale product (2^-149 allowed, for truncation), and for the
+//    dequant route 2^-134 per subnormal BF16 weight, times |a|. So the per-element bound adds
+//    (1 + 2^-8)·(2^-134 + (K + 8)·2^-149 [+ 2^-134·Σ_k |a|]) and the normalized check allows the
+//    2-norm of those terms over ‖ref‖. Both are below 10^-38 (K < 10^6), so on data that is not
+//    itself near FP32's smallest normal (1.2e-38) they change nothing; on a checkpoint layer whose
+//    BF16 weights are all subnormal (|w| ≤ 1.2e-38) the outputs are that small too, and BF16
+//    output underflow alone reached 114 times the old bound (a correct result, reported WRONG).
+//    A wrong scale, nibble or bias is still off by O(S), far above them.
 #pragma once
 
 #include <cmath>
@@ -91,6 +102,8 @@ inline constexpr std::int64_t kE4m3StatMinActs = 4096;            // M·K
 inline constexpr double kDequantWeightUnit = kBf16Unit;           // a BF16 weight's rounding
 inline constexpr double kDequantNormTol = kNormTol + kBf16Unit;   // ≈ 1.2e-2, dequant route
 inline constexpr std::int64_t kDequantStatMinOutputs = 256;       // M·N
+inline constexpr double kBf16Underflow = 0x1p-134;                // half BF16's least subnormal
+inline constexpr double kAccumUnderflow = 0x1p-149;               // FP32's least subnormal
 
 // Which activations the float64 reference multiplies: the BF16 values, or the E4M3-rounded ones
 // the e4m3 route computes with (the e4m3-aware reference).

@@ -49,4 +49,9 @@ double measure_bandwidth(Backend& backend);
 // benchmarks that pair each timed stretch of a compute-bound kernel with a reading of the roof.
 double measure_cpu_compute(std::string* of);
 
+// The compute half of measure_roofline alone, on either backend (FLOP per second; 0 where not
+// measured, with the reason in *of, not null): for a benchmark that reads the roof again between
+// its timed stretches and keeps the highest reading (toolkit/roof_share.h).
+double measure_compute(Backend& backend, std::string* of);
+
 }  // namespace metrale::toolkit
