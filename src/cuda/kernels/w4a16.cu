@@ -51,9 +51,9 @@ constexpr std::uint32_t kFusedN = metrale::fused::kRows, kFusedM = metrale::fuse
 #else
 constexpr std::uint32_t kTiledN = k::simple::kWarps, kTiledM = 0, kTiledSmem = 0;
 constexpr std::uint32_t kE4m3N = k::simple::kWarps, kE4m3M = 0, kE4m3Smem = 0;
-// Without wgmma there is no fused kernel: the entry is a placeholder that publishes gemm_fused_absent
-// and nothing of a launch shape, so no route chooses it and a request for it is refused
-// (ops/gemm.cpp). Looping the decode kernel over M in rounds of 16 would read every weight
+// Without wgmma there is no fused kernel: the entry is a placeholder that publishes
+// gemm_fused_absent and nothing of a launch shape, so no route chooses it and a request for it is
+// refused (ops/gemm.cpp). Looping the decode kernel over M in rounds of 16 would read every weight
 // ceil(M / 16) times, slower than the tiled route on the source layout.
 constexpr std::uint32_t kFusedThreads = 32;
 #endif
