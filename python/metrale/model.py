@@ -88,7 +88,7 @@ class Model:
         ``weights`` is a HostWeights (from quantize_nvfp4, quantize_mxfp4 or a Checkpoint), or
         an array of codes (uint8 [N, K/2], low nibble = even k) with ``scales`` (uint8 [N,
         K/group]); n and k default from the codes' shape. ``layout``: "auto" (the backend's
-        preferred), "source" (as given), "decode" (the decode kernels' layout) or "panels" (the
+        preferred; on CUDA only the layout of a kernel a device run verified), "source" (as given), "decode" (the decode kernels' layout) or "panels" (the
         CPU kernels' panel layout).
         """
         if not isinstance(weights, _metrale.HostWeights):

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/verified_devices.h"
 #include "metrale/error.h"
 
 namespace metrale {
@@ -42,6 +43,24 @@ KernelMeta read_published(std::string_view full, std::string_view function,
 #undef METRALE_PUBLISHED_U32
 #undef METRALE_PUBLISHED_FLAG
   return meta;
+}
+
+bool automatic_choice_allowed(const KernelMeta& meta) noexcept {
+  return !meta.absent && meta.verified_on != verified::kNone;
+}
+
+std::string verification_text(const KernelMeta& meta) {
+  if (meta.absent) return "not on this target";
+  if (meta.verified_on == verified::kNone) return "not yet run on a GPU";
+  if (meta.verified_on == verified::kHostReference) return "the host reference";
+  const char* device = verified::device_name(meta.verified_on);
+  const std::string name = device ? device : fmt::format("device {}", meta.verified_on);
+  const std::uint32_t y = meta.verified / 10000, m = meta.verified / 100 % 100,
+                      d = meta.verified % 100;
+  if (y < 2000 || m < 1 || m > 12 || d < 1 || d > 31) {
+    return fmt::format("verified on {}, date {} unreadable", name, meta.verified);
+  }
+  return fmt::format("verified on {}, {:04}-{:02}-{:02}", name, y, m, d);
 }
 
 }  // namespace metrale

@@ -21,4 +21,12 @@ using SymbolReader = std::function<std::optional<std::vector<std::byte>>(const s
 KernelMeta read_published(std::string_view full, std::string_view function,
                           const SymbolReader& read);
 
+// Whether an automatic choice may take the kernel: a device run verified it, or it is a host
+// module's (the reference, kernels/verified_devices.h), and it is not a placeholder.
+bool automatic_choice_allowed(const KernelMeta& meta) noexcept;
+
+// "verified on <GPU>, <YYYY-MM-DD>", "the host reference", or "not yet run on a GPU", for
+// `metrale info`; an unknown device id or a malformed date is said as such, never guessed.
+std::string verification_text(const KernelMeta& meta);
+
 }  // namespace metrale

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/nvtx.h"
+#include "core/published.h"
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
@@ -199,6 +200,14 @@ PlannedLaunch flat_launch(std::string_view api, Backend& backend, const Resolved
       block_of(api, backend, k), 0};
 }
 
+// Whether the automatic route may take module w4a16's entry: the module has it and it is a kernel
+// a device run verified (or a host module's, the reference), not a placeholder
+// (core/published.h). Unverified kernels run only when a caller asks for their route or layout.
+bool auto_may_take(Backend& backend, const char* entry) {
+  return backend.has_kernel(kModule, entry) &&
+         automatic_choice_allowed(backend.op_cache().kernel(backend, kModule, entry).meta);
+}
+
 std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
   const ResolvedKernel& k =
       backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kDecode));
@@ -219,18 +228,17 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
   if (w.packing == WeightPacking::kPanels) {
     return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
   }
-  // Only the decode route reads the decode layout; it takes every M.
   // Weights in the decode layout: the decode route, or above its sizes the fused prefill kernel
-  // where the module has one (both read that layout).
+  // where the module has a verified one (both read that layout; the decode route takes every M).
   if (w.packing == WeightPacking::kDecode) {
-    return m > decode_max_m_as(api, backend) && backend.has_kernel(kModule, kFusedEntry)
+    return m > decode_max_m_as(api, backend) && auto_may_take(backend, kFusedEntry)
                ? GemmRoute::kFused
                : GemmRoute::kDecode;
   }
   // E4M3 activations, where allowed, from the M gemm_e4m3 publishes as its smallest (none: the
   // module's kernel is never the faster choice).
   if (options.activations == Activations::kAllowE4m3 &&
-      backend.has_kernel(kModule, entry_of(GemmRoute::kE4m3))) {
+      auto_may_take(backend, entry_of(GemmRoute::kE4m3))) {
     const ResolvedKernel& e =
         backend.op_cache().kernel(backend, kModule, entry_of(GemmRoute::kE4m3));
     if (e.meta.min_m != 0 && m >= e.meta.min_m) return GemmRoute::kE4m3;
@@ -239,7 +247,7 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
   if (options.out_f32) return GemmRoute::kTiled;  // the dense GEMM writes BF16 only
   // Dequantize → dense BF16 from the M its kernel publishes as the crossover (none: never), where
   // the backend has the dense GEMM. See Note [route crossovers] in docs/NOTES.md.
-  if (backend.has_kernel(kModule, kDequantEntry)) {
+  if (auto_may_take(backend, kDequantEntry)) {
     const ResolvedKernel& dq = backend.op_cache().kernel(backend, kModule, kDequantEntry);
     if (dq.meta.min_m != 0 && m >= dq.meta.min_m &&
         backend.dense_gemm_unavailable(DenseKind::kBf16).empty()) {
@@ -302,6 +310,13 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                                                          route == GemmRoute::kFused ? kFusedEntry
                                                          : packed ? kPackedDecodeEntry
                                                                   : entry_of(route));
+  if (gemm.meta.absent) {
+    throw Error(ErrorCode::kUnavailable, api,
+                fmt::format("route {}: {} is a placeholder on this device's target (it publishes "
+                            "{}_absent); this target has no such kernel",
+                            to_string(route), backend.kernel_name(gemm),
+                            route == GemmRoute::kFused ? kFusedEntry : entry_of(route)));
+  }
   if (packed && gemm.meta.layout != decode_layout::kLayoutId) {
     throw Error(ErrorCode::kNotFound, api,
                 fmt::format("{} publishes layout {}, not the decode layout ({}) these weights are "

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/published.h"
 #include "kernels/decode_layout.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -68,10 +69,15 @@ WeightPacking upload_packing(Backend& backend, UploadLayout upload) {
     case UploadLayout::kBackendPreferred:
       break;
   }
+  // The decode layout where its kernel says it is the best decode (a largest M) and a device run
+  // verified it (core/published.h): an unverified kernel runs only when asked for by layout.
   constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
   if (backend.has_kernel(kModule, kEntry)) {
     const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
-    if (meta.layout == decode_layout::kLayoutId && meta.max_m != 0) return WeightPacking::kDecode;
+    if (meta.layout == decode_layout::kLayoutId && meta.max_m != 0 &&
+        automatic_choice_allowed(meta)) {
+      return WeightPacking::kDecode;
+    }
   }
   return reads_panel_layout(backend) ? WeightPacking::kPanels : WeightPacking::kSource;
 }

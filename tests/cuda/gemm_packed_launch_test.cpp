@@ -23,6 +23,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
+#include "kernels/verified_devices.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/gemm.h"
@@ -63,6 +64,9 @@ struct Published {
   std::uint32_t n_tile = kPackedTile, split_k = kPackedSplit, threads = kPackedThreads;
   std::uint32_t layout = dl::kLayoutId, max_m = 16;
   bool with_packed = true;
+  // gemm_decode_packed_verified(_on): as if a device run had verified the kernel, so that uploads
+  // following the backend's preference take its layout (ops/quant_weights.cpp).
+  bool verified = true;
 };
 
 // The w4a16 module: gemm_decode (for source weights; no body, never launched here),
@@ -85,6 +89,10 @@ ModuleSpec packed_module(const Published& pub = {}) {
         .publish_u32("gemm_decode_packed_block_threads", pub.threads)
         .publish_u32("gemm_decode_packed_layout", pub.layout)
         .publish_u32("gemm_decode_packed_max_m", pub.max_m);
+    if (pub.verified) {
+      m.fake.publish_u32("gemm_decode_packed_verified", 20261129)
+          .publish_u32("gemm_decode_packed_verified_on", metrale::verified::kH200);
+    }
     m.entries.push_back("gemm_decode_packed");
   }
   return m;
@@ -318,6 +326,34 @@ TEST(GemmPackedLaunch, WithoutThePackedKernelTheBackendsPreferenceKeepsTheSource
   no_max.max_m = 0;
   Rig rig(RigOptions{.modules = {core_module(), packed_module(no_max)}});
   EXPECT_FALSE(ops::uploads_decode_layout(rig.b(), ops::UploadLayout::kBackendPreferred));
+}
+
+// Until a device run verifies gemm_decode_packed, the backend's preference keeps the source
+// layout (the verified decode and tiled kernels read it); the decode layout is uploaded and run
+// when asked for, and publishing the verification flips the preference.
+TEST(GemmPackedLaunch, AnUnverifiedPackedKernelRunsOnlyWhenItsLayoutIsAskedFor) {
+  std::mt19937_64 gen(ref::fresh_seed());
+  const HostQuantWeights host =
+      ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, 40, 64), 40, 64);
+  {
+    Published unverified;
+    unverified.verified = false;
+    Rig rig(RigOptions{.modules = {core_module(), packed_module(unverified)}});
+    CudaBackend& b = rig.b();
+    EXPECT_FALSE(ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred));
+    EXPECT_EQ(ops::upload_packing(b, ops::UploadLayout::kBackendPreferred),
+              ops::WeightPacking::kSource);
+    // Asked for: packed, planned on gemm_decode_packed and launched.
+    ops::QuantWeights w = ops::upload_weights(b, host, ops::UploadLayout::kDecode);
+    EXPECT_EQ(w.packing, ops::WeightPacking::kDecode);
+    const ops::GemmPlan p = ops::plan(b, 4, w);
+    EXPECT_EQ(p.route, ops::GemmRoute::kDecode);
+    EXPECT_THAT(p.describe(), HasSubstr("w4a16::gemm_decode_packed"));
+    ops::free_weights(b, w);
+  }
+  Rig rig(RigOptions{.modules = {core_module(), packed_module()}});  // the same, verified
+  EXPECT_EQ(ops::upload_packing(rig.b(), ops::UploadLayout::kBackendPreferred),
+            ops::WeightPacking::kDecode);
 }
 
 // The real kernel's published values on an H200's 132 SMs: on every Llama-3 8B and 70B shape at

@@ -9,7 +9,9 @@
 
 #include "cuda/fake_blas.h"
 #include "cuda/rig.h"
+#include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
+#include "kernels/verified_devices.h"
 #include "metrale/error.h"
 #include "metrale/ops/gemm.h"
 
@@ -18,9 +20,17 @@ namespace {
 
 constexpr std::uint32_t kTile = 64, kBlockThreads = 128, kDecodeMaxM = 16;
 
+// Publishes that a device run verified the entry (kernels/verified_devices.h), as the real module's
+// METRALE_VERIFIED line does.
+void publish_verified(ModuleSpec& m, const std::string& entry) {
+  m.fake.publish_u32(entry + "_verified", 20261129)
+      .publish_u32(entry + "_verified_on", metrale::verified::kH200);
+}
+
 // A w4a16 module with the three entries the choice looks at; dequant_bf16 publishes min_m when
-// it is not 0. No entry has a body: these tests plan only.
-ModuleSpec route_module(std::uint32_t min_m) {
+// it is not 0, and that a device verified it unless `verified_dequant` is false. No entry has a
+// body: these tests plan only.
+ModuleSpec route_module(std::uint32_t min_m, bool verified_dequant = true) {
   ModuleSpec m;
   m.name = "w4a16";
   for (const char* e : {"gemm_decode", "gemm_tiled", "dequant_bf16"}) {
@@ -33,6 +43,9 @@ ModuleSpec route_module(std::uint32_t min_m) {
   }
   m.fake.publish_u32("gemm_decode_max_m", kDecodeMaxM);
   if (min_m != 0) m.fake.publish_u32("dequant_bf16_min_m", min_m);
+  publish_verified(m, "gemm_decode");
+  publish_verified(m, "gemm_tiled");
+  if (verified_dequant) publish_verified(m, "dequant_bf16");
   return m;
 }
 
@@ -85,6 +98,115 @@ TEST(GemmRoutePolicy, TiledWhenTheDequantKernelPublishesNoMinimum) {
   o.blas = blas.source();
   Rig rig(std::move(o));
   EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kTiled);
+}
+
+// Until a device run verifies dequant_bf16, the automatic route never takes it, whatever M it
+// publishes; asked for, the route is planned on it.
+TEST(GemmRoutePolicy, AnUnverifiedDequantKernelRunsOnlyWhenAskedFor) {
+  FakeBlas blas;
+  RigOptions o;
+  o.modules = {core_module(), route_module(256, /*verified_dequant=*/false)};
+  o.blas = blas.source();
+  Rig rig(std::move(o));
+  EXPECT_EQ(route_at(rig, 256), ops::GemmRoute::kTiled);
+  EXPECT_EQ(route_at(rig, 4096), ops::GemmRoute::kTiled);
+  const ops::QuantWeights w = weights(rig.b());
+  ops::GemmOptions dequant;
+  dequant.route = ops::GemmRoute::kDequant;
+  const ops::GemmPlan p = ops::plan(rig.b(), 4096, w, dequant);
+  EXPECT_EQ(p.route, ops::GemmRoute::kDequant);
+  EXPECT_NE(p.describe().find("w4a16::dequant_bf16"), std::string::npos) << p.describe();
+  rig.b().free(w.codes);
+  rig.b().free(w.scales);
+}
+
+// The decode layout's kernels: gemm_decode_packed (every M) and gemm_fused (prefill), as the real
+// module publishes them on sm_90a, or gemm_fused as the placeholder of the other targets.
+enum class Fused { kUnverified, kVerified, kAbsent };
+ModuleSpec decode_layout_module(Fused fused) {
+  ModuleSpec m = route_module(0);
+  for (const char* e : {"gemm_decode_packed", "gemm_fused"}) {
+    FakeFunction f;
+    f.param_sizes = {sizeof(GemmParams)};
+    m.fake.functions[e] = f;
+    m.entries.emplace_back(e);
+  }
+  m.fake.publish_u32("gemm_decode_packed_n_tile", 32)
+      .publish_u32("gemm_decode_packed_block_threads", kBlockThreads)
+      .publish_u32("gemm_decode_packed_layout", decode_layout::kLayoutId)
+      .publish_u32("gemm_decode_packed_max_m", kDecodeMaxM);
+  if (fused == Fused::kAbsent) {
+    m.fake.publish_u32("gemm_fused_absent", 1);
+    publish_verified(m, "gemm_fused");  // even so: a placeholder is never chosen
+    return m;
+  }
+  m.fake.publish_u32("gemm_fused_n_tile", 128)
+      .publish_u32("gemm_fused_m_tile", 128)
+      .publish_u32("gemm_fused_block_threads", 384)
+      .publish_u32("gemm_fused_layout", decode_layout::kLayoutId);
+  if (fused == Fused::kVerified) publish_verified(m, "gemm_fused");
+  return m;
+}
+
+// Weights in the decode layout (buffers of its sizes; never read: planning only).
+ops::QuantWeights decode_layout_weights(CudaBackend& b) {
+  ops::QuantWeights w = weights(b);
+  b.free(w.codes);
+  b.free(w.scales);
+  w.packing = ops::WeightPacking::kDecode;
+  w.fold = decode_layout::kNvfp4Fold;
+  w.codes_bytes = static_cast<std::size_t>(decode_layout::code_bytes(w.n, w.k));
+  w.scales_bytes = static_cast<std::size_t>(decode_layout::scale_bytes(w.n, w.k, false));
+  w.codes = b.alloc(w.codes_bytes);
+  w.scales = b.alloc(w.scales_bytes);
+  return w;
+}
+
+ops::GemmRoute decode_layout_route(Rig& rig, std::int64_t m, ops::GemmRoute asked) {
+  const ops::QuantWeights w = decode_layout_weights(rig.b());
+  ops::GemmOptions o;
+  o.route = asked;
+  const auto free_weights = [&] {
+    rig.b().free(w.codes);
+    rig.b().free(w.scales);
+  };
+  try {
+    const ops::GemmRoute r = ops::plan(rig.b(), m, w, o).route;
+    free_weights();
+    return r;
+  } catch (...) {
+    free_weights();
+    throw;
+  }
+}
+
+// gemm_fused is the automatic choice above the decode sizes only once a device verified it;
+// until then the decode kernel takes every M, and the fused route runs when asked for.
+TEST(GemmRoutePolicy, TheFusedKernelIsChosenOnlyOnceADeviceVerifiedIt) {
+  {
+    Rig rig(RigOptions{.modules = {core_module(), decode_layout_module(Fused::kUnverified)}});
+    EXPECT_EQ(decode_layout_route(rig, 4096, ops::GemmRoute::kAuto), ops::GemmRoute::kDecode);
+    EXPECT_EQ(decode_layout_route(rig, 4096, ops::GemmRoute::kFused), ops::GemmRoute::kFused);
+  }
+  Rig rig(RigOptions{.modules = {core_module(), decode_layout_module(Fused::kVerified)}});
+  EXPECT_EQ(decode_layout_route(rig, kDecodeMaxM, ops::GemmRoute::kAuto), ops::GemmRoute::kDecode);
+  EXPECT_EQ(decode_layout_route(rig, 4096, ops::GemmRoute::kAuto), ops::GemmRoute::kFused);
+}
+
+// Where gemm_fused is a placeholder (sm_80, sm_89): never the automatic choice, and asking for the
+// fused route is Error(kUnavailable) naming the kernel, before anything is launched.
+TEST(GemmRoutePolicy, APlaceholderFusedKernelIsNeverChosenAndRefusedWhenAskedFor) {
+  Rig rig(RigOptions{.modules = {core_module(), decode_layout_module(Fused::kAbsent)}});
+  EXPECT_EQ(decode_layout_route(rig, 4096, ops::GemmRoute::kAuto), ops::GemmRoute::kDecode);
+  try {
+    (void)decode_layout_route(rig, 4096, ops::GemmRoute::kFused);
+    ADD_FAILURE() << "the placeholder gemm_fused was planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("w4a16::gemm_fused is a placeholder"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(rig.fd.launches().empty());
 }
 
 }  // namespace

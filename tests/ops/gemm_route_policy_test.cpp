@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/expect_error.h"
+#include "kernels/manifest.h"
+#include "kernels/verified_devices.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
@@ -31,6 +34,18 @@ TEST(GemmRoutePolicy, TheCpuBackendNeverTakesDequantAutomatically) {
   for (const std::int64_t m : {17, 256, 4096, 65536})
     EXPECT_EQ(ops::choose_route(be, m, w), ops::GemmRoute::kTiled) << "M=" << m;
   ops::free_weights(be, w);
+}
+
+// The CPU's w4a16 entries are the reference every device result is compared with: each publishes
+// so (kernels/verified_devices.h), so the rule that CUDA's automatic choices take only kernels a
+// device verified leaves the CPU's choices as they were (the fused route below among them).
+TEST(GemmRoutePolicy, EveryCpuEntryIsTheHostReference) {
+  CpuBackend be;
+  for (const std::string_view e : manifest::kW4a16Entries) {
+    const KernelMeta& meta = be.op_cache().kernel(be, "w4a16", e).meta;
+    EXPECT_EQ(meta.verified_on, verified::kHostReference) << e;
+    EXPECT_FALSE(meta.absent) << e;
+  }
 }
 
 TEST(GemmRoutePolicy, DecodeLayoutWeightsTakeTheFusedRouteAboveTheDecodeSizes) {

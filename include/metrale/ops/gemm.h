@@ -34,7 +34,8 @@ enum class GemmRoute {
   // Large M on weights in the decode layout: one warp-specialized kernel that dequantizes the
   // weights in registers and feeds them to the tensor cores as the register operand (CUDA:
   // gemm_fused, wgmma with A from registers). kAuto takes it for decode-layout weights above the
-  // decode sizes, where the module has it.
+  // decode sizes, where the module has it verified on a device. On targets without wgmma the
+  // entry is a placeholder (gemm_fused_absent) and asking for this route is Error(kUnavailable).
   kFused,
 };
 // "auto", "decode", "tiled", "e4m3", "dequant", "fused".
@@ -116,14 +117,17 @@ struct GemmPlan {
 // Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
 // sizes, chooses the route, resolves the kernels and sizes every launch from their published
 // metadata. kAuto on weights in the decode layout: decode up to the M gemm_decode publishes as
-// its largest, fused above it where the module has gemm_fused. On the source layout: e4m3 when
+// its largest, fused above it where the module has gemm_fused. kAuto takes gemm_fused, gemm_e4m3
+// and dequant_bf16 only where their kernel is one a device run verified (published
+// <entry>_verified_on; the CPU's host modules are the reference and count as verified); an
+// unverified kernel runs when its route is asked for. On the source layout: e4m3 when
 // the caller allows it and M ≥ what gemm_e4m3 publishes as its smallest (none: never); else
 // decode up to gemm_decode's largest M; else dequant from the M dequant_bf16 publishes as its
 // smallest where the backend has a dense BF16 GEMM; else tiled. So kAuto needs the module's
 // gemm_decode, which both backends' modules have. Throws Error(kInvalidArgument) for bad shapes
 // or options, Error(kNotFound) naming a kernel that is missing or publishes no tile or block
 // size, Error(kUnavailable) with the backend's reason for kDequant on a backend without a dense
-// BF16 GEMM. Launches nothing.
+// BF16 GEMM, or for a route whose kernel is a placeholder on this target. Launches nothing.
 GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
               const GemmOptions& options = {});
 

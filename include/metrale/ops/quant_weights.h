@@ -24,7 +24,8 @@ enum class WeightPacking { kSource, kDecode, kPanels };
 // backend (the CPU runs it too, as a reference). kPanels: the panel layout, on a backend whose
 // decode and tiled kernels publish that they read it (the CPU module), else refused.
 // kBackendPreferred: the decode layout where the backend's module publishes a decode kernel for
-// it with a largest M (gemm_decode_packed_max_m: the CUDA module); else the panel layout where
+// it with a largest M (gemm_decode_packed_max_m: the CUDA module) that a device run verified
+// (gemm_decode_packed_verified_on, src/kernels/published.def); else the panel layout where
 // the decode and tiled kernels publish it (the CPU module on processors with AVX-512 BF16); else
 // the host's own.
 enum class UploadLayout { kSource, kDecode, kBackendPreferred, kPanels };

@@ -16,6 +16,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
+#include "kernels/verified_devices.h"
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
 
@@ -146,6 +147,10 @@ void publish_meta(HostModule& m, std::string_view entry) {
       w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
     m.publish(e + "_panels", {std::byte{1}});
   }
+  // The host modules are the reference every device result is compared with, run by every test
+  // run: verified as such (kernels/verified_devices.h), so the automatic choices that gate CUDA
+  // on device runs leave the CPU's unchanged.
+  m.publish_u32(e + "_verified_on", verified::kHostReference);
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_tiled" || entry == "gemm_e4m3" || entry == "gemm_split_reduce") {

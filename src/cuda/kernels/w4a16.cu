@@ -6,6 +6,8 @@
 // (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
 // split-K unit; 0 = no split), _block_threads, _a_e4m3, _out_f32, and gemm_decode_max_m (the
 // largest M the automatic route sends to decode). The op code sizes every launch from these alone.
+// <entry>_verified(_on) (kernels/verified_devices.h) says which device run verified an entry; the
+// automatic route and the preferred upload layout choose only those.
 #include <cstdint>
 
 #include "decode.cuh"
@@ -16,6 +18,7 @@
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
 #include "kernels/tile_math.h"
+#include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
 #include "ptx.cuh"
 #include "simple.cuh"
@@ -40,18 +43,19 @@ constexpr std::uint32_t kTiledN = tl::kTiledNTile, kTiledM = tl::kTiledMTile,
                         kTiledSmem = tl::kTiledSmemBytes;
 constexpr std::uint32_t kE4m3N = tl::kE4m3NTile, kE4m3M = tl::kE4m3MTile,
                         kE4m3Smem = tl::kE4m3SmemBytes;
-// gemm_fused: a block of 128 weight rows x 128 tokens, persistent over the tiles (grid x times
-// grid y blocks take tiles b, b + grid, ...).
+// gemm_fused: a block of 128 weight rows x 128 tokens; ops/gemm.cpp launches one block per tile
+// (grid x over the N tiles, grid y over the M tiles).
 constexpr std::uint32_t kFusedN = metrale::fused::kRows, kFusedM = metrale::fused::kTokens,
                         kFusedSmem = metrale::fused::kSmemBytes,
                         kFusedThreads = metrale::fused::kThreads;
 #else
 constexpr std::uint32_t kTiledN = k::simple::kWarps, kTiledM = 0, kTiledSmem = 0;
 constexpr std::uint32_t kE4m3N = k::simple::kWarps, kE4m3M = 0, kE4m3Smem = 0;
-// Without wgmma, gemm_fused is the decode-layout decode kernel's block (a column tile of 32 over
-// all of M): the same weights, the same published layout.
-constexpr std::uint32_t kFusedN = metrale::decode_layout::kTileN, kFusedM = 0, kFusedSmem = 0,
-                        kFusedThreads = tl::kDecodeThreads;
+// Without wgmma there is no fused kernel: the entry is a placeholder that publishes
+// gemm_fused_absent and nothing of a launch shape, so no route chooses it and a request for it is
+// refused (ops/gemm.cpp). Looping the decode kernel over M in rounds of 16 would read every weight
+// ceil(M / 16) times, slower than the tiled route on the source layout.
+constexpr std::uint32_t kFusedThreads = 32;
 #endif
 
 }  // namespace
@@ -90,12 +94,17 @@ __device__ std::uint32_t gemm_e4m3_a_e4m3 = 1;
 // No gemm_e4m3_min_m: the automatic route never takes this kernel on CUDA. On an H200 it ran at
 // 0.14-0.16x cuBLASLt BF16 at M = 4096, slower than the exact tiled route on every shape
 // (docs/GPU.md, run 5), so allowing E4M3 activations must not make a GEMM slower.
+#if defined(METRALE_HAVE_WGMMA)
 __device__ std::uint32_t gemm_fused_n_tile = kFusedN;
 __device__ std::uint32_t gemm_fused_m_tile = kFusedM;
 __device__ std::uint32_t gemm_fused_smem_bytes = kFusedSmem;
 __device__ std::uint32_t gemm_fused_block_threads = kFusedThreads;
 __device__ std::uint32_t gemm_fused_layout = metrale::decode_layout::kLayoutId;
 __device__ std::uint32_t gemm_fused_a_e4m3 = 0;
+__device__ std::uint32_t gemm_fused_out_f32 = 1;
+#else
+__device__ std::uint32_t gemm_fused_absent = 1;
+#endif
 __device__ std::uint32_t gemm_decode_max_m = tl::kDecodeMaxM;
 // Every kernel that writes C writes it through epilogue.cuh's write_final, which honours
 // kGemmOutF32 (FP32 C, the row-parallel partials).
@@ -104,7 +113,6 @@ __device__ std::uint32_t gemm_decode_packed_out_f32 = 1;
 __device__ std::uint32_t gemm_split_reduce_out_f32 = 1;
 __device__ std::uint32_t gemm_tiled_out_f32 = 1;
 __device__ std::uint32_t gemm_e4m3_out_f32 = 1;
-__device__ std::uint32_t gemm_fused_out_f32 = 1;
 __device__ std::uint32_t bf16_to_fp8_block_threads = kThreads;
 __device__ std::uint32_t dequant_e4m3_block_threads = kThreads;
 __device__ std::uint32_t dequant_bf16_block_threads = kThreads;
@@ -113,6 +121,20 @@ __device__ std::uint32_t gemm_split_reduce_block_threads = kThreads;
 __device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_tiled_block_threads = kThreads;
 __device__ std::uint32_t gemm_e4m3_block_threads = kThreads;
+
+// What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
+// (docs/GPU.md) ran these entries' sm_90a code, through the probe, the numerics suite on CUDA
+// and `metrale check`. No other target's code has run on a GPU. gemm_decode_packed, gemm_fused,
+// dequant_bf16 have not run on any GPU: they run when asked for (a layout, a route) and in every
+// device-check step; a passing run adds their line here with its docs/GPU.md record.
+#if defined(METRALE_HAVE_WGMMA)
+METRALE_VERIFIED(bf16_to_fp8, H200, 20261129);
+METRALE_VERIFIED(dequant_e4m3, H200, 20261129);
+METRALE_VERIFIED(gemm_decode, H200, 20261129);
+METRALE_VERIFIED(gemm_split_reduce, H200, 20261129);
+METRALE_VERIFIED(gemm_tiled, H200, 20261129);
+METRALE_VERIFIED(gemm_e4m3, H200, 20261129);
+#endif
 
 // The E4M3 cast (docs/CONTRACT.md, E4M3 cast): BF16 to E4M3, round to nearest even, saturating, no
 // scale. Each thread reads 16 BF16 as two 16-byte loads and writes 16 bytes; the tail of a count
@@ -212,13 +234,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
 #endif
 }
 
-// The fused prefill kernel on the decode layout (fused_sm90.cuh); elsewhere the decode-layout
-// decode kernel's blocks (grid x over 32-column tiles, M in rounds of 16).
+// The fused prefill kernel on the decode layout (fused_sm90.cuh), one block per tile. Elsewhere a
+// placeholder that publishes gemm_fused_absent: the launcher refuses it, and a launch that got
+// here anyway traps rather than leave C unwritten.
 __global__ void __launch_bounds__(kFusedThreads, 1) gemm_fused(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::fused_block_sm90(p);
 #else
-  k::decode_packed_block(p);
+  (void)p;
+  __trap();
 #endif
 }
 
