@@ -132,10 +132,10 @@ int run(const Args& args) {
     // Copies of the weights that the timed calls cycle through (toolkit/rotation.h). See Note
     // [layer rotation] in docs/NOTES.md.
     // Both layouts: decode runs on each, side by side (the decode layout's kernel against
-    // today's), where the backend's decode kernel prefers the decode layout.
+    // today's), where the backend has a decode kernel that reads the decode layout.
     std::vector<ops::QuantWeights> copies, packed;
     const std::size_t n_copies = toolkit::rotation_copies(hw.codes.size() + hw.scales.size());
-    const bool pack = ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred);
+    const bool pack = ops::reads_decode_layout(b);  // verified on a device or not
     double pack_s = 0;
     for (std::size_t i = 0; i < n_copies; ++i) {
       copies.push_back(ops::upload_weights(b, hw));

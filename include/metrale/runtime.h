@@ -18,6 +18,9 @@ struct KernelListing {
   std::string name;
   std::uint32_t n_tile = 0;  // 0: publishes none
   bool a_e4m3 = false;
+  // "verified on <GPU>, <YYYY-MM-DD>", "not yet run on a GPU", "the host reference" or "not on
+  // this target", from what the kernel publishes (src/kernels/verified_devices.h).
+  std::string verified;
 };
 
 // A module with its kernels' metadata.

@@ -98,8 +98,8 @@ class CudaBackend final : public Backend {
   std::string kernel_name(KernelHandle kernel) const override;
   OpCache& op_cache() override { return cache_; }
   const OpCache& op_cache() const override { return cache_; }
-  // cuBLASLt's reason when it is not loaded; for e4m3-block128 also a device below sm_90 or a
-  // library older than 12.9. "" when this backend runs the kind.
+  // cuBLASLt's reason when it is not loaded; for e4m3-block128 also a device of any compute
+  // capability but 9.0 or a library older than 12.9. "" when this backend runs the kind.
   std::string dense_gemm_unavailable(DenseKind kind) const override {
     return dense_.unavailable(kind);
   }

@@ -123,7 +123,7 @@ METRALE_HD int fused_out_row(int wtid, int i) {
   return tiles::wgmma_acc_col(wtid, i);
 }
 
-// ---- the persistent schedule ----
+// ---- the tile schedule (persistent once the grid is smaller than the tiles) ----
 
 // Tiles of the grid: M (tokens) in kTokens, N (weight rows) in kRows; tile index i is M tile
 // i % m_tiles of N tile i / m_tiles, so neighbouring blocks share a weight tile in L2.

@@ -71,15 +71,19 @@ WeightPacking upload_packing(Backend& backend, UploadLayout upload) {
   }
   // The decode layout where its kernel says it is the best decode (a largest M) and a device run
   // verified it (core/published.h): an unverified kernel runs only when asked for by layout.
-  constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
-  if (backend.has_kernel(kModule, kEntry)) {
-    const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
-    if (meta.layout == decode_layout::kLayoutId && meta.max_m != 0 &&
-        automatic_choice_allowed(meta)) {
-      return WeightPacking::kDecode;
-    }
+  if (reads_decode_layout(backend) &&
+      automatic_choice_allowed(
+          backend.op_cache().kernel(backend, "w4a16", "gemm_decode_packed").meta)) {
+    return WeightPacking::kDecode;
   }
   return reads_panel_layout(backend) ? WeightPacking::kPanels : WeightPacking::kSource;
+}
+
+bool reads_decode_layout(Backend& backend) {
+  constexpr std::string_view kModule = "w4a16", kEntry = "gemm_decode_packed";
+  if (!backend.has_kernel(kModule, kEntry)) return false;
+  const KernelMeta& meta = backend.op_cache().kernel(backend, kModule, kEntry).meta;
+  return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
 }
 
 WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/published.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -86,7 +87,7 @@ std::vector<ModuleDescription> describe_modules(Backend& backend) {
     ModuleDescription d{m.name, m.target, {}};
     for (const std::string& k : m.kernels) {
       const ResolvedKernel& r = backend.op_cache().kernel(backend, m.name, k);
-      d.kernels.push_back({k, r.meta.n_tile, r.meta.a_e4m3});
+      d.kernels.push_back({k, r.meta.n_tile, r.meta.a_e4m3, verification_text(r.meta)});
     }
     out.push_back(std::move(d));
   }

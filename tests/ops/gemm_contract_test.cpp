@@ -159,9 +159,10 @@ class GemmRoutes : public GemmBackendTest {
 INSTANTIATE_TEST_SUITE_P(, GemmRoutes, ::testing::Values("cpu", "cuda"), backend_name);
 
 // The exact route kAuto takes above the decode sizes: dequant → dense BF16 from the M
-// dequant_bf16 publishes (CUDA with cuBLASLt: 256), else tiled (the CPU publishes none).
+// dequant_bf16 publishes (CUDA with cuBLASLt: 256) once a device verified it, else tiled (the
+// CPU publishes none).
 GemmRoute exact_above_decode(Backend& b, std::int64_t m) {
-  const std::uint32_t from = module_provides(b, "dequant_bf16")
+  const std::uint32_t from = auto_may_choose(b, "dequant_bf16")
                                  ? b.op_cache().kernel(b, "w4a16", "dequant_bf16").meta.min_m
                                  : 0;
   return from != 0 && m >= from && b.dense_gemm_unavailable(DenseKind::kBf16).empty()

@@ -78,8 +78,9 @@ class GemmDecodePacked : public GemmBackendTest {
       ops::w4a16_gemm(b(), stream(), da, m, w, dc, options);
     } else {
       const ops::GemmPlan p = ops::plan(b(), m, w, options);
-      // Above the decode sizes the fused route reads the decode layout instead.
-      const bool fused = m > ops::decode_max_m(b());
+      // Above the decode sizes the fused route reads the decode layout instead, where a device
+      // verified it (else decode takes every M).
+      const bool fused = m > ops::decode_max_m(b()) && auto_may_choose(b(), "gemm_fused");
       EXPECT_EQ(p.route, fused ? ops::GemmRoute::kFused : ops::GemmRoute::kDecode);
       EXPECT_EQ(p.packing, ops::WeightPacking::kDecode);
       EXPECT_EQ(p.fold, w.fold);
@@ -131,7 +132,9 @@ class GemmDecodePacked : public GemmBackendTest {
     // The reference of the row-major source weights, whatever was uploaded.
     const Reference exact = reference(a, c.m, row, bias, AMode::kBf16);
     EXPECT_EQ(ops::choose_route(b(), c.m, w, ops::GemmOptions{}),
-              c.m > ops::decode_max_m(b()) ? ops::GemmRoute::kFused : ops::GemmRoute::kDecode);
+              c.m > ops::decode_max_m(b()) && auto_may_choose(b(), "gemm_fused")
+                  ? ops::GemmRoute::kFused
+                  : ops::GemmRoute::kDecode);
     for (const Call how : {Call::kW4a16Gemm, Call::kPlanRunScratch, Call::kPlanRunCarved}) {
       SCOPED_TRACE(how == Call::kW4a16Gemm        ? "w4a16_gemm"
                    : how == Call::kPlanRunScratch ? "plan -> run, scratch workspace"

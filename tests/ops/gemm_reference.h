@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/published.h"
 #include "metrale/backend.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/error.h"
@@ -153,6 +154,13 @@ inline bool module_provides(Backend& backend, std::string_view entry) {
     return std::find(m.kernels.begin(), m.kernels.end(), entry) != m.kernels.end();
   }
   return false;
+}
+
+// Whether the automatic route and layout may choose backend's w4a16 entry: the module provides
+// it and a device run verified it (core/published.h; a host module's entries are the reference).
+inline bool auto_may_choose(Backend& backend, std::string_view entry) {
+  return module_provides(backend, entry) &&
+         automatic_choice_allowed(backend.op_cache().kernel(backend, "w4a16", entry).meta);
 }
 
 inline std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {

@@ -217,14 +217,15 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     max_n = std::max(max_n, l.w.n);
     max_k = std::max(max_k, l.w.k);
   }
-  // The decode layout where the backend prefers it (its decode kernel reads it) for the M that
-  // decode takes; the source layout for the rest (only the decode route reads the decode layout).
+  // The decode layout where the backend has a kernel that reads it (verified on a device or not:
+  // a bench measures what the automatic choice does not take yet) for the M that decode takes;
+  // the source layout for the rest (only the decode and fused routes read the decode layout).
   const std::int64_t decode_m = ops::decode_max_m(b);
   const bool compare = bench.compare_routes.value_or(gpu);
   // (The fused route reads the decode layout too: the comparison needs it at any M.)
   const bool any_q4 = !shape.layers.empty();
   const bool packed_wanted =
-      any_q4 && ops::uploads_decode_layout(b, ops::UploadLayout::kBackendPreferred) &&
+      any_q4 && ops::reads_decode_layout(b) &&
       (compare || std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; }));
   // With --compare-routes (the default on a GPU), every other route the backend offers runs too
   // (on the source layout, which all of them read), and the dense BF16 GEMM of its library on

@@ -25,7 +25,10 @@ int run_info(const CommonOptions& options) {
       for (const ModuleDescription& m : b.modules) {
         nlohmann::json kernels = nlohmann::json::array();
         for (const KernelListing& k : m.kernels) {
-          kernels.push_back({{"name", k.name}, {"n_tile", k.n_tile}, {"a_e4m3", k.a_e4m3}});
+          kernels.push_back({{"name", k.name},
+                             {"n_tile", k.n_tile},
+                             {"a_e4m3", k.a_e4m3},
+                             {"verified", k.verified}});
         }
         j["modules"].push_back({{"name", m.name}, {"target", m.target}, {"kernels", kernels}});
       }
@@ -50,8 +53,8 @@ int run_info(const CommonOptions& options) {
     for (const ModuleDescription& m : b.modules) {
       fmt::print("      module {} ({})\n", m.name, m.target);
       for (const KernelListing& k : m.kernels) {
-        fmt::print("        {:<24} n_tile {:>5}  a_e4m3 {}\n", k.name, k.n_tile,
-                   k.a_e4m3 ? "yes" : "no");
+        fmt::print("        {:<24} n_tile {:>5}  a_e4m3 {:<3}  {}\n", k.name, k.n_tile,
+                   k.a_e4m3 ? "yes" : "no", k.verified);
       }
     }
   }

@@ -43,6 +43,13 @@ struct Skipped {
   std::string why;
 };
 
+// Whether backend's w4a16 module has a real gemm_fused (sm_80/sm_89 modules hold a placeholder
+// that publishes itself absent).
+bool has_fused(Backend& backend) {
+  return backend.has_kernel("w4a16", "gemm_fused") &&
+         !backend.op_cache().kernel(backend, "w4a16", "gemm_fused").meta.absent;
+}
+
 // The BF16 nearest to x (ties to even; past the largest finite value by half a unit or more,
 // infinity), chosen by distances in float64: an independent reference for the FP32 → BF16 cast.
 // NaN is not handled here (any NaN is accepted for a NaN input).
@@ -398,8 +405,9 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
       }
     }
     // The fused prefill route (the decode layout above the decode sizes) where the backend's
-    // module has its kernel: CUDA sm_90's gemm_fused, the CPU's twin of the decode kernel.
-    if (scope.backend().has_kernel("w4a16", "gemm_fused")) {
+    // module has its kernel: CUDA sm_90's gemm_fused, the CPU's twin of the decode kernel (not
+    // the placeholder that sm_80/sm_89 modules publish as absent).
+    if (has_fused(scope.backend())) {
       for (const auto format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
         for (const auto layout : {WeightLayout::kRowMajor, WeightLayout::kTransposed}) {
           const bool bias = layout == WeightLayout::kTransposed;
@@ -432,7 +440,7 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                              ops::GemmRoute::kDequant, ops::GemmRoute::kFused}) {
       const bool fused = route == ops::GemmRoute::kFused;
       c.run(fmt::format("w4a16 {} nvfp4 +bias, FP32 C", ops::to_string(route)), [&] {
-        if (fused && !scope.backend().has_kernel("w4a16", "gemm_fused")) {
+        if (fused && !has_fused(scope.backend())) {
           throw Skipped{"the backend's w4a16 module has no gemm_fused kernel"};
         }
         if (route == ops::GemmRoute::kDequant &&

@@ -94,6 +94,9 @@ WeightPacking upload_packing(Backend& backend, UploadLayout upload);
 
 // Whether an upload with `upload` stores the decode layout on backend.
 bool uploads_decode_layout(Backend& backend, UploadLayout upload);
+// Whether backend has a decode kernel that reads the decode layout (verified on a device or not:
+// benchmarks and checks that ask for the layout by name run it either way).
+bool reads_decode_layout(Backend& backend);
 
 // Whether backend's decode and tiled kernels read the panel layout (they publish `panels`).
 bool reads_panel_layout(Backend& backend);

@@ -8,6 +8,7 @@
 #include "cpu/kernels/dense_e4m3.h"
 #include "cpu/modules/modules.h"
 #include "kernels/dense_params.h"
+#include "kernels/verified_devices.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::cpu {
@@ -33,6 +34,7 @@ void gemm_e4m3_block128(const HostBlock& b) {
 void add(HostModule& m, const std::string& name, HostKernelFn fn) {
   m.add_kernel(name, fn, {static_cast<std::uint16_t>(sizeof(DenseParams))});
   m.publish_u32(name + "_n_tile", kDenseTile).publish_u32(name + "_block_threads", kBlockThreads);
+  m.publish_u32(name + "_verified_on", verified::kHostReference);  // the reference itself
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cpu/modules/modules.h"
+#include "kernels/verified_devices.h"
 #include "metrale/kernel_args.h"
 #include "metrale/numerics.h"
 
@@ -59,13 +60,16 @@ HostModule make_core_module() {
   HostModule m("core");
   m.add_kernel("fill_u32", fill_u32, {8, 4, 4})
       .publish_u32("fill_u32_n_tile", kFillTile)
-      .publish_u32("fill_u32_block_threads", kThreads);
+      .publish_u32("fill_u32_block_threads", kThreads)
+      .publish_u32("fill_u32_verified_on", verified::kHostReference);
   m.add_kernel("axpy_f32", axpy_f32, {8, 8, 4, 4})
       .publish_u32("axpy_f32_n_tile", kAxpyTile)
-      .publish_u32("axpy_f32_block_threads", kThreads);
+      .publish_u32("axpy_f32_block_threads", kThreads)
+      .publish_u32("axpy_f32_verified_on", verified::kHostReference);
   m.add_kernel("cast_f32_bf16", cast_f32_bf16, {8, 8, 4})
       .publish_u32("cast_f32_bf16_n_tile", kCastTile)
-      .publish_u32("cast_f32_bf16_block_threads", kThreads);
+      .publish_u32("cast_f32_bf16_block_threads", kThreads)
+      .publish_u32("cast_f32_bf16_verified_on", verified::kHostReference);
   return m;
 }
 

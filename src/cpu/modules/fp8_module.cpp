@@ -7,6 +7,7 @@
 #include "cpu/kernels/fp8_cpu.h"
 #include "cpu/modules/modules.h"
 #include "kernels/fp8_cast.h"
+#include "kernels/verified_devices.h"
 #include "metrale/kernel_args.h"
 
 namespace metrale::cpu {
@@ -33,6 +34,7 @@ HostModule make_fp8_module() {
   const std::string e = "cast_e4m3_block128";
   m.add_kernel(e, cast_e4m3_block128, {static_cast<std::uint16_t>(sizeof(Fp8CastParams))});
   m.publish_u32(e + "_n_tile", kCastTile).publish_u32(e + "_block_threads", kBlockThreads);
+  m.publish_u32(e + "_verified_on", verified::kHostReference);  // the reference itself
   return m;
 }
 

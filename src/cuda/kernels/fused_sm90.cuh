@@ -12,7 +12,9 @@
 //   block's wgmmas run, and issues 8 wgmma m64n128k16 RS per block; within the warpgroup only
 //   wgmma's fence, commit and wait order the two (no block barrier), and the empty barrier hands
 //   the stage back;
-// - persistent: block b takes tiles b, b + grid, ... in the static order of fused_tiles.
+// - a tile loop: block b takes tiles b, b + grid, ... in the static order of fused_tiles. The op
+//   (src/ops/gemm.cpp) launches one block per tile today, so each block runs one tile and the
+//   kernel is not yet persistent: its prologue and epilogue are not hidden (issue 35).
 // The epilogue scales by 2^fold and the tensor scale, adds the bias, and stores BF16 transposed
 // into C[M, N] (rows past M and columns past N masked).
 #pragma once
