@@ -116,7 +116,9 @@ class NcclCommunicator final : public Communicator {
 
   void raw_abort(const std::string& /*message*/) noexcept override {
     if (comm_ == nullptr) return;
-    cuda_.bind_to_thread();
+    // noexcept: the throwing bind would end the process here (std::terminate) when
+    // cuCtxSetCurrent fails. Unbound, NCCL is still told to abort; its own result is all we have.
+    cuda_.host().bind_quietly();
     api_.ncclCommAbort(comm_);
     comm_ = nullptr;
   }

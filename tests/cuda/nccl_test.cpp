@@ -179,6 +179,24 @@ TEST_F(NcclTransport, ARefusedFinalizeIsReportedAndTheCommunicatorAborted) {
   comm->release();  // a second release does nothing
 }
 
+// abort() is noexcept and may run on any thread, so it binds the context without throwing: a
+// cuCtxSetCurrent that fails there (CUDA_ERROR_CONTEXT_IS_DESTROYED after a teardown elsewhere,
+// cuda.h) must not end the process. NCCL is still asked to abort, and the failure is latched.
+TEST_F(NcclTransport, AnAbortWhoseContextBindFailsStillAbortsAndReturns) {
+  auto comm = make();
+  const std::uint64_t binds = rig_.fd.calls("cuCtxSetCurrent");
+  rig_.fd.fail_from("cuCtxSetCurrent", binds + 1, CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  comm->abort("a peer was lost");
+  rig_.fd.clear_failures();
+  EXPECT_GT(rig_.fd.calls("cuCtxSetCurrent"), binds) << "abort binds the context first";
+  EXPECT_EQ(nccl_.calls("ncclCommAbort"), 1u);
+  EXPECT_EQ(nccl_.live_comms(), 0);
+  EXPECT_TRUE(comm->failed());
+  EXPECT_TRUE(contains(comm->failure(), "a peer was lost")) << comm->failure();
+  comm->release();  // the aborted communicator has nothing left to give back
+  EXPECT_EQ(nccl_.calls("ncclCommFinalize"), 0u);
+}
+
 TEST_F(NcclTransport, ABadPlaceIsRefusedBeforeNcclIsAsked) {
   CommunicatorOptions o;
   const Error e = expect_error([&] {
