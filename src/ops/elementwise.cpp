@@ -8,6 +8,7 @@
 #include "core/nvtx.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
+#include "ops/published_block.h"
 
 namespace metrale::ops {
 namespace {
@@ -33,18 +34,6 @@ Dim3 grid_for(const Backend& backend, const ResolvedKernel& k, std::size_t n) {
   return Dim3{static_cast<std::uint32_t>((n + tile - 1) / tile), 1, 1};
 }
 
-// Block from the kernel's own published size: a kernel's tile is strided by the block it was
-// written for, so a launch with another block size would skip or repeat elements.
-Dim3 block_for(std::string_view api, const Backend& backend, const ResolvedKernel& k) {
-  if (k.meta.block_threads == 0) {
-    throw Error(ErrorCode::kNotFound, api,
-                fmt::format("{} publishes no block size (its <entry>_block_threads symbol is "
-                            "missing or 0); a launcher cannot assume one",
-                            backend.kernel_name(k)));
-  }
-  return Dim3{k.meta.block_threads};
-}
-
 }  // namespace
 
 void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t n,
@@ -57,7 +46,7 @@ void fill_u32(Backend& backend, StreamHandle stream, DevicePtr out, std::size_t 
   const std::array args{KernelArg::buffer(out), KernelArg::value(value),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
   const Dim3 grid = grid_for(backend, k, n);  // first: a missing tile is named before the block
-  backend.launch_typed(k, grid, block_for("fill_u32", backend, k), 0, stream, args);
+  backend.launch_typed(k, grid, published_block("fill_u32", backend, k), 0, stream, args);
 }
 
 void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, float a,
@@ -78,7 +67,7 @@ void axpy_f32(Backend& backend, StreamHandle stream, DevicePtr y, DevicePtr x, f
   const std::array args{KernelArg::buffer(y), KernelArg::buffer(x), KernelArg::value(a),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
   const Dim3 grid = grid_for(backend, k, n);
-  backend.launch_typed(k, grid, block_for("axpy_f32", backend, k), 0, stream, args);
+  backend.launch_typed(k, grid, published_block("axpy_f32", backend, k), 0, stream, args);
 }
 
 void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, DevicePtr out,
@@ -103,7 +92,7 @@ void cast_f32_to_bf16(Backend& backend, StreamHandle stream, DevicePtr in, Devic
   const std::array args{KernelArg::buffer(out), KernelArg::buffer(in),
                         KernelArg::value(static_cast<std::uint32_t>(n))};
   const Dim3 grid = grid_for(backend, k, n);
-  backend.launch_typed(k, grid, block_for(kApi, backend, k), 0, stream, args);
+  backend.launch_typed(k, grid, published_block(kApi, backend, k), 0, stream, args);
 }
 
 }  // namespace metrale::ops

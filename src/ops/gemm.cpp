@@ -20,6 +20,7 @@
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "ops/buffer_checks.h"
+#include "ops/published_block.h"
 
 namespace metrale::ops {
 namespace {
@@ -180,24 +181,12 @@ std::uint32_t blocks_of(std::string_view api, std::string_view what, std::int64_
   return static_cast<std::uint32_t>(blocks);
 }
 
-// The block size a kernel publishes; planning refuses a kernel that publishes none rather than
-// assume one.
-Dim3 block_of(std::string_view api, const Backend& backend, const ResolvedKernel& k) {
-  if (k.meta.block_threads == 0) {
-    throw Error(ErrorCode::kNotFound, api,
-                fmt::format("{} publishes no block size (its <entry>_block_threads symbol is "
-                            "missing or 0); a launcher cannot assume one",
-                            backend.kernel_name(k)));
-  }
-  return Dim3{k.meta.block_threads};
-}
-
 // A one-dimensional launch over count items by the kernel's published N tile.
 PlannedLaunch flat_launch(std::string_view api, Backend& backend, const ResolvedKernel& k,
                           std::int64_t count) {
   return PlannedLaunch{
       k, Dim3{blocks_of(api, "the grid", count, backend.kernel_n_tile(k), 0x7FFFFFFFu)},
-      block_of(api, backend, k), 0};
+      published_block(api, backend, k), 0};
 }
 
 // Whether the automatic route may take module w4a16's entry: the module has it and it is a kernel
@@ -650,7 +639,7 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   // The GEMM itself, sized from what its kernel publishes alone: grid x over N by the N tile,
   // grid y over M by the M tile (where published), grid z over K slices (where it can split K
   // and N x M alone leaves SMs idle), and its dynamic shared memory.
-  PlannedLaunch g{gemm, {}, block_of(api, backend, gemm), gemm.meta.smem_bytes};
+  PlannedLaunch g{gemm, {}, published_block(api, backend, gemm), gemm.meta.smem_bytes};
   g.grid.x = blocks_of(api, "N", w.n, backend.kernel_n_tile(gemm), 0x7FFFFFFFu);
   g.grid.y = gemm.meta.m_tile != 0 ? blocks_of(api, "M", m, gemm.meta.m_tile, 0xFFFFu) : 1;
   tiles::SplitK split{1, w.k};

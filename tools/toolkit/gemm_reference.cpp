@@ -122,6 +122,27 @@ std::string Comparison::str() const {
       worst_at < 0 ? -1 : worst_at % n, worst_out, worst_ref, worst_bound, worst);
 }
 
+namespace {
+
+// Element i's distance from its bound, kept in c where it is the worst so far (NaN: infinitely
+// far; a zero bound admits only an exact value).
+void note_element(Comparison& c, std::size_t i, double out, double ref, double bound) {
+  const double d = out - ref;
+  const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
+                   : bound > 0.0 ? std::fabs(d) / bound
+                   : d == 0.0    ? 0.0
+                                 : std::numeric_limits<double>::infinity();
+  if (c.worst_at < 0 || r > c.worst) {
+    c.worst = r;
+    c.worst_at = static_cast<std::int64_t>(i);
+    c.worst_out = out;
+    c.worst_ref = ref;
+    c.worst_bound = bound;
+  }
+}
+
+}  // namespace
+
 Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, bool add_cast_gap) {
   Comparison c;
   c.n = ref.n;
@@ -140,17 +161,7 @@ Comparison compare(std::span<const std::uint16_t> out, const Reference& ref, boo
     ref2 += ref.value[i] * ref.value[i];
     const double bound =
         element_bound(ref, i) + (add_cast_gap ? (1.0 + kBf16Unit) * ref.cast_gap[i] : 0.0);
-    const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
-                     : bound > 0.0 ? std::fabs(d) / bound
-                     : d == 0.0    ? 0.0
-                                   : std::numeric_limits<double>::infinity();
-    if (c.worst_at < 0 || r > c.worst) {
-      c.worst = r;
-      c.worst_at = static_cast<std::int64_t>(i);
-      c.worst_out = o;
-      c.worst_ref = ref.value[i];
-      c.worst_bound = bound;
-    }
+    note_element(c, i, o, ref.value[i], bound);
   }
   c.ref_norm = std::sqrt(ref2);
   c.normalized = std::sqrt(err2) / c.ref_norm;
@@ -181,17 +192,7 @@ Comparison compare_f32(std::span<const float> out, const Reference& ref) {
     const double d = o - ref.value[i];
     err2 += d * d;
     ref2 += ref.value[i] * ref.value[i];
-    const double r = std::isnan(d) ? std::numeric_limits<double>::infinity()
-                     : bound > 0.0 ? std::fabs(d) / bound
-                     : d == 0.0    ? 0.0
-                                   : std::numeric_limits<double>::infinity();
-    if (c.worst_at < 0 || r > c.worst) {
-      c.worst = r;
-      c.worst_at = static_cast<std::int64_t>(i);
-      c.worst_out = o;
-      c.worst_ref = ref.value[i];
-      c.worst_bound = bound;
-    }
+    note_element(c, i, o, ref.value[i], bound);
   }
   c.ref_norm = std::sqrt(ref2);
   c.normalized = std::sqrt(err2) / c.ref_norm;
