@@ -108,9 +108,10 @@ void BM_W4a16(benchmark::State& state) {
                          }).first;
     state.counters["pct_dot_roof"] = 100.0 * share;
   }
-  state.SetLabel(fmt::format("{}{}",
+  state.SetLabel(fmt::format("{}{}, {}",
                              metrale::ops::to_string(metrale::ops::choose_route(fx.backend, m, w0)),
-                             w0.packing == metrale::ops::WeightPacking::kPanels ? ", panels" : ""));
+                             w0.packing == metrale::ops::WeightPacking::kPanels ? ", panels" : "",
+                             metrale::cpu_kernel_isa()));
   for (auto& w : fx.copies) metrale::ops::free_weights(fx.backend, w);
   fx.backend.free(fx.a);
   fx.backend.free(fx.c);

@@ -44,6 +44,12 @@ struct CpuBackendOptions {
   unsigned threads = 0;  // worker threads for launches; 0 = all hardware threads
 };
 
+// The instruction set the CPU's GEMM kernels use in this process: "avx512_bf16", "avx512",
+// "avx2" or "portable", the processor's best lowered by METRALE_CPU_ISA (read once). Benchmarks
+// print it with the roof they measured for it, so figures from different CPUs are not compared
+// by accident.
+std::string_view cpu_kernel_isa() noexcept;
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(CpuBackendOptions options = {});

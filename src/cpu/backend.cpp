@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "cpu/backend_impl.h"
+#include "cpu/kernels/w4a16_cpu.h"
 #include "metrale/error.h"
 
 namespace metrale {
@@ -96,6 +97,10 @@ CpuBackend::HandleCounts CpuBackend::handle_counts() const {
   return impl_->streams.counts();
 }
 
+std::string_view cpu_kernel_isa() noexcept {
+  return cpu::w4a16::to_string(cpu::w4a16::best_isa());
+}
+
 std::string CpuBackend::device_name() const {
   std::ifstream in("/proc/cpuinfo");
   std::string line, model = "unknown CPU";
@@ -107,7 +112,7 @@ std::string CpuBackend::device_name() const {
       break;
     }
   }
-  return fmt::format("{} ({} threads)", model, impl_->pool.size());
+  return fmt::format("{} ({} threads, {} kernels)", model, impl_->pool.size(), cpu_kernel_isa());
 }
 
 DevicePtr CpuBackend::pinned_device_address(const void* host) const {

@@ -1,9 +1,12 @@
 // METRALE_CPU_ISA caps the CPU kernels' instruction set (best_isa() reads it once per process,
 // so the policy is tested through capped_isa): the three accepted values lower the best set, and
-// anything else is named in a warning with the accepted values and ignored.
+// anything else is named in a warning with the accepted values and ignored; the set in use is
+// named with the device.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "cpu/kernels/w4a16_cpu.h"
+#include "metrale/cpu_backend.h"
 #include "support/log_capture.h"
 
 namespace metrale::cpu::w4a16 {
@@ -31,6 +34,15 @@ TEST(CpuIsaSwitch, AnUnknownValueIsNamedInAWarningAndIgnored) {
               1u)
         << value;
   }
+}
+
+// The set in use is public (benchmarks print it with their roof) and named in the device name,
+// so a figure always says which kernels made it.
+TEST(CpuIsaSwitch, TheSetInUseIsNamedWithTheDevice) {
+  EXPECT_EQ(cpu_kernel_isa(), to_string(best_isa()));
+  CpuBackend b;
+  EXPECT_THAT(b.device_name(),
+              ::testing::HasSubstr(std::string(to_string(best_isa())) + " kernels"));
 }
 
 }  // namespace

@@ -420,7 +420,7 @@ TEST(CpuMemory, MemoryQueriesDescribeTheHost) {
   EXPECT_GT(b.driver_free_memory(), 0u);
   EXPECT_LT(b.driver_free_memory(), total);
   EXPECT_EQ(b.sm_count(), 3u);
-  EXPECT_THAT(b.device_name(), HasSubstr("(3 threads)"));
+  EXPECT_THAT(b.device_name(), HasSubstr("(3 threads, "));
   CpuBackend all;
   EXPECT_GE(all.sm_count(), 1u);
 }

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "memory_fit.h"
+#include "metrale/cpu_backend.h"
 #include "metrale/e4m3_block.h"
 #include "metrale/error.h"
 #include "metrale/fp8_checkpoint.h"
@@ -590,41 +591,44 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   }
 
   if (options.json) {
-    nlohmann::json doc{{"backend", backend_name},
-                       {"device", device},
-                       {"chosen", why},
-                       {"model", !bench.weights.empty() ? bench.weights
-                                 : bench.shapes.empty() ? bench.model
-                                                        : "custom"},
-                       {"graph", bench.graph},
-                       {"timing", kTimingMethod},
-                       {"allow_e4m3", bench.allow_e4m3},
-                       {"roofline",
-                        {{"bandwidth_GBps", roof.bandwidth / 1e9},
-                         {"bandwidth_of", roof.bandwidth_of},
-                         {"TFLOPs", roof.flops / 1e12},
-                         {"flops_of", roof.flops_of},
-                         {"bandwidth_readings", bw_readings.count()},
-                         {"flops_readings", flops_readings.count()}}},
-                       {"checks", kChecks},
-                       {"roof_read_low", roof_low},
-                       {"roof_note", roof_note},
-                       {"decode_layout_pack_s", pack_seconds},
-                       {"w8a8_requantize_s", requant_seconds},
-                       {"scratch_pool",
-                        {{"summary", pool_line},
-                         {"current_bytes", pool.current_bytes},
-                         {"peak_bytes", pool.peak_bytes},
-                         {"reserved_bytes", pool.reserved_bytes},
-                         {"free_bytes", pool.free_bytes},
-                         {"largest_free_bytes", pool.largest_free_bytes},
-                         {"fragmentation", pool.fragmentation()},
-                         {"allocations", pool.allocations},
-                         {"reuses", pool.reuses},
-                         {"grows", pool.grows}}},
-                       {"live_bytes_after_teardown", probe.live_bytes()},
-                       {"swept_after_teardown", td.swept},
-                       {"passed", ok}};
+    nlohmann::json doc{
+        {"backend", backend_name},
+        {"device", device},
+        // The set the CPU kernels ran with: the roof below is that set's.
+        {"cpu_isa", backend_name == "cpu" ? nlohmann::json(cpu_kernel_isa()) : nlohmann::json()},
+        {"chosen", why},
+        {"model", !bench.weights.empty() ? bench.weights
+                  : bench.shapes.empty() ? bench.model
+                                         : "custom"},
+        {"graph", bench.graph},
+        {"timing", kTimingMethod},
+        {"allow_e4m3", bench.allow_e4m3},
+        {"roofline",
+         {{"bandwidth_GBps", roof.bandwidth / 1e9},
+          {"bandwidth_of", roof.bandwidth_of},
+          {"TFLOPs", roof.flops / 1e12},
+          {"flops_of", roof.flops_of},
+          {"bandwidth_readings", bw_readings.count()},
+          {"flops_readings", flops_readings.count()}}},
+        {"checks", kChecks},
+        {"roof_read_low", roof_low},
+        {"roof_note", roof_note},
+        {"decode_layout_pack_s", pack_seconds},
+        {"w8a8_requantize_s", requant_seconds},
+        {"scratch_pool",
+         {{"summary", pool_line},
+          {"current_bytes", pool.current_bytes},
+          {"peak_bytes", pool.peak_bytes},
+          {"reserved_bytes", pool.reserved_bytes},
+          {"free_bytes", pool.free_bytes},
+          {"largest_free_bytes", pool.largest_free_bytes},
+          {"fragmentation", pool.fragmentation()},
+          {"allocations", pool.allocations},
+          {"reuses", pool.reuses},
+          {"grows", pool.grows}}},
+        {"live_bytes_after_teardown", probe.live_bytes()},
+        {"swept_after_teardown", td.swept},
+        {"passed", ok}};
     for (const Case& cs : cases) {
       doc[cs.variant == "auto" ? "layers" : "routes"].push_back(
           {{"layer", cs.layer},
@@ -668,6 +672,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                            : bench.shapes.empty() ? bench.model
                                                   : "custom shapes";
   fmt::print("metrale bench: {} on {} ({})\n  backend {}\n", what, backend_name, device, why);
+  if (backend_name == "cpu") {
+    fmt::print(
+        "  CPU kernels: {} (the processor's best, or METRALE_CPU_ISA's cap); the compute "
+        "roof is read with its instructions\n",
+        cpu_kernel_isa());
+  }
   fmt::print("  timed with {}\n", kTimingMethod);
   fmt::print("  checked: {}\n", kChecks);
   fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,

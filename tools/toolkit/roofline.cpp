@@ -14,6 +14,7 @@
 #include <vector>
 
 #if METRALE_TOOLKIT_HAVE_CUDA
+#include "metrale/cpu_backend.h"
 #include "toolkit/blas_roof.h"
 #endif
 
@@ -171,19 +172,26 @@ double rate_on_every_thread(float (*loop)(std::int64_t), double flops_per_step) 
   });
 }
 
-// The compute rate of every thread at once: BF16 dot products where the GEMM kernels use them
-// (each does twice the multiply-adds of an FP32 FMA; an FP32 roof would read above 100%), else
-// FP32 FMAs with the widest vectors the processor has.
+// The compute rate of every thread at once, for the instruction set the CPU's GEMM kernels use
+// (cpu_kernel_isa, which METRALE_CPU_ISA lowers): BF16 dot products for avx512_bf16 (each does
+// twice the multiply-adds of an FP32 FMA; an FP32 roof would read above 100%), else FP32 FMAs at
+// the kernels' vector width; nothing for portable code.
 double cpu_fma_rate(std::string* of) {
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
-    *of = "BF16 dot products (AVX-512 BF16) on every thread";
+  const std::string_view isa = cpu_kernel_isa();
+  if (isa == "avx512_bf16") {
+    *of = "BF16 dot products (AVX-512 BF16, the CPU kernels' set) on every thread";
     return rate_on_every_thread(bf16_dot_loop, 16 * 2 * 2);  // 16 lanes, 2 products, mul + add
   }
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-  *of = fmt::format("FP32 FMA ({}) on every thread", avx512 ? "AVX-512" : "AVX2");
-  return avx512 ? rate_on_every_thread(fma_loop_avx512, 16 * 2)
-                : rate_on_every_thread(fma_loop_avx2, 8 * 2);
+  if (isa == "avx512") {
+    *of = "FP32 FMA (AVX-512, the CPU kernels' set) on every thread";
+    return rate_on_every_thread(fma_loop_avx512, 16 * 2);
+  }
+  if (isa == "avx2") {
+    *of = "FP32 FMA (AVX2, the CPU kernels' set) on every thread";
+    return rate_on_every_thread(fma_loop_avx2, 8 * 2);
+  }
+  *of = fmt::format("not measured: the CPU kernels use {} code, which has no vector roof", isa);
+  return 0;
 }
 
 double device_copy_bandwidth(Backend& b) {

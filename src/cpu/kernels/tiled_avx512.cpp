@@ -282,19 +282,20 @@ constexpr void (*kF32Tiles[])(const float*, std::int64_t, const float*, std::int
 }  // namespace
 
 void tiled_avx512bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block(
-      p, n0, n1,
-      TiledKernel<std::uint32_t, std::uint16_t>{8, unstaged_a, pack_panel<true>, kBf16Tiles});
+  tiled_block(p, n0, n1,
+              TiledKernel<std::uint32_t, std::uint16_t>{8, kPanelK, unstaged_a, pack_panel<true>,
+                                                        kBf16Tiles});
 }
 
 void tiled_avx512bf16_panels(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block(
-      p, n0, n1,
-      TiledKernel<std::uint32_t, std::uint16_t>{8, unstaged_a, pack_from_panels, kBf16Tiles});
+  tiled_block(p, n0, n1,
+              TiledKernel<std::uint32_t, std::uint16_t>{8, kPanelK, unstaged_a, pack_from_panels,
+                                                        kBf16Tiles});
 }
 
 void tiled_avx512(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block(p, n0, n1, TiledKernel<float, float>{8, staged_a_f32, pack_panel<false>, kF32Tiles});
+  tiled_block(p, n0, n1,
+              TiledKernel<float, float>{8, kPanelK, staged_a_f32, pack_panel<false>, kF32Tiles});
 }
 
 }  // namespace metrale::cpu::w4a16::detail

@@ -15,8 +15,9 @@ namespace metrale::cpu::w4a16::detail {
 
 // Columns of one register tile and of one dequantized panel: two 16-lane vectors.
 inline constexpr int kPanelCols = 32;
-// K per panel, a multiple of both group sizes: 256 × 32 weights are 16 KiB as BF16 pairs (32 KiB
-// as FP32), so the panel stays in L1 while every row tile of the M block reads it.
+// The largest K per panel, a multiple of both group sizes: 256 × 32 weights are 16 KiB as BF16
+// pairs (32 KiB as FP32), so the panel stays in L1 while every row tile of the M block reads it.
+// A kernel may take less (TiledKernel::panel_k).
 inline constexpr std::int64_t kPanelK = 256;
 
 // Whether a panel may hold columns [n0, n0 + nc) with their block scales multiplied in. An E2M1
@@ -82,6 +83,7 @@ inline int pair_group_shift(const Weights& w) {
 template <class Panel, class AElem>
 struct TiledKernel {
   int rows;
+  std::int64_t panel_k;  // K per panel: a multiple of 32 up to kPanelK
   // A's rows [0, M) × [k0, k0 + kc) as the tiles read them; sets lda.
   const AElem* (*stage)(const GemmParams&, std::int64_t k0, std::int64_t kc, std::vector<AElem>&,
                         std::int64_t& lda);
@@ -105,9 +107,9 @@ void tiled_block(const GemmParams& p, std::int64_t n0, std::int64_t n1,
   thread_local std::vector<Panel> panel;
   thread_local std::vector<AElem> staged;
   acc.assign(static_cast<std::size_t>(p.m * ldc), 0.0f);
-  panel.resize(static_cast<std::size_t>(kPanelK * kPanelCols));
-  for (std::int64_t k0 = 0; k0 < p.k; k0 += kPanelK) {
-    const std::int64_t kc = std::min(kPanelK, p.k - k0);
+  panel.resize(static_cast<std::size_t>(kernel.panel_k * kPanelCols));
+  for (std::int64_t k0 = 0; k0 < p.k; k0 += kernel.panel_k) {
+    const std::int64_t kc = std::min(kernel.panel_k, p.k - k0);
     std::int64_t lda = 0;
     const AElem* a = kernel.stage(p, k0, kc, staged, lda);
     for (std::int64_t n = n0; n < n1; n += kPanelCols) {

@@ -46,7 +46,7 @@ constexpr void (*kTiles[])(const float*, std::int64_t, const float*, std::int64_
 }  // namespace
 
 void tiled_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
-  tiled_block(p, n0, n1, TiledKernel<float, float>{4, staged_a_f32, pack, kTiles});
+  tiled_block(p, n0, n1, TiledKernel<float, float>{4, kPanelK, staged_a_f32, pack, kTiles});
 }
 
 }  // namespace metrale::cpu::w4a16::detail

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "cpu/kernels/decode_avx2.h"
 #include "cpu/kernels/decode_bf16.h"
 #include "cpu/kernels/panels_small.h"
 #include "cpu/kernels/panels_tiled.h"
@@ -165,91 +166,9 @@ template <int MB>
   }
 }
 
-// E2M1 nibbles (one per lane) to floats: the magnitude by permute (it reads the low 3 bits),
-// bit 3 moved to the float's sign.
-[[METRALE_TARGET_AVX2, gnu::always_inline]] inline __m256 decode_avx2_nibbles(__m256 mag,
-                                                                              __m256i nib) {
-  const __m256 v = _mm256_permutevar8x32_ps(mag, nib);
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
-  return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
-}
-
-// One chunk of 16 weights (8 code bytes) decoded, with its block scale (see Chunk512).
-struct Chunk256 {
-  __m256 lo, hi, scale;
-};
-
-[[METRALE_TARGET_AVX2, gnu::always_inline]] inline Chunk256 decode_chunk_avx2(
-    const std::uint8_t* codes, const std::uint8_t* scales, std::int64_t c, bool mxfp4,
-    const float* e4m3, const float* e8m0, __m256 mag) {
-  const __m256i b =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * 8)));
-  Chunk256 out;
-  out.lo = decode_avx2_nibbles(mag, _mm256_and_si256(b, _mm256_set1_epi32(15)));
-  out.hi = decode_avx2_nibbles(mag, _mm256_srli_epi32(b, 4));
-  // 16 elements per chunk: one NVFP4 block, half an MX block.
-  out.scale = _mm256_set1_ps(mxfp4 ? e8m0[scales[c / 2]] : e4m3[scales[c]]);
-  return out;
-}
-
-template <int MB>
-[[METRALE_TARGET_AVX2]] void decode_rows_avx2(const GemmParams& p, std::int64_t n0,
-                                              std::int64_t n1) {
-  constexpr int W = 8;
-  const Weights w(p);
-  const Tables& t = tables();
-  const std::int64_t kv = p.k / (2 * W) * (2 * W);
-  const float* a = stage_a<W>(p, MB, kv);
-  const __m256 mag = _mm256_loadu_ps(t.e2m1);  // the 8 magnitudes; the sign comes from bit 3
-  const std::int64_t kb = p.k / 2, groups = p.k / w.group, chunks = kv / (2 * W);
-  for (std::int64_t n = n0; n < n1; ++n) {
-    const std::uint8_t* codes = w.codes + n * kb;
-    const std::uint8_t* scales = w.scales + n * groups;
-    __m256 even[MB], odd[MB];
-    for (int m = 0; m < MB; ++m) even[m] = odd[m] = _mm256_setzero_ps();
-    std::int64_t c = 0;
-    for (; c + 2 <= chunks; c += 2) {
-      // Two chunks are 16 bytes: one new cache line every four steps; fetch well ahead.
-      if ((c & 7) == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(codes + c * 8 + 2048), _MM_HINT_T0);
-      }
-      const Chunk256 x = decode_chunk_avx2(codes, scales, c, w.mxfp4, t.e4m3, t.e8m0, mag);
-      const Chunk256 y = decode_chunk_avx2(codes, scales, c + 1, w.mxfp4, t.e4m3, t.e8m0, mag);
-      const float* ax = a + c * MB * 2 * W;
-      const float* ay = ax + MB * 2 * W;
-#pragma GCC unroll 16
-      for (int m = 0; m < MB; ++m) {
-        const __m256 px = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(ax + m * 2 * W + W),
-                                          _mm256_mul_ps(x.lo, _mm256_loadu_ps(ax + m * 2 * W)));
-        const __m256 py = _mm256_fmadd_ps(y.hi, _mm256_loadu_ps(ay + m * 2 * W + W),
-                                          _mm256_mul_ps(y.lo, _mm256_loadu_ps(ay + m * 2 * W)));
-        even[m] = _mm256_fmadd_ps(px, x.scale, even[m]);
-        odd[m] = _mm256_fmadd_ps(py, y.scale, odd[m]);
-      }
-    }
-    for (; c < chunks; ++c) {
-      const Chunk256 x = decode_chunk_avx2(codes, scales, c, w.mxfp4, t.e4m3, t.e8m0, mag);
-      const float* ax = a + c * MB * 2 * W;
-#pragma GCC unroll 16
-      for (int m = 0; m < MB; ++m) {
-        const __m256 px = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(ax + m * 2 * W + W),
-                                          _mm256_mul_ps(x.lo, _mm256_loadu_ps(ax + m * 2 * W)));
-        even[m] = _mm256_fmadd_ps(px, x.scale, even[m]);
-      }
-    }
-    for (std::int64_t m = 0; m < p.m; ++m) {
-      float lanes[W];
-      _mm256_storeu_ps(lanes, _mm256_add_ps(even[m], odd[m]));
-      float sum = 0.0f;
-      for (float v : lanes) sum += v;
-      finish_row(p, w, m, n, kv, sum);
-    }
-  }
-}
-
-// Rows of A in register blocks of 1, 2, 4, 8 or 16 for the decode kernel family K (its
-// instantiation per block size); more than 16 rows (the decode route forced on a large M) run in
-// slices of 16, each streaming the weights again.
+// Rows of A in register blocks of 1, 2, 4, 8 or 16 (1, 2 or 4 on AVX2) for the decode kernel
+// family K (its instantiation per block size); more rows (the decode route forced on a large M)
+// run in slices of 16 (4), each streaming the weights again.
 enum class DecodeKind { kAvx512, kAvx512Bf16, kAvx2 };
 
 template <DecodeKind K, int MB>
@@ -259,7 +178,7 @@ template <DecodeKind K, int MB>
 template <DecodeKind K>
 [[gnu::always_inline]] inline void decode_sliced(const GemmParams& p, std::int64_t n0,
                                                  std::int64_t n1) {
-  constexpr std::int64_t kRows = 16;
+  constexpr std::int64_t kRows = K == DecodeKind::kAvx2 ? kAvx2DecodeMaxRows : 16;
   for (std::int64_t m0 = 0; m0 < p.m; m0 += kRows) {
     GemmParams q = p;
     q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
@@ -271,10 +190,12 @@ template <DecodeKind K>
       decode_block<K, 2>(q, n0, n1);
     } else if (q.m <= 4) {
       decode_block<K, 4>(q, n0, n1);
-    } else if (q.m <= 8) {
-      decode_block<K, 8>(q, n0, n1);
-    } else {
-      decode_block<K, 16>(q, n0, n1);
+    } else if constexpr (kRows > 4) {
+      if (q.m <= 8) {
+        decode_block<K, 8>(q, n0, n1);
+      } else {
+        decode_block<K, 16>(q, n0, n1);
+      }
     }
   }
 }
@@ -287,6 +208,7 @@ template <DecodeKind K, int MB>
   } else if constexpr (K == DecodeKind::kAvx512Bf16) {
     decode_rows_bf16<MB>(p, n0, n1);
   } else {
+    static_assert(MB <= kAvx2DecodeMaxRows);
     decode_rows_avx2<MB>(p, n0, n1);
   }
 }
@@ -307,7 +229,10 @@ template <DecodeKind K, int MB>
 Isa best_isa() noexcept {
   static const Isa isa = [] {
     Isa best = Isa::kPortable;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      best = Isa::kAvx2;
+    }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
       best = Isa::kAvx512;

@@ -44,9 +44,10 @@ class CpuReadProbe {
 // to every benchmark case on a machine whose bandwidth drifts with other tenants.
 double measure_bandwidth(Backend& backend);
 
-// The CPU's compute half of measure_roofline alone (FLOP per second of every thread; 0 where the
-// processor has neither AVX-512 nor AVX2 with FMA), what was measured in *of (not null): for
-// benchmarks that pair each timed stretch of a compute-bound kernel with a reading of the roof.
+// The CPU's compute half of measure_roofline alone (FLOP per second of every thread, with the
+// instructions of the set the CPU kernels use, cpu_kernel_isa; 0 for portable code), what was
+// measured in *of (not null): for benchmarks that pair each timed stretch of a compute-bound
+// kernel with a reading of the roof.
 double measure_cpu_compute(std::string* of);
 
 // The compute half of measure_roofline alone, on either backend (FLOP per second; 0 where not
