@@ -2,7 +2,8 @@
 // a multi-threaded read of a buffer larger than the caches, and the dot products (or FMAs) the
 // kernels multiply with, on every thread. Decode (M ≤ 16) moves the weights once, so its goal is
 // a share of that bandwidth (pct_read_bw); from M = 16 on, a share of the compute roof
-// (pct_dot_roof). Both are paired rounds, see below. Shapes: Llama-3 8B's and 70B's linear
+// (pct_dot_roof: BF16 dot products or FP32 FMAs, whichever the kernels' set uses; the label names
+// the set). Both are paired rounds, see below. Shapes: Llama-3 8B's and 70B's linear
 // layers (N×K), uploaded in the source layout or the backend's preferred one (the panel layout
 // where the CPU has AVX-512 BF16), side by side in one run. See docs/PERF.md for the method.
 #include <benchmark/benchmark.h>

@@ -3,11 +3,11 @@
 // FP32 activations, 64 weights per step.
 //
 // A GEMV streams each weight once, so the loop must decode faster than memory delivers: on the
-// two-core development VM (Zen 3 at 2.6 GHz, 21-25 GB/s) one core has about 9 cycles for a
+// two-core development VM (Zen 3 at ~2.9 GHz, 21-25 GB/s) one core has about 10 cycles for a
 // step's 36 bytes at 85% of the bandwidth. The previous kernel looked each weight up with vpermps
 // (8 lanes per instruction, the sign moved in by four more, a scalar scale look-up per 16) and
-// ran ~96 instructions per 64 weights; this one runs ~47 (objdump of the one-row loop). See
-// Note [AVX2 decode budget] in docs/NOTES.md.
+// ran ~110 instructions per 64 weights, 72 of them vector; this one runs ~42, 34 vector (objdump
+// of the one-row loop). See Note [AVX2 decode budget] in docs/NOTES.md.
 //
 // Layout of one step. The 32 code bytes' low nibbles and high nibbles (k = 2j and 2j + 1 of byte
 // j) index two 16-entry byte tables with vpshufb: the low and the high byte of the weight as
@@ -136,8 +136,8 @@ template <bool Mx>
 struct Half {
   __m256 f[4];
 };
-[[METRALE_TARGET_AVX2F, gnu::always_inline]] inline Half decode_half(__m256i nibbles,
-                                                                     __m256i low, __m256i high) {
+[[METRALE_TARGET_AVX2F, gnu::always_inline]] inline Half decode_half(__m256i nibbles, __m256i low,
+                                                                     __m256i high) {
   const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);
   const __m256i wa = _mm256_unpacklo_epi8(lo, hi), wb = _mm256_unpackhi_epi8(lo, hi);
   const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
