@@ -46,6 +46,14 @@ constexpr std::uint32_t kBlockThreads = 256;
 // (one thread, 8B gate_up, panels_tiled's time over panels_small's): 1.09-1.10x at 4, 0.90x at
 // 5, 0.94-0.96x at 6 and 0.97-0.99x at 8.
 constexpr std::uint32_t kDecodeMaxM = 4;
+// On AVX2 (decode_avx2.cpp, slices of up to 4 rows) the tiled route's 6-row FP32 tiles pay a
+// whole pack for few rows: on 8B's layers, in runs of --compare-routes on an AVX2-only VM, decode
+// took 0.69-0.75x tiled's time at M = 5 and 6, 1.03-1.18x at 7 and 0.90-1.06x at 8 (docs/PERF.md).
+constexpr std::uint32_t kAvx2DecodeMaxM = 6;
+
+std::uint32_t decode_max_m() {
+  return w4a16::best_isa() == w4a16::Isa::kAvx2 ? kAvx2DecodeMaxM : kDecodeMaxM;
+}
 
 template <std::uint32_t Tile>
 std::pair<std::int64_t, std::int64_t> span_of(const HostBlock& b, std::int64_t total) {
@@ -133,7 +141,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   }
   const std::string e(entry);
   m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
-  if (entry == "gemm_decode") m.publish_u32(e + "_max_m", kDecodeMaxM);
+  if (entry == "gemm_decode") m.publish_u32(e + "_max_m", decode_max_m());
   if (entry == "gemm_tiled") m.publish_u32(e + "_m_tile", kTiledMTile);
   // No gemm_e4m3_min_m: kAuto never takes the e4m3 route here. Side by side on this VM it ran
   // 30x slower than the exact tiled route at M = 64 and 256 (docs/PERF.md, routes side by side),
