@@ -224,8 +224,13 @@ template <bool Mx, int MB>
                       : _mm256_fmadd_ps(f.f[2], _mm256_loadu_ps(am + 16), t1);
           t1 = _mm256_fmadd_ps(f.f[3], _mm256_loadu_ps(am + 24), t1);
         }
-        acc[0][0] = _mm256_fmadd_ps(t0, s0, acc[0][0]);
-        acc[0][1] = _mm256_fmadd_ps(t1, s1, acc[0][1]);
+        if constexpr (Mx) {
+          // One scale for both: the add runs on an adder pipe, not a multiply-add one.
+          acc[0][0] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), s0, acc[0][0]);
+        } else {
+          acc[0][0] = _mm256_fmadd_ps(t0, s0, acc[0][0]);
+          acc[0][1] = _mm256_fmadd_ps(t1, s1, acc[0][1]);
+        }
       } else {
         // More rows: the weights scaled once (E2M1 x E4M3 is exact), then one multiply-add per
         // row and vector, nibble half x into accumulator x.
@@ -245,13 +250,19 @@ template <bool Mx, int MB>
         }
       }
     };
+    // Step c with the scales of its blocks h = 0 and 1 picked from the batch's eight (one pick
+    // for MXFP4, whose two are the same).
+    auto step_scaled = [&](std::int64_t c, __m256 s8, const __m256i* picks)
+        __attribute__((always_inline, target(METRALE_AVX2_FEATURES))) {
+      const __m256 s0 = _mm256_permutevar8x32_ps(s8, picks[0]);
+      step(c, s0, Mx ? s0 : _mm256_permutevar8x32_ps(s8, picks[1]));
+    };
     std::int64_t c = 0;
     for (; c + kBatch <= steps; c += kBatch) {
       const __m256 s8 = scales8<Mx>(scales + c * kScalesPerStep);
 #pragma GCC unroll 4
       for (int b = 0; b < kBatch; ++b) {
-        step(c + b, _mm256_permutevar8x32_ps(s8, pick[b][0]),
-             _mm256_permutevar8x32_ps(s8, pick[b][1]));
+        step_scaled(c + b, s8, pick[b]);
       }
     }
     if (c < steps) {  // the last steps, which do not fill a batch of eight scales
@@ -260,8 +271,7 @@ template <bool Mx, int MB>
                   static_cast<std::size_t>((steps - c) * kScalesPerStep));
       const __m256 s8 = scales8<Mx>(part);
       for (int b = 0; c + b < steps; ++b) {
-        step(c + b, _mm256_permutevar8x32_ps(s8, pick[b][0]),
-             _mm256_permutevar8x32_ps(s8, pick[b][1]));
+        step_scaled(c + b, s8, pick[b]);
       }
     }
     const bool nan_scale = !Mx && has_e4m3_nan(scales, steps * kScalesPerStep);
