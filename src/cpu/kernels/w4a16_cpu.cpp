@@ -3,6 +3,7 @@
 // or AVX2 where the processor has them; portable code covers the rest.
 #include "cpu/kernels/w4a16_cpu.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -224,13 +225,19 @@ template <DecodeKind K, int MB>
 [[METRALE_TARGET_AVX2]] void decode_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   decode_sliced<DecodeKind::kAvx2>(p, n0, n1);
 }
+// Whether the processor converts FP16 (CPUID leaf 1, ECX bit 29), which the AVX2 decode kernel
+// uses for E4M3 scales. Clang's __builtin_cpu_supports does not know "f16c".
+bool has_f16c() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 }  // namespace
 
 Isa best_isa() noexcept {
   static const Isa isa = [] {
     Isa best = Isa::kPortable;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) {
       best = Isa::kAvx2;
     }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
