@@ -71,7 +71,7 @@ const ByteTables& byte_tables() {
   static const ByteTables t = [] {
     ByteTables x{};
     for (int i = 0; i < 32; ++i) {
-      const std::uint16_t b = num::f32_to_bf16(num::e2m1_to_f32(static_cast<std::uint8_t>(i & 15)));
+      const std::uint16_t b = tables().e2m1_bf16[i];  // E2M1 value i & 15 as BF16
       x.low[i] = static_cast<std::uint8_t>(b & 0xFF);
       x.high[i] = static_cast<std::uint8_t>(b >> 8);
     }
