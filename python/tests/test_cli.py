@@ -45,7 +45,10 @@ def test_ctrl_c_stops_a_bench_cleanly():
     child = subprocess.Popen(
         [sys.executable, "-m", "metrale", "bench", "--backend", "cpu", "--shapes",
          "4096x4096,4096x4096,4096x4096", "--m", "1,2,3,4,5,6,7,8", "--repeats", "100"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # As a terminal's job: a test run launched in the background inherits SIGINT ignored,
+        # and Python then never turns it into KeyboardInterrupt to pass on.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(4)  # past start-up: the CLI handles SIGINT from its first line on
     assert child.poll() is None, "the bench ended before it was interrupted"
     os.killpg(child.pid, signal.SIGINT)
