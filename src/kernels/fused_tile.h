@@ -36,6 +36,17 @@ inline constexpr int kKBlock = dl::kBlockK;                  // K a stage: one d
 inline constexpr int kSteps = kKBlock / 16;                  // wgmma k16 steps a stage
 inline constexpr int kStages = 4;
 
+// Registers per thread: the launch gives each of the kThreads threads kLaunchRegisters (65536 /
+// 384, to ptxas's granule of 8); setmaxnreg then moves them to the producer, whose two sets of
+// activations (128 registers) do not fit in 168, from the consumers. The SM's 65536 registers
+// hold the block only if the moved registers balance.
+inline constexpr int kLaunchRegisters = 168;
+inline constexpr int kProducerRegisters = 184;
+inline constexpr int kConsumerRegisters = 160;
+static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <=
+                  kThreads * kLaunchRegisters,
+              "the registers the roles take fit the ones the block was launched with");
+
 // One stage in shared memory: the activations (two 64-K halves of kTokens 128-byte swizzled
 // rows), then each decode tile's codes (2 KiB) and scale codes (256 bytes: NVFP4's 8 a lane;
 // MXFP4 uses the first 128).
@@ -46,8 +57,22 @@ inline constexpr int kScaleSlotBytes = dl::kLanes * 8;
 inline constexpr int kScaleOffset = kCodeOffset + kTilesPerBlock * dl::kTileBlockBytes;
 inline constexpr int kStageBytes = kScaleOffset + kTilesPerBlock * kScaleSlotBytes;
 static_assert(kStageBytes % 1024 == 0, "stages start on the 1024-byte swizzle atom");
-// Dynamic shared memory: the stages and slack to align them (the table and barriers are static).
-inline constexpr int kSmemBytes = kStages * kStageBytes + 1024;
+
+// The block's shared memory, all of it dynamic (so that the host emulation lays out the same
+// bytes): the stages, each consumer warpgroup's epilogue staging (its 64 rows x kTokens tokens
+// in BF16, or half the tokens at a time in FP32), the scale table, and the mbarriers: full and
+// empty per stage, and one turn barrier per consumer warpgroup (Note [fused ping-pong]).
+inline constexpr int kEpilogueBytes = kRowsPerConsumer * kTokens * 2;
+inline constexpr int kEpilogueOffset = kStages * kStageBytes;
+inline constexpr int kTableOffset = kEpilogueOffset + kConsumers * kEpilogueBytes;
+inline constexpr int kBarrierOffset = kTableOffset + dl::kTableBytes;
+inline constexpr int kFullBarrier = kBarrierOffset;
+inline constexpr int kEmptyBarrier = kFullBarrier + 8 * kStages;
+inline constexpr int kTurnBarrier = kEmptyBarrier + 8 * kStages;
+inline constexpr int kLayoutBytes = kTurnBarrier + 8 * kConsumers;
+// Dynamic shared memory to ask for: the layout and slack to start it on a 1024-byte boundary.
+inline constexpr int kSmemBytes = kLayoutBytes + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "one block fits an sm_90 SM's 227 KiB");
 
 // ---- the weights: what a consumer thread loads and what its registers hold ----
 
@@ -70,6 +95,17 @@ METRALE_HD int fused_word_byte(int wg, int wtid, int s) {
          lane * dl::kChunkBytes + 4 * (2 * (s % 2) + rt);
 }
 
+// Byte, within a stage's codes, of the 16-byte chunk q (0..3) that thread wtid of warpgroup wg
+// loads whole: steps 2q and 2q + 1 of both row tiles of its decode tile, its own row tile's
+// words being word rt (step 2q) and word 2 + rt (step 2q + 1). The warp's 32 chunks are 512
+// contiguous bytes, so each 8-lane phase of the 16-byte load covers all 32 banks once; loading
+// only the warp's own 4-byte words would hit each bank 4 times (lanes 16 bytes apart).
+METRALE_HD int fused_chunk_byte(int wg, int wtid, int q) {
+  const int warp = wtid / 32, lane = wtid % 32;
+  const int tile = 2 * wg + warp / 2;
+  return tile * dl::kTileBlockBytes + q * (dl::kLanes * dl::kChunkBytes) + lane * dl::kChunkBytes;
+}
+
 // Byte, within a stage's scale codes, of the scale code for A register j (0..3) of thread wtid
 // of warpgroup wg at step s: rows g + 8 (2 rt + j % 2), the step's 16-K group s / 4 (MXFP4: one
 // code for the lane's 32 K). Matches decode_layout::scale_byte within a tile's slot.
@@ -82,13 +118,26 @@ METRALE_HD int fused_scale_byte(int wg, int wtid, int s, int j, bool mx) {
 
 // ---- the activations: the B tile in shared memory ----
 
+// The 32-byte column (0..3) of its half's 128-byte rows that wgmma step s reads: s % 4 in the
+// first half, (s % 4) ^ 1 in the second. Why the second half is permuted: a producer thread
+// stores one 16-byte chunk per instruction, the same chunk d for all its lanes, and units 0 and
+// 2 of a token (and 1 and 3) put chunk d in the two halves, 16 KiB apart; at the same column
+// those two stores share banks (a 2-way conflict in every 8-lane phase). With the second half's
+// steps swapped in pairs the four units of a token hit columns {d, 4 + d, d ^ 2, 4 + (d ^ 2)},
+// and the phase's two tokens (swizzled by token % 8, one even, one odd) cover all 32 banks once.
+// wgmma takes any 32-byte offset within the swizzled row, so the descriptor absorbs the
+// permutation at no cost.
+METRALE_HD int fused_step_column(int s) {
+  return (s % 4) ^ (s / 4);
+}
+
 // Byte offset, within a stage's activations, of token `token`'s element at physical K `k`
 // (0..127): step s = (k % 32) / 4 is wgmma step s, which reads 64-K half s / 4 at MMA column
-// 16 (s % 4) + kk, 128-byte swizzled (tiles::swizzle128).
+// 16 fused_step_column(s) + kk, 128-byte swizzled (tiles::swizzle128).
 METRALE_HD std::uint32_t fused_act_offset(int token, int k) {
   const int t = k / 32, s = (k % 32) / 4, j = k % 4;
   const int kk = 2 * t + 8 * (j / 2) + j % 2;
-  const int col = 16 * (s % 4) + kk;
+  const int col = 16 * fused_step_column(s) + kk;
   return static_cast<std::uint32_t>((s / 4) * kActHalfBytes) +
          tiles::swizzle128(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(2 * col));
 }
@@ -100,15 +149,15 @@ METRALE_HD std::uint32_t fused_act_chunk_offset(int token, int u, int d) {
   const int s = 2 * u + d / 2, p = d % 2;
   return static_cast<std::uint32_t>((s / 4) * kActHalfBytes) +
          tiles::swizzle128(static_cast<std::uint32_t>(token),
-                           static_cast<std::uint32_t>(2 * (16 * (s % 4) + 8 * p)));
+                           static_cast<std::uint32_t>(2 * (16 * fused_step_column(s) + 8 * p)));
 }
 
 // The descriptor wgmma step s reads the B tile with (stage activations at shared address
 // `act`, 1024-aligned): K-major, 128-byte swizzle, 8-row groups 1024 bytes apart; step s
-// starts 32 bytes (16 BF16) further along its half's rows.
+// starts at its half's column fused_step_column(s), 32 bytes (16 BF16) each.
 METRALE_HD std::uint64_t fused_b_desc(std::uint32_t act, int s) {
   return tiles::wgmma_desc_sw128(act + static_cast<std::uint32_t>((s / 4) * kActHalfBytes) +
-                                 32u * static_cast<std::uint32_t>(s % 4));
+                                 32u * static_cast<std::uint32_t>(fused_step_column(s)));
 }
 
 // ---- the output ----
@@ -123,12 +172,50 @@ METRALE_HD int fused_out_row(int wtid, int i) {
   return tiles::wgmma_acc_col(wtid, i);
 }
 
-// ---- the tile schedule (persistent once the grid is smaller than the tiles) ----
+// ---- the epilogue ----
 
-// Tiles of the grid: M (tokens) in kTokens, N (weight rows) in kRows; tile index i is M tile
-// i % m_tiles of N tile i / m_tiles, so neighbouring blocks share a weight tile in L2.
+// Byte, within a warpgroup's epilogue staging, of byte `col_byte` of token row `token`, the rows
+// `row_bytes` long (128: 64 BF16; 256: 64 FP32), their 16-byte columns XOR-swizzled by token % 8
+// as wgmma's 128-byte swizzle is. A warp's accumulator register i holds 4 tokens (lanes t) x 8
+// rows (lanes g): unswizzled, the 4 tokens' rows start on the same bank and the stores conflict
+// 4 ways; swizzled, they land in 4 different 16-byte columns.
+METRALE_HD std::uint32_t fused_stage_offset(int token, int col_byte, int row_bytes) {
+  const int column = (col_byte / 16) ^ (token % 8);
+  return static_cast<std::uint32_t>(token * row_bytes + column * 16 + col_byte % 16);
+}
+
+// ---- the tile schedule (Note [fused tile order]) ----
+
+// Tiles of the grid: M (tokens) in kTokens, N (weight rows) in kRows.
 METRALE_HD std::int64_t fused_tiles(std::int64_t m, std::int64_t n) {
   return ((m + kTokens - 1) / kTokens) * ((n + kRows - 1) / kRows);
+}
+
+// The L2 bytes one band's activations may hold: half of an H200's 50 MiB, the rest left to the
+// weights streaming through, C and the other SMs' traffic.
+inline constexpr std::int64_t kBandBytes = std::int64_t{24} << 20;
+
+// M tiles a band holds: as many as kBandBytes of activations (kTokens rows of K BF16 each), at
+// least 1, at most all of them.
+METRALE_HD std::int64_t fused_band(std::int64_t m_tiles, std::int64_t k) {
+  const std::int64_t per_tile = std::int64_t{kTokens} * dl::padded_k(k) * 2;
+  const std::int64_t band = kBandBytes / per_tile;
+  return band < 1 ? 1 : (band > m_tiles ? m_tiles : band);
+}
+
+struct TileCoords {
+  int m_tile = 0, n_tile = 0;
+};
+
+// Tile `tile` (0 .. fused_tiles - 1, which the op keeps below 2^31) in the band order: bands of
+// `band` M tiles, one after another; within a band, M fastest, then N (the last band may hold
+// fewer M tiles).
+METRALE_HD TileCoords fused_tile_coords(int tile, int m_tiles, int n_tiles, int band) {
+  const int per_band = band * n_tiles;
+  const int b = tile / per_band, in = tile % per_band;
+  const int left = m_tiles - b * band;
+  const int rows = left < band ? left : band;
+  return TileCoords{b * band + in % rows, in / rows};
 }
 
 }  // namespace metrale::fused

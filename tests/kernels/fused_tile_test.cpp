@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <set>
+#include <utility>
 
 #include "kernels/decode_layout.h"
 #include "kernels/tile_math.h"
@@ -149,8 +150,85 @@ TEST(FusedTile, AccumulatorsLandTransposed) {
 
 TEST(FusedTile, SharedMemoryFitsAndTilesCount) {
   EXPECT_LE(kSmemBytes, 227 * 1024);
+  EXPECT_EQ(kStageBytes % 1024, 0);
+  EXPECT_EQ(kEpilogueOffset % 1024, 0);
+  EXPECT_EQ(kFullBarrier % 8, 0);
   EXPECT_EQ(fused_tiles(1, 1), 1);
   EXPECT_EQ(fused_tiles(129, 4096), 2 * 32);
+}
+
+// A consumer's 16-byte chunk q holds its own row tile's words of steps 2q and 2q + 1 at words rt
+// and 2 + rt (the words fused_word_byte names).
+TEST(FusedTile, ConsumerChunksHoldTheWarpsWords) {
+  for (int wg = 0; wg < kConsumers; ++wg) {
+    for (int wtid = 0; wtid < 128; ++wtid) {
+      const int rt = (wtid / 32) % 2;
+      for (int q = 0; q < kSteps / 2; ++q) {
+        const int chunk = fused_chunk_byte(wg, wtid, q);
+        EXPECT_EQ(chunk % 16, 0);
+        EXPECT_EQ(fused_word_byte(wg, wtid, 2 * q), chunk + 4 * rt);
+        EXPECT_EQ(fused_word_byte(wg, wtid, 2 * q + 1), chunk + 4 * (2 + rt));
+      }
+    }
+  }
+}
+
+// The epilogue's staging: every (token, column) of a warpgroup's tile at its own bytes, inside
+// the warpgroup's 16 KiB, for BF16 rows (128 bytes) and FP32 half-tiles (256); and register i's
+// byte is register i % 4's plus 8 (i / 4) token rows, the shortcut the kernel takes.
+TEST(FusedTile, EpilogueStagingIsABijectionAndRegistersStepByEightRows) {
+  for (const int elem : {2, 4}) {
+    const int row_bytes = kRowsPerConsumer * elem, tokens = kEpilogueBytes / row_bytes;
+    std::set<std::uint32_t> seen;
+    for (int token = 0; token < tokens; ++token) {
+      for (int col = 0; col < kRowsPerConsumer; ++col) {
+        const std::uint32_t at = fused_stage_offset(token, col * elem, row_bytes);
+        EXPECT_LT(at + elem, static_cast<std::uint32_t>(kEpilogueBytes) + 1);
+        EXPECT_EQ(at % elem, 0u);
+        EXPECT_TRUE(seen.insert(at / elem).second) << token << " " << col;
+      }
+    }
+    for (int wtid = 0; wtid < 128; ++wtid) {
+      for (int i = 0; i < kTokens / 2; ++i) {
+        const int token = fused_out_row(wtid, i) % tokens, col = tiles::wgmma_acc_row(wtid, i);
+        const std::uint32_t first = fused_stage_offset(
+            fused_out_row(wtid, i % 4), tiles::wgmma_acc_row(wtid, i % 4) * elem, row_bytes);
+        const auto rows = static_cast<std::uint32_t>(((i / 4) % (tokens / 8)) * 8 * row_bytes);
+        EXPECT_EQ(fused_stage_offset(token, col * elem, row_bytes), first + rows)
+            << wtid << " " << i;
+      }
+    }
+  }
+}
+
+// The band order visits every tile once; within a band, consecutive tiles walk M first, so a
+// wave of blocks shares a few weight slabs and the band's activations.
+TEST(FusedTile, TheBandOrderIsAPermutationOfTheTiles) {
+  for (const int m_tiles : {1, 3, 7, 32}) {
+    for (const int n_tiles : {1, 5, 224}) {
+      for (const int band : {1, 2, 3, 24, 32}) {
+        if (band > m_tiles) continue;
+        std::set<std::pair<int, int>> seen;
+        for (int t = 0; t < m_tiles * n_tiles; ++t) {
+          const TileCoords c = fused_tile_coords(t, m_tiles, n_tiles, band);
+          ASSERT_GE(c.m_tile, 0);
+          ASSERT_LT(c.m_tile, m_tiles);
+          ASSERT_GE(c.n_tile, 0);
+          ASSERT_LT(c.n_tile, n_tiles);
+          ASSERT_TRUE(seen.insert({c.m_tile, c.n_tile}).second)
+              << t << " of " << m_tiles << "x" << n_tiles << " band " << band;
+          if (t + 1 < m_tiles * n_tiles && (t + 1) % (band * n_tiles) != 0) {
+            const TileCoords d = fused_tile_coords(t + 1, m_tiles, n_tiles, band);
+            EXPECT_TRUE(d.n_tile == c.n_tile || d.n_tile == c.n_tile + 1);
+          }
+        }
+      }
+    }
+  }
+  // The band: kBandBytes of activations, clamped to [1, m_tiles]. K = 4096: 1 MiB a tile, 24.
+  EXPECT_EQ(fused_band(32, 4096), 24);
+  EXPECT_EQ(fused_band(8, 4096), 8);
+  EXPECT_EQ(fused_band(32, 1 << 20), 1);
 }
 
 }  // namespace

@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -217,17 +219,22 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
 
 // ---- gemm_fused: wgmma with the weights as the register operand ----
 
-// gemm_fused's budget per weight per consumer thread. It is compute-bound, so the limit is the
-// issue slots its dequantization may take beside the tensor cores, not DRAM: one HGMMA
-// m64n128k16 is 64 x 128 x 16 MACs, 64 cycles of an H100/H200 SM at its dense BF16 rate (2048
-// MACs per cycle: 989 TFLOP/s over 132 SMs at 1.83 GHz), and it consumes 8 weights per lane of
-// its warpgroup. While one consumer warpgroup's HGMMAs run, each of the SM's four schedulers can
-// issue 64 instructions, so the other warpgroup's warp there may spend at most 8 per weight, and
-// at most 4 integer-pipe ones (16 INT32 lanes per scheduler: 2 cycles per warp instruction).
-// The producer warp and the epilogue share those slots and the two consumers' turns are not yet
-// ordered (issue 35), so the budget is half of that ceiling.
+// gemm_fused's budgets (the arithmetic: docs/PERF.md, "gemm_fused's issue budget"). It is
+// compute-bound, so the limit is the issue slots its warps may take beside the tensor cores, not
+// DRAM: one HGMMA m64n128k16 is 64 x 128 x 16 MACs, 64 cycles of an H100/H200 SM at its dense
+// BF16 rate (2048 MACs per cycle: 989 TFLOP/s over 132 SMs at 1.83 GHz), so a stage (128 K: 8
+// HGMMAs of each consumer warpgroup) keeps the tensor cores busy 1024 cycles, in which each of
+// the SM's four schedulers issues at most 1024 instructions for its three warps: one of each
+// consumer warpgroup (64 weights a lane a stage) and one of the producer (128 activations a lane
+// a stage). Consumers at 4 per weight and the producer at 2 per activation take 2 x 256 + 256 =
+// 768 of the 1024 (75%), the rest left to the turns' waits, the bulk copies' issue (lane 0 of
+// each producer warp), the epilogue and stalls; integer work (16 INT32 lanes a scheduler: 2
+// cycles a warp instruction) at 2 per weight and 0.5 per activation takes 2 x 256 + 128 = 640
+// of the 1024 cycles' integer issue.
 constexpr double kFusedIssuedPerWeight = 4.0;
 constexpr double kFusedIntegerPerWeight = 2.0;
+constexpr double kProducerIssuedPerElement = 2.0;
+constexpr double kProducerIntegerPerElement = 0.5;
 
 // The A operand of an HGMMA: its second operand, a register (R..) in the RS form, a descriptor
 // (gdesc[..]) in the SS form.
@@ -281,6 +288,82 @@ TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
         << fmt::format("{} integer-pipe instructions for {} weights/lane ({})", l.path.integer,
                        l.weights, integer_mix(l.path));
   }
+}
+
+// The producer warpgroup's steady loop (two stages an iteration: its two register sets): each
+// stage's 16 16-byte activation loads of a lane are issued before the previous stage's 16 stores,
+// so two stages of loads (2 x 32 KiB a block) are in flight while one is stored, and the loop
+// holds the producer budget per activation element per lane (16 bytes stored = 8 elements). The
+// bulk copies' issue, which lane 0 of each warp alone runs (the others branch over it), is
+// counted apart and printed: one decode tile's two copies a warp.
+TEST_F(SassBudget, FusedProducerOverlapsItsLoadsAndIsCounted) {
+  const std::string kernel = "gemm_fused";
+  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
+  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
+  ASSERT_FALSE(code.empty()) << kernel << " not in the cubin (" << kTarget << ")";
+  const auto is_load = [](const sass::Instr& i) {
+    return i.mnemonic == "LDG" && i.opcode.find(".128") != std::string::npos;
+  };
+  const auto is_store = [](const sass::Instr& i) { return i.opcode == "STS.128"; };
+  std::map<std::uint64_t, std::size_t> index_of;
+  for (std::size_t i = 0; i < code.size(); ++i) index_of[code[i].addr] = i;
+  int found = 0;
+  for (const sass::Loop& l : sass::loops_of(code)) {
+    int loads = 0, stores = 0, hgmma = 0;
+    for (std::size_t i = l.head; i <= l.latch; ++i) {
+      loads += is_load(code[i]) ? 1 : 0;
+      stores += is_store(code[i]) ? 1 : 0;
+      hgmma += code[i].mnemonic == "HGMMA" ? 1 : 0;
+    }
+    // The loop of two stages (its body has both arms of each stage's loads: inside the matrix
+    // and at its edges). An mbarrier wait's out-of-line retry, which branches back into the
+    // middle of it, makes another loop that spans more and closes through the retry: no path.
+    if (loads < 32 || stores != 32 || hgmma != 0) continue;
+    std::vector<std::size_t> path;
+    try {
+      path = sass::loop_path(code, l, sass::PathChoice::kSteady);
+    } catch (const std::runtime_error&) {
+      continue;
+    }
+    ++found;
+    SCOPED_TRACE(
+        fmt::format("{} producer loop {:#x}-{:#x}", kernel, code[l.head].addr, code[l.latch].addr));
+    // The ranges a forward branch skips that hold bulk copies and no activations: lane 0's.
+    std::set<std::size_t> tma;
+    for (const std::size_t i : path) {
+      if (!sass::is_branch(code[i]) || !sass::is_conditional(code[i])) continue;
+      const auto to = index_of.find(sass::branch_target(code[i]));
+      if (to == index_of.end() || to->second <= i) continue;
+      bool copies = false, activations = false;
+      for (std::size_t j = i + 1; j < to->second; ++j) {
+        copies |= code[j].mnemonic == "UBLKCP";
+        activations |= is_load(code[j]) || is_store(code[j]);
+      }
+      for (std::size_t j = i + 1; copies && !activations && j < to->second; ++j) tma.insert(j);
+    }
+    sass::Tally t, lane0;
+    std::string order;
+    for (const std::size_t i : path) {
+      (tma.count(i) != 0 ? lane0 : t).add(code[i]);
+      if (is_load(code[i])) order += 'L';
+      if (is_store(code[i])) order += 'S';
+    }
+    const std::string stage = std::string(16, 'L') + std::string(16, 'S');
+    EXPECT_EQ(order, stage + stage) << "each stage's loads before the stores of the one before";
+    const int elements = 8 * static_cast<int>(std::count(order.begin(), order.end(), 'S'));
+    const double issued = double(t.instrs) / elements, integer = double(t.integer) / elements;
+    std::printf(
+        "  gemm_fused producer loop %#lx: %d instructions for %d activations a lane: %.3f issued, "
+        "%.3f integer-pipe per element [budget %.2f, %.2f]; lane 0's bulk-copy issue %d more; "
+        "in flight: 2 stages of 16 x 16 B a lane (64 KiB a block)\n",
+        static_cast<unsigned long>(code[l.head].addr), t.instrs, elements, issued, integer,
+        kProducerIssuedPerElement, kProducerIntegerPerElement, lane0.instrs);
+    EXPECT_GT(lane0.by_mnemonic["UBLKCP"], 0) << "the bulk copies were not found on the path";
+    EXPECT_LE(issued, kProducerIssuedPerElement);
+    EXPECT_LE(integer, kProducerIntegerPerElement) << integer_mix(t);
+    EXPECT_EQ(t.local, 0);
+  }
+  EXPECT_EQ(found, 2) << "one producer loop per scale format (NVFP4, MXFP4)";
 }
 
 }  // namespace

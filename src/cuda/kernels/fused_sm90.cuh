@@ -1,25 +1,31 @@
 // gemm_fused: the prefill GEMM on weights in the decode layout (kernels/decode_layout.h), sm_90a.
 // C^T = W · A^T on wgmma with the weights as the A operand from registers (the RS form) and the
-// activations as B from shared memory, warp-specialized (index math and its reasons:
-// kernels/fused_tile.h):
-// - the producer warpgroup fills a ring of stages (one 128-K block each): its thread 0 has the
-//   TMA unit copy the block's packed codes and scale codes (cp.async.bulk, complete_tx on the
-//   stage's full barrier), and all its threads load the activations in 16-byte chunks and store
-//   them K-permuted into the 128-byte-swizzled tile (a 4x4 word transpose in registers);
-// - each consumer warpgroup (64 weight rows, all 128 tokens) reads its decode-layout words from
-//   shared memory, dequantizes them in registers with the decode kernel's own conversion
-//   (packed_fields, then one BF16x2 multiply by the scale's table pair) while its previous
-//   block's wgmmas run, and issues 8 wgmma m64n128k16 RS per block; within the warpgroup only
-//   wgmma's fence, commit and wait order the two (no block barrier), and the empty barrier hands
-//   the stage back;
-// - a tile loop: block b takes tiles b, b + grid, ... in the static order of fused_tiles. The op
-//   (src/ops/gemm.cpp) launches one block per tile today, so each block runs one tile and the
-//   kernel is not yet persistent: its prologue and epilogue are not hidden (issue 35).
-// The epilogue scales by 2^fold and the tensor scale, adds the bias, and stores BF16 transposed
-// into C[M, N] (rows past M and columns past N masked).
+// activations as B from shared memory, warp-specialized and persistent (index math and its
+// reasons: kernels/fused_tile.h; the schedule: Note [fused pipeline] in docs/NOTES.md):
+// - the grid is at most one block per SM; block b runs tiles b, b + grid, ... in the band order
+//   of fused_tile_coords, so a block's prologue and epilogue overlap its neighbours' work;
+// - the producer warpgroup fills a ring of stages (one 128-K block each) across tile boundaries:
+//   lane 0 of its warp q has the TMA unit copy decode tile q's packed codes and scale codes
+//   (cp.async.bulk, complete_tx on the stage's full barrier), and all its threads load the
+//   activations in
+//   16-byte chunks one stage ahead into a second register set, so two stages of loads are in
+//   flight while one is stored K-permuted into the 128-byte-swizzled tile (a 4x4 word transpose
+//   in registers, fused_store_chunk's order keeping the stores conflict-free);
+// - each consumer warpgroup (64 weight rows, all 128 tokens) loads its decode-layout chunks,
+//   dequantizes them in registers with the decode kernel's own conversion (packed_fields, then
+//   one BF16x2 multiply by the scale's table pair), and issues 8 wgmma m64n128k16 RS per block
+//   in turn with the other warpgroup (two turn barriers: one dequantizes while the other's
+//   HGMMAs run), then waits for its wgmmas and hands the stage back on the empty barrier;
+// - the epilogue scales by 2^fold and the tensor scale, adds the bias, stages the warpgroup's
+//   tile in shared memory (fused_stage_offset) and stores C [M, N] rows in 16-byte pieces (rows
+//   past M and columns past N masked; element stores where N or C's alignment forbid 16 bytes).
+// Every piece runs on the host (tests/kernels/emulation/fused_host_test.cpp) as the GPU would run
+// it: the three warpgroups as fibers, the mbarriers, bulk copies landing in random order, and
+// wgmma from the PTX ISA's fragment rules.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_packed.cuh"
 #include "epilogue.cuh"
@@ -48,9 +54,9 @@ __device__ __forceinline__ void fused_transpose(const uint4 (&src)[4], uint4 (&d
 
 // A consumer lane's scale pairs for its two rows (j = 0: row g, 1: row g + 8 of its row tile
 // rt) and the block's two 16-K groups h, from its scale codes (8 bytes NVFP4, the low 4 MXFP4)
-// and the block's table.
+// and the block's table at shared address `table`.
 template <bool kMx>
-__device__ __forceinline__ void fused_scale_pairs(uint2 codes, int rt, const std::uint32_t* table,
+__device__ __forceinline__ void fused_scale_pairs(uint2 codes, int rt, std::uint32_t table,
                                                   std::uint32_t (&sp)[2][2]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -58,7 +64,7 @@ __device__ __forceinline__ void fused_scale_pairs(uint2 codes, int rt, const std
     for (int h = 0; h < 2; ++h) {
       const int r = 2 * rt + j, byte = kMx ? r : 2 * r + h;
       const std::uint32_t word = byte < 4 ? codes.x : codes.y;
-      sp[j][h] = table[(word >> (8 * (byte % 4))) & 0xFFu];
+      sp[j][h] = ptx::ld_shared_lookup(table + 4u * ((word >> (8 * (byte % 4))) & 0xFFu));
     }
   }
 }
@@ -78,95 +84,292 @@ __device__ __forceinline__ void fused_a_fragment(std::uint32_t w, const std::uin
 
 #if defined(METRALE_HAVE_WGMMA)
 
-// Which output tile `tile` is (fused_tiles' order) and how many decode tiles of it exist.
-struct FusedTile {
-  std::int64_t m0 = 0, n0 = 0;
-  int dtiles = 0;
+// A fault the host emulation plants to show that its checks catch it
+// (tests/kernels/emulation/fused_host_test.cpp); a constant false on the device.
+#if defined(METRALE_KERNEL_HOST_EMULATION)
+#define METRALE_FUSED_PLANTED(what) \
+  (::metrale::emulation::planted(::metrale::emulation::Plant::what))
+#else
+#define METRALE_FUSED_PLANTED(what) false
+#endif
+
+// The block's shared memory (fused_tile.h's layout from the 1024-aligned shared address base).
+struct FusedSmem {
+  std::uint32_t base = 0;
+
+  __device__ std::uint32_t stage(int s) const {
+    return base + static_cast<std::uint32_t>(s) * fu::kStageBytes;
+  }
+  __device__ std::uint32_t full(int s) const { return base + fu::kFullBarrier + 8u * s; }
+  __device__ std::uint32_t empty(int s) const { return base + fu::kEmptyBarrier + 8u * s; }
+  __device__ std::uint32_t turn(int wg) const { return base + fu::kTurnBarrier + 8u * wg; }
+  __device__ std::uint32_t table() const { return base + fu::kTableOffset; }
+  __device__ std::uint32_t staging(int wg) const {
+    return base + fu::kEpilogueOffset + static_cast<std::uint32_t>(wg) * fu::kEpilogueBytes;
+  }
 };
 
-__device__ __forceinline__ FusedTile fused_tile_of(const GemmParams& p, std::int64_t tile) {
-  const std::int64_t m_tiles = (p.m + fu::kTokens - 1) / fu::kTokens;
+// Which output tile is which, for every role of the block alike. 32-bit counts (the op launches
+// no more than 2^31 - 1 tiles) keep the registers that live across the MMA loop few.
+struct FusedWalk {
+  int m_tiles = 0, n_tiles = 0, tiles = 0, band = 1, kb_count = 0, first = 0, stride = 1;
+};
+
+__device__ __forceinline__ FusedWalk fused_walk(const GemmParams& p) {
+  FusedWalk w;
+  w.m_tiles = static_cast<int>(METRALE_FUSED_PLANTED(kDropPartialTile)
+                                   ? p.m / fu::kTokens
+                                   : (p.m + fu::kTokens - 1) / fu::kTokens);
+  w.n_tiles = static_cast<int>((p.n + fu::kRows - 1) / fu::kRows);
+  w.tiles = w.m_tiles * w.n_tiles;
+  w.band = static_cast<int>(fu::fused_band(w.m_tiles, p.k));
+  w.kb_count = static_cast<int>(dl::k_blocks(p.k));
+  w.first = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+  w.stride = static_cast<int>(gridDim.x * gridDim.y);
+  return w;
+}
+
+// One output tile: its first token and weight row, and how many decode tiles of it exist.
+struct FusedTile {
+  int m0 = 0, n0 = 0, dtiles = 0;
+};
+
+__device__ __forceinline__ FusedTile fused_tile_of(const GemmParams& p, const FusedWalk& w,
+                                                   int tile) {
+  const fu::TileCoords c = fu::fused_tile_coords(tile, w.m_tiles, w.n_tiles, w.band);
   FusedTile t;
-  t.m0 = (tile % m_tiles) * fu::kTokens;
-  t.n0 = (tile / m_tiles) * fu::kRows;
-  const std::int64_t left = dl::padded_n(p.n) / dl::kTileN - t.n0 / dl::kTileN;
+  t.m0 = c.m_tile * fu::kTokens;
+  t.n0 = c.n_tile * fu::kRows;
+  const std::int64_t left = dl::padded_n(p.n) / dl::kTileN - std::int64_t{t.n0} / dl::kTileN;
   t.dtiles = left < fu::kTilesPerBlock ? static_cast<int>(left) : fu::kTilesPerBlock;
   return t;
 }
 
-// The producer warpgroup: every stage of every tile of this block, in the consumers' order.
+// A position in the block's sequence of stages: tile, its coordinates, K block.
+struct FusedCursor {
+  int tile = 0, kb = 0;
+  FusedTile at;
+};
+
+// The stage after c in the block's sequence; false past its last.
+__device__ __forceinline__ bool fused_next(const GemmParams& p, const FusedWalk& w,
+                                           FusedCursor& c) {
+  if (++c.kb < w.kb_count) return true;
+  c.kb = 0;
+  c.tile += w.stride;
+  if (c.tile >= w.tiles) return false;
+  c.at = fused_tile_of(p, w, c.tile);
+  return true;
+}
+
+// The producer's units: unit c = wtid + 128 i is token c / 4, K chunk column u = c % 4, so four
+// neighbouring threads read a token's 64 contiguous bytes of each 32-K group.
+constexpr int kFusedUnits = fu::kTokens * 4 / 128;
+
+// One stage of activations into registers: 16 bytes of each unit's four source chunks, zero
+// past M and K. A thread's units are 32 tokens apart and its chunks 32 K apart, so one row
+// pointer a unit serves its four loads with immediate offsets; a tile wholly inside M and K (all
+// but the last of each) takes the branch without bounds checks, the same for the whole block.
+__device__ __forceinline__ void fused_load_act(const GemmParams& p, const FusedCursor& c, int wtid,
+                                               uint4 (&r)[kFusedUnits][4]) {
+  const int u = wtid % 4;
+  const std::int64_t k0 = std::int64_t{c.kb} * fu::kKBlock, m = std::int64_t{c.at.m0} + wtid / 4;
+  const auto* row = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k + k0 + 8 * u;
+  const std::int64_t unit_step = 32 * p.k;  // 32 tokens further
+  if (c.at.m0 + fu::kTokens <= p.m && k0 + fu::kKBlock <= p.k) {
+#pragma unroll
+    for (int i = 0; i < kFusedUnits; ++i) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) r[i][t] = ptx::ldg16(row + i * unit_step + 32 * t);
+    }
+    return;
+  }
+  // K is a multiple of 16: a chunk of 8 lies wholly inside or outside.
+  const std::int64_t m_left = p.m - m, k_left = p.k - k0 - 8 * u;
+#pragma unroll
+  for (int i = 0; i < kFusedUnits; ++i) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      r[i][t] = 32 * i < m_left && 32 * t < k_left ? ptx::ldg16(row + i * unit_step + 32 * t)
+                                                   : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// The producer warpgroup: every stage of every tile of this block, in the consumers' order. The
+// activations of the next stage are loaded into the second register set before this stage's
+// are stored, so two stages of loads are in flight (Note [fused pipeline]).
 template <bool kMx>
-__device__ void fused_produce(const GemmParams& p, std::uint32_t stages, std::uint32_t full,
-                              std::uint32_t empty, int wtid) {
-  const std::int64_t kb_count = dl::k_blocks(p.k), tiles = fu::fused_tiles(p.m, p.n);
+__device__ void fused_produce(const GemmParams& p, const FusedSmem& sm, int wtid) {
+  const FusedWalk w = fused_walk(p);
   const int per = dl::scale_bytes_per_lane(kMx);
   const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
   const auto* scales = reinterpret_cast<const std::uint8_t*>(p.scales) + dl::kTableBytes;
-  const auto* a = reinterpret_cast<const std::uint16_t*>(p.a);
-  const std::int64_t first = std::int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
-  const std::int64_t stride = std::int64_t{gridDim.x} * gridDim.y;
-  // This thread's 4 units a stage: unit c = wtid + 128 i is token c / 4, K chunk column u = c % 4,
-  // so four neighbouring threads read a token's 256 bytes of the block.
-  constexpr int kUnits = fu::kTokens * 4 / 128;
   int stage = 0;
   std::uint32_t phase = 0;
-  for (std::int64_t tile = first; tile < tiles; tile += stride) {
-    const FusedTile ft = fused_tile_of(p, tile);
-    for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-      const std::uint32_t at = stages + static_cast<std::uint32_t>(stage) * fu::kStageBytes;
-      const std::uint32_t full_bar = full + 8u * stage, empty_bar = empty + 8u * stage;
-      ptx::mbarrier_wait(empty_bar, phase ^ 1u);  // the consumers released this stage
-      if (wtid == 0) {
-        const auto bytes =
-            static_cast<std::uint32_t>(ft.dtiles * (dl::kTileBlockBytes + dl::kLanes * per));
-        ptx::mbarrier_expect_tx(full_bar, bytes);
-        for (int q = 0; q < ft.dtiles; ++q) {
-          const std::int64_t block = (ft.n0 / dl::kTileN + q) * kb_count + kb;
-          ptx::bulk_copy_g2s(at + fu::kCodeOffset + q * dl::kTileBlockBytes,
-                             codes + block * dl::kTileBlockBytes, dl::kTileBlockBytes, full_bar);
-          ptx::bulk_copy_g2s(at + fu::kScaleOffset + q * fu::kScaleSlotBytes,
-                             scales + block * dl::kLanes * per, dl::kLanes * per, full_bar);
-        }
-      }
-      uint4 src[kUnits][4];
+  // A stage's first half: the consumers released it (at first: the phase before the first,
+  // complete), and lane 0 of warp q has the TMA unit copy decode tile q's codes and scale codes,
+  // announcing their bytes first: each announcement precedes its own copies and its thread's
+  // arrival, so the transaction count never goes below 0 and the phase cannot complete before
+  // every byte has landed. One tile a warp spreads the copies' issue over the four schedulers.
+  // Issued before the next stage's loads, so that the copies' address math does not add to the
+  // two register sets.
+  const auto claim = [&](const FusedCursor& c) {
+    ptx::mbarrier_wait(sm.empty(stage), phase ^ 1u);
+    const int q = wtid / 32;
+    if (wtid % 32 != 0 || q >= c.at.dtiles) return;
+    const std::uint32_t at = sm.stage(stage), full = sm.full(stage);
+    const auto bytes = static_cast<std::uint32_t>(dl::kTileBlockBytes + dl::kLanes * per);
+    if (!METRALE_FUSED_PLANTED(kSkipExpectTx)) ptx::mbarrier_expect_tx(full, bytes);
+    const std::int64_t block = (std::int64_t{c.at.n0} / dl::kTileN + q) * w.kb_count + c.kb;
+    ptx::bulk_copy_g2s(at + fu::kCodeOffset + q * dl::kTileBlockBytes,
+                       codes + block * dl::kTileBlockBytes, dl::kTileBlockBytes, full);
+    ptx::bulk_copy_g2s(at + fu::kScaleOffset + q * fu::kScaleSlotBytes,
+                       scales + block * dl::kLanes * per, dl::kLanes * per, full);
+  };
+  // Its second half: the activations stored, published to wgmma's proxy and to the consumers.
+  // Unit i's chunk d lies 32 i token rows (4 KiB) past unit 0's: four offsets a thread.
+  std::uint32_t chunk_at[4];
 #pragma unroll
-      for (int i = 0; i < kUnits; ++i) {
-        const int c = wtid + 128 * i, token = c / 4, u = c % 4;
-        const std::int64_t m = ft.m0 + token;
+  for (int d = 0; d < 4; ++d) {
+    chunk_at[d] = fu::fused_act_chunk_offset(wtid / 4, wtid % 4, d);
+    if (METRALE_FUSED_PLANTED(kWrongSwizzle)) {
+      chunk_at[d] ^= static_cast<std::uint32_t>((wtid / 4) & 7) << 4;
+    }
+  }
+  const auto fill = [&](const uint4(&r)[kFusedUnits][4]) {
+    const std::uint32_t at = sm.stage(stage);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          // K is a multiple of 16: a chunk of 8 lies wholly inside or outside.
-          const std::int64_t k = kb * fu::kKBlock + 32 * t + 8 * u;
-          src[i][t] = m < p.m && k < p.k ? ptx::ldg16(a + m * p.k + k) : make_uint4(0, 0, 0, 0);
-        }
-      }
+    for (int i = 0; i < kFusedUnits; ++i) {
+      uint4 dst[4];
+      fused_transpose(r[i], dst);
 #pragma unroll
-      for (int i = 0; i < kUnits; ++i) {
-        const int c = wtid + 128 * i, token = c / 4, u = c % 4;
-        uint4 dst[4];
-        fused_transpose(src[i], dst);
-#pragma unroll
-        for (int d = 0; d < 4; ++d) {
-          ptx::st_shared16(at + fu::fused_act_chunk_offset(token, u, d), dst[d]);
-        }
-      }
-      ptx::fence_proxy_async();  // the stores, to wgmma's async proxy
-      ptx::mbarrier_arrive(full_bar);
-      if (++stage == fu::kStages) {
-        stage = 0;
-        phase ^= 1u;
+      for (int d = 0; d < 4; ++d) {
+        ptx::st_shared16(at + chunk_at[d] + static_cast<std::uint32_t>(i * 32 * 128), dst[d]);
       }
     }
+    ptx::fence_proxy_async();  // the stores, to wgmma's async proxy
+    ptx::mbarrier_arrive(sm.full(stage));
+    if (++stage == fu::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  };
+  FusedCursor cur;
+  cur.tile = w.first;
+  if (cur.tile >= w.tiles) return;
+  cur.at = fused_tile_of(p, w, cur.tile);
+  uint4 ra[kFusedUnits][4], rb[kFusedUnits][4];
+  fused_load_act(p, cur, wtid, ra);
+  // Two stages an iteration, so that which register set holds which stage is known at compile
+  // time (an indexed set would live in local memory).
+#pragma unroll 1
+  for (;;) {
+    FusedCursor next = cur;
+    bool more = fused_next(p, w, next);
+    claim(cur);
+    if (more) fused_load_act(p, next, wtid, rb);
+    fill(ra);
+    if (!more) break;
+    cur = next;
+    more = fused_next(p, w, next);
+    claim(cur);
+    if (more) fused_load_act(p, next, wtid, ra);
+    fill(rb);
+    if (!more) break;
+    cur = next;
+  }
+}
+
+// A barrier for consumer warpgroup wg's 128 threads alone (named barriers 1 and 2; 0 is
+// __syncthreads'), its id an immediate so that ptxas reserves just those two.
+__device__ __forceinline__ void fused_warpgroup_sync(int wg) {
+  if (wg == 0) {
+    ptx::named_barrier_sync<1>(128);
+  } else {
+    ptx::named_barrier_sync<2>(128);
+  }
+}
+
+// The epilogue of one warpgroup's tile: each accumulator scaled by 2^fold (the weights carried
+// 2^-fold), then the tensor scale and bias (write_final's order), staged in shared memory as
+// token rows of the warpgroup's 64 columns, and stored to C in 16-byte pieces, 8 neighbouring
+// threads a C row. FP32 C takes two passes of 64 tokens (the staging holds 16 KiB).
+template <bool kF32>
+__device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedSmem& sm,
+                                               const FusedTile& ft, float (&acc)[fu::kTokens / 2],
+                                               float fold, int wg, int wtid) {
+  // C's elements as bits: FP32 or BF16.
+  using Elem = std::conditional_t<kF32, std::uint32_t, std::uint16_t>;
+  constexpr int kElem = sizeof(Elem), kRowBytes = fu::kRowsPerConsumer * kElem;
+  constexpr int kPasses = kF32 ? 2 : 1, kPassTokens = fu::kTokens / kPasses;
+  constexpr int kPassRegs = fu::kTokens / 2 / kPasses, kChunksPerRow = kRowBytes / 16;
+  const std::uint32_t staging = sm.staging(wg);
+  const std::int64_t col0 = std::int64_t{ft.n0} + fu::kRowsPerConsumer * wg;
+  // Register i's staging byte is register i % 4's plus 8 (i / 4) token rows (fu::fused_stage_offset
+  // of a token 8 further on): four offsets a thread rather than one per register.
+  std::uint32_t first[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    first[r] = staging + fu::fused_stage_offset(fu::fused_out_row(wtid, r),
+                                                tiles::wgmma_acc_row(wtid, r) * kElem, kRowBytes);
+  }
+  // A thread's registers cover two columns (rows g and g + 8 of its warp's 16): their bias and
+  // whether they lie inside N, read once. fold is a power of two, so acc * (fold * scale) is
+  // write_final's (acc * fold) * scale exactly.
+  const float scale = fold * p.tensor_scale;
+  float bias[2];
+  bool inside[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::int64_t n = col0 + tiles::wgmma_acc_row(wtid, 2 * h);
+    inside[h] = n < p.n;
+    bias[h] = inside[h] && (p.flags & kGemmBias)
+                  ? num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n])
+                  : 0.0f;
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+#pragma unroll
+    for (int i = pass * kPassRegs; i < (pass + 1) * kPassRegs; ++i) {
+      const int h = (i >> 1) & 1;
+      // Columns past N are staged too (as 0), so that every thread stores at every step.
+      const float v = inside[h] ? acc[i] * scale + bias[h] : 0.0f;
+      const std::uint32_t at =
+          first[i % 4] + static_cast<std::uint32_t>((i / 4 - pass * kPassRegs / 4) * 8 * kRowBytes);
+      if constexpr (kF32) {
+        ptx::st_shared4(at, num::f32_bits(v));
+      } else {
+        ptx::st_shared2(at, static_cast<std::uint16_t>(num::f32_to_bf16(v)));
+      }
+    }
+    fused_warpgroup_sync(wg);  // the warpgroup's staging is written
+#pragma unroll
+    for (int c = wtid; c < kPassTokens * kChunksPerRow; c += 128) {
+      const int token = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const uint4 v =
+          ptx::ld_shared16(staging + fu::fused_stage_offset(token, 16 * chunk, kRowBytes));
+      const std::int64_t m = std::int64_t{ft.m0} + pass * kPassTokens + token;
+      const std::int64_t n = col0 + chunk * (16 / kElem);
+      if (m >= p.m || n >= p.n) continue;
+      Elem* out = reinterpret_cast<Elem*>(p.out) + m * p.n + n;
+      if (n + 16 / kElem <= p.n && reinterpret_cast<std::uintptr_t>(out) % 16 == 0) {
+        *reinterpret_cast<uint4*>(out) = v;
+        continue;
+      }
+      for (int j = 0; j < 16 / kElem && n + j < p.n; ++j) {
+        const std::uint32_t word = word_of(v, j * kElem / 4);
+        out[j] = static_cast<Elem>(kF32 ? word : word >> (16 * (j % 2)));
+      }
+    }
+    fused_warpgroup_sync(wg);  // read before the next pass or tile overwrites it
   }
 }
 
 // One consumer warpgroup (wg = 0, 1): 64 weight rows of every tile of this block.
 template <bool kMx>
-__device__ void fused_consume(const GemmParams& p, std::uint32_t stages, std::uint32_t full,
-                              std::uint32_t empty, const std::uint32_t* table, int wg, int wtid) {
-  const std::int64_t kb_count = dl::k_blocks(p.k), tiles = fu::fused_tiles(p.m, p.n);
-  const std::int64_t first = std::int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
-  const std::int64_t stride = std::int64_t{gridDim.x} * gridDim.y;
+__device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, int wtid) {
+  const FusedWalk w = fused_walk(p);
   const int lane = wtid % 32, rt = (wtid / 32) % 2;
   const int per = dl::scale_bytes_per_lane(kMx);
   const int tile_in_block = 2 * wg + wtid / 64;
@@ -175,21 +378,21 @@ __device__ void fused_consume(const GemmParams& p, std::uint32_t stages, std::ui
       fu::kScaleOffset + tile_in_block * fu::kScaleSlotBytes + lane * per;
   const float fold = ldexpf(1.0f, p.weight_fold);
   int stage = 0;
-  std::uint32_t phase = 0;
+  std::uint32_t phase = 0, turns = 0;
   constexpr int kAcc = fu::kTokens / 2;
   float acc[kAcc];
   // One set of A fragments: ptxas serializes every wgmma (C7513) when registers it reads are
   // written while any wgmma is in flight, so a block's fragments are built only after the
-  // previous block's wgmmas retired; the dequantization of one consumer warpgroup overlaps the
-  // other's MMAs instead.
+  // previous block's wgmmas retired; the other consumer warpgroup's MMAs run meanwhile.
   std::uint32_t a[fu::kSteps][4];
-  const auto release = [&](int s) {
+  const auto arrive = [&](std::uint32_t bar) {
     __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(empty + 8u * s);
+    if (lane == 0) ptx::mbarrier_arrive(bar);
   };
   const auto block = [&]() {
-    const std::uint32_t at = stages + static_cast<std::uint32_t>(stage) * fu::kStageBytes;
-    ptx::mbarrier_wait(full + 8u * stage, phase);
+    const std::uint32_t at = sm.stage(stage);
+    const std::uint32_t parity = METRALE_FUSED_PLANTED(kWrongParity) ? phase ^ 1u : phase;
+    ptx::mbarrier_wait(sm.full(stage), parity);
     uint2 sc;
     if constexpr (kMx) {
       sc = make_uint2(ptx::ld_shared4(at + scale_at), 0u);
@@ -197,12 +400,12 @@ __device__ void fused_consume(const GemmParams& p, std::uint32_t stages, std::ui
       sc = ptx::ld_shared8(at + scale_at);
     }
     std::uint32_t sp[2][2];
-    fused_scale_pairs<kMx>(sc, rt, table, sp);
+    fused_scale_pairs<kMx>(sc, rt, sm.table(), sp);
 #pragma unroll
-    for (int s = 0; s < fu::kSteps; ++s) {
-      const std::uint32_t w =
-          ptx::ld_shared4(at + fu::kCodeOffset + fu::fused_word_byte(wg, wtid, s));
-      fused_a_fragment(w, sp, s, a[s]);
+    for (int q = 0; q < fu::kSteps / 2; ++q) {
+      const uint4 c = ptx::ld_shared16(at + fu::kCodeOffset + fu::fused_chunk_byte(wg, wtid, q));
+      fused_a_fragment(rt != 0 ? c.y : c.x, sp, 2 * q, a[2 * q]);
+      fused_a_fragment(rt != 0 ? c.w : c.z, sp, 2 * q + 1, a[2 * q + 1]);
     }
     // All 32 fragment registers are computed here, before the fence: dequantization that the
     // compiler sank between the wgmmas would make ptxas serialize them (C7513).
@@ -211,79 +414,92 @@ __device__ void fused_consume(const GemmParams& p, std::uint32_t stages, std::ui
 #pragma unroll
       for (int j = 0; j < 4; ++j) ptx::pin(a[s][j]);
     }
-    std::uint64_t desc[fu::kSteps];
-#pragma unroll
-    for (int s = 0; s < fu::kSteps; ++s) {
-      desc[s] = fu::fused_b_desc(at, s);
-      ptx::pin64(desc[s]);
+    // This warpgroup's turn (Note [fused ping-pong]): warpgroup 0 goes first.
+    if (!METRALE_FUSED_PLANTED(kNoTurns)) {
+      ptx::mbarrier_wait(sm.turn(wg), (turns & 1u) ^ (wg == 0 ? 1u : 0u));
     }
+    ++turns;
     ptx::wgmma_fence();  // the fragments (and accumulators) written above, before wgmma reads them
 #pragma unroll
     for (int s = 0; s < fu::kSteps; ++s) {
-      ptx::wgmma_bf16_m64n128k16_rs(acc, a[s], desc[s]);
+      ptx::wgmma_bf16_m64n128k16_rs(acc, a[s], fu::fused_b_desc(at, s));
     }
     ptx::wgmma_commit();
+    arrive(sm.turn(1 - wg));  // the other warpgroup's turn: its wgmmas queue behind these
+    if (METRALE_FUSED_PLANTED(kEarlyRelease)) arrive(sm.empty(stage));
     ptx::wgmma_wait<0>();  // this block's wgmmas are done: the stage and the fragments are free
-    release(stage);
+    if (!METRALE_FUSED_PLANTED(kEarlyRelease)) arrive(sm.empty(stage));
     if (++stage == fu::kStages) {
       stage = 0;
       phase ^= 1u;
     }
   };
-  for (std::int64_t tile = first; tile < tiles; tile += stride) {
-    const FusedTile ft = fused_tile_of(p, tile);
+#pragma unroll 1
+  for (int tile = w.first; tile < w.tiles; tile += w.stride) {
+    const FusedTile ft = fused_tile_of(p, w, tile);
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 #pragma unroll 1
-    for (std::int64_t kb = 0; kb < kb_count; ++kb) block();
+    for (int kb = 0; kb < w.kb_count; ++kb) block();
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
-      // The weights were multiplied by 2^-fold; the fold comes back with the tensor scale.
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) {
-      const std::int64_t m = ft.m0 + fu::fused_out_row(wtid, i);
-      const std::int64_t n = ft.n0 + fu::fused_out_col(wg, wtid, i);
-      if (m < p.m && n < p.n) write_final(p, m * p.n + n, n, acc[i] * fold);
+    if (p.flags & kGemmOutF32) {
+      fused_epilogue<true>(p, sm, ft, acc, fold, wg, wtid);
+    } else {
+      fused_epilogue<false>(p, sm, ft, acc, fold, wg, wtid);
     }
   }
 }
 
-template <bool kMx>
-__device__ void fused_block_of(const GemmParams& p, const std::uint32_t* table,
-                               std::uint32_t stages, std::uint32_t full, std::uint32_t empty) {
-  const int wg = threadIdx.x / 128, wtid = threadIdx.x % 128;
-  if (wg == 0) {
-    fused_produce<kMx>(p, stages, full, empty, wtid);
-  } else {
-    fused_consume<kMx>(p, stages, full, empty, table, wg - 1, wtid);
-  }
-}
-
-__device__ void fused_block_sm90(const GemmParams& p) {
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ std::uint32_t table[dl::kTableEntries];
-  __shared__ alignas(8) std::uint64_t bars[2 * fu::kStages];
-  // wgmma's swizzle is a function of the address: stages start on 1024-byte boundaries.
-  const std::uint32_t stages = (ptx::smem_addr(smem_raw) + 1023u) & ~1023u;
-  const std::uint32_t full = ptx::smem_addr(bars), empty = full + 8u * fu::kStages;
+// One block of gemm_fused on `smem`, its fu::kSmemBytes of dynamic shared memory.
+__device__ __forceinline__ void fused_block_on(const GemmParams& p, unsigned char* smem) {
+  FusedSmem sm;
+  // wgmma's swizzle is a function of the address: the layout starts on a 1024-byte boundary.
+  const std::uint32_t raw = ptx::smem_addr(smem);
+  sm.base = (raw + 1023u) & ~1023u;
+  auto* table = reinterpret_cast<std::uint32_t*>(smem + (sm.base - raw) + fu::kTableOffset);
   static_assert(fu::kThreads >= dl::kTableEntries, "one table entry a thread");
   if (threadIdx.x < dl::kTableEntries) {
     table[threadIdx.x] = __ldg(reinterpret_cast<const unsigned*>(p.scales) + threadIdx.x);
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < fu::kStages; ++s) {
-      ptx::mbarrier_init(full + 8u * s, 128);                  // every producer thread
-      ptx::mbarrier_init(empty + 8u * s, fu::kConsumers * 4);  // every consumer warp
+      ptx::mbarrier_init(sm.full(s), 128);                  // every producer thread
+      ptx::mbarrier_init(sm.empty(s), fu::kConsumers * 4);  // every consumer warp
     }
+    for (int g = 0; g < fu::kConsumers; ++g)
+      ptx::mbarrier_init(sm.turn(g), 4);  // the other's warps
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  if (p.flags & kGemmMxfp4) {
-    fused_block_of<true>(p, table, stages, full, empty);
+  const int wg = threadIdx.x / 128, wtid = threadIdx.x % 128;
+  const bool mx = (p.flags & kGemmMxfp4) != 0;
+  // Registers move from the consumers to the producer (Note [fused pipeline]): its two sets of
+  // activations need more than the 168 a thread is launched with, the consumers fewer.
+  if (wg == 0) {
+    ptx::setmaxnreg_inc<fu::kProducerRegisters>();
+    if (mx) {
+      fused_produce<true>(p, sm, wtid);
+    } else {
+      fused_produce<false>(p, sm, wtid);
+    }
+    return;
+  }
+  ptx::setmaxnreg_dec<fu::kConsumerRegisters>();
+  if (mx) {
+    fused_consume<true>(p, sm, wg - 1, wtid);
   } else {
-    fused_block_of<false>(p, table, stages, full, empty);
+    fused_consume<false>(p, sm, wg - 1, wtid);
   }
 }
+
+#if !defined(METRALE_KERNEL_HOST_EMULATION)
+// One block of gemm_fused (the entry in w4a16.cu).
+__device__ void fused_block_sm90(const GemmParams& p) {
+  extern __shared__ unsigned char smem_raw[];
+  fused_block_on(p, smem_raw);
+}
+#endif
 
 #endif  // METRALE_HAVE_WGMMA
 

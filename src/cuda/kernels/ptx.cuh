@@ -39,7 +39,28 @@ __device__ __forceinline__ void st_shared16(std::uint32_t addr, uint4 v) {
                "r"(v.w)
                : "memory");
 }
+__device__ __forceinline__ void st_shared4(std::uint32_t addr, std::uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared2(std::uint32_t addr, std::uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared16(std::uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ std::uint32_t ld_shared4(std::uint32_t addr) {
+  std::uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+// A table lookup: ld.shared.u32 like ld_shared4, named apart because its address is data (a
+// scale code), so the host emulation leaves it out of its bank-conflict check.
+__device__ __forceinline__ std::uint32_t ld_shared_lookup(std::uint32_t addr) {
   std::uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
@@ -94,8 +115,26 @@ __device__ __forceinline__ void pin64(std::uint64_t& x) {
   asm volatile("" : "+l"(x));
 }
 
+// bar.sync on named barrier kId (1..15; 0 is __syncthreads') for `count` threads (a multiple of
+// 32): a barrier for one warpgroup without holding the others.
+template <int kId>
+__device__ __forceinline__ void named_barrier_sync(int count) {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(count) : "memory");
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define METRALE_HAVE_WGMMA 1
+
+// setmaxnreg: this warpgroup's registers per thread become kCount (a multiple of 8, 24..256);
+// .inc waits until the SM's pool has them, .dec returns them to it.
+template <int kCount>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kCount) : "memory");
+}
+template <int kCount>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kCount) : "memory");
+}
 
 // Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
 // async proxy that wgmma reads through; issued before the barrier that publishes a stage.

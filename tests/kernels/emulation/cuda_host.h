@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "fibers.h"
+#include "sm90_host.h"
 
 namespace metrale::emulation {
 
@@ -53,8 +54,9 @@ struct WarpState {
   int parity[32] = {};
 };
 
-// The grid being run: the block's index, its barrier, its warps, what it may read.
+// The grid being run: its size, the block's index, its barrier, its warps, what it may read.
 struct GridState {
+  dim3 grid{1, 1, 1};
   uint3 block{0, 0, 0};
   Barrier block_sync;
   WarpState warps[kMaxWarps];
@@ -136,14 +138,19 @@ inline std::string run_grid(dim3 grid, int threads, std::vector<Region> readable
                             std::function<void()> body) {
   GridState& g = grid_state();
   g.readable = std::move(readable);
+  g.grid = grid;
   const auto run = [](int, void* f) { (*static_cast<std::function<void()>*>(f))(); };
+  set_progress([](bool force) { return sm90_progress(force); });
+  sm90_begin_grid();
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         g.block = uint3{x, y, z};
         g.block_sync = Barrier{threads};
         for (WarpState& w : g.warps) w = WarpState{};
-        const std::string error = run_fibers(threads, run, &body);
+        sm90_begin_block();
+        std::string error = run_fibers(threads, run, &body);
+        if (error.empty()) error = sm90_end_block();
         if (!error.empty()) {
           return "block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
                  std::to_string(z) + "): " + error;
@@ -159,9 +166,16 @@ inline std::string run_grid(dim3 grid, int threads, std::vector<Region> readable
 
 #define threadIdx (::metrale::emulation::thread_index())
 #define blockIdx (::metrale::emulation::grid_state().block)
+#define gridDim (::metrale::emulation::grid_state().grid)
 
 inline void __syncthreads() {
   ::metrale::emulation::wait_at(::metrale::emulation::grid_state().block_sync);
+}
+
+// The warp's lanes meet (every lane of the calling warp must call it).
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) {
+  ::metrale::emulation::wait_at(
+      ::metrale::emulation::grid_state().warps[::metrale::emulation::current_fiber() / 32].sync);
 }
 
 // A read-only load: a plain one, checked.

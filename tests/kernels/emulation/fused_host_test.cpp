@@ -1,14 +1,12 @@
-// gemm_fused's fragments on the host: one block tile of C computed the way the kernel computes
-// it, stage by stage, with the kernel's own per-thread code (cuda/kernels/fused_sm90.cuh:
-// the producer's word transpose, the consumers' scale pairs and A fragments from the
-// decode-layout words, the epilogue's final_bf16) and the index math it uses
-// (kernels/fused_tile.h), and each wgmma m64n128k16 RS step computed from the 128 threads'
-// A registers and the shared-memory B tile by the PTX ISA's rules, written out here
-// independently: the A fragment (9.7.15.5.1.1.1: warp w's rows 16w.., mma.m16n8k16's A
-// layout), the B tile read through its descriptor's fields with the 128-byte swizzle on the
-// address, and the D fragment. C (poisoned first) is compared against a float64 product of the
-// source weights. What this does not run: the kernel's pipeline (mbarriers, the bulk copies,
-// the loops and their pointer math), which the stage assembly below mirrors; that needs a GPU.
+// gemm_fused on the host as the GPU runs it (cuda/kernels/fused_sm90.cuh, compiled unchanged): a
+// grid of blocks, each block's producer and two consumer warpgroups as 384 fibers under a seeded
+// random schedule, the mbarriers with their phases and transaction counts, the bulk copies
+// landing later and in random order, wgmma RS m64n128k16 from the PTX ISA's fragment rules
+// reading its registers and shared memory only when waited for, named barriers, and every
+// shared-memory access of the kernel (but the scale-table lookups, whose addresses are data)
+// checked for bank conflicts (sm90_host.h). C, poisoned first, is compared with a float64
+// product of the source weights; each consumer warpgroup's wgmma groups must be committed in
+// turns. Faults planted in the kernel (METRALE_FUSED_PLANTED) must each fail one of these checks.
 #include "cuda_host.h"  // first: the CUDA language on the host
 
 #pragma GCC diagnostic push
@@ -24,7 +22,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,48 +41,34 @@ namespace {
 
 namespace dl = metrale::decode_layout;
 namespace fu = metrale::fused;
+namespace emu = metrale::emulation;
 
-constexpr std::uint16_t kPoisonC = 0x7FC1;  // a BF16 NaN: an element nobody writes fails
+constexpr std::uint16_t kPoisonBf16 = 0x7FC1;  // NaNs: an element nobody writes fails
+constexpr std::uint32_t kPoisonF32 = 0x7FC00001u;
 
-// The address wgmma reads B element (kk, n) of a K-major BF16 tile at, from the descriptor's
-// fields: start, stride between 8-row groups, 128-byte rows, the 128-byte swizzle (address
-// bits 4-6 XOR bits 7-9; the tile's atoms are 1024-aligned).
-std::uint32_t b_address(std::uint64_t desc, int n, int kk) {
-  const auto start = static_cast<std::uint32_t>(desc & 0x3FFFu) << 4;
-  const auto sbo = static_cast<std::uint32_t>((desc >> 32) & 0x3FFFu) << 4;
-  const std::uint32_t linear = start + static_cast<std::uint32_t>(n / 8) * sbo +
-                               static_cast<std::uint32_t>(n % 8) * 128u +
-                               2u * static_cast<std::uint32_t>(kk);
-  return linear ^ (((linear >> 7) & 7u) << 4);
+struct Case {
+  bool mx = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  bool bias = false, f32 = false;
+  unsigned grid = 1;       // blocks: fewer than the tiles makes a block run several
+  std::uint64_t seed = 1;  // the schedule's and the data's
+};
+
+std::string name(const Case& c) {
+  return std::string(c.mx ? "MXFP4" : "NVFP4") + " M=" + std::to_string(c.m) +
+         " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) + (c.bias ? " bias" : "") +
+         (c.f32 ? " FP32 C" : "") + " grid=" + std::to_string(c.grid) +
+         " seed=" + std::to_string(c.seed);
 }
 
-float bf16_half(std::uint32_t reg, int half) {
-  return num::bf16_to_f32(static_cast<std::uint16_t>(reg >> (16 * half)));
-}
-
-// One wgmma.mma_async.m64n128k16.f32.bf16.bf16 with A from registers: d[thread][i] += A · B.
-// A element (r, kk) is in thread 32 (r / 16) + 4 ((r % 16) % 8) + (kk % 8) / 2, register
-// (r % 16 >= 8) + 2 (kk >= 8), half kk % 2. D element (r, n) is register
-// 4 (n / 8) + 2 ((r % 16) / 8) + n % 2 of thread 32 (r / 16) + 4 ((r % 16) % 8) + (n % 8) / 2.
-// FP32 sums in k order (products of BF16 are exact).
-void wgmma_rs(float (&d)[128][64], const std::uint32_t (&a)[128][4], const std::uint8_t* smem,
-              std::uint32_t smem_base, std::uint64_t desc) {
-  for (int r = 0; r < 64; ++r) {
-    for (int n = 0; n < 128; ++n) {
-      const int dt = 32 * (r / 16) + 4 * ((r % 16) % 8) + (n % 8) / 2;
-      const int di = 4 * (n / 8) + 2 * ((r % 16) / 8) + n % 2;
-      float sum = d[dt][di];
-      for (int kk = 0; kk < 16; ++kk) {
-        const int at = 32 * (r / 16) + 4 * ((r % 16) % 8) + (kk % 8) / 2;
-        const int reg = ((r % 16) >= 8 ? 1 : 0) + (kk >= 8 ? 2 : 0);
-        std::uint16_t b = 0;
-        std::memcpy(&b, smem + (b_address(desc, n, kk) - smem_base), 2);
-        sum += bf16_half(a[at][reg], kk % 2) * num::bf16_to_f32(b);
-      }
-      d[dt][di] = sum;
-    }
-  }
-}
+struct Outcome {
+  std::string error;      // a fault or deadlock the emulation reported
+  long bad = 0;           // elements of C outside the bound
+  std::string first_bad;  // the first few of them
+  double rel = 0.0;       // normalized error of C
+  bool turns = true;      // the consumers' wgmma groups were committed in turns
+  emu::BankReport banks;
+};
 
 HostQuantWeights random_weights(bool mx, std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
   HostQuantWeights w;
@@ -98,149 +84,202 @@ HostQuantWeights random_weights(bool mx, std::int64_t n, std::int64_t k, std::mt
   return w;
 }
 
-// C[m, n] of one block tile (M tile 0, N tile 0) the kernel's way; C is M x N, poisoned.
-std::vector<std::uint16_t> fused_tile_c(const ops::PackedDecodeWeights& pk, bool mx,
-                                        const std::vector<std::uint16_t>& a,
-                                        const std::vector<std::uint16_t>& bias, std::int64_t m) {
-  const std::int64_t n = pk.n, k = pk.k, kb_count = dl::k_blocks(k);
-  const int per = dl::scale_bytes_per_lane(mx);
-  const int dtiles = static_cast<int>(dl::padded_n(n) / dl::kTileN);
-  std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n), kPoisonC);
-  GemmParams p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.tensor_scale = pk.tensor_scale;
-  p.flags = kGemmDecodePacked | (mx ? kGemmMxfp4 : 0u) | (bias.empty() ? 0u : kGemmBias);
-  p.bias =
-      bias.empty() ? 0 : static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(bias.data()));
-  p.out = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(c.data()));
-  const float fold = std::ldexp(1.0f, pk.fold);
-  std::uint32_t table[dl::kTableEntries];
-  std::memcpy(table, pk.scales.data(), sizeof table);
-
-  static float acc[fu::kConsumers][128][64];
-  std::memset(acc, 0, sizeof acc);
-  const std::uint32_t base = 1024u * 5;  // the stage's shared address: 1024-aligned
-  std::vector<std::uint8_t> stage(fu::kStageBytes);
-  for (std::int64_t kb = 0; kb < kb_count; ++kb) {
-    // The stage as the producer fills it: bulk copies of each existing decode tile's codes and
-    // scale codes (a missing tile's bytes stay poison: rows nobody stores), and the activations
-    // in 16-byte chunks, zero past M and K, transposed by the kernel's fused_transpose.
-    std::memset(stage.data(), 0xFF, stage.size());
-    for (int q = 0; q < fu::kTilesPerBlock && q < dtiles; ++q) {
-      const std::int64_t block = q * kb_count + kb;
-      std::memcpy(stage.data() + fu::kCodeOffset + q * dl::kTileBlockBytes,
-                  pk.codes.data() + block * dl::kTileBlockBytes, dl::kTileBlockBytes);
-      std::memcpy(stage.data() + fu::kScaleOffset + q * fu::kScaleSlotBytes,
-                  pk.scales.data() + dl::kTableBytes + block * dl::kLanes * per, dl::kLanes * per);
-    }
-    for (int token = 0; token < fu::kTokens; ++token) {
-      for (int u = 0; u < 4; ++u) {
-        uint4 src[4], dst[4];
-        for (int t = 0; t < 4; ++t) {
-          const std::int64_t kk = kb * fu::kKBlock + 32 * t + 8 * u;
-          src[t] = make_uint4(0, 0, 0, 0);
-          if (token < m && kk < k) std::memcpy(&src[t], a.data() + token * k + kk, 16);
-        }
-        kernels::fused_transpose(src, dst);
-        for (int d = 0; d < 4; ++d) {
-          std::memcpy(stage.data() + fu::fused_act_chunk_offset(token, u, d), &dst[d], 16);
-        }
-      }
-    }
-    // Each consumer warpgroup: its threads' fragments by the kernel's code, then 8 wgmmas.
-    for (int wg = 0; wg < fu::kConsumers; ++wg) {
-      static std::uint32_t frag[fu::kSteps][128][4];
-      for (int wtid = 0; wtid < 128; ++wtid) {
-        const int lane = wtid % 32, rt = (wtid / 32) % 2, tile = 2 * wg + wtid / 64;
-        uint2 sc{0, 0};
-        std::memcpy(&sc, stage.data() + fu::kScaleOffset + tile * fu::kScaleSlotBytes + lane * per,
-                    static_cast<std::size_t>(per));
-        std::uint32_t sp[2][2];
-        if (mx) {
-          kernels::fused_scale_pairs<true>(sc, rt, table, sp);
-        } else {
-          kernels::fused_scale_pairs<false>(sc, rt, table, sp);
-        }
-        for (int s = 0; s < fu::kSteps; ++s) {
-          std::uint32_t w = 0;
-          std::memcpy(&w, stage.data() + fu::kCodeOffset + fu::fused_word_byte(wg, wtid, s), 4);
-          kernels::fused_a_fragment(w, sp, s, frag[s][wtid]);
-        }
-      }
-      for (int s = 0; s < fu::kSteps; ++s) {
-        wgmma_rs(acc[wg], frag[s], stage.data(), base, fu::fused_b_desc(base, s));
-      }
-    }
-  }
-  // The epilogue: fold, tensor scale, bias, BF16, transposed and masked.
-  for (int wg = 0; wg < fu::kConsumers; ++wg) {
-    for (int wtid = 0; wtid < 128; ++wtid) {
-      for (int i = 0; i < 64; ++i) {
-        const std::int64_t mm = fu::fused_out_row(wtid, i), nn = fu::fused_out_col(wg, wtid, i);
-        if (mm < m && nn < n) {
-          c[mm * n + nn] =
-              static_cast<std::uint16_t>(kernels::final_bf16(p, nn, acc[wg][wtid][i] * fold));
-        }
-      }
-    }
-  }
-  return c;
-}
-
-void check(bool mx, std::int64_t m, std::int64_t n, std::int64_t k, bool with_bias) {
-  const std::string what = std::string(mx ? "MXFP4" : "NVFP4") + " M=" + std::to_string(m) +
-                           " N=" + std::to_string(n) + " K=" + std::to_string(k);
-  SCOPED_TRACE(what);
-  std::mt19937_64 rng(1234 + m + n + k + (mx ? 7 : 0));
-  const HostQuantWeights w = random_weights(mx, n, k, rng);
+Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
+  std::mt19937_64 rng(c.seed * 7919 + static_cast<std::uint64_t>(c.m + c.n + c.k));
+  const HostQuantWeights w = random_weights(c.mx, c.n, c.k, rng);
+  const ops::PackedDecodeWeights pk = ops::pack_for_decode(w);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), bias;
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(c.m * c.k)), bias;
   for (auto& x : a) x = num::f32_to_bf16(u(rng));
-  if (with_bias) {
-    bias.resize(static_cast<std::size_t>(n));
+  if (c.bias) {
+    bias.resize(static_cast<std::size_t>(c.n));
     for (auto& x : bias) x = num::f32_to_bf16(u(rng));
   }
-  const ops::PackedDecodeWeights pk = ops::pack_for_decode(w);
-  const std::vector<std::uint16_t> c = fused_tile_c(pk, mx, a, bias, m);
-  int bad = 0;
+  std::vector<std::uint32_t> out32;
+  std::vector<std::uint16_t> out16;
+  if (c.f32) {
+    out32.assign(static_cast<std::size_t>(c.m * c.n), kPoisonF32);
+  } else {
+    out16.assign(static_cast<std::size_t>(c.m * c.n), kPoisonBf16);
+  }
+  const auto address = [](const void* p) {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+  };
+  GemmParams p;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.a = address(a.data());
+  p.codes = address(pk.codes.data());
+  p.scales = address(pk.scales.data());
+  p.tensor_scale = pk.tensor_scale;
+  p.weight_fold = pk.fold;
+  p.flags = kGemmDecodePacked | (c.mx ? kGemmMxfp4 : 0u) | (c.bias ? kGemmBias : 0u) |
+            (c.f32 ? kGemmOutF32 : 0u);
+  p.bias = c.bias ? address(bias.data()) : 0;
+  p.out = c.f32 ? address(out32.data()) : address(out16.data());
+
+  Outcome o;
+  emu::set_schedule(c.seed);
+  emu::set_plant(plant);
+  emu::reset_bank_report();
+  o.error = emu::run_grid(dim3(c.grid), fu::kThreads,
+                          {{a.data(), a.size() * 2},
+                           {pk.codes.data(), pk.codes.size()},
+                           {pk.scales.data(), pk.scales.size()},
+                           {bias.data(), bias.size() * 2}},
+                          [&p] { kernels::fused_block_on(p, emu::shared_memory()); });
+  emu::set_schedule(0);
+  emu::set_plant(emu::Plant::kNone);
+  o.banks = emu::bank_report();
+  const std::vector<int>& order = emu::wgmma_commit_order();
+  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
+
   double err2 = 0.0, ref2 = 0.0;
-  for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < n; ++j) {
+  for (std::int64_t i = 0; i < c.m; ++i) {
+    for (std::int64_t j = 0; j < c.n; ++j) {
       double sum = 0.0, mag = 0.0;
-      for (std::int64_t kk = 0; kk < k; ++kk) {
-        const double t = double{num::bf16_to_f32(a[i * k + kk])} *
+      for (std::int64_t kk = 0; kk < c.k; ++kk) {
+        const double t = double{num::bf16_to_f32(a[i * c.k + kk])} *
                          double{num::e2m1_to_f32(w.code(j, kk))} *
                          double{w.scale(j, kk)};  // the block scale times the tensor scale
         sum += t;
         mag += std::fabs(t);
       }
-      if (with_bias) sum += double{num::bf16_to_f32(bias[j])};
-      const double got = num::bf16_to_f32(c[i * n + j]);
-      const double tol = std::ldexp(std::fabs(sum), -8) + 1e-4 * mag + 1e-30;
+      if (c.bias) sum += double{num::bf16_to_f32(bias[j])};
+      const auto at = static_cast<std::size_t>(i * c.n + j);
+      const double got = c.f32 ? double{num::bits_f32(out32[at])} : num::bf16_to_f32(out16[at]);
+      // C's one rounding (BF16: 2^-9 relative; FP32: 2^-24) and FP32 sums of K products, each
+      // term's error under K 2^-24 of the magnitudes (K <= 1024 here: under 1e-4).
+      const double tol = std::ldexp(std::fabs(sum), c.f32 ? -23 : -8) + 1e-4 * mag + 1e-30;
       err2 += (got - sum) * (got - sum);
       ref2 += sum * sum;
-      if (!(std::fabs(got - sum) <= tol) && ++bad <= 5) {
-        ADD_FAILURE() << "C[" << i << ", " << j << "] = " << got << ", want " << sum;
+      if (!(std::fabs(got - sum) <= tol) && ++o.bad <= 3) {
+        o.first_bad += " C[" + std::to_string(i) + ", " + std::to_string(j) +
+                       "] = " + std::to_string(got) + " (want " + std::to_string(sum) + ")";
       }
     }
   }
-  EXPECT_EQ(bad, 0) << "elements out of tolerance";
-  EXPECT_LT(std::sqrt(err2 / ref2), 1.0 / 256);
+  o.rel = std::sqrt(err2 / ref2);
+  return o;
 }
 
-// A whole block tile (128 tokens x 128 weight rows, two K blocks).
-TEST(FusedFragments, FullTileMatchesFloat64) {
-  check(false, 128, 128, 256, false);
-  check(true, 128, 128, 256, true);
+void expect_right(const Case& c) {
+  SCOPED_TRACE(name(c));
+  const Outcome o = run(c);
+  EXPECT_EQ(o.error, "");
+  EXPECT_EQ(o.bad, 0) << "elements out of the bound:" << o.first_bad;
+  EXPECT_LT(o.rel, 1.0 / 256);
+  EXPECT_TRUE(o.turns) << "the consumer warpgroups' wgmma groups were not committed in turns";
+  EXPECT_GT(o.banks.instructions, 0);
+  EXPECT_EQ(o.banks.conflicted, 0) << o.banks.first;
 }
 
-// M, N and K short of the tile: masked rows and columns, missing decode tiles (N = 64 leaves the
-// second warpgroup's tiles poison) and a partial last K block.
-TEST(FusedFragments, PartialTileMatchesFloat64) {
-  check(false, 37, 64, 208, true);
-  check(true, 100, 96, 160, false);
+// Whole tiles, one per block; the ring of 4 stages wraps (6 K blocks).
+TEST(FusedPipeline, WholeTilesMatchFloat64) {
+  expect_right({false, 256, 256, 768, true, false, 4, 1});
+  expect_right({true, 128, 128, 768, false, false, 1, 2});
+}
+
+// Partial M, N and K tiles (N = 200: a tile of 3 decode tiles; K = 416: a last K block of 32),
+// 6 tiles on 2 persistent blocks, FP32 C in two passes of the staging.
+TEST(FusedPipeline, PartialTilesOnPersistentBlocksMatchFloat64) {
+  expect_right({true, 300, 200, 416, true, true, 2, 3});
+  expect_right({false, 300, 200, 416, false, false, 2, 4});
+}
+
+// N = 100: C rows not 16-byte aligned, the epilogue's element stores; a grid with more blocks
+// than tiles (the extra ones run nothing).
+TEST(FusedPipeline, UnalignedRowsAndIdleBlocksMatchFloat64) {
+  expect_right({false, 37, 100, 256, true, false, 3, 5});
+  expect_right({true, 37, 100, 256, false, true, 1, 6});
+}
+
+// Other schedules of the same grid: what the threads and copies interleave must not matter.
+TEST(FusedPipeline, ResultsHoldUnderOtherSchedules) {
+  for (std::uint64_t seed = 11; seed < 14; ++seed) {
+    expect_right({false, 200, 128, 640, true, false, 1, seed});
+  }
+}
+
+// The bank check itself, on the placements gemm_fused had before issue 35 and on today's: the
+// producer's 16-byte stores with both halves' steps at the same columns (2-way in every phase),
+// the consumers' 4-byte loads of their own decode-layout words (lanes 16 bytes apart: 4-way);
+// today's stores and 16-byte chunk loads: none.
+emu::BankReport banks_of(const std::function<void(int)>& access) {
+  emu::reset_bank_report();
+  const std::string error = emu::run_grid(dim3(1), 128, {}, [&access] { access(threadIdx.x); });
+  EXPECT_EQ(error, "");
+  return emu::bank_report();
+}
+
+TEST(FusedBanks, TheCheckFindsTheOldPlacementsConflictsAndNoneToday) {
+  const std::uint32_t base = emu::kSharedBase;
+  const auto old_store = [base](int wtid) {
+    const int token = wtid / 4, u = wtid % 4;
+    for (int d = 0; d < 4; ++d) {
+      const int step = 2 * u + d / 2, pair = d % 2;
+      const std::uint32_t off =
+          static_cast<std::uint32_t>((step / 4) * fu::kActHalfBytes) +
+          tiles::swizzle128(static_cast<std::uint32_t>(token),
+                            static_cast<std::uint32_t>(2 * (16 * (step % 4) + 8 * pair)));
+      ptx::st_shared16(base + off, uint4{});
+    }
+  };
+  const auto new_store = [base](int wtid) {
+    for (int d = 0; d < 4; ++d) {
+      ptx::st_shared16(base + fu::fused_act_chunk_offset(wtid / 4, wtid % 4, d), uint4{});
+    }
+  };
+  const auto old_load = [base](int wtid) {
+    for (int step = 0; step < fu::kSteps; ++step) {
+      (void)ptx::ld_shared4(base + fu::kCodeOffset + fu::fused_word_byte(0, wtid, step));
+    }
+  };
+  const auto new_load = [base](int wtid) {
+    for (int q = 0; q < fu::kSteps / 2; ++q) {
+      (void)ptx::ld_shared16(base + fu::kCodeOffset + fu::fused_chunk_byte(0, wtid, q));
+    }
+  };
+  const emu::BankReport os = banks_of(old_store), ns = banks_of(new_store), ol = banks_of(old_load),
+                        nl = banks_of(new_load);
+  EXPECT_EQ(os.conflicted, os.instructions) << "the old producer stores";
+  EXPECT_NE(os.first.find("2-way"), std::string::npos) << os.first;
+  EXPECT_EQ(ns.conflicted, 0) << ns.first;
+  EXPECT_EQ(ol.conflicted, ol.instructions) << "the old consumer word loads";
+  EXPECT_NE(ol.first.find("4-way"), std::string::npos) << ol.first;
+  EXPECT_EQ(nl.conflicted, 0) << nl.first;
+  EXPECT_EQ(ns.instructions, 16);  // 4 warps x 4 stores
+  EXPECT_EQ(nl.instructions, 16);  // 4 warps x 4 loads
+}
+
+// Each planted fault must fail: the run's fault or deadlock, a wrong C, or wgmmas out of turn.
+void expect_caught(emu::Plant plant, const char* what) {
+  SCOPED_TRACE(what);
+  bool caught = false;
+  std::string how;
+  for (std::uint64_t seed = 21; seed < 25 && !caught; ++seed) {
+    const Case c{false, 160, 256, 768, true, false, 2, seed};
+    const Outcome o = run(c, plant);
+    if (!o.error.empty())
+      how = "the emulation reported: " + o.error;
+    else if (o.bad > 0)
+      how = std::to_string(o.bad) + " elements of C wrong";
+    else if (!o.turns)
+      how = "wgmma groups out of turn";
+    caught = !how.empty();
+  }
+  EXPECT_TRUE(caught) << what << " was not caught";
+  std::printf("  planted %s: %s\n", what, how.c_str());
+}
+
+TEST(FusedPipeline, PlantedFaultsFail) {
+  expect_caught(emu::Plant::kWrongParity, "a wrong full-barrier parity");
+  expect_caught(emu::Plant::kEarlyRelease, "a stage released before its wgmmas retired");
+  expect_caught(emu::Plant::kSkipExpectTx, "a skipped expect_tx");
+  expect_caught(emu::Plant::kWrongSwizzle, "activations stored unswizzled");
+  expect_caught(emu::Plant::kDropPartialTile, "the partial M tile dropped");
+  expect_caught(emu::Plant::kNoTurns, "consumers issuing without turns");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// The PTX wrappers of src/cuda/kernels/ptx.cuh that the decode kernels use, on the host
-// (cuda_host.h): the same names and signatures, plain C++ behind them. ptx.cuh includes this
-// instead of its asm when METRALE_KERNEL_HOST_EMULATION is defined.
+// The PTX wrappers of src/cuda/kernels/ptx.cuh that the emulated kernels use, on the host
+// (cuda_host.h, sm90_host.h): the same names and signatures, plain C++ behind them. ptx.cuh
+// includes this instead of its asm when METRALE_KERNEL_HOST_EMULATION is defined. The emulation
+// is an sm_90a device: METRALE_HAVE_WGMMA is defined, as ptx.cuh defines it there.
 #pragma once
 
 #include <cstdint>
@@ -40,5 +41,100 @@ inline void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint
 
 // Orders nothing on the host.
 inline void pin(std::uint32_t&) {}
+inline void pin64(std::uint64_t&) {}
+inline void fence_regs(float&) {}
+
+// ---- shared memory (sm90_host.h's arena; every access but a table lookup bank-checked) ----
+
+inline std::uint32_t smem_addr(const void* p) {
+  return emulation::shared_address(p);
+}
+template <class T>
+inline void st_shared(std::uint32_t addr, const T& v, const char* what) {
+  emulation::record_shared(addr, sizeof(T), what);
+  if (unsigned char* at = emulation::shared_at(addr, sizeof(T), sizeof(T), what)) {
+    std::memcpy(at, &v, sizeof(T));
+  }
+}
+template <class T>
+inline T ld_shared(std::uint32_t addr, const char* what, bool record = true) {
+  if (record) emulation::record_shared(addr, sizeof(T), what);
+  T v{};
+  if (const unsigned char* at = emulation::shared_at(addr, sizeof(T), sizeof(T), what)) {
+    std::memcpy(&v, at, sizeof(T));
+  }
+  return v;
+}
+inline void st_shared16(std::uint32_t addr, uint4 v) {
+  st_shared(addr, v, "st.shared.v4");
+}
+inline void st_shared4(std::uint32_t addr, std::uint32_t v) {
+  st_shared(addr, v, "st.shared.u32");
+}
+inline void st_shared2(std::uint32_t addr, std::uint16_t v) {
+  st_shared(addr, v, "st.shared.u16");
+}
+inline uint4 ld_shared16(std::uint32_t addr) {
+  return ld_shared<uint4>(addr, "ld.shared.v4");
+}
+inline uint2 ld_shared8(std::uint32_t addr) {
+  return ld_shared<uint2>(addr, "ld.shared.v2");
+}
+inline std::uint32_t ld_shared4(std::uint32_t addr) {
+  return ld_shared<std::uint32_t>(addr, "ld.shared.u32");
+}
+inline std::uint32_t ld_shared_lookup(std::uint32_t addr) {
+  return ld_shared<std::uint32_t>(addr, "ld.shared.u32 (lookup)", false);
+}
+
+// ---- the sm_90 pipeline (sm90_host.h) ----
+
+#define METRALE_HAVE_WGMMA 1
+
+// The host has one proxy: nothing to order.
+inline void fence_proxy_async() {}
+inline void fence_mbarrier_init() {}
+inline void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
+  emulation::mbarrier_init(bar, count);
+}
+inline void mbarrier_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  emulation::mbarrier_expect_tx(bar, bytes);
+}
+inline void mbarrier_arrive(std::uint32_t bar) {
+  emulation::mbarrier_arrive(bar);
+}
+inline void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  emulation::mbarrier_wait(bar, parity);
+}
+// The source is checked as a load (readable, 16-byte aligned) when the copy starts.
+inline void bulk_copy_g2s(std::uint32_t dst, const void* src, std::uint32_t bytes,
+                          std::uint32_t bar) {
+  if (emulation::check_load(src, bytes, 16, "cp.async.bulk")) {
+    emulation::bulk_copy(dst, src, bytes, bar);
+  }
+}
+inline void wgmma_fence() {
+  emulation::wgmma_fence();
+}
+inline void wgmma_commit() {
+  emulation::wgmma_commit();
+}
+template <int N>
+inline void wgmma_wait() {
+  emulation::wgmma_wait(N);
+}
+inline void wgmma_bf16_m64n128k16_rs(float (&d)[64], const std::uint32_t (&a)[4],
+                                     std::uint64_t desc_b) {
+  emulation::wgmma_rs_m64n128k16(d, a, desc_b);
+}
+template <int kId>
+inline void named_barrier_sync(int count) {
+  emulation::named_barrier(kId, count);
+}
+// The host has no register file to share out.
+template <int kCount>
+inline void setmaxnreg_inc() {}
+template <int kCount>
+inline void setmaxnreg_dec() {}
 
 }  // namespace metrale::ptx

@@ -1,0 +1,393 @@
+// The sm_90 units on the host (sm90_host.h). One block runs at a time, its threads as fibers on
+// one OS thread, so the state below needs no locks.
+#include "sm90_host.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+
+#include "fibers.h"
+#include "metrale/numerics.h"
+
+namespace metrale::emulation {
+namespace {
+
+struct Mbarrier {
+  std::uint32_t count = 0;  // arrivals a phase expects
+  std::uint32_t pending = 0;
+  std::int64_t tx = 0;      // bytes announced and not yet landed
+  std::uint64_t phase = 0;  // phases completed
+};
+
+struct Copy {
+  std::uint32_t dst = 0, bar = 0, bytes = 0;
+  const unsigned char* src = nullptr;
+};
+
+// One wgmma of a warpgroup: the descriptor and each thread's registers.
+struct Wgmma {
+  std::uint64_t desc = 0;
+  std::array<float*, 128> d{};
+  std::array<const std::uint32_t*, 128> a{};
+  int threads = 0;
+};
+
+struct Warpgroup {
+  Barrier sync{128};
+  std::vector<Wgmma> open;         // the wgmmas since the last commit
+  std::array<int, 128> issued{};   // per thread: how many of them it issued
+  std::deque<std::vector<Wgmma>> committed;
+};
+
+// A warp instruction's accesses: lane -> (address, bytes).
+struct Access {
+  std::array<std::uint32_t, 32> addr{};
+  std::array<int, 32> bytes{};
+  std::uint32_t lanes = 0;
+  const char* what = "";
+};
+
+constexpr int kMaxWarpgroups = 8;
+
+struct State {
+  std::unique_ptr<unsigned char[]> storage;
+  unsigned char* arena = nullptr;
+  std::unordered_map<std::uint32_t, Mbarrier> bars;
+  std::vector<Copy> copies;
+  std::array<Warpgroup, kMaxWarpgroups> groups;
+  std::vector<int> commit_order;
+  std::map<int, Barrier> named;
+  std::map<std::pair<int, long>, Access> accesses;  // (warp, sequence)
+  std::array<long, 1024> sequence{};                // per thread
+  BankReport banks;
+  Plant plant = Plant::kNone;
+};
+
+State& st() {
+  static State s;
+  if (!s.storage) {
+    s.storage = std::make_unique<unsigned char[]>(kSharedBytes + 1024);
+    const auto at = reinterpret_cast<std::uintptr_t>(s.storage.get());
+    s.arena = s.storage.get() + ((1024 - at % 1024) % 1024);
+  }
+  return s;
+}
+
+Warpgroup& group_of_caller() {
+  return st().groups[static_cast<std::size_t>(current_fiber() / 128)];
+}
+
+// A phase completes when its arrivals are all in and its announced bytes have all landed.
+void maybe_complete(Mbarrier& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.phase;
+    b.pending = b.count;
+  }
+}
+
+Mbarrier* barrier_at(std::uint32_t bar, const char* what) {
+  auto it = st().bars.find(bar);
+  if (it == st().bars.end()) {
+    fault(std::string(what) + ": no mbarrier was initialized at shared address " +
+          std::to_string(bar));
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void land(std::size_t i) {
+  State& s = st();
+  const Copy c = s.copies[i];
+  s.copies.erase(s.copies.begin() + static_cast<std::ptrdiff_t>(i));
+  if (unsigned char* to = shared_at(c.dst, c.bytes, 16, "cp.async.bulk")) {
+    std::memcpy(to, c.src, c.bytes);
+  }
+  Mbarrier* b = barrier_at(c.bar, "cp.async.bulk complete_tx");
+  if (b == nullptr) return;
+  b->tx -= c.bytes;
+  if (b->tx < 0) {
+    fault("cp.async.bulk: " + std::to_string(c.bytes) +
+          " bytes landed on an mbarrier whose phase announced fewer (a missing expect_tx)");
+    b->tx = 0;
+  }
+  maybe_complete(*b);
+}
+
+// B element (kk, n) of a K-major BF16 tile through its descriptor: start address, stride between
+// 8-row groups, 128-byte rows, the 128-byte swizzle on the address (bits 4-6 XOR bits 7-9).
+float b_element(std::uint64_t desc, int n, int kk) {
+  const auto start = static_cast<std::uint32_t>(desc & 0x3FFFu) << 4;
+  const auto sbo = static_cast<std::uint32_t>((desc >> 32) & 0x3FFFu) << 4;
+  const std::uint32_t linear = start + static_cast<std::uint32_t>(n / 8) * sbo +
+                               static_cast<std::uint32_t>(n % 8) * 128u +
+                               2u * static_cast<std::uint32_t>(kk);
+  const std::uint32_t addr = linear ^ (((linear >> 7) & 7u) << 4);
+  std::uint16_t b = 0;
+  if (const unsigned char* p = shared_at(addr, 2, 2, "wgmma B operand")) std::memcpy(&b, p, 2);
+  return num::bf16_to_f32(b);
+}
+
+float bf16_half(std::uint32_t reg, int half) {
+  return num::bf16_to_f32(static_cast<std::uint16_t>(reg >> (16 * half)));
+}
+
+// Retires one wgmma: D (64 x 128, FP32) += A (64 x 16 from the threads' registers) x B (16 x 128
+// from shared memory). A element (r, kk) is in thread 32 (r / 16) + 4 (r % 8) + (kk % 8) / 2,
+// register (r % 16 >= 8) + 2 (kk >= 8), half kk % 2; D element (r, n) is register
+// 4 (n / 8) + 2 ((r % 16) / 8) + n % 2 of thread 32 (r / 16) + 4 (r % 8) + (n % 8) / 2. FP32
+// sums in k order (products of BF16 are exact).
+void retire(const Wgmma& w) {
+  const std::uint64_t layout = w.desc >> 62, sbo = (w.desc >> 32) & 0x3FFFu;
+  if (layout != 1 || sbo != 1024 / 16) {
+    fault("wgmma: a B descriptor that is not K-major 128-byte swizzled with 1024-byte row groups");
+    return;
+  }
+  static float b[16][128];
+  for (int kk = 0; kk < 16; ++kk) {
+    for (int n = 0; n < 128; ++n) b[kk][n] = b_element(w.desc, n, kk);
+  }
+  for (int r = 0; r < 64; ++r) {
+    float a[16];
+    for (int kk = 0; kk < 16; ++kk) {
+      const int at = 32 * (r / 16) + 4 * (r % 8) + (kk % 8) / 2;
+      const int reg = ((r % 16) >= 8 ? 1 : 0) + (kk >= 8 ? 2 : 0);
+      a[kk] = bf16_half(w.a[static_cast<std::size_t>(at)][reg], kk % 2);
+    }
+    for (int n = 0; n < 128; ++n) {
+      const int dt = 32 * (r / 16) + 4 * (r % 8) + (n % 8) / 2;
+      const int di = 4 * (n / 8) + 2 * ((r % 16) / 8) + n % 2;
+      float sum = w.d[static_cast<std::size_t>(dt)][di];
+      for (int kk = 0; kk < 16; ++kk) sum += a[kk] * b[kk][n];
+      w.d[static_cast<std::size_t>(dt)][di] = sum;
+    }
+  }
+}
+
+// The phases of one warp instruction and the worst number of distinct words a bank served in one.
+int conflict_degree(const Access& a) {
+  int per_phase = 32;
+  for (int lane = 0; lane < 32; ++lane) {
+    if ((a.lanes >> lane) & 1u) per_phase = a.bytes[static_cast<std::size_t>(lane)] >= 16 ? 8
+                                            : a.bytes[static_cast<std::size_t>(lane)] == 8
+                                                ? 16
+                                                : 32;
+  }
+  int worst = 1;
+  for (int first = 0; first < 32; first += per_phase) {
+    std::array<std::vector<std::uint32_t>, 32> words;
+    for (int lane = first; lane < first + per_phase; ++lane) {
+      if (((a.lanes >> lane) & 1u) == 0) continue;
+      const auto l = static_cast<std::size_t>(lane);
+      for (std::uint32_t w = a.addr[l] / 4; w <= (a.addr[l] + a.bytes[l] - 1) / 4; ++w) {
+        auto& bank = words[w % 32];
+        if (std::find(bank.begin(), bank.end(), w) == bank.end()) bank.push_back(w);
+      }
+    }
+    for (const auto& bank : words) worst = std::max(worst, static_cast<int>(bank.size()));
+  }
+  return worst;
+}
+
+void judge(int warp, long seq, const Access& a) {
+  State& s = st();
+  ++s.banks.instructions;
+  const int degree = conflict_degree(a);
+  if (degree > 1 && s.banks.conflicted++ == 0) {
+    s.banks.first = std::string(a.what) + " (warp " + std::to_string(warp) + ", its access " +
+                     std::to_string(seq) + "): a " + std::to_string(degree) + "-way bank conflict";
+  }
+}
+
+}  // namespace
+
+void set_plant(Plant p) {
+  st().plant = p;
+}
+
+bool planted(Plant p) {
+  return st().plant == p;
+}
+
+unsigned char* shared_memory() {
+  return st().arena;
+}
+
+std::uint32_t shared_address(const void* p) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  return kSharedBase + static_cast<std::uint32_t>(c - st().arena);
+}
+
+unsigned char* shared_at(std::uint32_t addr, std::size_t bytes, std::size_t align,
+                         const char* what) {
+  if (addr % align != 0 || addr < kSharedBase || addr - kSharedBase + bytes > kSharedBytes) {
+    fault(std::string(what) + ": " + std::to_string(bytes) + " bytes at shared address " +
+          std::to_string(addr) + (addr % align != 0 ? ", misaligned" : ", outside the block's") +
+          " (thread " + std::to_string(current_fiber()) + ")");
+    return nullptr;
+  }
+  return st().arena + (addr - kSharedBase);
+}
+
+void record_shared(std::uint32_t addr, int bytes, const char* what) {
+  State& s = st();
+  const int tid = current_fiber(), warp = tid / 32, lane = tid % 32;
+  const long seq = s.sequence[static_cast<std::size_t>(tid)]++;
+  Access& a = s.accesses[{warp, seq}];
+  a.addr[static_cast<std::size_t>(lane)] = addr;
+  a.bytes[static_cast<std::size_t>(lane)] = bytes;
+  a.lanes |= 1u << lane;
+  a.what = what;
+  if (a.lanes == 0xFFFFFFFFu) {
+    judge(warp, seq, a);
+    s.accesses.erase({warp, seq});
+  }
+}
+
+BankReport bank_report() {
+  return st().banks;
+}
+
+void reset_bank_report() {
+  st().banks = BankReport{};
+}
+
+void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
+  if (shared_at(bar, 8, 8, "mbarrier.init") == nullptr) return;
+  Mbarrier& b = st().bars[bar];
+  b = Mbarrier{};
+  b.count = count;
+  b.pending = count;
+}
+
+void mbarrier_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  if (Mbarrier* b = barrier_at(bar, "mbarrier.expect_tx")) b->tx += bytes;
+}
+
+void mbarrier_arrive(std::uint32_t bar) {
+  Mbarrier* b = barrier_at(bar, "mbarrier.arrive");
+  if (b == nullptr) return;
+  if (b->pending == 0) {
+    fault("mbarrier.arrive: more arrivals than the phase expects");
+    return;
+  }
+  --b->pending;
+  maybe_complete(*b);
+  yield();  // whoever waited may go first
+}
+
+void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  Mbarrier* b = barrier_at(bar, "mbarrier.try_wait.parity");
+  if (b == nullptr) return;
+  // Phase n's parity is n % 2; it has completed once b->phase > n, that is when the current
+  // phase's parity differs from `parity`.
+  const std::function<bool()> done = [b, parity] { return (b->phase & 1u) != (parity & 1u); };
+  wait_until(done);
+}
+
+void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar) {
+  if (bytes % 16 != 0 || dst % 16 != 0 || reinterpret_cast<std::uintptr_t>(src) % 16 != 0) {
+    fault("cp.async.bulk: sizes and both addresses must be multiples of 16");
+    return;
+  }
+  st().copies.push_back(Copy{dst, bar, bytes, static_cast<const unsigned char*>(src)});
+  yield();
+}
+
+bool sm90_progress(bool force) {
+  State& s = st();
+  if (s.copies.empty()) return false;
+  if (!force && schedule_draw(2) == 0) return false;
+  land(static_cast<std::size_t>(schedule_draw(s.copies.size())));
+  return true;
+}
+
+void wgmma_fence() {
+  wait_at(group_of_caller().sync);
+}
+
+void wgmma_rs_m64n128k16(float* d, const std::uint32_t* a, std::uint64_t desc_b) {
+  Warpgroup& g = group_of_caller();
+  const auto t = static_cast<std::size_t>(current_fiber() % 128);
+  const auto i = static_cast<std::size_t>(g.issued[t]++);
+  if (g.open.size() <= i) g.open.resize(i + 1);
+  Wgmma& w = g.open[i];
+  if (w.threads > 0 && w.desc != desc_b) {
+    fault("wgmma: the threads of a warpgroup gave one wgmma different descriptors");
+  }
+  w.desc = desc_b;
+  w.d[t] = d;
+  w.a[t] = a;
+  ++w.threads;
+}
+
+void wgmma_commit() {
+  Warpgroup& g = group_of_caller();
+  const int wg = current_fiber() / 128;
+  wait_at(g.sync, [&g, wg] {
+    for (const Wgmma& w : g.open) {
+      if (w.threads != 128) fault("wgmma: a wgmma that not every thread of its warpgroup issued");
+    }
+    g.committed.push_back(std::move(g.open));
+    g.open.clear();
+    g.issued.fill(0);
+    st().commit_order.push_back(wg);
+  });
+}
+
+void wgmma_wait(int pending) {
+  Warpgroup& g = group_of_caller();
+  wait_at(g.sync, [&g, pending] {
+    while (static_cast<int>(g.committed.size()) > pending) {
+      for (const Wgmma& w : g.committed.front()) retire(w);
+      g.committed.pop_front();
+    }
+  });
+}
+
+const std::vector<int>& wgmma_commit_order() {
+  return st().commit_order;
+}
+
+void named_barrier(int id, int count) {
+  Barrier& b = st().named[id];
+  if (b.count == 0) b.count = count;
+  if (b.count != count) fault("bar.sync: one named barrier used with two thread counts");
+  wait_at(b);
+}
+
+void sm90_begin_grid() {
+  st().commit_order.clear();
+}
+
+void sm90_begin_block() {
+  State& s = st();
+  std::memset(s.arena, 0xFF, kSharedBytes);
+  s.bars.clear();
+  s.copies.clear();
+  for (Warpgroup& g : s.groups) g = Warpgroup{};
+  s.named.clear();
+  s.accesses.clear();
+  s.sequence.fill(0);
+}
+
+std::string sm90_end_block() {
+  State& s = st();
+  if (!s.copies.empty()) {
+    return "the block ended with " + std::to_string(s.copies.size()) + " bulk copies in flight";
+  }
+  for (const Warpgroup& g : s.groups) {
+    if (!g.committed.empty() || !g.open.empty()) {
+      return "the block ended with wgmmas that no wait retired";
+    }
+  }
+  for (const auto& [key, a] : s.accesses) judge(key.first, key.second, a);
+  s.accesses.clear();
+  return "";
+}
+
+}  // namespace metrale::emulation
