@@ -268,6 +268,12 @@ TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
         "HGMMA at {:#x} takes A as '{}', not a register: {} {}", i.addr, a, i.opcode, i.operands);
   }
   EXPECT_GT(hgmma, 0) << kernel << " runs no HGMMA";
+  // The epilogue's C stores are 16 bytes where C's rows allow (the 2- and 4-byte ones are its
+  // edge path): issue 35 found only 2-byte stores.
+  int wide = 0;
+  for (const auto& i : code)
+    wide += i.mnemonic == "STG" && i.opcode.find(".128") != std::string::npos;
+  EXPECT_GE(wide, 2) << "no 16-byte global store of C (one per C format: BF16, FP32)";
   EXPECT_EQ(waits * 8, hgmma) << "HGMMAs that wait on their own scoreboard: serialized wgmmas";
   EXPECT_EQ(k.whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
   EXPECT_EQ(k.loops.size(), 2u) << "one MMA loop per scale format (NVFP4, MXFP4)";

@@ -354,7 +354,7 @@ __device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedS
       if (m >= p.m || n >= p.n) continue;
       Elem* out = reinterpret_cast<Elem*>(p.out) + m * p.n + n;
       if (n + 16 / kElem <= p.n && reinterpret_cast<std::uintptr_t>(out) % 16 == 0) {
-        *reinterpret_cast<uint4*>(out) = v;
+        ptx::stg16(out, v);
         continue;
       }
       for (int j = 0; j < 16 / kElem && n + j < p.n; ++j) {
@@ -378,7 +378,10 @@ __device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, 
       fu::kScaleOffset + tile_in_block * fu::kScaleSlotBytes + lane * per;
   const float fold = ldexpf(1.0f, p.weight_fold);
   int stage = 0;
-  std::uint32_t phase = 0, turns = 0;
+  std::uint32_t phase = 0;
+  // The parity of the turn phase this warpgroup waits for next: warpgroup 0 starts on the phase
+  // before the first (complete), warpgroup 1 on the first (Note [fused ping-pong]).
+  std::uint32_t turn = wg == 0 ? 1u : 0u;
   constexpr int kAcc = fu::kTokens / 2;
   float acc[kAcc];
   // One set of A fragments: ptxas serializes every wgmma (C7513) when registers it reads are
@@ -416,9 +419,9 @@ __device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, 
     }
     // This warpgroup's turn (Note [fused ping-pong]): warpgroup 0 goes first.
     if (!METRALE_FUSED_PLANTED(kNoTurns)) {
-      ptx::mbarrier_wait(sm.turn(wg), (turns & 1u) ^ (wg == 0 ? 1u : 0u));
+      ptx::mbarrier_wait(sm.turn(wg), turn);
     }
-    ++turns;
+    turn ^= 1u;
     ptx::wgmma_fence();  // the fragments (and accumulators) written above, before wgmma reads them
 #pragma unroll
     for (int s = 0; s < fu::kSteps; ++s) {

@@ -29,6 +29,13 @@ __device__ __forceinline__ uint2 ldg8(const void* p) {
   return v;
 }
 
+// 16 bytes to global memory in one store (p 16-byte aligned).
+__device__ __forceinline__ void stg16(void* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }

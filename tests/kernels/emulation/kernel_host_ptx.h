@@ -25,6 +25,15 @@ inline uint2 ldg8(const void* p) {
   return v;
 }
 
+// st.global.v4.u32: 16 bytes, which must be 16-byte aligned (a fault where not).
+inline void stg16(void* p, uint4 v) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
+    emulation::fault("ptx::stg16: a misaligned store");
+    return;
+  }
+  std::memcpy(p, &v, 16);
+}
+
 // mul.wide.u32: the 64-bit product's halves.
 template <std::uint32_t kC>
 inline void mul_wide_u32(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
