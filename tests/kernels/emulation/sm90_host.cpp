@@ -39,8 +39,8 @@ struct Wgmma {
 
 struct Warpgroup {
   Barrier sync{128};
-  std::vector<Wgmma> open;         // the wgmmas since the last commit
-  std::array<int, 128> issued{};   // per thread: how many of them it issued
+  std::vector<Wgmma> open;        // the wgmmas since the last commit
+  std::array<int, 128> issued{};  // per thread: how many of them it issued
   std::deque<std::vector<Wgmma>> committed;
 };
 
@@ -172,10 +172,10 @@ void retire(const Wgmma& w) {
 int conflict_degree(const Access& a) {
   int per_phase = 32;
   for (int lane = 0; lane < 32; ++lane) {
-    if ((a.lanes >> lane) & 1u) per_phase = a.bytes[static_cast<std::size_t>(lane)] >= 16 ? 8
-                                            : a.bytes[static_cast<std::size_t>(lane)] == 8
-                                                ? 16
-                                                : 32;
+    if ((a.lanes >> lane) & 1u)
+      per_phase = a.bytes[static_cast<std::size_t>(lane)] >= 16  ? 8
+                  : a.bytes[static_cast<std::size_t>(lane)] == 8 ? 16
+                                                                 : 32;
   }
   int worst = 1;
   for (int first = 0; first < 32; first += per_phase) {
@@ -199,7 +199,7 @@ void judge(int warp, long seq, const Access& a) {
   const int degree = conflict_degree(a);
   if (degree > 1 && s.banks.conflicted++ == 0) {
     s.banks.first = std::string(a.what) + " (warp " + std::to_string(warp) + ", its access " +
-                     std::to_string(seq) + "): a " + std::to_string(degree) + "-way bank conflict";
+                    std::to_string(seq) + "): a " + std::to_string(degree) + "-way bank conflict";
   }
 }
 

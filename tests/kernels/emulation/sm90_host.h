@@ -44,7 +44,8 @@ unsigned char* shared_memory();
 std::uint32_t shared_address(const void* p);
 // The arena's bytes at shared address `addr`, or nullptr and a fault when [addr, addr + bytes)
 // is outside it or misaligned for `bytes` (what the device's instruction requires).
-unsigned char* shared_at(std::uint32_t addr, std::size_t bytes, std::size_t align, const char* what);
+unsigned char* shared_at(std::uint32_t addr, std::size_t bytes, std::size_t align,
+                         const char* what);
 // Records the calling thread's shared-memory access for the bank-conflict check: a warp's n-th
 // access of each of its threads is one instruction.
 void record_shared(std::uint32_t addr, int bytes, const char* what);
