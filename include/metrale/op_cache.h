@@ -47,12 +47,14 @@ struct KernelMeta {
   std::uint32_t max_m = 0;          // the largest M the kernel is the best route for (0: unsaid)
   std::uint32_t min_m = 0;          // the smallest M from which it is the best route (0: never)
   std::uint32_t layout = 0;         // weights it reads: 1 the decode layout, 0 the source layout
+  std::uint32_t blocks_per_sm = 0;  // blocks one SM holds at once, as compiled (0: unsaid)
   std::uint32_t verified = 0;       // YYYYMMDD of the device run that verified it (0: none)
   std::uint32_t verified_on = 0;    // that run's device (kernels/verified_devices.h); 0: none
   bool a_e4m3 = false;              // casts its BF16 A operand to E4M3 with no scale
   bool out_f32 = false;             // writes C as FP32 when asked (GemmFlags kGemmOutF32)
   bool absent = false;              // a placeholder: this target has no such kernel
   bool panels = false;              // also reads the CPU panel layout (GemmFlags kGemmPanels)
+  bool persistent = false;          // loops over its tiles: launched as one wave (published.def)
 };
 
 // A resolved kernel: its handle and what it published, returned together by one lookup.

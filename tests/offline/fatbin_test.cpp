@@ -41,6 +41,8 @@ constexpr std::uint32_t kW4a16Threads = 256;
 constexpr std::uint32_t kCastPerThread = 16;
 constexpr std::uint32_t kDequantRowsPerBlock = 8;
 constexpr std::uint32_t kSimpleWarps = 256 / 32;  // simple.cuh: the fallback's warps per block
+// The blocks per SM every w4a16 GEMM kernel is compiled for (its k*BlocksPerSm).
+constexpr std::uint32_t kGemmBlocksPerSm = 1;
 // Likewise core.cu's.
 constexpr std::uint32_t kCoreThreads = 256;
 
@@ -90,6 +92,11 @@ Published w4a16_published(const std::string& target) {
       {"gemm_split_reduce_out_f32", 1},
       {"gemm_tiled_out_f32", 1},
       {"gemm_e4m3_out_f32", 1},
+      // The GEMM kernels' occupancy; the casts, dequantizations and the reduction publish none.
+      {"gemm_decode_blocks_per_sm", kGemmBlocksPerSm},
+      {"gemm_decode_packed_blocks_per_sm", kGemmBlocksPerSm},
+      {"gemm_tiled_blocks_per_sm", kGemmBlocksPerSm},
+      {"gemm_e4m3_blocks_per_sm", kGemmBlocksPerSm},
   };
   if (wgmma) {
     // gemm_fused: wgmma on sm_90a; elsewhere a placeholder that publishes only that it is absent.
@@ -99,7 +106,9 @@ Published w4a16_published(const std::string& target) {
               {"gemm_fused_block_threads", u32(metrale::fused::kThreads)},
               {"gemm_fused_layout", dl::kLayoutId},
               {"gemm_fused_a_e4m3", 0},
-              {"gemm_fused_out_f32", 1}});
+              {"gemm_fused_out_f32", 1},
+              {"gemm_fused_persistent", 1},
+              {"gemm_fused_blocks_per_sm", kGemmBlocksPerSm}});
     // What run 5 of 2026-11-29 verified on an H200 (docs/GPU.md): this target's code only.
     for (const char* e : {"bf16_to_fp8", "dequant_e4m3", "gemm_decode", "gemm_split_reduce",
                           "gemm_tiled", "gemm_e4m3"}) {

@@ -4,8 +4,10 @@
 // e4m3_sm90.cuh) and on the correctness-first warp-per-column kernel elsewhere (simple.cuh). Each
 // entry publishes the launch shape its code uses, per target: <entry>_n_tile (grid x), _m_tile
 // (grid y; 0 = one block row covers all of M), _smem_bytes (dynamic shared memory), _split_k (K per
-// split-K unit; 0 = no split), _block_threads, _a_e4m3, _out_f32, and gemm_decode_max_m (the
-// largest M the automatic route sends to decode). The op code sizes every launch from these alone.
+// split-K unit; 0 = no split), _block_threads, _blocks_per_sm (the blocks an SM holds, as the
+// kernel's __launch_bounds__ says: the wave of a split-K or persistent grid), _persistent (the
+// kernel loops over its tiles), _a_e4m3, _out_f32, and gemm_decode_max_m (the largest M the
+// automatic route sends to decode). The op code sizes every launch from these alone.
 // <entry>_verified(_on) (kernels/verified_devices.h) says which device run verified an entry; the
 // automatic route and the preferred upload layout choose only those.
 #include <cstdint>
@@ -37,14 +39,24 @@ constexpr unsigned kThreads = 256;
 constexpr unsigned kCastPerThread = 16;       // two 16-byte loads of BF16
 constexpr unsigned kDequantRowsPerBlock = 8;  // a warp per row
 constexpr unsigned kReducePerBlock = kThreads;
+// The blocks per SM each GEMM kernel is compiled for: the second argument of its
+// __launch_bounds__ (gemm_decode's implied 1) and its published <entry>_blocks_per_sm. One each:
+// the decode kernels hold 209-255 registers a thread (their 8 warps fill the register file), and
+// the sm_90a wgmma kernels most of the registers or shared memory (tests/offline/fatbin_test.cpp
+// checks that every target's cubin really fits this many). The casts, dequantizations and the
+// split-K reduction are flat launches over their element counts that no occupancy sizes: they
+// publish none.
+constexpr unsigned kDecodeBlocksPerSm = 1, kDecodePackedBlocksPerSm = 1, kTiledBlocksPerSm = 1,
+                   kE4m3BlocksPerSm = 1, kFusedBlocksPerSm = 1;
 
 #if defined(METRALE_HAVE_WGMMA)
 constexpr std::uint32_t kTiledN = tl::kTiledNTile, kTiledM = tl::kTiledMTile,
                         kTiledSmem = tl::kTiledSmemBytes;
 constexpr std::uint32_t kE4m3N = tl::kE4m3NTile, kE4m3M = tl::kE4m3MTile,
                         kE4m3Smem = tl::kE4m3SmemBytes;
-// gemm_fused: a block of 128 weight rows x 128 tokens; ops/gemm.cpp launches one block per tile
-// (grid x over the N tiles, grid y over the M tiles).
+// gemm_fused: tiles of 128 weight rows x 128 tokens, looped over by each block (fused_tiles'
+// order); it publishes _persistent, so ops/gemm.cpp launches one wave of min(tiles, SMs x
+// kFusedBlocksPerSm) blocks rather than a block per tile.
 constexpr std::uint32_t kFusedN = metrale::fused::kRows, kFusedM = metrale::fused::kTokens,
                         kFusedSmem = metrale::fused::kSmemBytes,
                         kFusedThreads = metrale::fused::kThreads;
@@ -102,6 +114,8 @@ __device__ std::uint32_t gemm_fused_block_threads = kFusedThreads;
 __device__ std::uint32_t gemm_fused_layout = metrale::decode_layout::kLayoutId;
 __device__ std::uint32_t gemm_fused_a_e4m3 = 0;
 __device__ std::uint32_t gemm_fused_out_f32 = 1;
+__device__ std::uint32_t gemm_fused_persistent = 1;
+__device__ std::uint32_t gemm_fused_blocks_per_sm = kFusedBlocksPerSm;
 #else
 __device__ std::uint32_t gemm_fused_absent = 1;
 #endif
@@ -121,6 +135,10 @@ __device__ std::uint32_t gemm_split_reduce_block_threads = kThreads;
 __device__ std::uint32_t gemm_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_tiled_block_threads = kThreads;
 __device__ std::uint32_t gemm_e4m3_block_threads = kThreads;
+__device__ std::uint32_t gemm_decode_blocks_per_sm = kDecodeBlocksPerSm;
+__device__ std::uint32_t gemm_decode_packed_blocks_per_sm = kDecodePackedBlocksPerSm;
+__device__ std::uint32_t gemm_tiled_blocks_per_sm = kTiledBlocksPerSm;
+__device__ std::uint32_t gemm_e4m3_blocks_per_sm = kE4m3BlocksPerSm;
 
 // What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
 // (docs/GPU.md) ran these entries' sm_90a code, through the probe, the numerics suite on CUDA
@@ -206,11 +224,14 @@ __global__ void __launch_bounds__(kThreads) dequant_bf16(GemmParams p) {
   k::dequant_bf16_unit(p, static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x);
 }
 
+// Bounds with no minimum, which means one block an SM (kDecodeBlocksPerSm): spelling the 1 out
+// makes ptxas schedule the sm_90a code differently, and that code is what run 5 verified.
 __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_decode(GemmParams p) {
   k::decode_block(p);
 }
 
-__global__ void __launch_bounds__(tl::kDecodeThreads, 1) gemm_decode_packed(GemmParams p) {
+__global__ void __launch_bounds__(tl::kDecodeThreads, kDecodePackedBlocksPerSm)
+    gemm_decode_packed(GemmParams p) {
   k::decode_packed_block(p);
 }
 
@@ -218,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) gemm_split_reduce(GemmParams p) {
   k::split_reduce(p, static_cast<std::int64_t>(blockIdx.x) * kReducePerBlock + threadIdx.x);
 }
 
-__global__ void __launch_bounds__(kThreads, 1) gemm_tiled(GemmParams p) {
+__global__ void __launch_bounds__(kThreads, kTiledBlocksPerSm) gemm_tiled(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::tiled_block_sm90(p);
 #else
@@ -226,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_tiled(GemmParams p) {
 #endif
 }
 
-__global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
+__global__ void __launch_bounds__(kThreads, kE4m3BlocksPerSm) gemm_e4m3(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::e4m3_block_sm90(p);
 #else
@@ -234,10 +255,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_e4m3(GemmParams p) {
 #endif
 }
 
-// The fused prefill kernel on the decode layout (fused_sm90.cuh), one block per tile. Elsewhere a
-// placeholder that publishes gemm_fused_absent: the launcher refuses it, and a launch that got
-// here anyway traps rather than leave C unwritten.
-__global__ void __launch_bounds__(kFusedThreads, 1) gemm_fused(GemmParams p) {
+// The fused prefill kernel on the decode layout (fused_sm90.cuh), persistent: each block loops
+// over tiles b, b + G, ... of the G blocks launched. Elsewhere a placeholder that publishes
+// gemm_fused_absent: the launcher refuses it, and a launch that got here anyway traps rather than
+// leave C unwritten.
+__global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) gemm_fused(GemmParams p) {
 #if defined(METRALE_HAVE_WGMMA)
   k::fused_block_sm90(p);
 #else
