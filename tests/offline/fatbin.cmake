@@ -1,5 +1,6 @@
 # cuda.fatbin_offline: reads the built fatbins with cuobjdump, no GPU needed (what it checks is
-# in fatbin_test.cpp). Included by tests/CMakeLists.txt inside if(METRALE_WITH_CUDA).
+# in fatbin_test.cpp; the occupancy rules that blocks per SM are checked by, in
+# occupancy_test.cpp). Included by tests/CMakeLists.txt inside if(METRALE_WITH_CUDA).
 #
 # The toolkit here ships neither cuobjdump nor nvdisasm: scripts/install-deps.sh installs them
 # from NVIDIA's PyPI wheels under <site-packages>/nvidia/<cuXX>/bin, so ask python3 where that is.
@@ -26,6 +27,7 @@ endif()
 # Not linked to metrale (the test reads no library code), but built after it, so the fatbins the
 # library embeds are fresh when the test runs.
 add_executable(fatbin_offline_test ${CMAKE_CURRENT_LIST_DIR}/fatbin_test.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/occupancy.cpp ${CMAKE_CURRENT_LIST_DIR}/occupancy_test.cpp
   ${CMAKE_CURRENT_LIST_DIR}/shell.cpp)
 target_include_directories(fatbin_offline_test PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(fatbin_offline_test PRIVATE fmt::fmt GTest::gtest GTest::gtest_main)

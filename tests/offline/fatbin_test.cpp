@@ -1,5 +1,6 @@
-// Checks the built CUDA fatbins with cuobjdump, no GPU: published launch shapes, tensor-core SASS,
-// and no stack or local memory in any kernel of any target.
+// Checks the built CUDA fatbins with cuobjdump, no GPU: published launch shapes, the published
+// blocks per SM against each cubin's registers and shared memory, tensor-core SASS, and no stack
+// or local memory in any kernel of any target.
 #include <elf.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 #include "kernels/verified_devices.h"
+#include "occupancy.h"
 #include "shell.h"
 
 namespace {
@@ -340,6 +342,32 @@ TEST_F(FatbinOffline, EveryModuleCarriesEveryTarget) {
   }
 }
 
+// The <entry>_<field> globals a cubin of module m publishes, by name: each must be a 4-byte
+// unsigned in .nv.global (a failure of the test otherwise).
+Published published_in(const Module& m, const Cubin& c) {
+  Published seen;
+  for (const auto& s : c.symbols) {
+    if (s.type != STT_OBJECT || s.section == SHN_UNDEF || s.section >= c.sections.size()) {
+      continue;
+    }
+    // Published names are <entry>_<field>; other device globals are not ours to check.
+    bool ours = false;
+    for (const auto& e : m.entries) ours = ours || s.name.starts_with(e + "_");
+    if (!ours) continue;
+    const Section& sec = c.sections[s.section];
+    EXPECT_TRUE(sec.name.starts_with(".nv.global")) << s.name << " lives in " << sec.name;
+    EXPECT_EQ(s.size, 4u) << s.name << " is not a std::uint32_t";
+    if (s.size != 4 || s.value + 4 > sec.size) {
+      ADD_FAILURE() << s.name << " at " << s.value << " does not fit in " << sec.name;
+      continue;
+    }
+    // Zero-initialised globals go to .nv.global, which has no bytes in the file.
+    seen[s.name] =
+        sec.type == SHT_NOBITS ? 0 : read_at<std::uint32_t>(c.bytes, sec.offset + s.value);
+  }
+  return seen;
+}
+
 // The op code sizes every launch from the published globals alone, so each must hold what the
 // code of that target uses, and every entry must publish its grid tile.
 TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
@@ -348,26 +376,7 @@ TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
       SCOPED_TRACE(fmt::format("module {}, {}", m.name, c.target));
       EXPECT_EQ(entries_of(c), m.entries) << "the kernel entries differ from the test's list";
       const Published expected = m.published(c.target);
-      Published seen;
-      for (const auto& s : c.symbols) {
-        if (s.type != STT_OBJECT || s.section == SHN_UNDEF || s.section >= c.sections.size()) {
-          continue;
-        }
-        // Published names are <entry>_<field>; other device globals are not ours to check.
-        bool ours = false;
-        for (const auto& e : m.entries) ours = ours || s.name.starts_with(e + "_");
-        if (!ours) continue;
-        const Section& sec = c.sections[s.section];
-        EXPECT_TRUE(sec.name.starts_with(".nv.global")) << s.name << " lives in " << sec.name;
-        EXPECT_EQ(s.size, 4u) << s.name << " is not a std::uint32_t";
-        if (s.size != 4 || s.value + 4 > sec.size) {
-          ADD_FAILURE() << s.name << " at " << s.value << " does not fit in " << sec.name;
-          continue;
-        }
-        // Zero-initialised globals go to .nv.global, which has no bytes in the file.
-        seen[s.name] =
-            sec.type == SHT_NOBITS ? 0 : read_at<std::uint32_t>(c.bytes, sec.offset + s.value);
-      }
+      const Published seen = published_in(m, c);
       for (const auto& [name, want] : expected) {
         const auto it = seen.find(name);
         if (it == seen.end()) {
@@ -474,57 +483,95 @@ TEST_F(FatbinOffline, DequantBf16MovesSixteenBytesPerAccess) {
   }
 }
 
+// `cuobjdump -res-usage` of module m's fatbin, read once per process.
+const metrale::offline::ResUsage& res_usage_of(const Module& m) {
+  static std::map<std::string, metrale::offline::ResUsage> cache;
+  if (auto it = cache.find(m.name); it != cache.end()) return it->second;
+  const Ran r = run(cuobjdump("-res-usage " + quoted(m.fatbin)));
+  if (r.status != 0) {
+    throw std::runtime_error(fmt::format("cuobjdump -res-usage {} failed (status {}):\n{}",
+                                         m.fatbin, r.status, r.output));
+  }
+  return cache.emplace(m.name, metrale::offline::parse_res_usage(r.output)).first->second;
+}
+
 // No kernel of any target spills to or allocates local memory (STACK and LOCAL both 0); the
 // table records the register and shared-memory use in the ctest log.
 TEST_F(FatbinOffline, NoStackOrLocalMemory) {
   std::printf("%-7s %-6s %-18s %5s %7s\n", "target", "module", "function", "REG", "SHARED");
   for (const auto& m : modules()) {
-    const Ran r = run(cuobjdump("-res-usage " + quoted(m.fatbin)));
-    ASSERT_EQ(r.status, 0) << r.output;
-    // Sections: "Fatbin elf code:" (then "arch = sm_XX") or "Fatbin ptx code:" (no usage), each
-    // function as " Function NAME:" followed by a line of KEY:VALUE pairs.
-    std::map<std::string, std::set<std::string>> functions;  // per target
-    std::string target, function;
-    bool elf = false;
-    std::size_t pos = 0;
-    while (pos < r.output.size()) {
-      const std::size_t eol = std::min(r.output.find('\n', pos), r.output.size());
-      const std::string line = r.output.substr(pos, eol - pos);
-      pos = eol + 1;
-      if (line.starts_with("Fatbin ")) {
-        elf = line.starts_with("Fatbin elf code");
-        target.clear();
-      } else if (line.starts_with("arch = ")) {
-        target = line.substr(7);
-      } else if (elf && line.starts_with(" Function ") && line.ends_with(":")) {
-        function = line.substr(10, line.size() - 11);
-      } else if (elf && !function.empty() && line.find("REG:") != std::string::npos) {
-        std::map<std::string, long> usage;
-        std::size_t p = 0;
-        while ((p = line.find_first_not_of(' ', p)) != std::string::npos) {
-          const std::size_t end = std::min(line.find(' ', p), line.size());
-          const std::string kv = line.substr(p, end - p);
-          if (const auto colon = kv.rfind(':'); colon != std::string::npos) {
-            usage[kv.substr(0, colon)] = std::strtol(kv.c_str() + colon + 1, nullptr, 10);
-          }
-          p = end;
-        }
-        functions[target].insert(function);
+    const metrale::offline::ResUsage& all = res_usage_of(m);
+    for (const auto& [target, functions] : all) {
+      for (auto [function, usage] : functions) {
         std::printf("%-7s %-6s %-18s %5ld %7ld\n", target.c_str(), m.name.c_str(), function.c_str(),
                     usage.contains("REG") ? usage["REG"] : -1L,
                     usage.contains("SHARED") ? usage["SHARED"] : -1L);
         for (const char* key : {"STACK", "LOCAL"}) {
           EXPECT_TRUE(usage.contains(key) && usage[key] == 0)
               << m.name << " " << function << " on " << target << ": " << key
-              << " is not 0 (spills or a local array):" << line;
+              << " is not 0 (spills or a local array)";
         }
-        function.clear();
       }
     }
     for (const auto& t : kTargets) {
-      EXPECT_EQ(functions[t], m.entries) << "resource usage of module " << m.name << " on " << t;
+      std::set<std::string> functions;
+      if (auto it = all.find(t); it != all.end()) {
+        for (const auto& [function, usage] : it->second) functions.insert(function);
+      }
+      EXPECT_EQ(functions, m.entries) << "resource usage of module " << m.name << " on " << t;
     }
   }
+}
+
+// A wave of a split-K or persistent grid is sm_count x <entry>_blocks_per_sm blocks, so every
+// entry that publishes it must, on every target, fit that many blocks on one SM with the
+// registers and static shared memory of its cubin (-res-usage REG, SHARED) and the dynamic
+// shared memory and block it publishes; a kernel the op sizes by occupancy (one that splits K
+// or is persistent) must publish it.
+TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
+  int checked = 0;
+  for (const auto& m : modules()) {
+    const metrale::offline::ResUsage& all = res_usage_of(m);
+    for (const auto& c : cubins_of(m)) {
+      SCOPED_TRACE(fmt::format("module {}, {}", m.name, c.target));
+      const Published seen = published_in(m, c);
+      const auto value = [&seen](const std::string& name) {
+        const auto it = seen.find(name);
+        return it == seen.end() ? 0u : it->second;
+      };
+      const metrale::offline::SmLimits* sm = metrale::offline::sm_limits(c.target);
+      ASSERT_NE(sm, nullptr) << "no SM limits for target " << c.target << " (occupancy.cpp)";
+      for (const auto& e : m.entries) {
+        const std::uint32_t published = value(e + "_blocks_per_sm");
+        if (value(e + "_split_k") != 0 || value(e + "_persistent") != 0) {
+          EXPECT_NE(published, 0u) << e << " is sized by occupancy but publishes no blocks_per_sm";
+        }
+        if (published == 0) continue;
+        const auto target = all.find(c.target);
+        ASSERT_NE(target, all.end()) << "no resource usage for " << c.target;
+        const auto usage = target->second.find(e);
+        ASSERT_NE(usage, target->second.end()) << "no resource usage for " << e;
+        const auto field = [&usage](const char* key) {
+          const auto it = usage->second.find(key);
+          return it == usage->second.end() ? 0L : it->second;
+        };
+        const metrale::offline::BlockResources block{
+            field("REG"), field("SHARED"), value(e + "_smem_bytes"), value(e + "_block_threads")};
+        const metrale::offline::Fit fit = metrale::offline::blocks_that_fit(*sm, block);
+        std::printf(
+            "%-7s %-18s publishes %u block(s)/SM; %ld fit (%s: REG %ld, SHARED %ld + %ld "
+            "B, %ld threads)\n",
+            c.target.c_str(), e.c_str(), published, fit.blocks, fit.limited_by.c_str(),
+            block.registers_per_thread, block.static_shared, block.dynamic_shared, block.threads);
+        EXPECT_LE(published, fit.blocks)
+            << e << " publishes " << published << " blocks per SM, but on " << c.target << " only "
+            << fit.blocks << " fit (limited by " << fit.limited_by << ")";
+        ++checked;
+      }
+    }
+  }
+  // Five GEMM entries on sm_90a, four (no fused kernel) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 13) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace
