@@ -74,6 +74,43 @@ METRALE_HD SplitK plan_split_k(std::int64_t k, std::int64_t unit, std::int64_t b
   return s;
 }
 
+// The share of `slots` (the blocks all SMs hold at once) that `blocks` keep busy over the waves
+// they take: blocks / (ceil(blocks / slots) x slots); 1 when the last wave is full.
+METRALE_HD double wave_efficiency(std::int64_t blocks, std::int64_t slots) {
+  if (blocks < 1 || slots < 1) return 0.0;
+  const std::int64_t waves = (blocks + slots - 1) / slots;
+  return static_cast<double>(blocks) / (static_cast<double>(waves) * static_cast<double>(slots));
+}
+
+// A split has to buy at least this much wave efficiency (as a fraction of what fewer splits
+// reach): each slice adds an M x N FP32 plane written and read back by the reduction. Llama-3 70B
+// gate/up on 132 SMs (1792 blocks) fills its waves 97.0% unsplit and 99.6% in 8 slices, but at
+// M = 16 those planes would move 25% more bytes than the weights for 2.7%. Below 1/15, so that
+// under one wave every further slice the cap allows (16 / 15 more blocks at worst) is taken.
+inline constexpr double kSplitMinGain = 1.0 / 20;
+
+// The split of K by waves: among the splits plan_split_k makes (whole units, no empty slice, at
+// most max_splits), the one whose grid (blocks x splits) fills its waves of `slots` best, by
+// wave_efficiency; a split that gains less than kSplitMinGain over fewer splits is not taken.
+// Splitting only to reach `slots` blocks leaves a tail: 320 blocks on 132 slots run 3 waves,
+// the last 42% full (81% overall); 2 slices make 640 blocks, 5 waves at 97%.
+METRALE_HD SplitK plan_split_k_waves(std::int64_t k, std::int64_t unit, std::int64_t blocks,
+                                     std::int64_t slots, std::int64_t max_splits) {
+  SplitK best = plan_split_k(k, unit, blocks, blocks, max_splits);  // target met: no split
+  if (blocks < 1 || slots < 1) return best;
+  double best_efficiency = wave_efficiency(blocks, slots);
+  for (std::int64_t want = 2; want <= max_splits; ++want) {
+    // plan_split_k asks for `want` slices of a grid that wants blocks x want.
+    const SplitK s = plan_split_k(k, unit, blocks, blocks * want, max_splits);
+    const double e = wave_efficiency(blocks * s.splits, slots);
+    if (s.splits > best.splits && e > best_efficiency * (1.0 + kSplitMinGain)) {
+      best = s;
+      best_efficiency = e;
+    }
+  }
+  return best;
+}
+
 // [begin, end) of K for slice z.
 METRALE_HD void split_k_range(std::int64_t k, std::int64_t k_per_split, std::int64_t z,
                               std::int64_t* begin, std::int64_t* end) {

@@ -26,9 +26,8 @@ namespace metrale::ops {
 namespace {
 
 constexpr std::string_view kModule = "w4a16";
-// Split-K: enough blocks for two per SM, and at most this many K slices (each slice adds an
-// M x N FP32 plane to the workspace and to the reduction's reads).
-constexpr std::int64_t kBlocksPerSm = 2;
+// Split-K: at most this many K slices (each slice adds an M x N FP32 plane to the workspace and
+// to the reduction's reads).
 constexpr std::int64_t kMaxSplits = 16;
 
 // METRALE_GEMM_SHAPE_LOG=1 adds one info line per (route, M, N, K) with its FLOP count.
@@ -638,15 +637,16 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
 
   // The GEMM itself, sized from what its kernel publishes alone: grid x over N by the N tile,
   // grid y over M by the M tile (where published), grid z over K slices (where it can split K
-  // and N x M alone leaves SMs idle), and its dynamic shared memory.
+  // and that fills the waves of the SMs better), and its dynamic shared memory. A wave is as
+  // many blocks as the SMs hold at once, by the occupancy the kernel is compiled for.
   PlannedLaunch g{gemm, {}, published_block(api, backend, gemm), gemm.meta.smem_bytes};
   g.grid.x = blocks_of(api, "N", w.n, backend.kernel_n_tile(gemm), 0x7FFFFFFFu);
   g.grid.y = gemm.meta.m_tile != 0 ? blocks_of(api, "M", m, gemm.meta.m_tile, 0xFFFFu) : 1;
+  const auto blocks = static_cast<std::int64_t>(g.grid.x) * g.grid.y;
   tiles::SplitK split{1, w.k};
   if (gemm.meta.split_k != 0) {
-    const auto blocks = static_cast<std::int64_t>(g.grid.x) * g.grid.y;
-    const auto target = kBlocksPerSm * static_cast<std::int64_t>(backend.sm_count());
-    split = tiles::plan_split_k(w.k, gemm.meta.split_k, blocks, target, kMaxSplits);
+    split = tiles::plan_split_k_waves(w.k, gemm.meta.split_k, blocks,
+                                      wave_blocks(api, backend, gemm), kMaxSplits);
   }
   g.grid.z = static_cast<std::uint32_t>(split.splits);
   p.splits = split.splits;

@@ -1,9 +1,12 @@
 // The block size a launch takes from the kernel it launches: every op sizes its blocks from the
-// kernel's published `<entry>_block_threads`, never from a number assumed at the call.
+// kernel's published `<entry>_block_threads`, never from a number assumed at the call; and the
+// wave a grid sized by occupancy takes, from its `<entry>_blocks_per_sm`.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 #include "metrale/backend.h"
@@ -22,6 +25,20 @@ inline Dim3 published_block(std::string_view api, const Backend& backend, const 
                             backend.kernel_name(k)));
   }
   return Dim3{k.meta.block_threads};
+}
+
+// One wave of k: the blocks all SMs hold at once, sm_count x the blocks per SM k publishes
+// (<entry>_blocks_per_sm). Error(kNotFound) naming api and the kernel when it publishes none: a
+// split-K or persistent grid sized from an assumed occupancy leaves SMs idle or queues a tail.
+inline std::int64_t wave_blocks(std::string_view api, const Backend& backend,
+                                const ResolvedKernel& k) {
+  if (k.meta.blocks_per_sm == 0) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} publishes no blocks per SM (its <entry>_blocks_per_sm symbol is "
+                            "missing or 0), which a split-K or persistent grid is sized by",
+                            backend.kernel_name(k)));
+  }
+  return std::int64_t{k.meta.blocks_per_sm} * std::max(backend.sm_count(), 1u);
 }
 
 }  // namespace metrale::ops

@@ -1,6 +1,7 @@
 // How w4a16_gemm sizes a launch from what the kernel publishes, on the fake driver: grid y from
 // <entry>_m_tile, dynamic shared memory from <entry>_smem_bytes, and split-K over grid z from
-// <entry>_split_k with an FP32 workspace that gemm_split_reduce sums. The fake kernels compute
+// <entry>_split_k, by waves of SMs x <entry>_blocks_per_sm blocks, with an FP32 workspace that
+// gemm_split_reduce sums. The fake kernels compute
 // only the part of C that the launched grid covers (block y → its M rows, block z → its K
 // slice), so a launch sized any other way leaves poisoned outputs or wrong sums.
 #include <fmt/format.h>
@@ -36,6 +37,9 @@ constexpr std::uint32_t kDecodeTile = 8, kSplitUnit = 64, kTiledTile = 16, kTile
 constexpr std::uint32_t kTiledSmem = 64 * 1024, kReduceTile = 128;
 // Unlike the real kernels' 256: a launch with any block but the published one is caught.
 constexpr std::uint32_t kBlockThreads = 96;
+// gemm_decode's blocks per SM: unlike the real kernel's 1 and the old constant target of 2, so a
+// split planned from anything but the published value is caught.
+constexpr std::uint32_t kDecodeBlocksPerSm = 3;
 
 // W[n, k] from the device buffers GemmParams points at (fake device memory is host memory).
 float weight_of(const GemmParams& p, std::int64_t n, std::int64_t k) {
@@ -92,6 +96,7 @@ ModuleSpec launch_module() {
   m.fake.functions["gemm_tiled"] = m_tiled();
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
       .publish_u32("gemm_decode_split_k", kSplitUnit)
+      .publish_u32("gemm_decode_blocks_per_sm", kDecodeBlocksPerSm)
       .publish_u32("gemm_split_reduce_n_tile", kReduceTile)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_tiled_m_tile", kTiledMTile)
@@ -156,7 +161,7 @@ TEST(GemmLaunch, SplitKSlicesKOverGridZAndTheReductionSumsThem) {
   std::mt19937_64 gen(seed);
   Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
   const auto sms = static_cast<std::int64_t>(rig.b().sm_count());
-  // N = 64: 8 blocks, far below 2 per SM, so K is split: 1024 K is 16 units (the cap), 160 K
+  // N = 64: 8 blocks, far below a wave, so K is split: 1024 K is 16 units (the cap), 160 K
   // is 3 units with a half-unit last slice, 16 K is one unit and cannot split.
   struct Want {
     Case c;
@@ -166,8 +171,8 @@ TEST(GemmLaunch, SplitKSlicesKOverGridZAndTheReductionSumsThem) {
                            Want{{5, 40, 320}, 5}}) {
     const Case& c = want.c;
     SCOPED_TRACE(fmt::format("M={} N={} K={}", c.m, c.n, c.k));
-    const tiles::SplitK plan =
-        tiles::plan_split_k(c.k, kSplitUnit, (c.n + kDecodeTile - 1) / kDecodeTile, 2 * sms, 16);
+    const tiles::SplitK plan = tiles::plan_split_k_waves(
+        c.k, kSplitUnit, (c.n + kDecodeTile - 1) / kDecodeTile, kDecodeBlocksPerSm * sms, 16);
     ASSERT_EQ(plan.splits, want.splits);
     for (WeightFormat format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
       if (c.k % group_size(format) != 0) continue;
@@ -196,14 +201,58 @@ TEST(GemmLaunch, EnoughColumnBlocksMeanNoSplitAndNoWorkspace) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 gen(seed);
   Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
-  // 2 blocks per SM from N alone.
-  const std::int64_t n = 2 * static_cast<std::int64_t>(rig.b().sm_count()) * kDecodeTile;
+  // A full wave (kDecodeBlocksPerSm blocks on every SM) from N alone.
+  const std::int64_t n =
+      kDecodeBlocksPerSm * static_cast<std::int64_t>(rig.b().sm_count()) * kDecodeTile;
   const std::size_t before = rig.fd.launches().size();
   run_checked(rig, ops::GemmRoute::kDecode, Case{1, n, 256}, gen, WeightFormat::kNvfp4, false);
   const auto ls = launches_since(rig, before);
   ASSERT_EQ(ls.size(), 1u);
   EXPECT_EQ(ls[0].grid[2], 1u);
   EXPECT_EQ(rig.b().live_bytes(), 0u);  // no workspace was taken
+}
+
+// A grid past one wave splits K where that fills its last wave: N = 4752 is 594 blocks, 1.5 waves
+// of 396 (75% busy); 2 slices make 1188 blocks, 3 full waves. Computed through the fake kernels
+// and the reduction, checked against the reference.
+TEST(GemmLaunch, SplitKFillsTheLastWaveOfAGridPastOneWave) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
+  const std::int64_t wave = kDecodeBlocksPerSm * static_cast<std::int64_t>(rig.b().sm_count());
+  ASSERT_EQ(wave, 396);
+  const Case c{2, 4752, 256};
+  const std::int64_t blocks = c.n / kDecodeTile;
+  EXPECT_DOUBLE_EQ(tiles::wave_efficiency(blocks, wave), 0.75);
+  EXPECT_DOUBLE_EQ(tiles::wave_efficiency(2 * blocks, wave), 1.0);
+  const std::size_t before = rig.fd.launches().size();
+  run_checked(rig, ops::GemmRoute::kDecode, c, gen, WeightFormat::kNvfp4, /*with_bias=*/true);
+  const auto ls = launches_since(rig, before);
+  ASSERT_EQ(ls.size(), 2u);
+  EXPECT_EQ(ls[0].grid[0], static_cast<std::uint32_t>(blocks));
+  EXPECT_EQ(ls[0].grid[2], 2u);
+  EXPECT_EQ(ls[1].function, "gemm_split_reduce");
+  rig.b().op_cache().release(rig.b());
+}
+
+// A kernel that can split K but publishes no blocks per SM is refused by name when planning: the
+// split's wave cannot be sized without it.
+TEST(GemmLaunch, ASplitKKernelWithoutBlocksPerSmIsRefusedNamingIt) {
+  ModuleSpec spec = launch_module();
+  spec.fake.globals.erase("gemm_decode_blocks_per_sm");
+  Rig rig(RigOptions{.modules = {core_module(), spec}});
+  CudaBackend& b = rig.b();
+  std::vector<float> wv(16 * 64, 0.5f);
+  ops::QuantWeights w = ops::upload_weights(b, quantize_nvfp4(wv, 16, 64));
+  ops::GemmOptions opt;
+  opt.route = ops::GemmRoute::kDecode;
+  const std::size_t before = rig.fd.launches().size();
+  const Error e = expect_error([&] { (void)ops::plan(b, 1, w, opt); });
+  EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+  EXPECT_THAT(e.what(), HasSubstr("[plan] w4a16::gemm_decode publishes no blocks per SM"));
+  EXPECT_EQ(rig.fd.launches().size(), before);
+  ops::free_weights(b, w);
 }
 
 TEST(GemmLaunch, SplitKResultsAreTheSameBitsEveryRun) {

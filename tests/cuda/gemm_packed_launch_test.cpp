@@ -5,7 +5,7 @@
 // (decode_layout.h: the word's fields times the table pair in BF16, then times 2^weight_fold) and
 // computes only what the launched grid covers (block x: its N tile, block z: its K slice), so a
 // wrong grid, split, fold or flag leaves poisoned or wrong outputs. Also the planning of the
-// real published values on the 8 Llama-3 shapes: every SM of an H200 gets a block.
+// real published values on the 8 Llama-3 shapes: the waves of an H200's 132 SMs are all but full.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -42,6 +42,8 @@ using ::testing::HasSubstr;
 // a partial last slice appear on small shapes, and a grid sized from the layout's tile is caught.
 constexpr std::uint32_t kPackedTile = 12, kPackedSplit = 96, kReduceTile = 128;
 constexpr std::uint32_t kPackedThreads = 160;
+// Unlike the real kernel's 1 and the old constant target of 2.
+constexpr std::uint32_t kPackedBlocksPerSm = 3;
 
 // W[n, k] as gemm_decode_packed computes it from the packed buffers, tensor scale not included.
 float packed_weight_of(const GemmParams& p, std::int64_t n, std::int64_t k) {
@@ -62,7 +64,7 @@ FakeFunction packed_decode() {
 
 struct Published {
   std::uint32_t n_tile = kPackedTile, split_k = kPackedSplit, threads = kPackedThreads;
-  std::uint32_t layout = dl::kLayoutId, max_m = 16;
+  std::uint32_t layout = dl::kLayoutId, max_m = 16, blocks_per_sm = kPackedBlocksPerSm;
   bool with_packed = true;
   // gemm_decode_packed_verified(_on): as if a device run had verified the kernel, so that uploads
   // following the backend's preference take its layout (ops/quant_weights.cpp).
@@ -88,7 +90,8 @@ ModuleSpec packed_module(const Published& pub = {}) {
         .publish_u32("gemm_decode_packed_split_k", pub.split_k)
         .publish_u32("gemm_decode_packed_block_threads", pub.threads)
         .publish_u32("gemm_decode_packed_layout", pub.layout)
-        .publish_u32("gemm_decode_packed_max_m", pub.max_m);
+        .publish_u32("gemm_decode_packed_max_m", pub.max_m)
+        .publish_u32("gemm_decode_packed_blocks_per_sm", pub.blocks_per_sm);
     if (pub.verified) {
       m.fake.publish_u32("gemm_decode_packed_verified", 20261129)
           .publish_u32("gemm_decode_packed_verified_on", metrale::verified::kH200);
@@ -184,7 +187,7 @@ TEST(GemmPackedLaunch, SplitKOverThePublishedTileAndUnitMatchesTheReference) {
   const auto sms = static_cast<std::int64_t>(rig.b().sm_count());
   using F = WeightFormat;
   using L = WeightLayout;
-  // N = 45: 4 blocks of 12, far below 2 per SM, so K splits by 96: 1024 K is 11 slices, 160 K
+  // N = 45: 4 blocks of 12, far below a wave, so K splits by 96: 1024 K is 11 slices, 160 K
   // two (the second 64 K), 96 K one. M past 16 goes through the same kernel.
   const std::vector<Case> cases = {
       {1, 45, 1024, F::kNvfp4, L::kRowMajor},   {16, 45, 160, F::kNvfp4, L::kTransposed},
@@ -193,8 +196,8 @@ TEST(GemmPackedLaunch, SplitKOverThePublishedTileAndUnitMatchesTheReference) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.str());
-    const tiles::SplitK split =
-        tiles::plan_split_k(c.k, kPackedSplit, blocks(c.n, kPackedTile), 2 * sms, 16);
+    const tiles::SplitK split = tiles::plan_split_k_waves(
+        c.k, kPackedSplit, blocks(c.n, kPackedTile), kPackedBlocksPerSm * sms, 16);
     const std::size_t before = rig.fd.launches().size();
     run_packed(rig, c, gen);
     const auto ls = launches_since(rig, before);
@@ -277,7 +280,9 @@ TEST(GemmPackedLaunch, EnoughColumnBlocksMeanNoSplitAndNoWorkspace) {
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 gen(seed);
   Rig rig(RigOptions{.modules = {core_module(), packed_module()}});
-  const std::int64_t n = 2 * static_cast<std::int64_t>(rig.b().sm_count()) * kPackedTile + 5;
+  // A full wave of blocks, the last of them 5 columns wide.
+  const std::int64_t n =
+      (kPackedBlocksPerSm * static_cast<std::int64_t>(rig.b().sm_count()) - 1) * kPackedTile + 5;
   const std::size_t before = rig.fd.launches().size();
   run_packed(rig, Case{3, n, 192, WeightFormat::kNvfp4, WeightLayout::kRowMajor, false}, gen);
   const auto ls = launches_since(rig, before);
@@ -356,17 +361,74 @@ TEST(GemmPackedLaunch, AnUnverifiedPackedKernelRunsOnlyWhenItsLayoutIsAskedFor) 
             ops::WeightPacking::kDecode);
 }
 
-// The real kernel's published values on an H200's 132 SMs: on every Llama-3 8B and 70B shape at
-// M = 1 ... 16 the planned grid has a block for every SM (planning only: no buffers are read).
-TEST(GemmPackedLaunch, TheRealPublishedValuesKeepEverySmOfAnH200Busy) {
-  FakeDevice h200;
-  h200.sm_count = 132;
+// The real kernel's published values on an H200 (132 SMs, one block of gemm_decode_packed each).
+Published real_published() {
   Published real;
   real.n_tile = dl::kTileN;
   real.split_k = tiles::kDecodeSplitUnit;
   real.threads = tiles::kDecodeThreads;
   real.max_m = tiles::kDecodeMaxM;
-  Rig rig(RigOptions{.devices = {h200}, .modules = {core_module(), packed_module(real)}});
+  real.blocks_per_sm = 1;
+  return real;
+}
+
+FakeDevice h200() {
+  FakeDevice d;
+  d.sm_count = 132;
+  return d;
+}
+
+// Weights [n, k] in the decode layout at addresses plan() only checks the alignment of.
+ops::QuantWeights planned_weights(WeightFormat f, std::int64_t n, std::int64_t k) {
+  ops::QuantWeights w;
+  w.format = f;
+  w.packing = ops::WeightPacking::kDecode;
+  w.fold = dl::kNvfp4Fold;
+  w.n = n;
+  w.k = k;
+  w.codes = DevicePtr{0x100000};
+  w.scales = DevicePtr{0x200000};
+  w.codes_bytes = static_cast<std::size_t>(dl::code_bytes(n, k));
+  w.scales_bytes = static_cast<std::size_t>(dl::scale_bytes(n, k, f == WeightFormat::kMxfp4));
+  return w;
+}
+
+// Llama-3 70B qkv at M = 1: N = 10240 is 320 blocks, 2.42 waves of 132 (the last 42% full, 81%
+// overall) unsplit, as the old target of 2 blocks per SM (264, already met) left it; 2 slices of
+// K = 8192 make 640 blocks, 5 waves 97% full.
+TEST(GemmPackedLaunch, SeventyBQkvSplitsKToFillItsLastWave) {
+  Rig rig(
+      RigOptions{.devices = {h200()}, .modules = {core_module(), packed_module(real_published())}});
+  const ops::GemmPlan p = ops::plan(rig.b(), 1, planned_weights(WeightFormat::kNvfp4, 10240, 8192));
+  ASSERT_EQ(p.launches.size(), 2u);
+  const ops::PlannedLaunch& g = p.launches[0];
+  EXPECT_EQ(g.grid, (Dim3{320, 1, 2})) << p.describe();
+  EXPECT_EQ(p.k_per_split, 4096);
+  const double efficiency = tiles::wave_efficiency(static_cast<std::int64_t>(g.grid.volume()), 132);
+  std::cout << fmt::format("[ WAVES    ] 70B qkv M=1: {}x{}x{} = {} blocks, {:.1f}% of 132 SMs\n",
+                           g.grid.x, g.grid.y, g.grid.z, g.grid.volume(), 100 * efficiency);
+  EXPECT_NEAR(efficiency, 640.0 / 660.0, 1e-12);
+  EXPECT_NEAR(tiles::wave_efficiency(320, 132), 320.0 / 396.0, 1e-12);  // what no split gives
+}
+
+// 70B gate/up: 1792 blocks fill 14 waves 97.0%; 8 slices would fill 109 waves 99.6%, but at
+// M = 16 their FP32 planes move 25% more bytes than the weights for those 2.7 points, so a split
+// must gain kSplitMinGain (5%) and none is taken.
+TEST(GemmPackedLaunch, AFewPointsOfWaveAreNotWorthASplit) {
+  Rig rig(
+      RigOptions{.devices = {h200()}, .modules = {core_module(), packed_module(real_published())}});
+  ASSERT_GT(tiles::wave_efficiency(8 * 1792, 132), tiles::wave_efficiency(1792, 132));
+  const ops::GemmPlan p =
+      ops::plan(rig.b(), 16, planned_weights(WeightFormat::kNvfp4, 57344, 8192));
+  EXPECT_EQ(p.launches.at(0).grid, (Dim3{1792, 1, 1})) << p.describe();
+  EXPECT_EQ(p.workspace.split_k, 0u);
+}
+
+// On every Llama-3 8B and 70B shape at M = 1 ... 16 the planned grid keeps the 132 SMs busy for
+// at least 96% of its waves (planning only: no buffers are read).
+TEST(GemmPackedLaunch, TheRealPublishedValuesFillTheWavesOfAnH200) {
+  Rig rig(
+      RigOptions{.devices = {h200()}, .modules = {core_module(), packed_module(real_published())}});
   CudaBackend& b = rig.b();
   ASSERT_EQ(b.sm_count(), 132u);
   struct Shape {
@@ -380,30 +442,22 @@ TEST(GemmPackedLaunch, TheRealPublishedValuesKeepEverySmOfAnH200Busy) {
   };
   for (const Shape& s : shapes) {
     for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
-      ops::QuantWeights w;
-      w.format = f;
-      w.packing = ops::WeightPacking::kDecode;
-      w.fold = dl::kNvfp4Fold;
-      w.n = s.n;
-      w.k = s.k;
-      w.codes = DevicePtr{0x100000};  // never read: plan() checks only their alignment
-      w.scales = DevicePtr{0x200000};
-      w.codes_bytes = static_cast<std::size_t>(dl::code_bytes(s.n, s.k));
-      w.scales_bytes =
-          static_cast<std::size_t>(dl::scale_bytes(s.n, s.k, f == WeightFormat::kMxfp4));
+      const ops::QuantWeights w = planned_weights(f, s.n, s.k);
       for (const std::int64_t m : {1, 2, 4, 8, 16}) {
         const ops::GemmPlan p = ops::plan(b, m, w);
         ASSERT_FALSE(p.launches.empty());
         const ops::PlannedLaunch& g = p.launches[0];
         EXPECT_EQ(b.kernel_name(g.kernel), "w4a16::gemm_decode_packed");
-        const std::uint64_t grid = std::uint64_t{g.grid.x} * g.grid.y * g.grid.z;
+        const std::uint64_t grid = g.grid.volume();
+        const double efficiency = tiles::wave_efficiency(static_cast<std::int64_t>(grid), 132);
         EXPECT_EQ(g.grid.x, blocks(s.n, dl::kTileN));
         EXPECT_EQ(g.block.x, static_cast<std::uint32_t>(tiles::kDecodeThreads));
-        EXPECT_GE(grid, 132u) << s.name << " M=" << m << ": " << p.describe();
+        EXPECT_GE(efficiency, 0.96) << s.name << " M=" << m << ": " << p.describe();
         if (f == WeightFormat::kNvfp4) {
           std::cout << fmt::format(
-              "[ GRID     ] {:12} N={:5} K={:5} M={:2}: {}x{}x{} = {} blocks\n", s.name, s.n, s.k,
-              m, g.grid.x, g.grid.y, g.grid.z, grid);
+              "[ GRID     ] {:12} N={:5} K={:5} M={:2}: {}x{}x{} = {} blocks, waves {:.1f}% "
+              "full\n",
+              s.name, s.n, s.k, m, g.grid.x, g.grid.y, g.grid.z, grid, 100 * efficiency);
         }
       }
     }
