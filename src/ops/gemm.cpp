@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -644,7 +645,12 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   g.grid.y = gemm.meta.m_tile != 0 ? blocks_of(api, "M", m, gemm.meta.m_tile, 0xFFFFu) : 1;
   const auto blocks = static_cast<std::int64_t>(g.grid.x) * g.grid.y;
   tiles::SplitK split{1, w.k};
-  if (gemm.meta.split_k != 0) {
+  if (gemm.meta.persistent) {
+    // The kernel loops over the tiles itself: one wave, or a block per tile where that is fewer
+    // (and never more than grid x holds; any grid covers every tile).
+    const std::int64_t wave = wave_blocks(api, backend, gemm);
+    g.grid = Dim3{static_cast<std::uint32_t>(std::min({blocks, wave, std::int64_t{0x7FFFFFFF}}))};
+  } else if (gemm.meta.split_k != 0) {
     split = tiles::plan_split_k_waves(w.k, gemm.meta.split_k, blocks,
                                       wave_blocks(api, backend, gemm), kMaxSplits);
   }

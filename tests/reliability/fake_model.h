@@ -35,6 +35,8 @@ namespace fake = metrale::cuda::testing;
 inline constexpr std::uint32_t kDecodeTile = 8, kTiledTile = 16, kE4m3Tile = 32;
 inline constexpr std::uint32_t kCastTile = 512, kDequantTile = 4, kReduceTile = 64;
 inline constexpr std::uint32_t kDequantBf16Tile = 8;  // units of 32 weights
+// gemm_fused's rows of M per tile (its N tile is kDecodeTile's).
+inline constexpr std::uint32_t kFusedMTile = 24;
 // The block size each entry publishes, and the decode route's largest M (as the real modules').
 inline constexpr std::uint32_t kBlockThreads = 256, kDecodeMaxM = 16;
 
@@ -49,6 +51,34 @@ fake::FakeFunction tiled_entry(std::uint32_t tile, F f, Total total) {
     for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
       const std::int64_t begin = bx * tile, end = std::min<std::int64_t>(total(p), begin + tile);
       if (begin < end) f(p, begin, end);
+    }
+  };
+  return fn;
+}
+
+// gemm_fused, persistent like the real module's on sm_90a (with this fake's small tiles): block b
+// of a grid of G blocks (x times y, as the kernel counts them) takes tiles b, b + G, ... of
+// ceil(M / kFusedMTile) x ceil(N / kDecodeTile), M tile fastest, each computed by the CPU twin of
+// the decode-layout kernel on the tile's rows (A and C offset to its first row).
+inline fake::FakeFunction persistent_fused_entry() {
+  fake::FakeFunction fn;
+  fn.param_sizes = {sizeof(GemmParams)};
+  fn.body = [](const fake::FakeLaunch& l) {
+    const auto p = read_param<GemmParams>(l.params, 0);
+    const std::int64_t m_tiles = (p.m + kFusedMTile - 1) / kFusedMTile;
+    const std::int64_t tiles = m_tiles * ((p.n + kDecodeTile - 1) / kDecodeTile);
+    const std::int64_t grid = std::int64_t{l.grid[0]} * l.grid[1];
+    const std::uint64_t c_bytes = (p.flags & kGemmOutF32) != 0 ? 4 : 2;
+    for (std::int64_t b = 0; b < grid; ++b) {
+      for (std::int64_t t = b; t < tiles; t += grid) {
+        const std::int64_t m0 = t % m_tiles * kFusedMTile, n0 = t / m_tiles * kDecodeTile;
+        GemmParams rows = p;
+        rows.m = std::min<std::int64_t>(kFusedMTile, p.m - m0);
+        rows.a = p.a + static_cast<std::uint64_t>(m0 * p.k) * 2;
+        rows.out = p.out + static_cast<std::uint64_t>(m0 * p.n) * c_bytes;
+        metrale::cpu::w4a16::gemm_decode_packed(rows, n0,
+                                                std::min<std::int64_t>(p.n, n0 + kDecodeTile));
+      }
     }
   };
   return fn;
@@ -69,8 +99,8 @@ inline fake::ModuleSpec w4a16_module() {
       },
       cols);
   f["gemm_decode_packed"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_packed, cols);
-  // The fused route's entry, computed as the CPU module's twin computes it.
-  f["gemm_fused"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_packed, cols);
+  // The fused route's entry, persistent, computed as the CPU module's twin computes it.
+  f["gemm_fused"] = persistent_fused_entry();
   f["gemm_tiled"] = tiled_entry<GemmParams>(
       kTiledTile,
       [](const GemmParams& p, std::int64_t a, std::int64_t b) {
@@ -93,6 +123,9 @@ inline fake::ModuleSpec w4a16_module() {
       // backend's preference keep the source layout, so the lifecycle is what it was.
       .publish_u32("gemm_decode_packed_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_fused_n_tile", kDecodeTile)
+      .publish_u32("gemm_fused_m_tile", kFusedMTile)
+      .publish_u32("gemm_fused_persistent", 1)
+      .publish_u32("gemm_fused_blocks_per_sm", 1)
       .publish_u32("gemm_fused_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_tiled_n_tile", kTiledTile)
       .publish_u32("gemm_e4m3_n_tile", kE4m3Tile)
