@@ -647,7 +647,13 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   tiles::SplitK split{1, w.k};
   if (gemm.meta.persistent) {
     // The kernel loops over the tiles itself: one wave, or a block per tile where that is fewer
-    // (and never more than grid x holds; any grid covers every tile).
+    // (and never more than grid x holds; any grid covers every tile). It counts the tiles in 32
+    // bits (fewer registers across its MMA loop), so more than 2^31 - 1 are refused.
+    if (blocks > 0x7FFFFFFF) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("M={} N={} makes {} tiles for {}, which counts at most 2^31 - 1", m,
+                              w.n, blocks, backend.kernel_name(gemm)));
+    }
     const std::int64_t wave = wave_blocks(api, backend, gemm);
     g.grid = Dim3{static_cast<std::uint32_t>(std::min({blocks, wave, std::int64_t{0x7FFFFFFF}}))};
   } else if (gemm.meta.split_k != 0) {

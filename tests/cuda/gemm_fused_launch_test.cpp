@@ -133,6 +133,18 @@ TEST(GemmFusedLaunch, TheWaveIsTheSmsTimesThePublishedBlocksPerSm) {
   EXPECT_EQ(plan_fused(rig.b(), 4096, 28672, 4096).launches.at(0).grid, (Dim3{264, 1, 1}));
 }
 
+// More tiles than the kernel's 32-bit tile count holds (65535 x 32769 > 2^31 - 1: M and N each
+// within the grid's limits) are refused by name, nothing launched.
+TEST(GemmFusedLaunch, MoreTilesThanThirtyTwoBitsCountIsRefused) {
+  Rig rig(
+      RigOptions{.devices = {device_with_sms(132)}, .modules = {core_module(), fused_module()}});
+  const std::int64_t m = std::int64_t{65535} * fu::kTokens, n = std::int64_t{32769} * fu::kRows;
+  const Error e = expect_error([&] { (void)plan_fused(rig.b(), m, n, 256); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), HasSubstr("2147516415 tiles for w4a16::gemm_fused"));
+  EXPECT_TRUE(rig.fd.launches().empty());
+}
+
 // A persistent kernel that publishes no blocks per SM is refused by name when planning: its grid
 // cannot be sized without one. A kernel that is not persistent keeps a block per tile.
 TEST(GemmFusedLaunch, APersistentKernelWithoutBlocksPerSmIsRefusedNamingIt) {
