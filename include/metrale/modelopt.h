@@ -19,17 +19,25 @@
 
 namespace metrale {
 
-// A linear layer's NVFP4 weights and, when the file has one, its activation (input) scale.
+// A linear layer's FP4 weights (NVFP4; MXFP4 from compressed-tensors) and, when the file has
+// one, its activation (input) scale as a multiplier.
 struct Nvfp4Linear {
   HostQuantWeights w;                // row-major [N, K]
-  std::optional<float> input_scale;  // "<layer>.input_scale"
-  std::string source_dtype;          // dtype of "<layer>.weight": "U8" (NVFP4), "BF16" or "F32"
+  std::optional<float> input_scale;  // "<layer>.input_scale", or 1 / "<layer>.input_global_scale"
+  std::string source_dtype;          // dtype of the weight tensor: "U8" (FP4), "BF16" or "F32"
+  // What the file held: "ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors
+  // MXFP4", or "BF16, quantized to NVFP4 on load" (F32 alike).
+  std::string source;
 };
 
 // Loads linear layer `layer` (e.g. "model.layers.0.mlp.down_proj"):
 //  - as ModelOpt exports NVFP4: "<layer>.weight" U8 [N, K/2] (E2M1 codes, low nibble = even k),
 //    "<layer>.weight_scale" F8_E4M3 [N, K/16], "<layer>.weight_scale_2" F32 of shape [] or [1]
 //    (the tensor scale; finite and >= 0);
+//  - as compressed-tensors saves `nvfp4-pack-quantized` / `mxfp4-pack-quantized`:
+//    "<layer>.weight_packed" U8 [N, K/2] (the same nibble order), "<layer>.weight_scale"
+//    F8_E4M3 [N, K/16] and "<layer>.weight_global_scale" F32 [1] (a divisor, finite and > 0:
+//    the tensor scale is its reciprocal), or U8 E8M0 [N, K/32] and no global scale (MXFP4);
 //  - or "<layer>.weight" BF16/F32 [N, K] (no weight_scale tensors), quantized with
 //    quantize_nvfp4.
 // K must be a positive multiple of 16. "<layer>.input_scale" (F32, [] or [1], finite) is read when
@@ -43,9 +51,13 @@ struct RejectedLayer {
   std::string tensor;               // the tensor at fault: the weight or one of its scales
   ErrorCode code = ErrorCode::kIo;  // what load_nvfp4_linear would throw: kIo, or kNotFound
   std::string why;  // e.g. "shape is [4, 4]: K = 2 x 4 is not a multiple of 16, ..."
+  // Whether the layer looks quantized (packed, integer or FP8 weights, or block scales beside
+  // them): a loader must not pass over such a layer in silence.
+  bool quantized = false;
 };
 
-// Every candidate "<layer>.weight" of a file, sorted into the two kinds.
+// Every candidate "<layer>.weight" (or "<layer>.weight_packed") of a file, sorted into the two
+// kinds.
 struct LinearLayerScan {
   std::vector<std::string> layers;      // loadable by their header, sorted
   std::vector<RejectedLayer> rejected;  // the others, sorted by layer

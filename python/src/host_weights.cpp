@@ -227,17 +227,29 @@ void bind_host_weights(nb::module_& m) {
               d["layer"] = r.layer;
               d["tensor"] = r.tensor;
               d["why"] = r.why;
+              d["quantized"] = r.quantized;
               out.append(d);
             }
             return out;
           },
-          "Candidate layers that cannot be loaded, each with the tensor at fault and why.")
+          "Candidate layers that cannot be loaded, each with the tensor at fault, why, and whether "
+          "it looks quantized (packed, integer or FP8 weights, or block scales beside them).")
       .def(
           "weights",
           [](const Checkpoint& c, std::string_view layer) {
             return load_nvfp4_linear(c.file, layer).w;
           },
-          nb::arg("layer"), "The layer's NVFP4 weights (a BF16/F32 layer is quantized on load).")
+          nb::arg("layer"),
+          "The layer's FP4 weights (NVFP4, or MXFP4 from compressed-tensors; a BF16/F32 layer is "
+          "quantized to NVFP4 on load).")
+      .def(
+          "source",
+          [](const Checkpoint& c, std::string_view layer) {
+            return load_nvfp4_linear(c.file, layer).source;
+          },
+          nb::arg("layer"),
+          "What the file held for the layer: 'ModelOpt NVFP4', 'compressed-tensors NVFP4', "
+          "'compressed-tensors MXFP4', or 'BF16, quantized to NVFP4 on load' (F32 alike).")
       .def(
           "input_scale",
           [](const Checkpoint& c, std::string_view layer) {
@@ -252,7 +264,9 @@ void bind_host_weights(nb::module_& m) {
         return c;
       },
       nb::arg("path"),
-      "Maps a safetensors file (NVIDIA ModelOpt NVFP4 or BF16/F32 layers) and validates it.");
+      "Maps a safetensors file (NVIDIA ModelOpt NVFP4, compressed-tensors "
+      "nvfp4/mxfp4-pack-quantized, "
+      "or BF16/F32 layers) and validates it.");
 }
 
 }  // namespace metrale::py

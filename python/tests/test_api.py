@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import struct
 
 import ml_dtypes
@@ -181,6 +182,32 @@ def test_checkpoint_layers_load_and_run(tmp_path, rng, model):
     check_gemm(model.gemm(a, model.upload_weights(loaded)), a, loaded)
     with pytest.raises(metrale.NotFoundError, match="nope"):
         ckpt.weights("nope")
+
+
+CHECKPOINTS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "checkpoints"
+
+
+@pytest.mark.parametrize("folder, fmt, source", [
+    ("ct-nvfp4a16", "nvfp4", "compressed-tensors NVFP4"),
+    ("ct-mxfp4a16", "mxfp4", "compressed-tensors MXFP4"),
+])
+def test_compressed_tensors_checkpoints_load_and_run(folder, fmt, source, rng, model):
+    # Made by llm-compressor (tests/fixtures/checkpoints/make_compressed_tensors.py).
+    ckpt = metrale.load_safetensors(str(CHECKPOINTS / folder / "model.safetensors"))
+    quantized = [l for l in ckpt.layers if ckpt.source(l) == source]
+    assert len(quantized) == 7 and not any(r["quantized"] for r in ckpt.rejected)
+    assert ckpt.source("lm_head") == "BF16, quantized to NVFP4 on load"
+    loaded = ckpt.weights("model.layers.0.mlp.down_proj")
+    assert loaded.format == fmt and (loaded.n, loaded.k) == (64, 128)
+    a = bf16(rng.standard_normal((3, 128)))
+    check_gemm(model.gemm(a, model.upload_weights(loaded)), a, loaded)
+
+
+def test_int4_pack_quantized_layers_are_rejected_as_quantized():
+    ckpt = metrale.load_safetensors(str(CHECKPOINTS / "ct-w4a16" / "model.safetensors"))
+    assert ckpt.layers == ["lm_head", "model.embed_tokens"]
+    unread = [r for r in ckpt.rejected if r["quantized"]]
+    assert len(unread) == 7 and all(r["tensor"].endswith(".weight_packed") for r in unread)
 
 
 def test_bad_checkpoint_names_the_file(tmp_path):

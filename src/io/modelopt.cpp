@@ -28,8 +28,11 @@ struct Problem {
 // What load_nvfp4_linear reads for a layer, found from the header alone.
 struct LayerPlan {
   bool nvfp4 = false;  // U8 codes + scales, or else a BF16/F32 matrix to quantize
+  // compressed-tensors' names (weight_packed, weight_global_scale: a divisor), or ModelOpt's.
+  bool compressed_tensors = false;
+  WeightFormat format = WeightFormat::kNvfp4;
   std::int64_t n = 0, k = 0;
-  std::string weight, scale, scale2, input_scale;  // tensor names; input_scale empty if absent
+  std::string weight, scale, scale2, input_scale;  // tensor names; scale2, input_scale may be empty
 };
 
 bool is_scalar(const SafetensorsTensorInfo& i) {
@@ -52,8 +55,90 @@ std::optional<Problem> check_f32_scalar(const SafetensorsFile& f, const std::str
   return std::nullopt;
 }
 
+// A compressed-tensors `nvfp4-pack-quantized` or `mxfp4-pack-quantized` layer (the formats'
+// tensors: ../shared/reference/formats.md, checked against files llm-compressor made,
+// tests/fixtures/checkpoints): "<layer>.weight_packed" U8 [N, K/2] (low nibble = even k, as
+// ModelOpt), "<layer>.weight_scale" F8_E4M3 [N, K/16] with "<layer>.weight_global_scale" F32 [1]
+// (NVFP4: the tensor scale is 1 / it), or U8 E8M0 [N, K/32] (MXFP4); "<layer>.input_global_scale"
+// (W4A4: the input scale is 1 / it).
+std::optional<Problem> plan_compressed_tensors(const SafetensorsFile& f, std::string_view layer,
+                                               LayerPlan& plan) {
+  plan.compressed_tensors = true;
+  plan.nvfp4 = true;
+  plan.weight = fmt::format("{}.weight_packed", layer);
+  plan.scale = fmt::format("{}.weight_scale", layer);
+  const SafetensorsTensorInfo& w = f.info(plan.weight);
+  if (w.dtype != "U8" || w.shape.size() != 2 || w.shape[0] == 0 || w.shape[1] == 0 ||
+      w.shape[1] > std::numeric_limits<std::int64_t>::max() / 2) {
+    return Problem{ErrorCode::kIo, plan.weight,
+                   fmt::format("is {} {}, but packed FP4 codes must be a non-empty U8 [N, K/2] "
+                               "(INT4 pack-quantized layers are not read yet)",
+                               w.dtype, shape_str(w.shape))};
+  }
+  for (const char* unread : {"weight_zero_point", "weight_g_idx"}) {
+    const std::string name = fmt::format("{}.{}", layer, unread);
+    if (f.contains(name)) {
+      return Problem{ErrorCode::kIo, name,
+                     "is present: asymmetric or reordered FP4 weights are not read"};
+    }
+  }
+  if (!f.contains(plan.scale)) {
+    return Problem{ErrorCode::kNotFound, plan.scale,
+                   fmt::format("not in the file, but packed FP4 weights '{}' need it",
+                               printable(plan.weight))};
+  }
+  plan.n = w.shape[0];
+  plan.k = w.shape[1] * 2;
+  const SafetensorsTensorInfo& s = f.info(plan.scale);
+  const bool mx = s.dtype == "U8";
+  if (!mx && s.dtype != "F8_E4M3") {
+    return Problem{ErrorCode::kIo, plan.scale,
+                   fmt::format("dtype is {}, but FP4 block scales must be F8_E4M3 (NVFP4) or U8 "
+                               "E8M0 (MXFP4)",
+                               s.dtype)};
+  }
+  plan.format = mx ? WeightFormat::kMxfp4 : WeightFormat::kNvfp4;
+  const std::int64_t group = mx ? num::kMxfp4Group : num::kNvfp4Group;
+  if (plan.k % group != 0) {
+    return Problem{ErrorCode::kIo, plan.weight,
+                   fmt::format("shape is {}: K = {} is not a multiple of {}, the {} block size",
+                               shape_str(w.shape), plan.k, group, mx ? "MXFP4" : "NVFP4")};
+  }
+  const std::vector<std::int64_t> want{plan.n, plan.k / group};
+  if (s.shape != want) {
+    return Problem{
+        ErrorCode::kIo, plan.scale,
+        fmt::format("shape is {}, but weights U8 {} (N = {}, K = {}) need {}", shape_str(s.shape),
+                    shape_str(w.shape), plan.n, plan.k, shape_str(want))};
+  }
+  const std::string global = fmt::format("{}.weight_global_scale", layer);
+  if (mx) {
+    if (f.contains(global)) {
+      return Problem{ErrorCode::kIo, global,
+                     "is present, but MXFP4 (E8M0 block scales) takes no global scale"};
+    }
+  } else {
+    if (!f.contains(global)) {
+      return Problem{
+          ErrorCode::kNotFound, global,
+          fmt::format("not in the file, but NVFP4 weights '{}' need it", printable(plan.weight))};
+    }
+    if (auto p = check_f32_scalar(f, global, "NVFP4 global scale")) return p;
+    plan.scale2 = global;
+  }
+  const std::string input = fmt::format("{}.input_global_scale", layer);
+  if (f.contains(input)) {
+    if (auto p = check_f32_scalar(f, input, "input global scale")) return p;
+    plan.input_scale = input;
+  }
+  return std::nullopt;
+}
+
 std::optional<Problem> plan_layer(const SafetensorsFile& f, std::string_view layer,
                                   LayerPlan& plan) {
+  if (f.contains(fmt::format("{}.weight_packed", layer))) {
+    return plan_compressed_tensors(f, layer, plan);
+  }
   plan.weight = fmt::format("{}.weight", layer);
   plan.scale = fmt::format("{}.weight_scale", layer);
   plan.scale2 = fmt::format("{}.weight_scale_2", layer);
@@ -140,6 +225,17 @@ float read_scale(const SafetensorsFile& f, const std::string& name) {
   return v;
 }
 
+// A compressed-tensors global scale: a divisor, finite and positive; its reciprocal is the
+// multiplier (what compressed-tensors' dequantization divides by, multiplied).
+float read_divisor(const SafetensorsFile& f, const std::string& name) {
+  const float v = num::bits_f32(le_u32(f.bytes(name).data()));
+  if (!std::isfinite(v) || !(v > 0.0f)) {
+    fail_tensor(ErrorCode::kIo, f.path(), name,
+                fmt::format("value {} is not a finite positive global scale", v));
+  }
+  return 1.0f / v;
+}
+
 }  // namespace
 
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer) {
@@ -152,7 +248,7 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
   const auto n = plan.n, k = plan.k;
   if (plan.nvfp4) {
     HostQuantWeights& w = out.w;
-    w.format = WeightFormat::kNvfp4;
+    w.format = plan.format;
     w.layout = WeightLayout::kRowMajor;
     w.n = n;
     w.k = k;
@@ -162,15 +258,26 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
     std::memcpy(w.codes.data(), codes.data(), codes.size());
     w.scales.resize(scales.size());
     std::memcpy(w.scales.data(), scales.data(), scales.size());
+    const bool mx = plan.format == WeightFormat::kMxfp4;
+    const std::int64_t groups = k / (mx ? num::kMxfp4Group : num::kNvfp4Group);
     for (std::size_t i = 0; i < w.scales.size(); ++i) {
-      if ((w.scales[i] & 0x7Fu) == 0x7Fu) {
+      // NaN: E4M3's S.1111.111, E8M0's 0xFF.
+      if (mx ? w.scales[i] == 0xFFu : (w.scales[i] & 0x7Fu) == 0x7Fu) {
         const auto idx = static_cast<std::int64_t>(i);
         fail_tensor(ErrorCode::kIo, file.path(), plan.scale,
-                    fmt::format("block scale [{}, {}] is NaN (0x{:02X})", idx / (k / 16),
-                                idx % (k / 16), w.scales[i]));
+                    fmt::format("block scale [{}, {}] is NaN (0x{:02X})", idx / groups,
+                                idx % groups, w.scales[i]));
       }
     }
-    w.tensor_scale = read_scale(file, plan.scale2);
+    if (mx) {
+      w.tensor_scale = 1.0f;
+    } else {
+      w.tensor_scale =
+          plan.compressed_tensors ? read_divisor(file, plan.scale2) : read_scale(file, plan.scale2);
+    }
+    out.source = plan.compressed_tensors
+                     ? (mx ? "compressed-tensors MXFP4" : "compressed-tensors NVFP4")
+                     : "ModelOpt NVFP4";
   } else {
     const auto bytes = file.bytes(plan.weight);
     const bool bf16 = out.source_dtype == "BF16";
@@ -188,21 +295,38 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
       values[i] = v;
     }
     out.w = quantize_nvfp4(values, n, k);
+    out.source = fmt::format("{}, quantized to NVFP4 on load", out.source_dtype);
   }
-  if (!plan.input_scale.empty()) out.input_scale = read_scale(file, plan.input_scale);
+  if (!plan.input_scale.empty()) {
+    out.input_scale = plan.compressed_tensors ? read_divisor(file, plan.input_scale)
+                                              : read_scale(file, plan.input_scale);
+  }
   return out;
 }
 
 LinearLayerScan scan_linear_layers(const SafetensorsFile& file) {
-  constexpr std::string_view kSuffix = ".weight";
   LinearLayerScan out;
   for (const std::string& name : file.names()) {
-    if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) continue;
-    const std::string_view layer = std::string_view(name).substr(0, name.size() - kSuffix.size());
+    // A layer's weight: ModelOpt's (and plain) "<layer>.weight", or compressed-tensors'
+    // "<layer>.weight_packed" (a layer with both is planned, and refused, as the latter).
+    std::string_view layer;
+    if (name.ends_with(".weight_packed") && name.size() > 14) {
+      layer = std::string_view(name).substr(0, name.size() - 14);
+    } else if (name.ends_with(".weight") && name.size() > 7) {
+      layer = std::string_view(name).substr(0, name.size() - 7);
+      if (file.contains(fmt::format("{}.weight_packed", layer))) continue;
+    } else {
+      continue;
+    }
     LayerPlan plan;
     if (auto p = plan_layer(file, layer, plan)) {
-      out.rejected.push_back(
-          RejectedLayer{std::string(layer), std::move(p->tensor), p->code, std::move(p->what)});
+      const std::string& dtype = file.info(name).dtype;
+      // Quantized-looking: packed or FP8 or integer weights, or scales beside them.
+      const bool quantized = name.ends_with(".weight_packed") || dtype == "U8" || dtype == "I8" ||
+                             dtype == "I32" || dtype.starts_with("F8") ||
+                             file.contains(fmt::format("{}.weight_scale", layer));
+      out.rejected.push_back(RejectedLayer{std::string(layer), std::move(p->tensor), p->code,
+                                           std::move(p->what), quantized});
     } else {
       out.layers.emplace_back(layer);
     }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -128,6 +129,43 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
 
 }  // namespace
 
+// A file's layers that look quantized (packed, integer or FP8 weights, or block scales beside
+// them) but that no loader here reads (the FP8 block-128 ones, `fp8`, are read): Error(kIo)
+// naming each tensor at fault, before anything is timed, rather than a bench of the rest that
+// says nothing of them.
+void refuse_unread_quantized_layers(const SafetensorsFile& file,
+                                    const std::vector<std::string>& fp8) {
+  std::string unread;
+  int count = 0;
+  for (const RejectedLayer& r : scan_linear_layers(file).rejected) {
+    if (!r.quantized || std::find(fp8.begin(), fp8.end(), r.layer) != fp8.end()) continue;
+    ++count;
+    unread += fmt::format("\n  tensor '{}': {}", r.tensor, r.why);
+  }
+  if (count > 0) {
+    throw Error(ErrorCode::kIo, "bench",
+                fmt::format("{}: {} quantized layer(s) that metrale cannot read; nothing was "
+                            "benched:{}",
+                            file.path(), count, unread));
+  }
+}
+
+// One line on stderr of what a --weights file gave: its layers by format (the BF16 ones that
+// were quantized on load among them, by name) and its FP8 layers.
+void say_what_was_loaded(const SafetensorsFile& file,
+                         const std::map<std::string, std::vector<std::string>>& by_source,
+                         std::size_t fp8) {
+  std::string what;
+  for (const auto& [source, names] : by_source) {
+    what += fmt::format("{}{} layer(s) {}", what.empty() ? "" : "; ", names.size(), source);
+    if (source.find("on load") != std::string::npos) {
+      what += fmt::format(" ({})", fmt::join(names, ", "));
+    }
+  }
+  if (fp8 > 0) what += fmt::format("{}{} FP8 block-128 layer(s)", what.empty() ? "" : "; ", fp8);
+  fmt::print(stderr, "metrale: [bench] {}: {}\n", file.path(), what);
+}
+
 int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const InterruptScope ctrl_c;  // Ctrl-C stops the timing, not the teardown
   std::string why;
@@ -148,11 +186,15 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     // A file of FP8 layers alone has no 4-bit layer to load, which is no error.
     const std::vector<std::string> q4 =
         fp8_layers.empty() ? require_linear_layers(*file) : scan_linear_layers(*file).layers;
+    refuse_unread_quantized_layers(*file, fp8_linear_layers(*file));
+    std::map<std::string, std::vector<std::string>> by_source;
     for (const std::string& name : q4) {
       Nvfp4Linear l = load_nvfp4_linear(*file, name);
       shape.layers.push_back({name, l.w.n, l.w.k});
       host.push_back(std::move(l.w));
+      by_source[l.source].push_back(name);
     }
+    say_what_was_loaded(*file, by_source, fp8_layers.size());
   } else if (!bench.shapes.empty()) {
     for (const auto& [n, k] : bench.shapes)
       shape.layers.push_back({fmt::format("{}x{}", n, k), n, k});
