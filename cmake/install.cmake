@@ -15,6 +15,7 @@ install(TARGETS metrale EXPORT metraleTargets
 set(METRALE_PUBLIC_HEADERS
   include/metrale/backend.h
   include/metrale/call_site.h
+  include/metrale/checkpoint_layers.h
   include/metrale/communicator.h
   include/metrale/cpu_backend.h
   include/metrale/dense_gemm.h

@@ -19,10 +19,13 @@
 #include <string_view>
 #include <vector>
 
+#include "metrale/checkpoint_layers.h"
+#include "metrale/error.h"
 #include "metrale/modelopt.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
+#include "metrale/sharded_checkpoint.h"
 
 namespace metrale {
 namespace {
@@ -128,6 +131,42 @@ TEST(CompressedTensors, Int4PackQuantizedLayersAreRejectedAsQuantized) {
   ASSERT_NE(down, scan.rejected.end());
   EXPECT_EQ(down->tensor, "model.layers.0.mlp.down_proj.weight_packed");
   EXPECT_NE(down->why.find("is I32 [64, 16]"), std::string::npos) << down->why;
+}
+
+// The same model saved in shards (its index and 3 shard files; gate_proj's global scale lies in
+// another shard than its codes): each layer gathered through the index loads exactly as from the
+// single file, and the folder resolves to its index.
+TEST(CompressedTensors, ShardedLayersGatheredAcrossShardsEqualTheSingleFile) {
+  const std::string folder = fmt::format("{}/ct-nvfp4a16-sharded", METRALE_CHECKPOINT_FIXTURES);
+  const std::string index = resolve_checkpoint_path(folder);
+  EXPECT_TRUE(is_checkpoint_index(index)) << index;
+  const ShardedCheckpoint ckpt = ShardedCheckpoint::open(index);
+  EXPECT_NE(ckpt.file_of("model.layers.0.mlp.gate_proj.weight_global_scale"),
+            ckpt.file_of("model.layers.0.mlp.gate_proj.weight_packed"));
+  const SafetensorsFile single = SafetensorsFile::open(fixture("ct-nvfp4a16", "model.safetensors"));
+  std::vector<std::string> loaded;
+  for (const std::string& prefix : tensor_prefixes(ckpt)) {
+    const SafetensorsFile view = gather_layer(ckpt, prefix);
+    for (const std::string& layer : scan_linear_layers(view).layers) {
+      SCOPED_TRACE(layer);
+      const Nvfp4Linear a = load_nvfp4_linear(view, layer), b = load_nvfp4_linear(single, layer);
+      EXPECT_EQ(a.source, b.source);
+      EXPECT_EQ(a.w.codes, b.w.codes);
+      EXPECT_EQ(a.w.scales, b.w.scales);
+      EXPECT_EQ(a.w.tensor_scale, b.w.tensor_scale);
+      loaded.push_back(layer);
+    }
+  }
+  EXPECT_EQ(loaded, scan_linear_layers(single).layers);
+  EXPECT_EQ(resolve_checkpoint_path(fmt::format("{}/ct-nvfp4a16", METRALE_CHECKPOINT_FIXTURES)),
+            fixture("ct-nvfp4a16", "model.safetensors"));
+  try {
+    (void)resolve_checkpoint_path(METRALE_CHECKPOINT_FIXTURES);
+    ADD_FAILURE() << "a folder without a checkpoint resolved";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("holds neither"), std::string::npos) << e.what();
+  }
 }
 
 // The recipe's BF16 layers load too, quantized on load, and say so.

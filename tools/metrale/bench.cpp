@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "commands.h"
 #include "interrupt.h"
 #include "memory_fit.h"
+#include "metrale/checkpoint_layers.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/e4m3_block.h"
 #include "metrale/error.h"
@@ -32,6 +34,7 @@
 #include "metrale/ops/quant_weights.h"
 #include "metrale/runtime.h"
 #include "metrale/safetensors.h"
+#include "metrale/sharded_checkpoint.h"
 #include "metrale/weights.h"
 #include "planted_leak.h"
 #include "toolkit/random_weights.h"
@@ -129,41 +132,89 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
 
 }  // namespace
 
-// A file's layers that look quantized (packed, integer or FP8 weights, or block scales beside
-// them) but that no loader here reads (the FP8 block-128 ones, `fp8`, are read): Error(kIo)
-// naming each tensor at fault, before anything is timed, rather than a bench of the rest that
-// says nothing of them.
-void refuse_unread_quantized_layers(const SafetensorsFile& file,
-                                    const std::vector<std::string>& fp8) {
-  std::string unread;
-  int count = 0;
-  for (const RejectedLayer& r : scan_linear_layers(file).rejected) {
-    if (!r.quantized || std::find(fp8.begin(), fp8.end(), r.layer) != fp8.end()) continue;
-    ++count;
-    unread += fmt::format("\n  tensor '{}': {}", r.tensor, r.why);
+// What a --weights file or checkpoint gave: its FP4 layers (and their sources), its FP8 ones,
+// and the layers that look quantized but that no loader here reads.
+struct LoadedWeights {
+  ModelShape shape;
+  std::vector<HostQuantWeights> host;
+  std::vector<Fp8Layer> fp8;
+  std::map<std::string, std::vector<std::string>> by_source;
+  std::vector<RejectedLayer> unread;
+};
+
+// Loads every linear layer of `file` into `out`: the FP8 block-128 ones (views into the file),
+// the FP4 and BF16/F32 ones (copied), and notes the quantized-looking ones it cannot read.
+void load_layers(const SafetensorsFile& file, LoadedWeights& out) {
+  const std::vector<std::string> fp8 = fp8_linear_layers(file);
+  for (const std::string& name : fp8) out.fp8.push_back({name, load_fp8_linear(file, name)});
+  const LinearLayerScan scan = scan_linear_layers(file);
+  for (const RejectedLayer& r : scan.rejected) {
+    if (r.quantized && std::find(fp8.begin(), fp8.end(), r.layer) == fp8.end()) {
+      out.unread.push_back(r);
+    }
   }
-  if (count > 0) {
-    throw Error(ErrorCode::kIo, "bench",
-                fmt::format("{}: {} quantized layer(s) that metrale cannot read; nothing was "
-                            "benched:{}",
-                            file.path(), count, unread));
+  for (const std::string& name : scan.layers) {
+    Nvfp4Linear l = load_nvfp4_linear(file, name);
+    out.shape.layers.push_back({name, l.w.n, l.w.k});
+    out.host.push_back(std::move(l.w));
+    out.by_source[l.source].push_back(name);
   }
 }
 
-// One line on stderr of what a --weights file gave: its layers by format (the BF16 ones that
-// were quantized on load among them, by name) and its FP8 layers.
-void say_what_was_loaded(const SafetensorsFile& file,
-                         const std::map<std::string, std::vector<std::string>>& by_source,
-                         std::size_t fp8) {
+// Loads --weights: a safetensors file, a sharded checkpoint's index, or a folder holding either
+// (each layer of a sharded one gathered across its shards). `files` keeps what the FP8 layers
+// view. Error(kIo), before anything is timed, naming each quantized-looking layer it cannot read
+// (rather than a bench of the rest that says nothing of them), or a checkpoint without a layer.
+LoadedWeights load_weights(const std::string& weights, std::deque<SafetensorsFile>& files,
+                           std::string& path) {
+  path = resolve_checkpoint_path(weights);
+  LoadedWeights out;
+  if (is_checkpoint_index(path)) {
+    const ShardedCheckpoint ckpt = ShardedCheckpoint::open(path);
+    for (const std::string& prefix : tensor_prefixes(ckpt)) {
+      files.push_back(gather_layer(ckpt, prefix));
+      const std::size_t fp8_before = out.fp8.size();
+      load_layers(files.back(), out);
+      if (out.fp8.size() == fp8_before) files.pop_back();  // nothing views it
+    }
+  } else {
+    files.push_back(SafetensorsFile::open(path));
+    load_layers(files.back(), out);
+    // A file of FP8 layers alone has no 4-bit layer to load, which is no error; a file of
+    // neither is, naming each candidate and why.
+    if (out.shape.layers.empty() && out.fp8.empty()) (void)require_linear_layers(files.back());
+  }
+  if (!out.unread.empty()) {
+    std::string why;
+    for (const RejectedLayer& r : out.unread) {
+      why += fmt::format("\n  tensor '{}': {}", r.tensor, r.why);
+    }
+    throw Error(ErrorCode::kIo, "bench",
+                fmt::format("{}: {} quantized layer(s) that metrale cannot read; nothing was "
+                            "benched:{}",
+                            path, out.unread.size(), why));
+  }
+  if (out.shape.layers.empty() && out.fp8.empty()) {
+    throw Error(ErrorCode::kIo, "bench",
+                fmt::format("{} holds no linear layer metrale can load", path));
+  }
+  return out;
+}
+
+// One line on stderr of what --weights gave: its layers by format (the BF16 ones that were
+// quantized on load among them, by name) and its FP8 layers.
+void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
   std::string what;
-  for (const auto& [source, names] : by_source) {
+  for (const auto& [source, names] : w.by_source) {
     what += fmt::format("{}{} layer(s) {}", what.empty() ? "" : "; ", names.size(), source);
     if (source.find("on load") != std::string::npos) {
       what += fmt::format(" ({})", fmt::join(names, ", "));
     }
   }
-  if (fp8 > 0) what += fmt::format("{}{} FP8 block-128 layer(s)", what.empty() ? "" : "; ", fp8);
-  fmt::print(stderr, "metrale: [bench] {}: {}\n", file.path(), what);
+  if (!w.fp8.empty()) {
+    what += fmt::format("{}{} FP8 block-128 layer(s)", what.empty() ? "" : "; ", w.fp8.size());
+  }
+  fmt::print(stderr, "metrale: [bench] {}: {}\n", path, what);
 }
 
 int run_bench(const CommonOptions& options, const BenchOptions& bench) {
@@ -173,28 +224,20 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const bool gpu = backend->name() != "cpu";
   ModelShape shape;
   std::vector<HostQuantWeights> host;
-  // A file's FP8 layers (DeepSeek-V3 / Qwen), views into its map: the W8A8 op runs them.
-  std::optional<SafetensorsFile> file;
+  // A file's FP8 layers (DeepSeek-V3 / Qwen), views into the files kept here: the W8A8 op runs
+  // them.
+  std::deque<SafetensorsFile> files;
+  std::string weights_path;
   std::vector<Fp8Layer> fp8_layers;
   if (!bench.weights.empty()) {
-    // Real weights: every NVFP4 (or BF16/F32, quantized on load) linear layer of the file, and
-    // every FP8 one; each is loaded (checked) here, so a malformed one is exit 2 naming its
-    // tensor before anything is allocated.
-    file.emplace(SafetensorsFile::open(bench.weights));
-    for (const std::string& name : fp8_linear_layers(*file))
-      fp8_layers.push_back({name, load_fp8_linear(*file, name)});
-    // A file of FP8 layers alone has no 4-bit layer to load, which is no error.
-    const std::vector<std::string> q4 =
-        fp8_layers.empty() ? require_linear_layers(*file) : scan_linear_layers(*file).layers;
-    refuse_unread_quantized_layers(*file, fp8_linear_layers(*file));
-    std::map<std::string, std::vector<std::string>> by_source;
-    for (const std::string& name : q4) {
-      Nvfp4Linear l = load_nvfp4_linear(*file, name);
-      shape.layers.push_back({name, l.w.n, l.w.k});
-      host.push_back(std::move(l.w));
-      by_source[l.source].push_back(name);
-    }
-    say_what_was_loaded(*file, by_source, fp8_layers.size());
+    // Real weights: every FP4 (or BF16/F32, quantized on load) linear layer, and every FP8 one;
+    // each is loaded (checked) here, so a malformed one is exit 2 naming its tensor before
+    // anything is allocated.
+    LoadedWeights w = load_weights(bench.weights, files, weights_path);
+    say_what_was_loaded(weights_path, w);
+    shape = std::move(w.shape);
+    host = std::move(w.host);
+    fp8_layers = std::move(w.fp8);
   } else if (!bench.shapes.empty()) {
     for (const auto& [n, k] : bench.shapes)
       shape.layers.push_back({fmt::format("{}x{}", n, k), n, k});
@@ -220,13 +263,13 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   if (const std::string no_fp8 = backend->dense_gemm_unavailable(DenseKind::kE4m3Block128);
       !fp8_layers.empty() && !no_fp8.empty()) {
     fmt::print(stderr, "metrale: [bench] {} FP8 layer(s) of {} left out: {}\n", fp8_layers.size(),
-               file->path(), no_fp8);
+               weights_path, no_fp8);
     fp8_layers.clear();
   }
   if (shape.layers.empty() && fp8_layers.empty()) {
     throw Error(
         ErrorCode::kUnavailable, "bench",
-        fmt::format("{} holds only FP8 layers, which this backend cannot run", file->path()));
+        fmt::format("{} holds only FP8 layers, which this backend cannot run", weights_path));
   }
 
   const std::string backend_name(backend->name()), device = backend->device_name();

@@ -23,6 +23,7 @@
 
 #include "bench_models.h"
 #include "commands.h"
+#include "metrale/checkpoint_layers.h"
 #include "metrale/communicator.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
@@ -242,7 +243,9 @@ int run_bench_tp(const CommonOptions& options, const BenchOptions& bench) {
   // A sharded checkpoint (its index), opened and checked on every rank before anything runs:
   // a bad one is the same kIo error everywhere (exit 2).
   std::optional<ShardedCheckpoint> ckpt;
-  if (!bench.weights.empty()) ckpt.emplace(ShardedCheckpoint::open(bench.weights));
+  if (!bench.weights.empty()) {
+    ckpt.emplace(ShardedCheckpoint::open(resolve_checkpoint_path(bench.weights)));
+  }
   const RankBackends rb = rank_backends(options.backend, tp);
   ModelScope scope(rb.make(/*whole=*/false));
   const bool cuda = scope.backend().name() == "cuda";

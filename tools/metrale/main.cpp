@@ -63,9 +63,10 @@ int main(int argc, char** argv) {
   bench->add_option("--m", bench_opts.ms, "rows of A, e.g. 1,16,4096")->delimiter(',');
   bench
       ->add_option("--weights", bench_opts.weights,
-                   "a safetensors file: bench its NVFP4 (ModelOpt) or BF16 linear layers; with "
-                   "--tp, a sharded checkpoint's model.safetensors.index.json")
-      ->check(CLI::ExistingFile);
+                   "a safetensors file, a sharded checkpoint's model.safetensors.index.json, or a "
+                   "model folder holding either: bench its FP4 (ModelOpt NVFP4, compressed-tensors "
+                   "NVFP4/MXFP4), FP8 block-128 or BF16 linear layers (with --tp: an index)")
+      ->check(CLI::ExistingPath);
   bench->add_flag(
       "--allow-e4m3", bench_opts.allow_e4m3,
       "allow routes that cast A to E4M3 (auto takes one only where a module offers it)");

@@ -1,0 +1,34 @@
+// A sharded checkpoint's layers for the single-file loaders (metrale/modelopt.h,
+// metrale/fp8_checkpoint.h): each layer's tensors, whichever shards hold them, read into one
+// in-memory safetensors view, so that a layer whose scale lies in another shard than its weight
+// loads as it would from one file, and a model folder is read layer by layer, never more than
+// one layer's bytes at a time beyond what the caller keeps.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "metrale/safetensors.h"
+#include "metrale/sharded_checkpoint.h"
+
+namespace metrale {
+
+// The prefixes of a checkpoint's tensor names: each name up to its last '.' ("a.b.weight" ->
+// "a.b"; a name without one is its own prefix), sorted, each once.
+std::vector<std::string> tensor_prefixes(const ShardedCheckpoint& ckpt);
+
+// Every tensor "<prefix>.<suffix>" of `ckpt` (suffix without a '.'), read from its shard into
+// one in-memory safetensors file named after the index (messages then name the index and the
+// tensor). Throws as ShardedCheckpoint::read; Error(kNotFound) when no tensor has the prefix.
+SafetensorsFile gather_layer(const ShardedCheckpoint& ckpt, std::string_view prefix);
+
+// The safetensors file `path` names, or the checkpoint a folder holds: "<dir>" is
+// "<dir>/model.safetensors.index.json" where that exists, else "<dir>/model.safetensors". Returns
+// the path unchanged for anything else; Error(kNotFound) naming the folder when it holds neither.
+std::string resolve_checkpoint_path(const std::string& path);
+
+// Whether `path` is a sharded checkpoint's index (its name ends in ".index.json").
+bool is_checkpoint_index(std::string_view path);
+
+}  // namespace metrale
