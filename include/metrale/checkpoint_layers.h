@@ -5,6 +5,8 @@
 // one layer's bytes at a time beyond what the caller keeps.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +15,17 @@
 #include "metrale/sharded_checkpoint.h"
 
 namespace metrale {
+
+// One tensor of an in-memory safetensors file: its name, dtype, shape and little-endian bytes.
+struct OwnedTensor {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+// An in-memory safetensors file named `name` (for messages) holding `tensors`, validated as
+// SafetensorsFile::from_bytes validates any file. Throws Error(kIo) as it does.
+SafetensorsFile in_memory_safetensors(std::string name, std::vector<OwnedTensor> tensors);
 
 // The prefixes of a checkpoint's tensor names: each name up to its last '.' ("a.b.weight" ->
 // "a.b"; a name without one is its own prefix), sorted, each once.

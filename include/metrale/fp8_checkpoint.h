@@ -11,6 +11,7 @@
 // file, which the CLI answers with exit 2.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,5 +34,16 @@ E4m3BlockWeightsView load_fp8_linear(const SafetensorsFile& file, std::string_vi
 // "<layer>.weight" is F8_E4M3 or that has a "<layer>.weight_scale_inv". Sorted. A caller loads
 // each, so a malformed one is an error rather than a layer silently left out.
 std::vector<std::string> fp8_linear_layers(const SafetensorsFile& file);
+
+// FP8 layer `layer` with its block scales stored another way, as one in-memory file that
+// load_fp8_linear reads: "<layer>.weight" copied, and "<layer>.weight_scale_inv" F32
+// [ceil(N/128), ceil(K/128)] from F8_E8M0 "weight_scale_inv" (DeepSeek's UE8M0 variant:
+// 2^(e - 127)), BF16 "weight_scale" [ceil(N/128), ceil(K/128)] (compressed-tensors FP8_BLOCK, a
+// multiplier) or F32 "weight_scale" [ceil(N/128), 1, ceil(K/128), 1] (ModelOpt's 2-D blockwise
+// FP8). std::nullopt when the layer has F32 weight_scale_inv already, or no scale at all (then
+// load_fp8_linear says what is missing). Error(kIo) naming the file and the scale tensor for any
+// other scale, saying what it is and which layouts are read; or for a NaN UE8M0 scale.
+std::optional<SafetensorsFile> fp8_scales_as_inv(const SafetensorsFile& file,
+                                                 std::string_view layer);
 
 }  // namespace metrale

@@ -48,30 +48,39 @@ SafetensorsFile gather_layer(const ShardedCheckpoint& ckpt, std::string_view pre
     throw Error(ErrorCode::kNotFound, "safetensors",
                 fmt::format("{}: no tensor is named '{}.<name>'", ckpt.index_path(), prefix));
   }
-  // Widest elements first, from an 8-aligned data section: every tensor starts aligned to its
-  // element, and the tensors fill the section without a gap (the reader refuses holes).
-  std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
-    return element_bytes(ckpt.info(a).dtype) > element_bytes(ckpt.info(b).dtype);
-  });
-  nlohmann::json header = nlohmann::json::object();
-  std::vector<std::byte> data;
+  std::vector<OwnedTensor> tensors;
   for (const std::string& name : names) {
     const SafetensorsTensorInfo& info = ckpt.info(name);
-    const std::vector<std::byte> bytes = ckpt.read(name);
-    header[name] = {{"dtype", info.dtype},
-                    {"shape", info.shape},
-                    {"data_offsets", {data.size(), data.size() + bytes.size()}}};
-    data.insert(data.end(), bytes.begin(), bytes.end());
+    tensors.push_back(OwnedTensor{name, info.dtype, info.shape, ckpt.read(name)});
+  }
+  return in_memory_safetensors(ckpt.index_path(), std::move(tensors));
+}
+
+SafetensorsFile in_memory_safetensors(std::string name, std::vector<OwnedTensor> tensors) {
+  // Widest elements first, from an 8-aligned data section: every tensor starts aligned to its
+  // element, and the tensors fill the section without a gap (the reader refuses holes).
+  std::stable_sort(tensors.begin(), tensors.end(), [](const OwnedTensor& a, const OwnedTensor& b) {
+    return element_bytes(a.dtype) > element_bytes(b.dtype);
+  });
+  nlohmann::json header = nlohmann::json::object();
+  std::size_t size = 0;
+  for (const OwnedTensor& t : tensors) {
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {size, size + t.bytes.size()}}};
+    size += t.bytes.size();
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::vector<std::byte> file(8 + text.size() + data.size());
+  std::vector<std::byte> file(8 + text.size() + size);
   const auto length = static_cast<std::uint64_t>(text.size());
-  for (int i = 0; i < 8; ++i)
-    file[static_cast<std::size_t>(i)] = std::byte((length >> (8 * i)) & 0xFF);
+  for (std::size_t i = 0; i < 8; ++i) file[i] = std::byte((length >> (8 * i)) & 0xFF);
   std::memcpy(file.data() + 8, text.data(), text.size());
-  if (!data.empty()) std::memcpy(file.data() + 8 + text.size(), data.data(), data.size());
-  return SafetensorsFile::from_bytes(ckpt.index_path(), file);
+  std::size_t at = 8 + text.size();
+  for (const OwnedTensor& t : tensors) {
+    if (!t.bytes.empty()) std::memcpy(file.data() + at, t.bytes.data(), t.bytes.size());
+    at += t.bytes.size();
+  }
+  return SafetensorsFile::from_bytes(std::move(name), file);
 }
 
 std::string resolve_checkpoint_path(const std::string& path) {

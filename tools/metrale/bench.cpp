@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <deque>
+#include <list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -142,11 +142,23 @@ struct LoadedWeights {
   std::vector<RejectedLayer> unread;
 };
 
-// Loads every linear layer of `file` into `out`: the FP8 block-128 ones (views into the file),
-// the FP4 and BF16/F32 ones (copied), and notes the quantized-looking ones it cannot read.
-void load_layers(const SafetensorsFile& file, LoadedWeights& out) {
+// Loads every linear layer of `file` into `out`: the FP8 block-128 ones (views into `file`, or
+// into the in-memory rewrite of a layer whose block scales are stored another way, which `keep`
+// then holds), the FP4 and BF16/F32 ones (copied), and notes the quantized-looking ones it
+// cannot read. Returns whether an FP8 layer views `file` itself.
+bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
+                 std::list<SafetensorsFile>& keep) {
+  bool viewed = false;
   const std::vector<std::string> fp8 = fp8_linear_layers(file);
-  for (const std::string& name : fp8) out.fp8.push_back({name, load_fp8_linear(file, name)});
+  for (const std::string& name : fp8) {
+    if (std::optional<SafetensorsFile> rewritten = fp8_scales_as_inv(file, name)) {
+      keep.push_back(std::move(*rewritten));
+      out.fp8.push_back({name, load_fp8_linear(keep.back(), name)});
+    } else {
+      out.fp8.push_back({name, load_fp8_linear(file, name)});
+      viewed = true;
+    }
+  }
   const LinearLayerScan scan = scan_linear_layers(file);
   for (const RejectedLayer& r : scan.rejected) {
     if (r.quantized && std::find(fp8.begin(), fp8.end(), r.layer) == fp8.end()) {
@@ -159,30 +171,30 @@ void load_layers(const SafetensorsFile& file, LoadedWeights& out) {
     out.host.push_back(std::move(l.w));
     out.by_source[l.source].push_back(name);
   }
+  return viewed;
 }
 
 // Loads --weights: a safetensors file, a sharded checkpoint's index, or a folder holding either
 // (each layer of a sharded one gathered across its shards). `files` keeps what the FP8 layers
 // view. Error(kIo), before anything is timed, naming each quantized-looking layer it cannot read
 // (rather than a bench of the rest that says nothing of them), or a checkpoint without a layer.
-LoadedWeights load_weights(const std::string& weights, std::deque<SafetensorsFile>& files,
+LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile>& files,
                            std::string& path) {
   path = resolve_checkpoint_path(weights);
   LoadedWeights out;
   if (is_checkpoint_index(path)) {
     const ShardedCheckpoint ckpt = ShardedCheckpoint::open(path);
     for (const std::string& prefix : tensor_prefixes(ckpt)) {
-      files.push_back(gather_layer(ckpt, prefix));
-      const std::size_t fp8_before = out.fp8.size();
-      load_layers(files.back(), out);
-      if (out.fp8.size() == fp8_before) files.pop_back();  // nothing views it
+      const auto view = files.insert(files.end(), gather_layer(ckpt, prefix));
+      if (!load_layers(*view, out, files)) files.erase(view);  // nothing views it
     }
   } else {
     files.push_back(SafetensorsFile::open(path));
-    load_layers(files.back(), out);
+    const SafetensorsFile& file = files.back();
+    load_layers(file, out, files);
     // A file of FP8 layers alone has no 4-bit layer to load, which is no error; a file of
     // neither is, naming each candidate and why.
-    if (out.shape.layers.empty() && out.fp8.empty()) (void)require_linear_layers(files.back());
+    if (out.shape.layers.empty() && out.fp8.empty()) (void)require_linear_layers(file);
   }
   if (!out.unread.empty()) {
     std::string why;
@@ -226,7 +238,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   std::vector<HostQuantWeights> host;
   // A file's FP8 layers (DeepSeek-V3 / Qwen), views into the files kept here: the W8A8 op runs
   // them.
-  std::deque<SafetensorsFile> files;
+  std::list<SafetensorsFile> files;
   std::string weights_path;
   std::vector<Fp8Layer> fp8_layers;
   if (!bench.weights.empty()) {
