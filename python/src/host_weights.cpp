@@ -7,6 +7,7 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -16,10 +17,12 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "metrale/checkpoint_layers.h"
 #include "metrale/e4m3_block.h"
 #include "metrale/modelopt.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
+#include "metrale/sharded_checkpoint.h"
 
 namespace nb = nanobind;
 
@@ -116,10 +119,40 @@ nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>> bytes_view(
 }
 
 // A checkpoint read through SafetensorsFile, with its linear layers sorted once.
+// A safetensors file, or a sharded checkpoint whose layers are gathered across its shards when
+// asked for (metrale/checkpoint_layers.h), with its linear layers.
 struct Checkpoint {
-  SafetensorsFile file;
+  std::optional<SafetensorsFile> file;
+  std::optional<ShardedCheckpoint> sharded;
+  std::string path;
   LinearLayerScan scan;
+
+  // Loads `layer` from the file, or from its tensors gathered across the shards.
+  Nvfp4Linear load(std::string_view layer) const {
+    if (file) return load_nvfp4_linear(*file, layer);
+    return load_nvfp4_linear(gather_layer(*sharded, layer), layer);
+  }
 };
+
+// Opens `path`: a safetensors file, a model.safetensors.index.json, or a folder holding either;
+// a sharded one is scanned layer by layer (one layer's bytes in memory at a time).
+Checkpoint open_checkpoint(const std::string& path) {
+  Checkpoint c;
+  c.path = resolve_checkpoint_path(path);
+  if (!is_checkpoint_index(c.path)) {
+    c.file.emplace(SafetensorsFile::open(c.path));
+    c.scan = scan_linear_layers(*c.file);
+    return c;
+  }
+  c.sharded.emplace(ShardedCheckpoint::open(c.path));
+  for (const std::string& prefix : tensor_prefixes(*c.sharded)) {
+    LinearLayerScan one = scan_linear_layers(gather_layer(*c.sharded, prefix));
+    c.scan.layers.insert(c.scan.layers.end(), one.layers.begin(), one.layers.end());
+    c.scan.rejected.insert(c.scan.rejected.end(), one.rejected.begin(), one.rejected.end());
+  }
+  std::sort(c.scan.layers.begin(), c.scan.layers.end());
+  return c;
+}
 
 }  // namespace
 
@@ -212,9 +245,12 @@ void bind_host_weights(nb::module_& m) {
       "block [ceil(N/128), ceil(K/128)], the FP8 checkpoint layout the W8A8 op takes.");
 
   nb::class_<Checkpoint>(m, "Checkpoint",
-                         "A safetensors file mapped read-only, with its linear layers.")
-      .def_prop_ro("path", [](const Checkpoint& c) { return c.file.path(); })
-      .def_prop_ro("tensors", [](const Checkpoint& c) { return c.file.names(); })
+                         "A safetensors file mapped read-only, or a sharded checkpoint, with its "
+                         "linear layers.")
+      .def_prop_ro("path", [](const Checkpoint& c) { return c.path; })
+      .def_prop_ro(
+          "tensors",
+          [](const Checkpoint& c) { return c.file ? c.file->names() : c.sharded->names(); })
       .def_prop_ro(
           "layers", [](const Checkpoint& c) { return c.scan.layers; },
           "The linear layers weights() can load, sorted.")
@@ -235,38 +271,27 @@ void bind_host_weights(nb::module_& m) {
           "Candidate layers that cannot be loaded, each with the tensor at fault, why, and whether "
           "it looks quantized (packed, integer or FP8 weights, or block scales beside them).")
       .def(
-          "weights",
-          [](const Checkpoint& c, std::string_view layer) {
-            return load_nvfp4_linear(c.file, layer).w;
-          },
+          "weights", [](const Checkpoint& c, std::string_view layer) { return c.load(layer).w; },
           nb::arg("layer"),
           "The layer's FP4 weights (NVFP4, or MXFP4 from compressed-tensors; a BF16/F32 layer is "
           "quantized to NVFP4 on load).")
       .def(
           "source",
-          [](const Checkpoint& c, std::string_view layer) {
-            return load_nvfp4_linear(c.file, layer).source;
-          },
+          [](const Checkpoint& c, std::string_view layer) { return c.load(layer).source; },
           nb::arg("layer"),
           "What the file held for the layer: 'ModelOpt NVFP4', 'compressed-tensors NVFP4', "
           "'compressed-tensors MXFP4', or 'BF16, quantized to NVFP4 on load' (F32 alike).")
       .def(
           "input_scale",
-          [](const Checkpoint& c, std::string_view layer) {
-            return load_nvfp4_linear(c.file, layer).input_scale;
-          },
+          [](const Checkpoint& c, std::string_view layer) { return c.load(layer).input_scale; },
           nb::arg("layer"), "The layer's activation scale, or None when the file has none.");
   m.def(
-      "load_safetensors",
-      [](const std::string& path) {
-        Checkpoint c{SafetensorsFile::open(path), {}};
-        c.scan = scan_linear_layers(c.file);
-        return c;
-      },
+      "load_safetensors", [](const std::string& path) { return open_checkpoint(path); },
       nb::arg("path"),
-      "Maps a safetensors file (NVIDIA ModelOpt NVFP4, compressed-tensors "
+      "Opens a safetensors file, a sharded checkpoint's model.safetensors.index.json, or a model "
+      "folder holding either (NVIDIA ModelOpt NVFP4, compressed-tensors "
       "nvfp4/mxfp4-pack-quantized, "
-      "or BF16/F32 layers) and validates it.");
+      "or BF16/F32 layers; a layer's tensors may lie in different shards) and validates it.");
 }
 
 }  // namespace metrale::py

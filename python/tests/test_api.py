@@ -203,6 +203,20 @@ def test_compressed_tensors_checkpoints_load_and_run(folder, fmt, source, rng, m
     check_gemm(model.gemm(a, model.upload_weights(loaded)), a, loaded)
 
 
+def test_a_sharded_folder_loads_as_its_single_file():
+    # The same model saved in shards (a layer's global scale in another shard than its codes).
+    sharded = metrale.load_safetensors(str(CHECKPOINTS / "ct-nvfp4a16-sharded"))
+    single = metrale.load_safetensors(str(CHECKPOINTS / "ct-nvfp4a16" / "model.safetensors"))
+    assert sharded.path.endswith("model.safetensors.index.json")
+    assert sharded.layers == single.layers
+    for layer in single.layers:
+        a, b = sharded.weights(layer), single.weights(layer)
+        np.testing.assert_array_equal(a.dequantize(), b.dequantize())
+        assert sharded.source(layer) == single.source(layer)
+    with pytest.raises(metrale.NotFoundError, match="nope"):
+        sharded.weights("nope")
+
+
 def test_int4_pack_quantized_layers_are_rejected_as_quantized():
     ckpt = metrale.load_safetensors(str(CHECKPOINTS / "ct-w4a16" / "model.safetensors"))
     assert ckpt.layers == ["lm_head", "model.embed_tokens"]
