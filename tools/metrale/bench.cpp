@@ -130,8 +130,6 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
   }
 }
 
-}  // namespace
-
 // What a --weights file or checkpoint gave: its FP4 layers (and their sources), its FP8 ones,
 // and the layers that look quantized but that no loader here reads.
 struct LoadedWeights {
@@ -228,6 +226,8 @@ void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
   }
   fmt::print(stderr, "metrale: [bench] {}: {}\n", path, what);
 }
+
+}  // namespace
 
 int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const InterruptScope ctrl_c;  // Ctrl-C stops the timing, not the teardown
