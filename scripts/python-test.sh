@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python package's tests: a virtual environment in build/venv with the package installed by
-# pip (scikit-build-core through the project's CMake), then pytest over python/tests.
+# pip (scikit-build-core through the project's CMake), torch and transformers beside it, then
+# pytest over python/tests.
 #
 # It reuses the tree test.sh has just built (build/, the ci preset) as pip's build directory, so
 # the library is compiled once: pip adds only the extension and the CLI beside it. A plain
@@ -12,6 +13,12 @@ venv=$PWD/build/venv
 [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   numpy ml_dtypes pytest matplotlib nanobind scikit-build-core
+# metrale.torch's tests: PyTorch and transformers from PyPI (torch pulls its CUDA libraries, about
+# 3 GB, two minutes here), the versions they were written against. Their tests fail rather than
+# skip when these are missing (METRALE_TEST_REQUIRE, python/tests/conftest.py).
+"$venv/bin/python" -m pip install -q --disable-pip-version-check \
+  torch==2.15.0 transformers==5.17.0 safetensors
+export METRALE_TEST_REQUIRE=torch,transformers
 # The ci tree's own settings, so that pip's configure keeps everything it built.
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
   -C build-dir=build -C cmake.build-type=RelWithDebInfo \

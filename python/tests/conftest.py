@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import ml_dtypes
@@ -10,7 +11,18 @@ import pytest
 
 import metrale
 
-BF16_NAN = 0x7FC0  # poison: an element metrale never wrote reads as NaN
+BF16_NAN = 0x7FC0
+# Modules whose absence fails a test rather than skipping it: scripts/python-test.sh installs
+# them and names them here, so a CI run whose torch went missing is red, not quietly skipped.
+REQUIRED = set(filter(None, os.environ.get("METRALE_TEST_REQUIRE", "").split(",")))  # poison: an element metrale never wrote reads as NaN
+
+
+def need(module: str):
+    """The module, imported; skips the calling test file where it is not installed, unless
+    METRALE_TEST_REQUIRE names it (then the import error fails it)."""
+    if module.partition(".")[0] in REQUIRED:
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from conftest import need
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -16,3 +18,19 @@ def test_readme_example_runs(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "True"  # model.report.clean
     assert float(out[1]) < 8e-3  # the normalized error it prints
+
+
+def test_readme_torch_example_runs(capsys, monkeypatch):
+    """The PyTorch section, from the repository root as a reader runs it."""
+    need("torch")
+    need("transformers")
+    text = README.read_text()
+    section = text[text.index("## Use it with PyTorch"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(README.parent)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "Linear(in_features=128, out_features=64, format=nvfp4)"
+    assert out[1].startswith("[1, 17, 42, 5, ") and len(out[1].split(",")) == 12
+    assert out[2] == "torch.Size([1, 4, 128])"
+    assert out[3] == "True"  # torn down clean

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import check_gemm
+from conftest import check_gemm, need
 
 import metrale
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 
 def test_torch_cpu_tensors_in_place():

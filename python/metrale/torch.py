@@ -1,0 +1,262 @@
+"""metrale for PyTorch: metrale's GEMMs as torch custom ops, a Linear module, and transformers
+models whose quantized linears run on metrale.
+
+    import metrale.torch as mt
+    model = mt.from_pretrained("path/to/checkpoint")   # a transformers model
+    logits = model(input_ids).logits
+    model.metrale.close()                              # the quantized weights' memory, to 0 bytes
+
+The op ``torch.ops.metrale.linear(x, weights, bias)`` is registered through ``torch.library``
+with a fake (meta) implementation, so ``torch.compile(fullgraph=True)`` traces a model that
+calls it without a graph break. ``weights`` is the handle ``register`` returns for weights on a
+metrale.Model: an int, so the compiled graph holds it as a constant (Note [torch op handles] in
+docs/NOTES.md).
+
+Who owns what: quantized weights live in the metrale.Model they were uploaded to (its ledger
+counts them) until that model closes; a Linear only names them, and calling it after the model
+closed raises metrale.StateError. Biases and every other parameter are torch tensors, owned by
+torch. Activations and outputs are torch tensors; metrale borrows them for the call alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+import metrale
+
+from .errors import argument_error
+
+__all__ = ["Linear", "from_pretrained", "linear", "register"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    model: metrale.Model
+    weights: Any  # metrale.Weights or metrale.Fp8Weights
+    allow_e4m3: bool
+
+
+_entries: dict[int, _Entry] = {}
+_next_handle = 1
+_lock = threading.Lock()
+
+
+def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> int:
+    """The handle of ``weights`` (on ``model``) for torch.ops.metrale.linear: an int, unique in
+    this process. FP8 weights run the W8A8 op, which casts activations to E4M3: they need
+    ``allow_e4m3=True``, as Model.gemm does."""
+    global _next_handle
+    if not isinstance(model, metrale.Model):
+        raise argument_error("metrale.torch.register",
+                             f"model: {type(model).__name__} is not a metrale.Model")
+    if not isinstance(weights, (metrale.Weights, metrale.Fp8Weights)):
+        raise argument_error("metrale.torch.register", f"weights: {type(weights).__name__} is "
+                             "not weights on a device (model.upload_weights)", metrale.DtypeError)
+    if isinstance(weights, metrale.Fp8Weights) and not allow_e4m3:
+        raise argument_error("metrale.torch.register", "weights: FP8 weights run the W8A8 op, "
+                             "which casts activations to E4M3; pass allow_e4m3=True")
+    with _lock:
+        handle = _next_handle
+        _next_handle += 1
+        _entries[handle] = _Entry(model, weights, bool(allow_e4m3))
+    return handle
+
+
+def unregister(handle: int) -> None:
+    """Forgets a handle (a Linear does so when it is collected); the weights stay with their
+    model until it closes."""
+    with _lock:
+        _entries.pop(handle, None)
+
+
+def _entry(api: str, handle: int) -> _Entry:
+    with _lock:
+        entry = _entries.get(handle)
+    if entry is None:
+        raise argument_error(api, f"weights: {handle} is not a registered handle "
+                             "(metrale.torch.register)")
+    return entry
+
+
+@torch.library.custom_op("metrale::linear", mutates_args=())
+def linear(x: torch.Tensor, weights: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y[..., N] = x[..., K] · dequant(W)ᵀ (+ bias[N]) in BF16 with FP32 accumulation, for the
+    weights ``weights`` names (register). x and bias are BF16 on the weights' model's device."""
+    api = "metrale.torch.linear"
+    entry = _entry(api, weights)
+    w = entry.weights
+    if x.dtype != torch.bfloat16:
+        raise argument_error(api, f"x: dtype {x.dtype}, expected torch.bfloat16",
+                             metrale.DtypeError)
+    if x.dim() < 1 or x.shape[-1] != w.k:
+        raise argument_error(api, f"x: shape {tuple(x.shape)}, expected (..., {w.k})")
+    rows = x.numel() // w.k
+    out = torch.empty((rows, w.n), dtype=torch.bfloat16, device=x.device)
+    if rows > 0:
+        entry.model.gemm(x.reshape(rows, w.k).contiguous(), w, out=out, bias=bias,
+                         allow_e4m3=entry.allow_e4m3)
+    return out.reshape(*x.shape[:-1], w.n)
+
+
+@linear.register_fake
+def _linear_fake(x: torch.Tensor, weights: int,
+                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    w = _entry("metrale.torch.linear", weights).weights
+    return x.new_empty((*x.shape[:-1], w.n))
+
+
+class Linear(torch.nn.Module):
+    """A linear layer whose weights are metrale's: y = x · dequant(W)ᵀ + bias.
+
+    Inputs of any float dtype are cast to BF16 for the GEMM and the output cast back; the
+    weights stay in their metrale.Model (see the module's text for who owns what).
+    """
+
+    def __init__(self, model: metrale.Model, weights: Any, bias: Optional[torch.Tensor] = None,
+                 *, allow_e4m3: bool = False) -> None:
+        super().__init__()
+        self.handle = register(model, weights, allow_e4m3)
+        weakref.finalize(self, unregister, self.handle)
+        self.in_features = int(weights.k)
+        self.out_features = int(weights.n)
+        self.format = str(weights.format)
+        if bias is not None:
+            if tuple(bias.shape) != (self.out_features,):
+                raise argument_error("metrale.torch.Linear", f"bias: shape {tuple(bias.shape)}, "
+                                     f"expected ({self.out_features},)")
+            bias = bias.detach().to(torch.bfloat16).contiguous()
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, layer: torch.nn.Linear, model: metrale.Model,
+                    format: str = "nvfp4") -> "Linear":
+        """A torch Linear's weights quantized ("nvfp4" or "mxfp4") and uploaded to ``model``."""
+        quantize = {"nvfp4": metrale.quantize_nvfp4, "mxfp4": metrale.quantize_mxfp4}.get(format)
+        if quantize is None:
+            raise argument_error("metrale.torch.Linear.from_linear",
+                                 f"format: '{format}', expected nvfp4 or mxfp4")
+        host = quantize(layer.weight)
+        return cls(model, model.upload_weights(host, label="torch linear"), layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.metrale.linear(x.to(torch.bfloat16), self.handle, self.bias)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"format={self.format}")
+
+
+# What metrale.Checkpoint.source says of a layer the checkpoint holds quantized.
+_QUANTIZED_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
+
+
+def from_pretrained(path: str, *, backend: str = "auto",
+                    dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """The transformers model of a checkpoint folder, its quantized linears on metrale.
+
+    The model is built by transformers from the folder's config.json; every layer the checkpoint
+    holds quantized (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4-pack-quantized) becomes a
+    Linear on one metrale.Model (``model.metrale``; close it to release them), and every other
+    tensor is loaded by torch as the file holds it (BF16 layers stay BF16, in ``dtype``). Never
+    a partial load: a tensor that looks quantized but that metrale cannot read, a checkpoint
+    tensor the model has no place for, or a model parameter the checkpoint does not give raises
+    IoError naming them.
+    """
+    import transformers
+
+    api = "metrale.torch.from_pretrained"
+    ckpt = metrale.load_safetensors(path)
+    unread = [r for r in ckpt.rejected if r["quantized"]]
+    if unread:
+        raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
+                             "; ".join(f"{r['tensor']}: {r['why']}" for r in unread),
+                             metrale.IoError)
+    quantized = [layer for layer in ckpt.layers if ckpt.source(layer) in _QUANTIZED_SOURCES]
+    config = transformers.AutoConfig.from_pretrained(path)
+    # The checkpoint's quantization is metrale's to read: transformers builds the plain model.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = _read_tensors(_tensor_files(ckpt.path), quantized)
+    runtime = metrale.Model(backend)
+    try:
+        for layer in quantized:
+            _swap_linear(api, model, layer, ckpt.weights(layer), state.pop(layer + ".bias", None),
+                         runtime)
+        _load_state(api, model, state, dtype)
+    except BaseException:
+        runtime.close(check=False)
+        raise
+    model.metrale = runtime
+    return model.eval()
+
+
+def _swap_linear(api: str, model: torch.nn.Module, layer: str, host: Any,
+                 bias: Optional[torch.Tensor], runtime: metrale.Model) -> None:
+    try:
+        old = model.get_submodule(layer)
+    except AttributeError:
+        raise argument_error(api, f"{layer}: a quantized layer the model has no module for",
+                             metrale.IoError) from None
+    if not isinstance(old, torch.nn.Linear):
+        raise argument_error(api, f"{layer}: the model's module is a {type(old).__name__}, not "
+                             "a Linear", metrale.IoError)
+    if (host.n, host.k) != (old.out_features, old.in_features):
+        raise argument_error(api, f"{layer}: the checkpoint's weights are {host.n} x {host.k}, "
+                             f"the model's Linear {old.out_features} x {old.in_features}",
+                             metrale.IoError)
+    if (old.bias is None) != (bias is None):
+        what = "not in the checkpoint" if bias is None else "in the checkpoint, but the " \
+            "model's Linear has none"
+        raise argument_error(api, f"{layer}.bias: {what}", metrale.IoError)
+    new = Linear(runtime, runtime.upload_weights(host, label=layer), bias)
+    parent, _, name = layer.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, new)
+
+
+def _tensor_files(path: str) -> list:
+    if not path.endswith(".index.json"):
+        return [path]
+    with open(path) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(os.path.dirname(path), s) for s in shards]
+
+
+def _read_tensors(files: list, quantized: list) -> dict:
+    """Every tensor of the files but the quantized layers' own (their bias aside)."""
+    from safetensors import safe_open
+
+    prefixes = tuple(layer + "." for layer in quantized)
+    biases = {layer + ".bias" for layer in quantized}
+    state = {}
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():
+                if not name.startswith(prefixes) or name in biases:
+                    state[name] = st.get_tensor(name)
+    return state
+
+
+def _load_state(api: str, model: torch.nn.Module, state: dict, dtype: torch.dtype) -> None:
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    result = model.load_state_dict(state, strict=False)
+    # A parameter tied to a loaded one (lm_head to embed_tokens) is loaded with it.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in state if k in params}
+    missing = [k for k in result.missing_keys if not (k in params and id(params[k]) in loaded)]
+    parts = []
+    if missing:
+        parts.append("not in the checkpoint: " + ", ".join(sorted(missing)))
+    if result.unexpected_keys:
+        parts.append("in the checkpoint but not in the model: " +
+                     ", ".join(sorted(result.unexpected_keys)))
+    if parts:
+        raise argument_error(api, "; ".join(parts), metrale.IoError)

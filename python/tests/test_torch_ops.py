@@ -1,0 +1,142 @@
+"""metrale.torch: the custom op against the float64 reference, torch.library.opcheck,
+torch.compile(fullgraph=True) without a graph break, ownership and bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import check_gemm, need
+
+import metrale
+
+torch = need("torch")
+mt = need("metrale.torch")
+
+
+def _weights(rng, n, k, fmt="nvfp4"):
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    return metrale.quantize_nvfp4(w) if fmt == "nvfp4" else metrale.quantize_mxfp4(w)
+
+
+def _bf16(rng, *shape):
+    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)])
+def test_linear_matches_the_float64_reference(rng, model, fmt, lead):
+    host = _weights(rng, 96, 256, fmt)
+    bias = _bf16(rng, 96)
+    layer = mt.Linear(model, model.upload_weights(host), bias)
+    x = _bf16(rng, *lead, 256)
+    y = layer(x)
+    assert y.shape == (*lead, 96) and y.dtype == torch.bfloat16
+    check_gemm(y.reshape(-1, 96).float().numpy(), x.reshape(-1, 256).double().numpy(), host,
+               bias.double().numpy())
+    # Any float input: cast to BF16 for the GEMM, the output cast back.
+    y32 = layer(x.float())
+    assert y32.dtype == torch.float32
+    assert torch.equal(y32, y.float())
+
+
+def test_opcheck(rng, model):
+    host = _weights(rng, 64, 128)
+    handle = mt.register(model, model.upload_weights(host))
+    op = torch.ops.metrale.linear.default
+    for x, bias in [(_bf16(rng, 4, 128), None), (_bf16(rng, 2, 3, 128), _bf16(rng, 64)),
+                    (_bf16(rng, 0, 128), None)]:
+        torch.library.opcheck(op, (x, handle, bias))
+
+
+def test_opcheck_catches_a_wrong_fake_shape(rng, model):
+    """The check above is live: a fake implementation that lies about N fails it."""
+    host = _weights(rng, 64, 128)
+    handle = mt.register(model, model.upload_weights(host))
+    torch.library.register_fake("metrale::linear",
+                                lambda x, weights, bias=None: x.new_empty((*x.shape[:-1], 65)))
+    try:
+        with pytest.raises(Exception, match="test_faketensor"):
+            torch.library.opcheck(torch.ops.metrale.linear.default,
+                                  (_bf16(rng, 4, 128), handle, None))
+    finally:
+        torch.library.register_fake("metrale::linear", mt._linear_fake)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self, model, rng):
+        super().__init__()
+        self.up = mt.Linear(model, model.upload_weights(_weights(rng, 128, 64)), _bf16(rng, 128))
+        self.down = mt.Linear(model, model.upload_weights(_weights(rng, 64, 128, "mxfp4")))
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.up(x))) + x
+
+
+def test_compile_fullgraph_traces_without_a_graph_break(rng, model):
+    mlp = _Mlp(model, rng)
+    x = _bf16(rng, 3, 64)
+    eager = mlp(x)
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), eager)
+    # A new M reuses the graph (dynamic rows) or retraces; either way no break and the same
+    # result.
+    x2 = _bf16(rng, 7, 64)
+    assert torch.equal(compiled(x2), mlp(x2))
+    explained = torch._dynamo.explain(mlp)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    # The ops are in the graph, not run around it.
+    graph = explained.graphs[0]
+    calls = [n for n in graph.graph.nodes if "metrale" in str(n.target)]
+    assert len(calls) == 2, graph.code
+
+
+def test_compile_check_is_live(rng, model):
+    """The same fullgraph compile of the plain API (Model.gemm in forward), the failure the op
+    exists for, is refused: the check above can fail."""
+    w = model.upload_weights(_weights(rng, 64, 64))
+
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return torch.from_dlpack(model.gemm(x, w))
+
+    x = _bf16(rng, 2, 64)
+    assert Plain()(x).shape == (2, 64)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(Plain(), fullgraph=True, backend="aot_eager")(x)
+
+
+def test_compile_with_inductor(rng, model):
+    mlp = _Mlp(model, rng)
+    x = _bf16(rng, 5, 64)
+    compiled = torch.compile(mlp, fullgraph=True)
+    # Inductor may fuse the SiLU and the residual add in FP32 where eager rounds each to BF16:
+    # torch's own BF16 tolerances, not ours.
+    torch.testing.assert_close(compiled(x), mlp(x))
+
+
+def test_weights_belong_to_the_model(rng):
+    model = metrale.Model("cpu")
+    host = _weights(rng, 64, 128)
+    before = model.stats()["owned_bytes"]
+    layer = mt.Linear(model, model.upload_weights(host))
+    assert model.stats()["owned_bytes"] >= before + host.n * host.k // 2
+    layer(_bf16(rng, 2, 128))
+    assert model.close().clean
+    with pytest.raises(metrale.StateError):
+        layer(_bf16(rng, 2, 128))
+
+
+def test_bad_inputs_name_the_call(rng, model):
+    host = _weights(rng, 64, 128)
+    handle = mt.register(model, model.upload_weights(host))
+    op = torch.ops.metrale.linear
+    with pytest.raises(metrale.DtypeError, match=r"metrale.torch.linear.*x: dtype torch.float32"):
+        op(torch.zeros(2, 128), handle, None)
+    with pytest.raises(metrale.InvalidArgumentError, match=r"x: shape \(2, 64\), expected"):
+        op(torch.zeros(2, 64, dtype=torch.bfloat16), handle, None)
+    with pytest.raises(metrale.InvalidArgumentError, match=r"weights: 0 is not a registered"):
+        op(torch.zeros(2, 128, dtype=torch.bfloat16), 0, None)
+    with pytest.raises(metrale.InvalidArgumentError, match=r"bias"):
+        op(torch.zeros(2, 128, dtype=torch.bfloat16), handle, torch.zeros(3, dtype=torch.bfloat16))
+    with pytest.raises(metrale.DtypeError, match=r"metrale.torch.register"):
+        mt.register(model, host)
