@@ -140,3 +140,14 @@ def test_bad_inputs_name_the_call(rng, model):
         op(torch.zeros(2, 128, dtype=torch.bfloat16), handle, torch.zeros(3, dtype=torch.bfloat16))
     with pytest.raises(metrale.DtypeError, match=r"metrale.torch.register"):
         mt.register(model, host)
+
+
+def test_fp8_weights_run_the_w8a8_op(rng, model):
+    codes, scales = metrale.quantize_e4m3_block128(rng.standard_normal((96, 256)))
+    w = model.upload_fp8_weights(codes, scales)
+    with pytest.raises(metrale.InvalidArgumentError, match="allow_e4m3=True"):
+        mt.Linear(model, w)
+    layer = mt.Linear(model, w, allow_e4m3=True)
+    x = _bf16(rng, 3, 256)
+    expected = torch.from_dlpack(model.gemm(x, w, allow_e4m3=True))
+    assert torch.equal(layer(x), expected)
