@@ -14,11 +14,15 @@ venv=$PWD/build/venv
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   numpy ml_dtypes pytest matplotlib nanobind scikit-build-core
 # metrale.torch's tests: PyTorch and transformers from PyPI (torch pulls its CUDA libraries, about
-# 3 GB, two minutes here), the versions they were written against. Their tests fail rather than
-# skip when these are missing (METRALE_TEST_REQUIRE, python/tests/conftest.py).
+# 3 GB, two minutes here), and the libraries that wrote the test checkpoints, which read each
+# quantized layer back for the whole-model test (compressed-tensors, ModelOpt; the quantizers
+# themselves are not needed: tests/fixtures/models/make_models.py), the versions they were
+# written against. Their tests fail rather than skip when these are missing
+# (METRALE_TEST_REQUIRE, python/tests/conftest.py).
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  torch==2.15.0 transformers==5.17.0 safetensors
-export METRALE_TEST_REQUIRE=torch,transformers
+  torch==2.15.0 transformers==5.17.0 safetensors compressed-tensors==0.20.1 \
+  nvidia-modelopt==0.47.0
+export METRALE_TEST_REQUIRE=torch,transformers,compressed_tensors,modelopt
 # The ci tree's own settings, so that pip's configure keeps everything it built.
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
   -C build-dir=build -C cmake.build-type=RelWithDebInfo \

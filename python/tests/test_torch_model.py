@@ -1,59 +1,99 @@
 """A whole transformers model through metrale.torch against transformers' own forward.
 
-The checkpoints are the ones llm-compressor and ModelOpt made (tests/fixtures/checkpoints, with
-the scripts that made them); beside each lies what the quantizing library itself reads back from
-every quantized layer. Note [whole-model check] in docs/NOTES.md: the model metrale.torch builds
-is transformers' own module tree with each quantized Linear swapped for a metrale one, so the
-test (1) checks every metrale GEMM where it runs, on the activations the real forward gives it,
-against the float64 product with the library's exact dequantization under the per-element GEMM
-bound of the C++ suites (toolkit/gemm_tolerance.h), and that every quantized layer ran; (2) runs
-transformers' forward with exact GEMMs (the library's weights in float64, rounded once to BF16:
-what a correct BF16 W4A16 runtime computes) fed, layer by layer, metrale's checked outputs, and
-requires the logits bit for bit: nothing outside the GEMMs differs; (3) compares greedy
-generation of 32 tokens with the exact-GEMM forward's, a divergence allowed only at a near-tie.
+The checkpoints were made by llm-compressor and ModelOpt (a small Llama and a small Qwen3 from
+transformers' config classes, hidden 256, 2 layers: tests/fixtures/models; and the one-layer
+models of tests/fixtures/checkpoints), each with the script that made it. Each quantized layer
+is read back by the library that wrote it (compressed-tensors, ModelOpt), in float64. Note
+[whole-model check] in docs/NOTES.md: the model metrale.torch builds is transformers' own module
+tree with each quantized Linear swapped for a metrale one, so the test (1) checks every metrale
+GEMM where it runs, on the activations the real forward gives it, against the float64 product
+with the library's dequantization under the per-element GEMM bound of the C++ suites
+(toolkit/gemm_tolerance.h), and that every quantized layer ran; (2) runs transformers' forward
+with exact GEMMs (the library's weights in float64, rounded once to BF16: what a correct BF16
+W4A16 runtime computes) fed, layer by layer, metrale's checked outputs, and requires the logits
+bit for bit: nothing outside the GEMMs differs; (3) compares greedy generation of 32 tokens with
+the exact-GEMM forward's, a divergence allowed only at a near-tie.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
-import numpy as np
 import pytest
+from conftest import need
 
 import metrale
-from conftest import need
 
 torch = need("torch")
 transformers = need("transformers")
 mt = need("metrale.torch")
+need("compressed_tensors")
+need("modelopt")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-CHECKPOINTS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "checkpoints"
-FIXTURES = ["ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4"]
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+CHECKPOINTS = ROOT / "checkpoints"
+MODELS = [f"{arch}-{kind}" for arch in ("llama", "qwen3")
+          for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4")]
+FIXTURES = [ROOT / "models" / m for m in MODELS] + [
+    CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4")]
+IDS = [f.name for f in FIXTURES]
 PROMPTS, PROMPT_LEN, NEW_TOKENS = 3, 12, 32
 U = 2.0**-8  # BF16's unit roundoff
 
 
-def exact_weights(folder: pathlib.Path) -> dict:
-    """Each quantized layer's weights as the library reads them, in float64 without rounding:
-    compressed-tensors' E2M1 values times its block scales over the global scale (its own
-    `decompress` rounds the product to BF16), ModelOpt's NVFP4QTensor.dequantize in F32 (exact
-    but for one F32 rounding of the scale product)."""
-    ref = load_file(folder / "reference.safetensors")
-    tensors = load_file(folder / "model.safetensors")
+def checkpoint_tensors(folder: pathlib.Path) -> dict:
+    index = folder / "model.safetensors.index.json"
+    if not index.exists():
+        return load_file(folder / "model.safetensors")
+    shards = set(json.loads(index.read_text())["weight_map"].values())
+    return {k: v for s in sorted(shards) for k, v in load_file(folder / s).items()}
+
+
+def library_weights(folder: pathlib.Path) -> dict:
+    """Each quantized layer's weights as the library that wrote them reads them back, in
+    float64 (their own `decompress` rounds the product to the model's BF16; the steps are theirs,
+    the dtype ours)."""
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    tensors = checkpoint_tensors(folder)
+    if config["quant_method"] == "modelopt":
+        from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+        out = {}
+        for name in tensors:
+            if name.endswith(".weight_scale_2"):
+                layer = name[: -len(".weight_scale_2")]
+                packed = tensors[layer + ".weight"]
+                q = NVFP4QTensor(torch.Size([packed.shape[0], 2 * packed.shape[1]]),
+                                 torch.float64, packed)
+                out[layer] = q.dequantize(dtype=torch.float64,
+                                          scale=tensors[layer + ".weight_scale"].double(),
+                                          double_scale=tensors[name].double(),
+                                          block_sizes={-1: 16}).double()
+        return out
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    parsed = QuantizationConfig.model_validate(config)
+    compressor = {"nvfp4-pack-quantized": NVFP4PackedCompressor,
+                  "mxfp4-pack-quantized": MXFP4PackedCompressor}[parsed.format]
+    args = next(iter(parsed.config_groups.values())).weights
     out = {}
-    for name, deq in ref.items():
-        if not name.endswith(".dequantized"):
-            continue
-        layer = name[: -len(".dequantized")]
-        if layer + ".codes" not in ref:
-            out[layer] = deq.double()
-            continue
-        codes, scales = ref[layer + ".codes"].double(), ref[layer + ".block_scale"].double()
-        w = codes * scales.repeat_interleave(codes.shape[1] // scales.shape[1], dim=1)
-        g = tensors.get(layer + ".weight_global_scale")
-        out[layer] = w / g.double() if g is not None else w
+    for name in tensors:
+        if name.endswith(".weight_packed"):
+            layer = name[: -len(".weight_packed")]
+            packed = tensors[name]
+            codes = unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2,
+                                          dtype=torch.float64)
+            scale = compressor._decompress_scale(tensors[layer + ".weight_scale"], torch.float64)
+            g = tensors.get(layer + ".weight_global_scale")
+            out[layer] = dequantize(x_q=codes, scale=scale, args=args, dtype=torch.float64,
+                                    global_scale=None if g is None else g.double())
     return out
 
 
@@ -78,12 +118,15 @@ def exact_model(folder: pathlib.Path, feed: dict = None) -> torch.nn.Module:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    weights = exact_weights(folder)
-    plain = {k: v for k, v in load_file(folder / "model.safetensors").items()
+    weights = library_weights(folder)
+    plain = {k: v for k, v in checkpoint_tensors(folder).items()
              if k.rpartition(".")[0] not in weights or k.endswith(".bias")}
     result = model.load_state_dict(plain, strict=False)
     assert not result.unexpected_keys, result
-    assert {k.rpartition(".")[0] for k in result.missing_keys} == set(weights), result
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = {k for k in result.missing_keys
+            if any(params[k] is params[p] for p in plain if p in params)}
+    assert {k.rpartition(".")[0] for k in set(result.missing_keys) - tied} == set(weights), result
     for layer, w in weights.items():
         parent, _, name = layer.rpartition(".")
         old = model.get_submodule(layer)
@@ -114,7 +157,7 @@ def checked_forward(model, folder: pathlib.Path, ids: torch.Tensor) -> torch.Ten
     """metrale's logits, every metrale GEMM checked where it ran and every quantized layer
     required to have run; then the exact-GEMM model fed those outputs must give the same logits
     bit for bit."""
-    weights = exact_weights(folder)
+    weights = library_weights(folder)
     seen: dict = {}
 
     def hook(name):
@@ -142,20 +185,21 @@ def normalized(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
-@pytest.mark.parametrize("fixture", FIXTURES)
-def test_logits_match_transformers(rng, fixture):
-    folder = CHECKPOINTS / fixture
+@pytest.mark.parametrize("folder", FIXTURES, ids=IDS)
+def test_logits_match_transformers(rng, folder):
     model = mt.from_pretrained(str(folder), backend="cpu")
     try:
-        swapped = [n for n, m in model.named_modules() if isinstance(m, mt.Linear)]
-        assert len(swapped) == 7, swapped  # q, k, v, o, gate, up, down; lm_head stays BF16
+        swapped = {n for n, m in model.named_modules() if isinstance(m, mt.Linear)}
+        # q, k, v, o, gate, up, down of every layer; lm_head stays BF16
+        assert swapped == set(library_weights(folder))
+        assert len(swapped) == 7 * model.config.num_hidden_layers
         assert type(model.lm_head) is torch.nn.Linear
         assert model.lm_head.weight.dtype == torch.bfloat16
         ids = prompts(rng, model.config.vocab_size)
         ours = checked_forward(model, folder, ids)
         with torch.no_grad():
             exact = exact_model(folder)(ids).logits
-        print(f"{fixture}: normalized difference from the exact-GEMM forward "
+        print(f"{folder.name}: normalized difference from the exact-GEMM forward "
               f"{normalized(ours, exact):.3g}")
     finally:
         assert model.metrale.close().clean
@@ -173,12 +217,11 @@ def test_sharded_checkpoint_gives_the_same_logits(rng):
         shards.metrale.close()
 
 
-@pytest.mark.parametrize("fixture", FIXTURES)
-def test_greedy_generation_matches(rng, fixture):
+@pytest.mark.parametrize("folder", FIXTURES, ids=IDS)
+def test_greedy_generation_matches(rng, folder):
     """32 greedy tokens from several prompts, as the exact-GEMM forward chooses them; a
     divergence only where that forward's top two logits lie within one BF16 rounding of the
     row's largest logit (each way), which metrale's checked GEMM roundings may flip."""
-    folder = CHECKPOINTS / fixture
     model = mt.from_pretrained(str(folder), backend="cpu")
     exact = exact_model(folder)
     try:
@@ -198,7 +241,7 @@ def test_greedy_generation_matches(rng, fixture):
                     assert gap <= 2 * U * float(row.abs().max()), (p, t, gap)
                     diverged += 1
                     break  # past a divergence the two sequences differ
-        print(f"{fixture}: {diverged} of {PROMPTS} prompts diverged, each at a near-tie")
+        print(f"{folder.name}: {diverged} of {PROMPTS} prompts diverged, each at a near-tie")
     finally:
         assert model.metrale.close().clean
 
