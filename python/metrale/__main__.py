@@ -1,4 +1,5 @@
-"""python -m metrale info|check|bench [...]: the metrale CLI; python -m metrale plot: bench plots."""
+"""python -m metrale info|check|bench [...]: the metrale CLI; python -m metrale plot: bench plots;
+python -m metrale bench-model: a whole model through metrale.torch against torch BF16."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def main(argv: Optional[list] = None) -> int:
         from .plot import main as plot_main
 
         return plot_main(argv[1:])
+    if argv and argv[0] == "bench-model":
+        from .bench_model import main as bench_model_main
+
+        return bench_model_main(argv[1:])
     cli = cli_path()
     if not os.access(cli, os.X_OK):
         print(f"metrale: the CLI is missing from this install ({cli})", file=sys.stderr)

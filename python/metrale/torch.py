@@ -20,9 +20,11 @@ torch. Activations and outputs are torch tensors; metrale borrows them for the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -34,7 +36,7 @@ import metrale
 
 from .errors import argument_error
 
-__all__ = ["Linear", "from_pretrained", "linear", "register"]
+__all__ = ["Linear", "from_pretrained", "linear", "register", "swap_linears", "timing"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class _Entry:
 _entries: dict[int, _Entry] = {}
 _next_handle = 1
 _lock = threading.Lock()
+# Seconds and calls spent inside the op's GEMMs while a `timing()` block is open (else None).
+_timing: Optional[dict] = None
 
 
 def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> int:
@@ -105,11 +109,27 @@ def linear(x: torch.Tensor, weights: int, bias: Optional[torch.Tensor] = None) -
     out = torch.empty((rows, w.n), dtype=torch.bfloat16, device=x.device)
     if rows > 0:
         x2 = x.reshape(rows, w.k).contiguous()
+        start = time.perf_counter() if _timing is not None else 0.0
         if x.device.type == "cpu":
             _run_on_host(entry, x2, out, bias)
         else:
             entry.model.gemm(x2, w, out=out, bias=bias, allow_e4m3=entry.allow_e4m3)
+        if _timing is not None:
+            _timing["seconds"] += time.perf_counter() - start
+            _timing["calls"] += 1
     return out.reshape(*x.shape[:-1], w.n)
+
+
+@contextlib.contextmanager
+def timing():
+    """Counts the seconds and calls metrale's GEMMs take inside the block (eager calls of the op
+    on this process's threads): yields a dict {"seconds", "calls"} filled as they run."""
+    global _timing
+    outer, _timing = _timing, {"seconds": 0.0, "calls": 0}
+    try:
+        yield _timing
+    finally:
+        _timing = outer
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -176,6 +196,22 @@ class Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"format={self.format}")
+
+
+def swap_linears(module: torch.nn.Module, model: metrale.Model, format: str = "nvfp4",
+                 skip: tuple = ("lm_head",)) -> int:
+    """Replaces every torch.nn.Linear inside ``module`` (but those named in ``skip``, matched by
+    their last name) by a Linear with its weights quantized to ``format`` on ``model``; returns
+    how many it replaced. For a BF16 model of one's own; checkpoints: from_pretrained."""
+    swapped = 0
+    for name, old in list(module.named_modules()):
+        if not isinstance(old, torch.nn.Linear) or name.rpartition(".")[2] in skip:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        setattr(module.get_submodule(parent) if parent else module, leaf,
+                Linear.from_linear(old, model, format))
+        swapped += 1
+    return swapped
 
 
 # What metrale.Checkpoint.source says of a layer the checkpoint holds quantized.

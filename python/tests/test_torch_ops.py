@@ -151,3 +151,19 @@ def test_fp8_weights_run_the_w8a8_op(rng, model):
     x = _bf16(rng, 3, 256)
     expected = torch.from_dlpack(model.gemm(x, w, allow_e4m3=True))
     assert torch.equal(layer(x), expected)
+
+
+def test_swap_linears_and_timing(rng, model):
+    torch.manual_seed(int(rng.integers(2**31)))
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(), torch.nn.Linear(128, 64))
+    holder = torch.nn.Module()
+    holder.body, holder.lm_head = net, torch.nn.Linear(64, 32)
+    x = _bf16(rng, 3, 64)
+    assert mt.swap_linears(holder, model) == 2
+    assert isinstance(net[0], mt.Linear) and isinstance(net[2], mt.Linear)
+    assert type(holder.lm_head) is torch.nn.Linear  # skipped by name
+    with mt.timing() as t:
+        net(x)
+    assert t["calls"] == 2 and t["seconds"] > 0
+    net(x)
+    assert t["calls"] == 2  # counted only inside the block
