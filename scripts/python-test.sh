@@ -19,9 +19,10 @@ venv=$PWD/build/venv
 # themselves are not needed: tests/fixtures/models/make_models.py), the versions they were
 # written against. Their tests fail rather than skip when these are missing
 # (METRALE_TEST_REQUIRE, python/tests/conftest.py).
+# (ModelOpt imports requests without declaring it.)
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   torch==2.15.0 transformers==5.17.0 safetensors compressed-tensors==0.20.1 \
-  nvidia-modelopt==0.47.0
+  nvidia-modelopt==0.47.0 requests
 export METRALE_TEST_REQUIRE=torch,transformers,compressed_tensors,modelopt
 # The ci tree's own settings, so that pip's configure keeps everything it built.
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
