@@ -122,8 +122,9 @@ def linear(x: torch.Tensor, weights: int, bias: Optional[torch.Tensor] = None) -
 
 @contextlib.contextmanager
 def timing():
-    """Counts the seconds and calls metrale's GEMMs take inside the block (eager calls of the op
-    on this process's threads): yields a dict {"seconds", "calls"} filled as they run."""
+    """Counts the seconds and calls metrale's GEMMs take inside the block (eager calls of the op,
+    in this process): yields a dict {"seconds", "calls"} filled as they run. A block opened
+    inside another counts its calls for itself alone."""
     global _timing
     outer, _timing = _timing, {"seconds": 0.0, "calls": 0}
     try:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 namespace metrale::cpu {
 namespace {
@@ -16,7 +17,12 @@ bool spin_until(Ready ready) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 0;; ++i) {
     if (ready()) return true;
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return false;
+    if ((i & 63) == 63) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      // Lets another runnable thread have this core: torch's OpenMP workers, in a model whose
+      // other ops are torch's.
+      std::this_thread::yield();
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
