@@ -234,6 +234,10 @@ def from_pretrained(path: str, *, backend: str = "auto",
     import transformers
 
     api = "metrale.torch.from_pretrained"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        what = "is not a folder" if not os.path.isdir(path) else "holds no config.json"
+        raise argument_error(api, f"{path}: {what}; give a model folder (config.json and its "
+                             "safetensors)", metrale.NotFoundError)
     ckpt = metrale.load_safetensors(path)
     unread = [r for r in ckpt.rejected if r["quantized"]]
     if unread:

@@ -331,3 +331,19 @@ def test_a_layer_the_loader_skips_is_refused(tmp_path, monkeypatch):
 def test_unreadable_quantized_layers_are_refused_by_name():
     with pytest.raises(metrale.IoError, match=r"look quantized.*weight_packed"):
         mt.from_pretrained(str(CHECKPOINTS / "ct-w4a16"), backend="cpu")
+
+
+def test_a_path_that_is_no_model_folder_is_refused_by_name(tmp_path):
+    file = CHECKPOINTS / "ct-nvfp4a16" / "model.safetensors"
+    with pytest.raises(metrale.NotFoundError, match=r"model.safetensors: is not a folder"):
+        mt.from_pretrained(str(file), backend="cpu")
+    shutil.copy(file, tmp_path)
+    with pytest.raises(metrale.NotFoundError, match=r"holds no config.json"):
+        mt.from_pretrained(str(tmp_path), backend="cpu")
+
+
+def test_a_config_of_another_model_is_refused_by_name(tmp_path):
+    shutil.copy(ROOT / "models" / "llama-ct-nvfp4a16" / "model.safetensors", tmp_path)
+    shutil.copy(ROOT / "models" / "qwen3-ct-nvfp4a16" / "config.json", tmp_path)
+    with pytest.raises(metrale.IoError, match=r"not in the checkpoint: .*q_norm.weight"):
+        mt.from_pretrained(str(tmp_path), backend="cpu")
