@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -15,6 +16,7 @@
 
 #include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
+#include "metrale/dense_gemm.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
@@ -107,6 +109,63 @@ TEST(SampledCheck, AWrongOrUnwrittenOutputFails) {
   const Gemm e = run(R::kE4m3, WeightFormat::kNvfp4, 64, 64, 4096, rng);
   EXPECT_TRUE(sampled_check(e.a, e.c, e.w, 64, R::kE4m3, rng).passed());
   EXPECT_FALSE(sampled_check(e.a, e.c, e.w, 64, R::kTiled, rng).passed());
+}
+
+// C = A · Wᵀ on the CPU backend's dense BF16 GEMM, A and W uniform in [-1, 1] rounded to BF16.
+struct DenseGemm {
+  std::vector<std::uint16_t> a, w, c;
+};
+DenseGemm run_dense(std::int64_t m, std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
+  CpuBackend b(CpuBackendOptions{builtin_host_modules(), 2});
+  DenseGemm g;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  g.a.resize(static_cast<std::size_t>(m * k));
+  g.w.resize(static_cast<std::size_t>(n * k));
+  for (auto& x : g.a) x = num::f32_to_bf16(unit(rng));
+  for (auto& x : g.w) x = num::f32_to_bf16(unit(rng));
+  const DenseGemmPlan plan = b.plan_dense_gemm(DenseGemmShape{DenseKind::kBf16, m, n, k});
+  DenseGemmArgs args;
+  args.a = b.alloc(g.a.size() * 2);
+  args.b = b.alloc(g.w.size() * 2);
+  args.c = b.alloc(static_cast<std::size_t>(m * n) * 2);
+  if (plan.workspace_bytes > 0) args.workspace = b.alloc(plan.workspace_bytes);
+  args.workspace_bytes = plan.workspace_bytes;
+  b.copy_h2d(args.a, g.a.data(), g.a.size() * 2);
+  b.copy_h2d(args.b, g.w.data(), g.w.size() * 2);
+  b.memset(args.c, 0xFF, static_cast<std::size_t>(m * n) * 2);
+  b.run_dense_gemm(plan, args, b.default_stream());
+  b.synchronize(b.default_stream());
+  g.c.resize(static_cast<std::size_t>(m * n));
+  b.copy_d2h(g.c.data(), args.c, g.c.size() * 2);
+  for (const DevicePtr p : {args.a, args.b, args.c, args.workspace}) {
+    if (p) b.free(p);
+  }
+  b.op_cache().release(b);
+  return g;
+}
+
+TEST(SampledCheck, DenseBf16PassesAndAWrongOrUnwrittenOutputFails) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (const auto& [m, k] : {std::tuple{1, 14336}, std::tuple{20, 1024}}) {
+    SCOPED_TRACE(fmt::format("M={} K={}", m, k));
+    const DenseGemm g = run_dense(m, 48, k, rng);
+    const SampledCheck s = sampled_check_dense_bf16(g.a, g.c, g.w, 48, k, m, rng);
+    EXPECT_TRUE(s.passed()) << s.str();
+    EXPECT_EQ(s.tolerance, kNormTol);
+    // 3% too large everywhere, a transposed reading of W, the NaN poison: each fails.
+    std::vector<std::uint16_t> off = g.c;
+    for (auto& x : off) x = num::f32_to_bf16(num::bf16_to_f32(x) * 1.03f);
+    EXPECT_FALSE(sampled_check_dense_bf16(g.a, off, g.w, 48, k, m, rng).passed());
+    std::vector<std::uint16_t> swapped = g.w;
+    std::swap_ranges(swapped.begin(), swapped.begin() + k, swapped.begin() + k);
+    EXPECT_FALSE(sampled_check_dense_bf16(g.a, g.c, swapped, 48, k, m, rng, 2000).passed());
+    const std::vector<std::uint16_t> poison(g.c.size(), 0xFFFF);
+    EXPECT_FALSE(sampled_check_dense_bf16(g.a, poison, g.w, 48, k, m, rng).passed());
+  }
+  const std::vector<std::uint16_t> a(64), w(63), c(2);
+  const Error e = testing::expect_error([&] { sampled_check_dense_bf16(a, c, w, 2, 32, 2, rng); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(e.what(), ::testing::HasSubstr("[sampled_check_dense_bf16] M = 2"));
 }
 
 TEST(SampledCheck, ShapesThatDoNotMatchAreRefused) {

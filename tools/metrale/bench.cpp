@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <list>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "bench_dense.h"
 #include "bench_fp8.h"
 #include "bench_models.h"
 #include "bench_timing.h"
@@ -131,18 +133,54 @@ void print_side_by_side(const std::vector<Case>& cases, const std::vector<Varian
 }
 
 // What a --weights file or checkpoint gave: its FP4 layers (and their sources), its FP8 ones,
-// and the layers that look quantized but that no loader here reads.
+// its BF16/F32 linear layers, its embedding tables, and the layers that look quantized but that
+// no loader here reads.
 struct LoadedWeights {
   ModelShape shape;
   std::vector<HostQuantWeights> host;
   std::vector<Fp8Layer> fp8;
   std::map<std::string, std::vector<std::string>> by_source;
+  std::vector<DenseLayer> plain;        // BF16/F32 linears, as BF16
+  std::vector<std::string> plain_f32;   // those of them stored as F32 (rounded to BF16)
+  std::vector<std::string> embeddings;  // "<name>.weight" tables, looked up, not multiplied
   std::vector<RejectedLayer> unread;
 };
 
+// Whether a BF16/F32 "<layer>.weight" is an embedding table by transformers' names for them
+// (Llama's and Qwen's embed_tokens, GPT-2's wte, BERT's word_embeddings, GPT-NeoX's embed_in,
+// Llama's original tok_embeddings): looked up by token, never multiplied, so never benched.
+bool is_embedding(std::string_view layer) {
+  const std::string_view last = layer.substr(layer.rfind('.') + 1);  // npos + 1: the whole name
+  for (const std::string_view e :
+       {"embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings"}) {
+    if (last == e) return true;
+  }
+  return false;
+}
+
+// A BF16 or F32 "<layer>.weight" [N, K] as BF16 (F32 rounded to nearest even).
+DenseLayer read_plain_layer(const SafetensorsFile& file, const std::string& layer) {
+  const std::string tensor = layer + ".weight";
+  const SafetensorsTensorInfo& info = file.info(tensor);
+  const std::span<const std::byte> bytes = file.bytes(tensor);
+  DenseLayer l{layer, info.shape[0], info.shape[1], {}};
+  l.w.resize(static_cast<std::size_t>(l.n * l.k));
+  if (info.dtype == "BF16") {
+    std::memcpy(l.w.data(), bytes.data(), l.w.size() * 2);
+  } else {
+    for (std::size_t i = 0; i < l.w.size(); ++i) {
+      float f;
+      std::memcpy(&f, bytes.data() + i * 4, 4);
+      l.w[i] = num::f32_to_bf16(f);
+    }
+  }
+  return l;
+}
+
 // Loads every linear layer of `file` into `out`: the FP8 block-128 ones (views into `file`, or
 // into the in-memory rewrite of a layer whose block scales are stored another way, which `keep`
-// then holds), the FP4 and BF16/F32 ones (copied), and notes the quantized-looking ones it
+// then holds), the FP4 ones (copied), the BF16/F32 ones (copied as BF16; load_weights decides
+// what runs them) and the embedding tables (named), and notes the quantized-looking ones it
 // cannot read. Returns whether an FP8 layer views `file` itself.
 bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
                  std::list<SafetensorsFile>& keep) {
@@ -164,12 +202,39 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
     }
   }
   for (const std::string& name : scan.layers) {
+    const std::string dtype =
+        file.contains(name + ".weight") ? file.info(name + ".weight").dtype : std::string();
+    if (dtype == "BF16" || dtype == "F32") {
+      if (is_embedding(name)) {
+        out.embeddings.push_back(name + ".weight");
+        continue;
+      }
+      out.plain.push_back(read_plain_layer(file, name));
+      if (dtype == "F32") out.plain_f32.push_back(name);
+      continue;
+    }
     Nvfp4Linear l = load_nvfp4_linear(file, name);
     out.shape.layers.push_back({name, l.w.n, l.w.k});
     out.host.push_back(std::move(l.w));
     out.by_source[l.source].push_back(name);
   }
   return viewed;
+}
+
+// A checkpoint of BF16/F32 layers alone (no quantized layer): its linears quantized to NVFP4 on
+// load, the bench's way to show a BF16 model's layers as NVFP4. Said by name on stderr.
+void quantize_plain_layers(LoadedWeights& out) {
+  for (DenseLayer& l : out.plain) {
+    std::vector<float> w(l.w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = num::bf16_to_f32(l.w[i]);
+    const bool f32 =
+        std::find(out.plain_f32.begin(), out.plain_f32.end(), l.name) != out.plain_f32.end();
+    out.shape.layers.push_back({l.name, l.n, l.k});
+    out.host.push_back(quantize_nvfp4(w, l.n, l.k));
+    out.by_source[f32 ? "F32, quantized to NVFP4 on load" : "BF16, quantized to NVFP4 on load"]
+        .push_back(l.name);
+  }
+  out.plain.clear();
 }
 
 // Loads --weights: a safetensors file, a sharded checkpoint's index, or a folder holding either
@@ -192,8 +257,14 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
     load_layers(file, out, files);
     // A file of FP8 layers alone has no 4-bit layer to load, which is no error; a file of
     // neither is, naming each candidate and why.
-    if (out.shape.layers.empty() && out.fp8.empty()) (void)require_linear_layers(file);
+    if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
+      (void)require_linear_layers(file);
+    }
   }
+  // A quantized checkpoint's BF16/F32 linears were left so by its producer (lm_head, the
+  // modules it was told to exclude): they run as dense BF16 GEMMs, as a server runs them. Only
+  // a checkpoint with no quantized layer has them quantized, which the bench says by name.
+  if (out.host.empty() && out.fp8.empty()) quantize_plain_layers(out);
   if (!out.unread.empty()) {
     std::string why;
     for (const RejectedLayer& r : out.unread) {
@@ -204,15 +275,19 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
                             "benched:{}",
                             path, out.unread.size(), why));
   }
-  if (out.shape.layers.empty() && out.fp8.empty()) {
+  if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
     throw Error(ErrorCode::kIo, "bench",
-                fmt::format("{} holds no linear layer metrale can load", path));
+                fmt::format("{} holds no linear layer metrale can load{}", path,
+                            out.embeddings.empty() ? ""
+                                                   : fmt::format(" (only embedding tables: {})",
+                                                                 fmt::join(out.embeddings, ", "))));
   }
   return out;
 }
 
 // One line on stderr of what --weights gave: its layers by format (the BF16 ones that were
-// quantized on load among them, by name) and its FP8 layers.
+// quantized on load among them, by name), its FP8 layers, the BF16 ones run dense and the
+// embedding tables left out, by name.
 void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
   std::string what;
   for (const auto& [source, names] : w.by_source) {
@@ -223,6 +298,19 @@ void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
   }
   if (!w.fp8.empty()) {
     what += fmt::format("{}{} FP8 block-128 layer(s)", what.empty() ? "" : "; ", w.fp8.size());
+  }
+  if (!w.plain.empty()) {
+    std::vector<std::string> names;
+    for (const DenseLayer& l : w.plain) names.push_back(l.name);
+    what += fmt::format("{}{} layer(s) kept BF16, run as dense BF16 GEMMs ({}{})",
+                        what.empty() ? "" : "; ", w.plain.size(), fmt::join(names, ", "),
+                        w.plain_f32.empty() ? ""
+                                            : fmt::format("; stored F32, rounded to BF16: {}",
+                                                          fmt::join(w.plain_f32, ", ")));
+  }
+  if (!w.embeddings.empty()) {
+    what += fmt::format("{}not benched, embedding tables (looked up, not multiplied): {}",
+                        what.empty() ? "" : "; ", fmt::join(w.embeddings, ", "));
   }
   fmt::print(stderr, "metrale: [bench] {}: {}\n", path, what);
 }
@@ -241,15 +329,18 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   std::list<SafetensorsFile> files;
   std::string weights_path;
   std::vector<Fp8Layer> fp8_layers;
+  // A quantized checkpoint's BF16 linears: the backend's dense BF16 GEMM runs them.
+  std::vector<DenseLayer> dense_layers;
   if (!bench.weights.empty()) {
-    // Real weights: every FP4 (or BF16/F32, quantized on load) linear layer, and every FP8 one;
-    // each is loaded (checked) here, so a malformed one is exit 2 naming its tensor before
-    // anything is allocated.
+    // Real weights: every FP4 linear layer, every FP8 one and every BF16/F32 one (dense, or
+    // quantized on load in a checkpoint without quantized layers); each is loaded (checked) here,
+    // so a malformed one is exit 2 naming its tensor before anything is allocated.
     LoadedWeights w = load_weights(bench.weights, files, weights_path);
     say_what_was_loaded(weights_path, w);
     shape = std::move(w.shape);
     host = std::move(w.host);
     fp8_layers = std::move(w.fp8);
+    dense_layers = std::move(w.plain);
   } else if (!bench.shapes.empty()) {
     for (const auto& [n, k] : bench.shapes)
       shape.layers.push_back({fmt::format("{}x{}", n, k), n, k});
@@ -278,10 +369,16 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                weights_path, no_fp8);
     fp8_layers.clear();
   }
-  if (shape.layers.empty() && fp8_layers.empty()) {
-    throw Error(
-        ErrorCode::kUnavailable, "bench",
-        fmt::format("{} holds only FP8 layers, which this backend cannot run", weights_path));
+  // Likewise the BF16 layers without its dense BF16 GEMM.
+  if (const std::string no_bf16 = backend->dense_gemm_unavailable(DenseKind::kBf16);
+      !dense_layers.empty() && !no_bf16.empty()) {
+    fmt::print(stderr, "metrale: [bench] {} BF16 layer(s) of {} left out: {}\n",
+               dense_layers.size(), weights_path, no_bf16);
+    dense_layers.clear();
+  }
+  if (shape.layers.empty() && fp8_layers.empty() && dense_layers.empty()) {
+    throw Error(ErrorCode::kUnavailable, "bench",
+                fmt::format("{} holds only layers this backend cannot run", weights_path));
   }
 
   const std::string backend_name(backend->name()), device = backend->device_name();
@@ -314,6 +411,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   for (const Fp8Layer& l : fp8_layers) {
     max_n = std::max(max_n, l.w.n);
     max_k = std::max(max_k, l.w.k);
+  }
+  for (const DenseLayer& l : dense_layers) {
+    max_n = std::max(max_n, l.n);
+    max_k = std::max(max_k, l.k);
   }
   // The decode layout where the backend has a kernel that reads it (verified on a device or not:
   // a bench measures what the automatic choice does not take yet) for the M that decode takes;
@@ -627,6 +728,13 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
                           rng, cases) &&
          ok;
   }
+  // The BF16 layers a quantized checkpoint kept, on the dense BF16 GEMM.
+  if (!dense_layers.empty() && !interrupted()) {
+    ok = bench_dense_layers(scope, dense_layers, ms,
+                            DenseBenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
+                            rng, cases) &&
+         ok;
+  }
   // The last reading, after all the timing; every share is of the highest reading.
   if (!interrupted()) read_roofs();
   roof.bandwidth = bw_readings.highest();
@@ -805,6 +913,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   std::size_t width = 8;
   for (const Layer& l : shape.layers) width = std::max(width, l.name.size());
   for (const Fp8Layer& l : fp8_layers) width = std::max(width, l.name.size());
+  for (const DenseLayer& l : dense_layers) width = std::max(width, l.name.size());
   fmt::print("\n{:<{}} {:>5} {:>6} {:>6} {:<7} {:>9} {:>8} {:>6} {:>8} {:>6}  {}\n", "layer", width,
              "M", "N", "K", "route", "ms", "GB/s", "%bw", "TFLOP/s", "%peak", "check");
   for (const Case& cs : cases) {

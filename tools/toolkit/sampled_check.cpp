@@ -56,4 +56,46 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
   return r;
 }
 
+SampledCheck sampled_check_dense_bf16(std::span<const std::uint16_t> a,
+                                      std::span<const std::uint16_t> c,
+                                      std::span<const std::uint16_t> w, std::int64_t n,
+                                      std::int64_t k, std::int64_t m, std::mt19937_64& rng,
+                                      int samples) {
+  if (m < 1 || n < 1 || k < 1 || samples < 1 || a.size() < static_cast<std::size_t>(m * k) ||
+      c.size() < static_cast<std::size_t>(m * n) || w.size() < static_cast<std::size_t>(n * k)) {
+    throw Error(ErrorCode::kInvalidArgument, "sampled_check_dense_bf16",
+                fmt::format("M = {}, {} samples, {} activations, {} weights and {} outputs for "
+                            "N = {}, K = {}",
+                            m, samples, a.size(), w.size(), c.size(), n, k));
+  }
+  const GemmTolerance tol = gemm_tolerance(ops::GemmRoute::kTiled, WeightFormat::kNvfp4);
+  std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, n - 1);
+  SampledCheck r;
+  r.tolerance = tol.normalized;
+  r.samples = samples;
+  double num = 0, den = 0, under = 0;
+  for (int s = 0; s < samples; ++s) {
+    const std::int64_t i = pick_m(rng), j = pick_n(rng);
+    double value = 0, abs_sum = 0, act_abs_sum = 0;
+    for (std::int64_t x = 0; x < k; ++x) {
+      const double av = num::bf16_to_f32(a[static_cast<std::size_t>(i * k + x)]);
+      const double p = av * num::bf16_to_f32(w[static_cast<std::size_t>(j * k + x)]);
+      value += p;
+      abs_sum += std::fabs(p);
+      act_abs_sum += std::fabs(av);
+    }
+    const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * n + j)]);
+    const double d = got - value;
+    num += d * d;
+    den += value * value;
+    const double bound = element_bound(value, abs_sum, k, tol.reference, 0.0, act_abs_sum);
+    const double u = underflow_bound(k, 0.0, act_abs_sum);
+    under += u * u;
+    r.worst = std::max(r.worst, bound_ratio(d, bound));
+  }
+  r.normalized = den > 0 ? std::sqrt(num / den) : INFINITY;
+  r.underflow = den > 0 ? std::sqrt(under / den) : 0.0;
+  return r;
+}
+
 }  // namespace metrale::toolkit

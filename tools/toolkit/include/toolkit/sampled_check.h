@@ -36,4 +36,14 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
                            const HostQuantWeights& w, std::int64_t m, ops::GemmRoute route,
                            std::mt19937_64& rng, int samples = 96);
 
+// The same for a dense BF16 GEMM: C[M, N] = A · Wᵀ with W BF16 [N, K] row-major, against the
+// float64 product of the BF16 values, held to the exact routes' entry of the table (the BF16
+// products are exact, summed in FP32, rounded once to BF16). Throws as sampled_check, and when w
+// is smaller than N·K.
+SampledCheck sampled_check_dense_bf16(std::span<const std::uint16_t> a,
+                                      std::span<const std::uint16_t> c,
+                                      std::span<const std::uint16_t> w, std::int64_t n,
+                                      std::int64_t k, std::int64_t m, std::mt19937_64& rng,
+                                      int samples = 96);
+
 }  // namespace metrale::toolkit
