@@ -21,8 +21,10 @@ torch. Activations and outputs are torch tensors; metrale borrows them for the c
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -245,6 +247,9 @@ def from_pretrained(path: str, *, backend: str = "auto",
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread),
                              metrale.IoError)
     quantized = [layer for layer in ckpt.layers if ckpt.source(layer) in _QUANTIZED_SOURCES]
+    declared = _declared_quantization(path)
+    if declared is not None:
+        _check_declared(api, declared, {layer: ckpt.source(layer) for layer in quantized})
     config = transformers.AutoConfig.from_pretrained(path)
     # The checkpoint's quantization is metrale's to read: transformers builds the plain model.
     if hasattr(config, "quantization_config"):
@@ -257,11 +262,88 @@ def from_pretrained(path: str, *, backend: str = "auto",
             _swap_linear(api, model, layer, ckpt.weights(layer), state.pop(layer + ".bias", None),
                          runtime)
         _load_state(api, model, state, dtype)
+        if declared is not None and declared["every_linear"]:
+            _check_left_plain(api, declared, model)
     except BaseException:
         runtime.close(check=False)
         raise
     model.metrale = runtime
     return model.eval()
+
+
+# What each declared format's layers must read as (metrale.Checkpoint.source).
+_DECLARED_SOURCES = {
+    ("compressed-tensors", "nvfp4-pack-quantized"): "compressed-tensors NVFP4",
+    ("compressed-tensors", "mxfp4-pack-quantized"): "compressed-tensors MXFP4",
+    ("modelopt", "NVFP4"): "ModelOpt NVFP4",
+}
+
+
+def _declared_quantization(path: str) -> Optional[dict]:
+    """What the folder's config says of its quantization: {"producer", "format", "ignore",
+    "file"} from config.json's quantization_config, or ModelOpt's hf_quant_config.json; None
+    when neither declares any."""
+    with open(os.path.join(path, "config.json")) as f:
+        q = json.load(f).get("quantization_config")
+    if q:
+        producer = q.get("quant_method", "")
+        fmt = q.get("format") if producer == "compressed-tensors" else q.get("quant_algo")
+        # Whether it quantizes every Linear but those it ignores (compressed-tensors' groups may
+        # target some modules only; ModelOpt's exports list what they exclude).
+        groups = (q.get("config_groups") or {}).values()
+        every = producer == "modelopt" or bool(groups) and all(
+            g.get("targets") == ["Linear"] for g in groups)
+        return {"producer": producer, "format": fmt or "", "ignore": list(q.get("ignore") or []),
+                "file": "config.json (quantization_config)", "every_linear": every}
+    hf = os.path.join(path, "hf_quant_config.json")
+    if not os.path.isfile(hf):
+        return None
+    with open(hf) as f:
+        q = json.load(f).get("quantization", {})
+    return {"producer": "modelopt", "format": q.get("quant_algo") or "",
+            "ignore": list(q.get("exclude_modules") or []), "file": "hf_quant_config.json",
+            "every_linear": True}
+
+
+def _ignored(declared: dict, name: str) -> bool:
+    """Whether a module name is on the config's ignore list: compressed-tensors' names and
+    "re:" patterns, ModelOpt's names and wildcards."""
+    for pattern in declared["ignore"]:
+        if pattern.startswith("re:"):
+            if re.fullmatch(pattern[3:], name):
+                return True
+        elif fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
+def _check_declared(api: str, declared: dict, sources: dict) -> None:
+    """The tensors hold what the config declares: its format in every quantized layer, none of
+    them on its ignore list."""
+    where = f"{declared['file']} declares {declared['producer']} {declared['format']!r}"
+    expected = _DECLARED_SOURCES.get((declared["producer"], declared["format"]))
+    if expected is None:
+        raise argument_error(api, f"{where}, which metrale does not read", metrale.IoError)
+    wrong = sorted(f"{layer} ({source})" for layer, source in sources.items()
+                   if source != expected)
+    if wrong:
+        raise argument_error(api, f"{where}, but these layers hold another format: " +
+                             ", ".join(wrong), metrale.IoError)
+    listed = sorted(layer for layer in sources if _ignored(declared, layer))
+    if listed:
+        raise argument_error(api, f"{where} and ignores {', '.join(listed)}, which the "
+                             "checkpoint holds quantized", metrale.IoError)
+
+
+def _check_left_plain(api: str, declared: dict, model: torch.nn.Module) -> None:
+    """Every torch Linear left in the model is one the config told its quantizer to leave: a
+    Linear it quantizes but the checkpoint holds in BF16 was skipped somewhere."""
+    plain = sorted(n for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and not _ignored(declared, n))
+    if plain:
+        raise argument_error(api, f"{declared['file']} quantizes every Linear but its ignore "
+                             f"list, yet the checkpoint holds these in plain floats: "
+                             f"{', '.join(plain)}", metrale.IoError)
 
 
 def _swap_linear(api: str, model: torch.nn.Module, layer: str, host: Any,
