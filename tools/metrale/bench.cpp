@@ -724,14 +724,14 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // The FP8 checkpoint layers, on the W8A8 op alone.
   if (!fp8_layers.empty() && !interrupted()) {
     ok = bench_fp8_layers(scope, fp8_layers, ms,
-                          Fp8BenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
+                          LayerBenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
                           rng, cases) &&
          ok;
   }
   // The BF16 layers a quantized checkpoint kept, on the dense BF16 GEMM.
   if (!dense_layers.empty() && !interrupted()) {
     ok = bench_dense_layers(scope, dense_layers, ms,
-                            DenseBenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
+                            LayerBenchRun{a, c, ha, stream, bench.graph, bench.repeats, roof.flops},
                             rng, cases) &&
          ok;
   }

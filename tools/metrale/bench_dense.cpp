@@ -10,7 +10,7 @@
 namespace metrale::cli {
 
 bool bench_dense_layers(ModelScope& scope, const std::vector<DenseLayer>& layers,
-                        const std::vector<std::int64_t>& ms, const DenseBenchRun& run,
+                        const std::vector<std::int64_t>& ms, const LayerBenchRun& run,
                         std::mt19937_64& rng, std::vector<Case>& cases) {
   Backend& b = scope.backend();
   std::vector<std::vector<DevicePtr>> rotation;

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <random>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -21,23 +20,12 @@ struct DenseLayer {
   std::vector<std::uint16_t> w;  // BF16 [N, K], row-major
 };
 
-// What every dense layer is run with: A's device buffer of at least max M·K BF16 values (ha, its
-// host copy), C's of at least max M·N, the stream, and the timing's settings.
-struct DenseBenchRun {
-  DevicePtr a, c;
-  std::span<const std::uint16_t> ha;
-  StreamHandle stream;
-  bool graph = false;
-  int repeats = 7;
-  double peak_flops = 0;
-};
-
 // Uploads each layer (with copies for the rotation, toolkit/rotation.h), then at each M checks
 // every layer's dense BF16 GEMM on C poisoned against toolkit::sampled_check_dense_bf16 and
 // times the ones that pass, in turns. Appends one case a layer and M (variant "auto", route
 // "bf16") and returns whether every check passed. The weights are the scope's buffers.
 bool bench_dense_layers(ModelScope& scope, const std::vector<DenseLayer>& layers,
-                        const std::vector<std::int64_t>& ms, const DenseBenchRun& run,
+                        const std::vector<std::int64_t>& ms, const LayerBenchRun& run,
                         std::mt19937_64& rng, std::vector<Case>& cases);
 
 }  // namespace metrale::cli

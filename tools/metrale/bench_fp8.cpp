@@ -12,7 +12,7 @@
 namespace metrale::cli {
 
 bool bench_fp8_layers(ModelScope& scope, const std::vector<Fp8Layer>& layers,
-                      const std::vector<std::int64_t>& ms, const Fp8BenchRun& run,
+                      const std::vector<std::int64_t>& ms, const LayerBenchRun& run,
                       std::mt19937_64& rng, std::vector<Case>& cases) {
   Backend& b = scope.backend();
   std::vector<std::vector<const ops::Fp8WeightsResource*>> rotation;

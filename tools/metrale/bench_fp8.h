@@ -19,23 +19,12 @@ struct Fp8Layer {
   E4m3BlockWeightsView w;  // a view into the mapped file
 };
 
-// What every FP8 layer is run with: A's device buffer of at least max M·K BF16 values (ha, its
-// host copy), C's of at least max M·N, the stream, and the timing's settings.
-struct Fp8BenchRun {
-  DevicePtr a, c;
-  std::span<const std::uint16_t> ha;
-  StreamHandle stream;
-  bool graph = false;
-  int repeats = 7;
-  double peak_flops = 0;
-};
-
 // Uploads each layer (with copies for the rotation, toolkit/rotation.h), then at each M checks
 // every layer's W8A8 GEMM on C poisoned against toolkit::sampled_check_w8a8 and times the ones
 // that pass, in turns. Appends one case a layer and M (variant "auto", route "w8a8") and returns
 // whether every check passed. The weights are the scope's resources.
 bool bench_fp8_layers(ModelScope& scope, const std::vector<Fp8Layer>& layers,
-                      const std::vector<std::int64_t>& ms, const Fp8BenchRun& run,
+                      const std::vector<std::int64_t>& ms, const LayerBenchRun& run,
                       std::mt19937_64& rng, std::vector<Case>& cases);
 
 }  // namespace metrale::cli

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,18 @@ struct Case {
   bool timed = false;  // it passed and was timed (seconds 0: below the timer's resolution)
   // The share of a roof is above 100%: that roof read low (toolkit/roof_share.h).
   bool above_bw = false, above_flops = false;
+};
+
+// What the checkpoint layers benched on one op alone (FP8 on W8A8, BF16 on the dense GEMM) are
+// run with: A's device buffer of at least max M·K BF16 values (ha, its host copy), C's of at
+// least max M·N, the stream, and the timing's settings.
+struct LayerBenchRun {
+  DevicePtr a, c;
+  std::span<const std::uint16_t> ha;
+  StreamHandle stream;
+  bool graph = false;
+  int repeats = 7;
+  double peak_flops = 0;
 };
 
 // The middle element of v (the upper one of an even count); v must not be empty.
