@@ -43,6 +43,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/ops/parallel_linear.h
   include/metrale/ops/quant_weights.h
   include/metrale/quant.h
+  include/metrale/quant_config.h
   include/metrale/runtime.h
   include/metrale/safetensors.h
   include/metrale/sharded_checkpoint.h

@@ -46,4 +46,10 @@ std::vector<std::string> fp8_linear_layers(const SafetensorsFile& file);
 std::optional<SafetensorsFile> fp8_scales_as_inv(const SafetensorsFile& file,
                                                  std::string_view layer);
 
+// What a loaded FP8 layer's scales say of its producer: "FP8 block-128 (F32 weight_scale_inv)"
+// (DeepSeek, Qwen, transformers), "FP8 block-128 (UE8M0 weight_scale_inv)", "compressed-tensors
+// FP8 block-128" (BF16 weight_scale) or "ModelOpt FP8 block-128" (F32 4-D weight_scale). For a
+// layer fp8_scales_as_inv and load_fp8_linear accepted; read from the header alone.
+std::string fp8_layer_source(const SafetensorsFile& file, std::string_view layer);
+
 }  // namespace metrale

@@ -20,6 +20,7 @@ from ._metrale import (Checkpoint, Fp8Weights, HostWeights, Plan, Weights, backe
 from .errors import (CaptureError, DeviceFaultError, DriverError, DtypeError, Error,
                      InternalError, InvalidArgumentError, IoError, LeakError, NotFoundError,
                      OutOfMemoryError, StateError, TimedOutError, UnavailableError)
+from .folder import Loaded, load
 from .model import Model, TeardownReport, as_float32
 
 _metrale._set_error_classes({**errors.BY_CODE, "dtype": DtypeError})
@@ -45,8 +46,8 @@ def quantize_e4m3_block128(w: Any) -> tuple:
 
 __all__ = [
     "Array", "CaptureError", "Checkpoint", "DeviceFaultError", "DriverError", "DtypeError",
-    "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError",
+    "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
     "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
-    "UnavailableError", "Weights", "backends", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",
+    "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",
     "quantize_nvfp4",
 ]

@@ -21,10 +21,8 @@ torch. Activations and outputs are torch tensors; metrale borrows them for the c
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import os
-import re
 import threading
 import time
 import weakref
@@ -217,8 +215,8 @@ def swap_linears(module: torch.nn.Module, model: metrale.Model, format: str = "n
     return swapped
 
 
-# What metrale.Checkpoint.source says of a layer the checkpoint holds quantized.
-_QUANTIZED_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
+# What metrale.Checkpoint.source says of a layer the checkpoint holds in FP4.
+_FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
 
 
 def from_pretrained(path: str, *, backend: str = "auto",
@@ -226,12 +224,14 @@ def from_pretrained(path: str, *, backend: str = "auto",
     """The transformers model of a checkpoint folder, its quantized linears on metrale.
 
     The model is built by transformers from the folder's config.json; every layer the checkpoint
-    holds quantized (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4-pack-quantized) becomes a
-    Linear on one metrale.Model (``model.metrale``; close it to release them), and every other
-    tensor is loaded by torch as the file holds it (BF16 layers stay BF16, in ``dtype``). Never
-    a partial load: a tensor that looks quantized but that metrale cannot read, a checkpoint
-    tensor the model has no place for, or a model parameter the checkpoint does not give raises
-    IoError naming them.
+    holds quantized (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4-pack-quantized, FP8
+    block-128 in the DeepSeek/Qwen, compressed-tensors and ModelOpt layouts) becomes a Linear on
+    one metrale.Model (``model.metrale``; close it to release them), and every other tensor is
+    loaded by torch as the file holds it (BF16 layers stay BF16, in ``dtype``). FP8 layers run
+    the W8A8 op, which casts activations to E4M3 per row per 128 K. Never a partial load: a
+    tensor that looks quantized but that metrale cannot read, a checkpoint tensor the model has
+    no place for, a model parameter the checkpoint does not give, or layers that disagree with
+    the quantization the folder's config declares raise IoError naming them.
     """
     import transformers
 
@@ -246,10 +246,8 @@ def from_pretrained(path: str, *, backend: str = "auto",
         raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread),
                              metrale.IoError)
-    quantized = [layer for layer in ckpt.layers if ckpt.source(layer) in _QUANTIZED_SOURCES]
-    declared = _declared_quantization(path)
-    if declared is not None:
-        _check_declared(api, declared, {layer: ckpt.source(layer) for layer in quantized})
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in _FP4_SOURCES]
+    quantized = fp4 + list(ckpt.fp8_layers)
     config = transformers.AutoConfig.from_pretrained(path)
     # The checkpoint's quantization is metrale's to read: transformers builds the plain model.
     if hasattr(config, "quantization_config"):
@@ -258,12 +256,17 @@ def from_pretrained(path: str, *, backend: str = "auto",
     state = _read_tensors(_tensor_files(ckpt.path), quantized)
     runtime = metrale.Model(backend)
     try:
-        for layer in quantized:
-            _swap_linear(api, model, layer, ckpt.weights(layer), state.pop(layer + ".bias", None),
-                         runtime)
+        for layer in fp4:
+            weights = runtime.upload_weights(ckpt.weights(layer), label=layer)
+            _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
+        for layer in ckpt.fp8_layers:
+            weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
+            _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
         _load_state(api, model, state, dtype)
-        if declared is not None and declared["every_linear"]:
-            _check_left_plain(api, declared, model)
+        # The layers hold what the folder's config declares (metrale.Checkpoint.check_declared):
+        # its format in each quantized one, and no Linear left in floats that it quantizes.
+        plain = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+        ckpt.check_declared([(layer, ckpt.source(layer)) for layer in quantized], plain, api)
     except BaseException:
         runtime.close(check=False)
         raise
@@ -271,82 +274,7 @@ def from_pretrained(path: str, *, backend: str = "auto",
     return model.eval()
 
 
-# What each declared format's layers must read as (metrale.Checkpoint.source).
-_DECLARED_SOURCES = {
-    ("compressed-tensors", "nvfp4-pack-quantized"): "compressed-tensors NVFP4",
-    ("compressed-tensors", "mxfp4-pack-quantized"): "compressed-tensors MXFP4",
-    ("modelopt", "NVFP4"): "ModelOpt NVFP4",
-}
-
-
-def _declared_quantization(path: str) -> Optional[dict]:
-    """What the folder's config says of its quantization: {"producer", "format", "ignore",
-    "file"} from config.json's quantization_config, or ModelOpt's hf_quant_config.json; None
-    when neither declares any."""
-    with open(os.path.join(path, "config.json")) as f:
-        q = json.load(f).get("quantization_config")
-    if q:
-        producer = q.get("quant_method", "")
-        fmt = q.get("format") if producer == "compressed-tensors" else q.get("quant_algo")
-        # Whether it quantizes every Linear but those it ignores (compressed-tensors' groups may
-        # target some modules only; ModelOpt's exports list what they exclude).
-        groups = (q.get("config_groups") or {}).values()
-        every = producer == "modelopt" or bool(groups) and all(
-            g.get("targets") == ["Linear"] for g in groups)
-        return {"producer": producer, "format": fmt or "", "ignore": list(q.get("ignore") or []),
-                "file": "config.json (quantization_config)", "every_linear": every}
-    hf = os.path.join(path, "hf_quant_config.json")
-    if not os.path.isfile(hf):
-        return None
-    with open(hf) as f:
-        q = json.load(f).get("quantization", {})
-    return {"producer": "modelopt", "format": q.get("quant_algo") or "",
-            "ignore": list(q.get("exclude_modules") or []), "file": "hf_quant_config.json",
-            "every_linear": True}
-
-
-def _ignored(declared: dict, name: str) -> bool:
-    """Whether a module name is on the config's ignore list: compressed-tensors' names and
-    "re:" patterns, ModelOpt's names and wildcards."""
-    for pattern in declared["ignore"]:
-        if pattern.startswith("re:"):
-            if re.fullmatch(pattern[3:], name):
-                return True
-        elif fnmatch.fnmatchcase(name, pattern):
-            return True
-    return False
-
-
-def _check_declared(api: str, declared: dict, sources: dict) -> None:
-    """The tensors hold what the config declares: its format in every quantized layer, none of
-    them on its ignore list."""
-    where = f"{declared['file']} declares {declared['producer']} {declared['format']!r}"
-    expected = _DECLARED_SOURCES.get((declared["producer"], declared["format"]))
-    if expected is None:
-        raise argument_error(api, f"{where}, which metrale does not read", metrale.IoError)
-    wrong = sorted(f"{layer} ({source})" for layer, source in sources.items()
-                   if source != expected)
-    if wrong:
-        raise argument_error(api, f"{where}, but these layers hold another format: " +
-                             ", ".join(wrong), metrale.IoError)
-    listed = sorted(layer for layer in sources if _ignored(declared, layer))
-    if listed:
-        raise argument_error(api, f"{where} and ignores {', '.join(listed)}, which the "
-                             "checkpoint holds quantized", metrale.IoError)
-
-
-def _check_left_plain(api: str, declared: dict, model: torch.nn.Module) -> None:
-    """Every torch Linear left in the model is one the config told its quantizer to leave: a
-    Linear it quantizes but the checkpoint holds in BF16 was skipped somewhere."""
-    plain = sorted(n for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and not _ignored(declared, n))
-    if plain:
-        raise argument_error(api, f"{declared['file']} quantizes every Linear but its ignore "
-                             f"list, yet the checkpoint holds these in plain floats: "
-                             f"{', '.join(plain)}", metrale.IoError)
-
-
-def _swap_linear(api: str, model: torch.nn.Module, layer: str, host: Any,
+def _swap_linear(api: str, model: torch.nn.Module, layer: str, weights: Any,
                  bias: Optional[torch.Tensor], runtime: metrale.Model) -> None:
     try:
         old = model.get_submodule(layer)
@@ -356,15 +284,15 @@ def _swap_linear(api: str, model: torch.nn.Module, layer: str, host: Any,
     if not isinstance(old, torch.nn.Linear):
         raise argument_error(api, f"{layer}: the model's module is a {type(old).__name__}, not "
                              "a Linear", metrale.IoError)
-    if (host.n, host.k) != (old.out_features, old.in_features):
-        raise argument_error(api, f"{layer}: the checkpoint's weights are {host.n} x {host.k}, "
-                             f"the model's Linear {old.out_features} x {old.in_features}",
-                             metrale.IoError)
+    if (weights.n, weights.k) != (old.out_features, old.in_features):
+        raise argument_error(api, f"{layer}: the checkpoint's weights are {weights.n} x "
+                             f"{weights.k}, the model's Linear {old.out_features} x "
+                             f"{old.in_features}", metrale.IoError)
     if (old.bias is None) != (bias is None):
         what = "not in the checkpoint" if bias is None else "in the checkpoint, but the " \
             "model's Linear has none"
         raise argument_error(api, f"{layer}.bias: {what}", metrale.IoError)
-    new = Linear(runtime, runtime.upload_weights(host, label=layer), bias)
+    new = Linear(runtime, weights, bias, allow_e4m3=isinstance(weights, metrale.Fp8Weights))
     parent, _, name = layer.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, new)
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,8 +21,11 @@
 #include "bindings.h"
 #include "metrale/checkpoint_layers.h"
 #include "metrale/e4m3_block.h"
+#include "metrale/error.h"
+#include "metrale/fp8_checkpoint.h"
 #include "metrale/modelopt.h"
 #include "metrale/quant.h"
+#include "metrale/quant_config.h"
 #include "metrale/safetensors.h"
 #include "metrale/sharded_checkpoint.h"
 
@@ -118,21 +123,61 @@ nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>> bytes_view(
   return nb::ndarray<nb::numpy, const std::uint8_t, nb::ndim<2>>(v.data(), 2, shape, nb::handle());
 }
 
-// A checkpoint read through SafetensorsFile, with its linear layers sorted once.
 // A safetensors file, or a sharded checkpoint whose layers are gathered across its shards when
-// asked for (metrale/checkpoint_layers.h), with its linear layers.
+// asked for (metrale/checkpoint_layers.h), with its linear layers and its folder's declared
+// quantization.
 struct Checkpoint {
   std::optional<SafetensorsFile> file;
   std::optional<ShardedCheckpoint> sharded;
   std::string path;
-  LinearLayerScan scan;
+  LinearLayerScan scan;          // FP4 and BF16/F32 layers; rejected: what no loader reads
+  std::vector<std::string> fp8;  // FP8 block-128 layers, sorted
+  std::optional<DeclaredQuantization> declared;
 
-  // Loads `layer` from the file, or from its tensors gathered across the shards.
+  // `layer`'s tensors: the file itself, or an in-memory file gathered across the shards.
+  template <class F>
+  auto with_layer(std::string_view layer, F&& f) const {
+    if (file) return f(*file);
+    return f(gather_layer(*sharded, layer));
+  }
+  bool is_fp8(std::string_view layer) const {
+    return std::binary_search(fp8.begin(), fp8.end(), layer);
+  }
+  // Loads FP4 (or BF16/F32) layer `layer`.
   Nvfp4Linear load(std::string_view layer) const {
-    if (file) return load_nvfp4_linear(*file, layer);
-    return load_nvfp4_linear(gather_layer(*sharded, layer), layer);
+    return with_layer(layer, [&](const SafetensorsFile& f) { return load_nvfp4_linear(f, layer); });
+  }
+  // FP8 layer `layer`'s codes and F32 block scales, copied (its scales converted from the
+  // layout the file stores them in).
+  HostE4m3BlockWeights load_fp8(std::string_view layer) const {
+    if (!is_fp8(layer)) {
+      throw Error(ErrorCode::kNotFound, "Checkpoint.fp8_weights",
+                  fmt::format("layer '{}': not an FP8 layer of {}", layer, path));
+    }
+    return with_layer(layer, [&](const SafetensorsFile& f) {
+      const std::optional<SafetensorsFile> rewritten = fp8_scales_as_inv(f, layer);
+      const E4m3BlockWeightsView v = load_fp8_linear(rewritten ? *rewritten : f, layer);
+      return HostE4m3BlockWeights{
+          v.n, v.k, {v.codes.begin(), v.codes.end()}, {v.scales.begin(), v.scales.end()}};
+    });
+  }
+  // What the file holds for `layer` (Nvfp4Linear::source, fp8_layer_source).
+  std::string source(std::string_view layer) const {
+    if (is_fp8(layer)) {
+      return with_layer(layer,
+                        [&](const SafetensorsFile& f) { return fp8_layer_source(f, layer); });
+    }
+    return load(layer).source;
   }
 };
+
+// Adds one file's (or one gathered layer's) layers to `c`.
+void scan_into(Checkpoint& c, const SafetensorsFile& f) {
+  for (std::string& name : fp8_linear_layers(f)) c.fp8.push_back(std::move(name));
+  LinearLayerScan one = scan_linear_layers(f);
+  c.scan.layers.insert(c.scan.layers.end(), one.layers.begin(), one.layers.end());
+  c.scan.rejected.insert(c.scan.rejected.end(), one.rejected.begin(), one.rejected.end());
+}
 
 // Opens `path`: a safetensors file, a model.safetensors.index.json, or a folder holding either;
 // a sharded one is scanned layer by layer (one layer's bytes in memory at a time).
@@ -141,17 +186,34 @@ Checkpoint open_checkpoint(const std::string& path) {
   c.path = resolve_checkpoint_path(path);
   if (!is_checkpoint_index(c.path)) {
     c.file.emplace(SafetensorsFile::open(c.path));
-    c.scan = scan_linear_layers(*c.file);
-    return c;
-  }
-  c.sharded.emplace(ShardedCheckpoint::open(c.path));
-  for (const std::string& prefix : tensor_prefixes(*c.sharded)) {
-    LinearLayerScan one = scan_linear_layers(gather_layer(*c.sharded, prefix));
-    c.scan.layers.insert(c.scan.layers.end(), one.layers.begin(), one.layers.end());
-    c.scan.rejected.insert(c.scan.rejected.end(), one.rejected.begin(), one.rejected.end());
+    scan_into(c, *c.file);
+  } else {
+    c.sharded.emplace(ShardedCheckpoint::open(c.path));
+    for (const std::string& prefix : tensor_prefixes(*c.sharded)) {
+      scan_into(c, gather_layer(*c.sharded, prefix));
+    }
   }
   std::sort(c.scan.layers.begin(), c.scan.layers.end());
+  std::sort(c.fp8.begin(), c.fp8.end());
+  // An FP8 layer is the FP8 loader's: not a rejected FP4 candidate.
+  std::erase_if(c.scan.rejected, [&](const RejectedLayer& r) { return c.is_fp8(r.layer); });
+  c.declared = read_declared_quantization(std::filesystem::path(c.path).parent_path().string());
   return c;
+}
+
+nb::object declared_dict(const std::optional<DeclaredQuantization>& d) {
+  if (!d) return nb::none();
+  nb::dict out;
+  out["file"] = d->file;
+  out["producer"] = d->producer;
+  out["format"] = d->format;
+  out["describe"] = d->describe();
+  out["layer_sources"] = d->layer_sources;
+  out["ignore"] = d->ignore;
+  out["every_linear"] = d->every_linear;
+  out["quantized_activations"] = d->quantized_activations;
+  out["activations"] = d->activations;
+  return out;
 }
 
 }  // namespace
@@ -251,6 +313,26 @@ void bind_host_weights(nb::module_& m) {
       .def_prop_ro(
           "tensors",
           [](const Checkpoint& c) { return c.file ? c.file->names() : c.sharded->names(); })
+      .def(
+          "tensor_bytes",
+          [](const Checkpoint& c, std::string_view name) {
+            const SafetensorsTensorInfo& info = c.file ? c.file->info(name) : c.sharded->info(name);
+            std::vector<std::uint8_t> out;
+            if (c.file) {
+              const auto b = c.file->bytes(name);
+              out.resize(b.size());
+              std::memcpy(out.data(), b.data(), b.size());
+            } else {
+              const std::vector<std::byte> b = c.sharded->read(name);
+              out.resize(b.size());
+              std::memcpy(out.data(), b.data(), b.size());
+            }
+            const auto size = static_cast<std::int64_t>(out.size());
+            return nb::make_tuple(info.dtype, info.shape, to_numpy(std::move(out), 1, size));
+          },
+          nb::arg("name"),
+          "Tensor `name` as the file stores it: (dtype, shape, uint8 [1, bytes] copy of its "
+          "little-endian bytes). NotFoundError for a name the checkpoint lacks.")
       .def_prop_ro(
           "layers", [](const Checkpoint& c) { return c.scan.layers; },
           "The linear layers weights() can load, sorted.")
@@ -270,17 +352,60 @@ void bind_host_weights(nb::module_& m) {
           },
           "Candidate layers that cannot be loaded, each with the tensor at fault, why, and whether "
           "it looks quantized (packed, integer or FP8 weights, or block scales beside them).")
+      .def_prop_ro(
+          "fp8_layers", [](const Checkpoint& c) { return c.fp8; },
+          "The FP8 block-128 linear layers (DeepSeek/Qwen/transformers weight_scale_inv, UE8M0, "
+          "compressed-tensors FP8_BLOCK, ModelOpt blockwise), sorted.")
+      .def(
+          "fp8_weights",
+          [](const Checkpoint& c, std::string_view layer) {
+            HostE4m3BlockWeights w;
+            {
+              nb::gil_scoped_release unlocked;
+              w = c.load_fp8(layer);
+            }
+            return nb::make_tuple(
+                to_numpy(std::move(w.codes), w.n, w.k),
+                to_numpy(std::move(w.scales), e4m3_blocks(w.n), e4m3_blocks(w.k)));
+          },
+          nb::arg("layer"),
+          "An FP8 layer's E4M3 codes (uint8 [N, K]) and FP32 multipliers, one per 128 x 128 block "
+          "([ceil(N/128), ceil(K/128)]), whatever layout the file stores them in: "
+          "Model.upload_fp8_weights's pair.")
+      .def_prop_ro(
+          "declared", [](const Checkpoint& c) { return declared_dict(c.declared); },
+          "What the folder's config.json (quantization_config) or hf_quant_config.json declares: "
+          "a dict (file, producer, format, describe, layer_sources, ignore, every_linear, "
+          "quantized_activations, activations), or None.")
+      .def(
+          "ignores",
+          [](const Checkpoint& c, std::string_view module) {
+            return c.declared && declared_ignores(*c.declared, module);
+          },
+          nb::arg("module"), "Whether the declared quantization's ignore list names `module`.")
+      .def(
+          "check_declared",
+          [](const Checkpoint& c, const std::vector<std::pair<std::string, std::string>>& quantized,
+             const std::vector<std::string>& plain, std::string_view api) {
+            if (c.declared) check_declared(*c.declared, api, quantized, plain);
+          },
+          nb::arg("quantized"), nb::arg("plain"), nb::arg("api") = "Checkpoint.check_declared",
+          "Holds the layers to the declared quantization (nothing when none is declared): "
+          "`quantized` (layer, source) pairs and the `plain` Linears left in floats. Raises "
+          "IoError naming the layers of another format, quantized layers on the ignore list, or "
+          "(when the config quantizes every Linear) plain ones not on it.")
       .def(
           "weights", [](const Checkpoint& c, std::string_view layer) { return c.load(layer).w; },
           nb::arg("layer"),
           "The layer's FP4 weights (NVFP4, or MXFP4 from compressed-tensors; a BF16/F32 layer is "
           "quantized to NVFP4 on load).")
       .def(
-          "source",
-          [](const Checkpoint& c, std::string_view layer) { return c.load(layer).source; },
+          "source", [](const Checkpoint& c, std::string_view layer) { return c.source(layer); },
           nb::arg("layer"),
-          "What the file held for the layer: 'ModelOpt NVFP4', 'compressed-tensors NVFP4', "
-          "'compressed-tensors MXFP4', or 'BF16, quantized to NVFP4 on load' (F32 alike).")
+          "What the file holds for the layer: 'ModelOpt NVFP4', 'compressed-tensors NVFP4', "
+          "'compressed-tensors MXFP4', 'BF16, quantized to NVFP4 on load' (F32 alike), or an FP8 "
+          "layout ('FP8 block-128 (F32 weight_scale_inv)', 'compressed-tensors FP8 block-128', "
+          "...).")
       .def(
           "input_scale",
           [](const Checkpoint& c, std::string_view layer) { return c.load(layer).input_scale; },

@@ -20,6 +20,21 @@ def test_readme_example_runs(capsys):
     assert float(out[1]) < 8e-3  # the normalized error it prints
 
 
+def test_readme_checkpoint_example_runs(capsys, monkeypatch):
+    """The checkpoint-folder example, from the repository root as a reader runs it."""
+    text = README.read_text()
+    section = text[text.index("### A checkpoint folder"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(README.parent)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("tests/fixtures/checkpoints/ct-fp8-block/model.safetensors: 7 "
+                             "layer(s) compressed-tensors FP8 block-128; ")
+    assert out[1] == "(4, 64)"
+    assert out[2] == "bfloat16 model.embed_tokens.weight"
+    assert out[3] == "True"  # torn down clean
+
+
 def test_readme_torch_example_runs(capsys, monkeypatch):
     """The PyTorch section, from the repository root as a reader runs it."""
     need("torch")

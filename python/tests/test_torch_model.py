@@ -379,7 +379,7 @@ def test_the_declared_format_is_held_to_the_tensors(tmp_path):
     nvfp4 = ROOT / "models" / "llama-ct-nvfp4a16"
     bad = _with_config(tmp_path, nvfp4, lambda q: q.update(format="mxfp4-pack-quantized"))
     with pytest.raises(metrale.IoError, match=r"declares compressed-tensors 'mxfp4-pack-quantized'"
-                       r", but these layers hold another format: .*down_proj \(compressed-tensors "
+                       r" \(compressed-tensors MXFP4 layers\), but these layers hold another format: .*down_proj \(compressed-tensors "
                        r"NVFP4\)"):
         mt.from_pretrained(str(bad), backend="cpu")
     shutil.rmtree(bad)

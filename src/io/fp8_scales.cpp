@@ -87,4 +87,17 @@ std::optional<SafetensorsFile> fp8_scales_as_inv(const SafetensorsFile& file,
   return in_memory_safetensors(file.path(), std::move(tensors));
 }
 
+std::string fp8_layer_source(const SafetensorsFile& file, std::string_view layer) {
+  const std::string inv = fmt::format("{}.weight_scale_inv", layer),
+                    scale = fmt::format("{}.weight_scale", layer);
+  if (file.contains(inv)) {
+    return file.info(inv).dtype == "F8_E8M0" ? "FP8 block-128 (UE8M0 weight_scale_inv)"
+                                             : "FP8 block-128 (F32 weight_scale_inv)";
+  }
+  if (file.contains(scale) && file.info(scale).dtype == "BF16") {
+    return "compressed-tensors FP8 block-128";
+  }
+  return "ModelOpt FP8 block-128";
+}
+
 }  // namespace metrale

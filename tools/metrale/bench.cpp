@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,7 @@
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/quant_weights.h"
+#include "metrale/quant_config.h"
 #include "metrale/runtime.h"
 #include "metrale/safetensors.h"
 #include "metrale/sharded_checkpoint.h"
@@ -144,6 +146,9 @@ struct LoadedWeights {
   std::vector<std::string> plain_f32;   // those of them stored as F32 (rounded to BF16)
   std::vector<std::string> embeddings;  // "<name>.weight" tables, looked up, not multiplied
   std::vector<RejectedLayer> unread;
+  // Every quantized layer and what it read as (Nvfp4Linear::source, fp8_layer_source).
+  std::vector<std::pair<std::string, std::string>> quantized;
+  std::optional<DeclaredQuantization> declared;  // the folder's config, when it declares one
 };
 
 // Whether a BF16/F32 "<layer>.weight" is an embedding table by transformers' names for them
@@ -194,6 +199,7 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
       out.fp8.push_back({name, load_fp8_linear(file, name)});
       viewed = true;
     }
+    out.quantized.emplace_back(name, fp8_layer_source(file, name));
   }
   const LinearLayerScan scan = scan_linear_layers(file);
   for (const RejectedLayer& r : scan.rejected) {
@@ -217,6 +223,7 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
     out.shape.layers.push_back({name, l.w.n, l.w.k});
     out.host.push_back(std::move(l.w));
     out.by_source[l.source].push_back(name);
+    out.quantized.emplace_back(name, l.source);
   }
   return viewed;
 }
@@ -260,6 +267,14 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
     if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
       (void)require_linear_layers(file);
     }
+  }
+  // The folder's config, when it declares a quantization, must agree with the tensors: its
+  // format in every quantized layer, and no Linear its quantizer targets left in plain floats.
+  out.declared = read_declared_quantization(std::filesystem::path(path).parent_path().string());
+  if (out.declared && out.unread.empty()) {
+    std::vector<std::string> plain;
+    for (const DenseLayer& l : out.plain) plain.push_back(l.name);
+    check_declared(*out.declared, "bench", out.quantized, plain);
   }
   // A quantized checkpoint's BF16/F32 linears were left so by its producer (lm_head, the
   // modules it was told to exclude): they run as dense BF16 GEMMs, as a server runs them. Only
@@ -313,6 +328,11 @@ void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
                         what.empty() ? "" : "; ", fmt::join(w.embeddings, ", "));
   }
   fmt::print(stderr, "metrale: [bench] {}: {}\n", path, what);
+  if (w.declared) {
+    fmt::print(stderr, "metrale: [bench] declared {}, every quantized layer holds it{}{}\n",
+               w.declared->describe(), w.declared->activations.empty() ? "" : "; ",
+               w.declared->activations);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,136 @@
+"""metrale.load: a checkpoint folder's linear layers on one Model, and what it loaded.
+
+    with metrale.load("path/to/checkpoint") as ckpt:   # a folder, an index or a file
+        print(ckpt.summary)
+        w = ckpt.layers["model.layers.0.mlp.down_proj"]
+        c = ckpt.model.gemm(a, w, allow_e4m3=w.format == "e4m3_block128")
+
+Never a silent partial load: a tensor that looks quantized but that metrale cannot read, or
+layers that disagree with the quantization the folder's config declares, raise IoError naming
+them before anything is uploaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import _metrale
+from .errors import IoError, argument_error
+from .model import Model
+
+_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
+_FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
+
+
+@dataclass
+class Loaded:
+    """What load() made of a checkpoint. A context manager: leaving it closes ``model``.
+
+    layers: quantized layers on ``model`` (Weights; Fp8Weights, which run the W8A8 op with
+    allow_e4m3=True). sources: what the file held for each. dense: the linear layers the
+    checkpoint keeps in BF16/F16/F32 (lm_head, what its quantizer excluded), as host arrays, not
+    quantized (Model.gemm takes quantized weights only: run them in your framework, as
+    metrale.torch leaves them to torch). other: every other tensor's name (embeddings, norms).
+    declared: the folder config's declared quantization (metrale.Checkpoint.declared) or None.
+    """
+
+    model: Model
+    path: str
+    layers: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)
+    dense: dict = field(default_factory=dict)
+    other: list = field(default_factory=list)
+    declared: Any = None
+
+    @property
+    def summary(self) -> str:
+        """One line of what was loaded: layers per format, dense layers, other tensors, and what
+        the config declares."""
+        by_source: dict = {}
+        for layer, source in self.sources.items():
+            by_source.setdefault(source, []).append(layer)
+        parts = [f"{len(v)} layer(s) {k}" for k, v in sorted(by_source.items())]
+        if self.dense:
+            parts.append(f"{len(self.dense)} layer(s) kept in floats, not quantized "
+                         f"({', '.join(sorted(self.dense))})")
+        if self.other:
+            parts.append(f"{len(self.other)} other tensor(s) (embeddings, norms), not loaded")
+        if self.declared is not None:
+            note = f"; {self.declared['activations']}" if self.declared["activations"] else ""
+            parts.append(f"declared {self.declared['describe']}{note}")
+        return f"{self.path}: " + "; ".join(parts)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """A tensor of the checkpoint (one in ``other``, say) read as a host array."""
+        return _read_array(_metrale.load_safetensors(self.path), name)
+
+    def close(self, check: bool = True) -> Any:
+        """Closes the model: every uploaded layer's memory back, the ledger at 0 bytes."""
+        return self.model.close(check)
+
+    def __enter__(self) -> "Loaded":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.model.close(check=exc_type is None)
+        return False
+
+
+def load(path: str, backend: str = "auto") -> Loaded:
+    """Every linear layer of a checkpoint (a model folder, a sharded index, or a safetensors file)
+    loaded as its producer stored it: FP4 (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4) and
+    FP8 block-128 layers uploaded to one Model on ``backend``; BF16/F32 linears kept as they are
+    (``dense``); everything else named (``other``). A checkpoint without any quantized layer is
+    refused: quantize its layers yourself (quantize_nvfp4) rather than have them quantized
+    behind your back."""
+    api = "metrale.load"
+    ckpt = _metrale.load_safetensors(path)
+    unread = [r for r in ckpt.rejected if r["quantized"]]
+    if unread:
+        raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
+                             "; ".join(f"{r['tensor']}: {r['why']}" for r in unread), IoError)
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in _FP4_SOURCES]
+    plain = [layer for layer in ckpt.layers if layer not in fp4]
+    if not fp4 and not ckpt.fp8_layers:
+        raise argument_error(api, f"{ckpt.path} holds no quantized layer (its linears are in "
+                             "floats); quantize them with metrale.quantize_nvfp4 or "
+                             "metrale.torch.swap_linears", IoError)
+    sources = {layer: ckpt.source(layer) for layer in fp4 + list(ckpt.fp8_layers)}
+    # Embedding tables are 2-D float matrices too; the config's ignore list and the plain
+    # Linears are told apart by name, as transformers names them.
+    dense = [layer for layer in plain if not _is_embedding(layer)]
+    ckpt.check_declared(list(sources.items()), dense, api)
+    model = Model(backend)
+    try:
+        loaded = Loaded(model, ckpt.path, sources=sources, declared=ckpt.declared)
+        for layer in fp4:
+            loaded.layers[layer] = model.upload_weights(ckpt.weights(layer), label=layer)
+        for layer in ckpt.fp8_layers:
+            loaded.layers[layer] = model.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
+        for layer in dense:
+            loaded.dense[layer] = _read_array(ckpt, layer + ".weight")
+        linear = {t for layer in sources for t in ckpt.tensors if t.startswith(layer + ".")}
+        linear |= {layer + ".weight" for layer in dense}
+        loaded.other = sorted(t for t in ckpt.tensors if t not in linear)
+    except BaseException:
+        model.close(check=False)
+        raise
+    return loaded
+
+
+def _is_embedding(layer: str) -> bool:
+    return layer.rpartition(".")[2] in ("embed_tokens", "wte", "word_embeddings", "embed_in",
+                                        "tok_embeddings")
+
+
+def _read_array(ckpt: Any, name: str) -> np.ndarray:
+    dtype, shape, raw = ckpt.tensor_bytes(name)
+    np_dtype = _DTYPES.get(dtype)
+    if np_dtype is None:
+        raise argument_error("metrale.load", f"tensor '{name}': dtype {dtype} is not a float "
+                             "type this reads (BF16, F16, F32)", IoError)
+    return raw.reshape(-1).view(np_dtype).reshape(shape)

@@ -1,0 +1,290 @@
+// A model folder's declared quantization (config.json's quantization_config,
+// hf_quant_config.json) and the check that its tensors hold it. The keys were read from the
+// producers' own files: compressed-tensors 0.19/0.20 (tests/fixtures/checkpoints/ct-*),
+// ModelOpt 0.47 (its export writes quant_algo "NVFP4", "W4A16_NVFP4", "fp8_pb_wo", ... in
+// modelopt/torch/export/quant_utils.py; tests/fixtures/checkpoints/modelopt-nvfp4), and the FP8
+// block configs of DeepSeek-V3 and transformers' FineGrainedFP8Config (quant_method "fp8",
+// weight_block_size [128, 128], activation_scheme "dynamic", scale_fmt "ue8m0" for UE8M0).
+#include "metrale/quant_config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "metrale/error.h"
+
+namespace metrale {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kApi = "quantization config";
+
+// What metrale does with NVFP4 activations: there is no FP4 tensor-core MMA on sm_90, so an
+// NVFP4 W4A4 checkpoint runs weight-only there, as vLLM's Marlin FP4 path runs it on GPUs
+// without FP4 MMA.
+constexpr std::string_view kFp4ActivationsKept =
+    "the config quantizes activations to NVFP4 (W4A4); metrale keeps them BF16 and runs W4A16 "
+    "(input scales read, unused): Hopper has no FP4 MMA";
+constexpr std::string_view kFp8ActivationsCast =
+    "activations cast to E4M3 per row per 128 K by the W8A8 op, as the config's dynamic "
+    "per-token-group scheme does";
+constexpr std::string_view kFp8WeightOnly =
+    "the config keeps activations in 16 bits (FP8 weight-only), but metrale's FP8 op is W8A8: "
+    "it casts them to E4M3 per row per 128 K";
+
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw Error(ErrorCode::kIo, kApi, fmt::format("{}: cannot be read", path.string()));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw Error(ErrorCode::kIo, kApi,
+                fmt::format("{}: not a JSON object (does not parse)", path.string()));
+  }
+  return j;
+}
+
+// The string at `key` of `obj` ("" when absent or null); Error(kIo) for another type.
+std::string string_at(const json& obj, const char* key, std::string_view where) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return {};
+  if (!obj[key].is_string()) {
+    throw Error(ErrorCode::kIo, kApi,
+                fmt::format("{}: \"{}\" is {}, expected a string", where, key, obj[key].dump()));
+  }
+  return obj[key].get<std::string>();
+}
+
+// The list of strings at `key` (empty when absent or null); Error(kIo) for another type.
+std::vector<std::string> strings_at(const json& obj, const char* key, std::string_view where) {
+  std::vector<std::string> out;
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return out;
+  const json& v = obj[key];
+  if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) {
+        return e.is_string();
+      })) {
+    throw Error(ErrorCode::kIo, kApi,
+                fmt::format("{}: \"{}\" is {}, expected a list of strings", where, key, v.dump()));
+  }
+  for (const json& e : v) out.push_back(e.get<std::string>());
+  return out;
+}
+
+// compressed-tensors: the format (top-level, or the groups' own when they agree), whether every
+// group targets every Linear, and whether any quantizes activations.
+DeclaredQuantization compressed_tensors(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "compressed-tensors";
+  d.format = string_at(q, "format", where);
+  d.ignore = strings_at(q, "ignore", where);
+  const json groups = q.value("config_groups", json::object());
+  d.every_linear = groups.is_object() && !groups.empty();
+  const json* weights = nullptr;
+  for (const auto& [name, g] : groups.items()) {
+    if (!g.is_object()) continue;
+    d.every_linear = d.every_linear && g.value("targets", json()) == json::array({"Linear"});
+    if (g.contains("input_activations") && !g["input_activations"].is_null()) {
+      d.quantized_activations = true;
+    }
+    if (d.format.empty()) d.format = string_at(g, "format", where);
+    if (g.contains("weights") && g["weights"].is_object()) weights = &g["weights"];
+  }
+  if (d.format == "nvfp4-pack-quantized") {
+    d.layer_sources = {"compressed-tensors NVFP4"};
+    if (d.quantized_activations) d.activations = kFp4ActivationsKept;
+  } else if (d.format == "mxfp4-pack-quantized") {
+    d.layer_sources = {"compressed-tensors MXFP4"};
+    if (d.quantized_activations) d.activations = kFp4ActivationsKept;
+  } else if (d.format == "float-quantized" && weights != nullptr &&
+             weights->value("num_bits", 0) == 8 && weights->value("strategy", "") == "block" &&
+             weights->value("block_structure", json()) == json::array({128, 128})) {
+    // FP8_BLOCK; a per-tensor or per-channel FP8 scheme is another format, not read.
+    d.format = "float-quantized (FP8 block [128, 128])";
+    d.layer_sources = {"compressed-tensors FP8 block-128"};
+    d.activations = d.quantized_activations ? kFp8ActivationsCast : kFp8WeightOnly;
+  }
+  return d;
+}
+
+// ModelOpt: quant_algo and the modules it excluded, from hf_quant_config.json's "quantization" or
+// config.json's quantization_config (whose list is "ignore").
+DeclaredQuantization modelopt(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "modelopt";
+  d.format = string_at(q, "quant_algo", where);
+  d.ignore = strings_at(q, q.contains("exclude_modules") ? "exclude_modules" : "ignore", where);
+  d.every_linear = true;  // ModelOpt's export lists every Linear it left alone
+  if (d.format == "NVFP4") {
+    d.layer_sources = {"ModelOpt NVFP4"};
+    d.quantized_activations = true;
+    d.activations = kFp4ActivationsKept;
+  } else if (d.format == "W4A16_NVFP4") {
+    d.layer_sources = {"ModelOpt NVFP4"};
+  } else if (d.format == "fp8_pb_wo" || d.format == "FP8_PB_WO") {
+    d.layer_sources = {"ModelOpt FP8 block-128"};
+    d.activations = kFp8WeightOnly;
+  }
+  return d;
+}
+
+// DeepSeek-V3, Qwen3-FP8 and transformers' FineGrainedFP8Config: quant_method "fp8".
+DeclaredQuantization fp8_block(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "fp8";
+  const json block = q.value("weight_block_size", json());
+  const std::string scheme = string_at(q, "activation_scheme", where);
+  const std::string scale_fmt = string_at(q, "scale_fmt", where);
+  d.format = fmt::format("fp8 {}{}{}", block.is_null() ? "per-tensor" : block.dump(),
+                         scheme.empty() ? "" : ", activation_scheme " + scheme,
+                         scale_fmt.empty() ? "" : ", scale_fmt " + scale_fmt);
+  // transformers leaves the output embedding unconverted when the config names nothing
+  // (FineGrainedFP8 quantizer: modules_to_not_convert defaults to the model's lm_head).
+  d.ignore = strings_at(q, "modules_to_not_convert", where);
+  if (d.ignore.empty()) d.ignore = {"lm_head"};
+  d.every_linear = true;
+  d.quantized_activations = scheme == "dynamic";
+  if (block == json::array({128, 128}) && scheme == "dynamic") {
+    d.layer_sources = {scale_fmt == "ue8m0" ? "FP8 block-128 (UE8M0 weight_scale_inv)"
+                                            : "FP8 block-128 (F32 weight_scale_inv)"};
+    d.activations = kFp8ActivationsCast;
+  }
+  return d;
+}
+
+// fnmatch's wildcards, case-sensitive: '*' any run, '?' one character, "[...]" a set ("[!...]"
+// its complement, "a-z" ranges).
+bool glob_match(std::string_view p, std::string_view s) {
+  if (p.empty()) return s.empty();
+  if (p[0] == '*') {
+    for (std::size_t i = 0; i <= s.size(); ++i) {
+      if (glob_match(p.substr(1), s.substr(i))) return true;
+    }
+    return false;
+  }
+  if (s.empty()) return false;
+  if (p[0] == '[') {
+    const std::size_t close = p.find(']', p.size() > 2 && (p[1] == '!') ? 3 : 2);
+    if (close != std::string_view::npos) {
+      const bool negate = p[1] == '!';
+      const std::string_view set = p.substr(negate ? 2 : 1, close - (negate ? 2 : 1));
+      bool hit = false;
+      for (std::size_t i = 0; i < set.size(); ++i) {
+        if (i + 2 < set.size() && set[i + 1] == '-') {
+          hit = hit || (set[i] <= s[0] && s[0] <= set[i + 2]);
+          i += 2;
+        } else {
+          hit = hit || set[i] == s[0];
+        }
+      }
+      return hit != negate && glob_match(p.substr(close + 1), s.substr(1));
+    }
+  }
+  return (p[0] == '?' || p[0] == s[0]) && glob_match(p.substr(1), s.substr(1));
+}
+
+}  // namespace
+
+std::string DeclaredQuantization::describe() const {
+  return fmt::format("{} '{}' ({})", producer, format, file);
+}
+
+std::optional<DeclaredQuantization> read_declared_quantization(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const fs::path config = fs::path(folder) / "config.json";
+  const fs::path hf = fs::path(folder) / "hf_quant_config.json";
+  std::error_code ec;
+  if (fs::is_regular_file(config, ec)) {
+    const json c = read_json(config);
+    const json q = c.value("quantization_config", json());
+    if (q.is_object() && !q.empty()) {
+      const std::string where = config.string() + " (quantization_config)";
+      const std::string method = string_at(q, "quant_method", where);
+      DeclaredQuantization d = method == "compressed-tensors" ? compressed_tensors(q, where)
+                               : method == "modelopt"         ? modelopt(q, where)
+                               : method == "fp8"              ? fp8_block(q, where)
+                                                              : DeclaredQuantization{};
+      if (d.producer.empty()) d.producer = method.empty() ? "(no quant_method)" : method;
+      d.file = where;
+      return d;
+    }
+  }
+  if (fs::is_regular_file(hf, ec)) {
+    const json h = read_json(hf);
+    const json q = h.value("quantization", json());
+    if (q.is_object() && !string_at(q, "quant_algo", hf.string()).empty()) {
+      DeclaredQuantization d = modelopt(q, hf.string());
+      d.file = hf.string();
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
+bool declared_ignores(const DeclaredQuantization& declared, std::string_view module) {
+  for (const std::string& pattern : declared.ignore) {
+    if (pattern.rfind("re:", 0) == 0) {
+      try {
+        // compressed-tensors' match_name: re.match, anchored at the start only.
+        if (std::regex_search(module.begin(), module.end(), std::regex(pattern.substr(3)),
+                              std::regex_constants::match_continuous)) {
+          return true;
+        }
+      } catch (const std::regex_error&) {
+        // A pattern std::regex cannot read matches nothing; check_declared then names the layer.
+      }
+    } else if (glob_match(pattern, module)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void check_declared(const DeclaredQuantization& declared, std::string_view api,
+                    const std::vector<std::pair<std::string, std::string>>& quantized,
+                    const std::vector<std::string>& plain) {
+  const std::string where = fmt::format("{} declares {}", declared.file,
+                                        declared.producer + " '" + declared.format + "'");
+  if (declared.layer_sources.empty()) {
+    throw Error(ErrorCode::kIo, api, fmt::format("{}, which metrale does not read", where));
+  }
+  std::vector<std::string> wrong, listed, skipped;
+  for (const auto& [layer, source] : quantized) {
+    const auto& ok = declared.layer_sources;
+    if (std::find(ok.begin(), ok.end(), source) == ok.end()) {
+      wrong.push_back(fmt::format("{} ({})", layer, source));
+    }
+    if (declared_ignores(declared, layer)) listed.push_back(layer);
+  }
+  if (!wrong.empty()) {
+    throw Error(ErrorCode::kIo, api,
+                fmt::format("{} ({} layers), but these layers hold another format: {}", where,
+                            fmt::join(declared.layer_sources, " or "), fmt::join(wrong, ", ")));
+  }
+  if (!listed.empty()) {
+    throw Error(ErrorCode::kIo, api,
+                fmt::format("{} and ignores {}, which the checkpoint holds quantized", where,
+                            fmt::join(listed, ", ")));
+  }
+  if (declared.every_linear) {
+    for (const std::string& layer : plain) {
+      if (!declared_ignores(declared, layer)) skipped.push_back(layer);
+    }
+  }
+  if (!skipped.empty()) {
+    throw Error(ErrorCode::kIo, api,
+                fmt::format("{}, which quantizes every Linear but its ignore list, yet the "
+                            "checkpoint holds these in plain floats: {}",
+                            where, fmt::join(skipped, ", ")));
+  }
+}
+
+}  // namespace metrale
