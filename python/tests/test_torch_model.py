@@ -1,9 +1,11 @@
 """A whole transformers model through metrale.torch against transformers' own forward.
 
-The checkpoints were made by llm-compressor and ModelOpt (a small Llama and a small Qwen3 from
-transformers' config classes, hidden 256, 2 layers: tests/fixtures/models; and the one-layer
-models of tests/fixtures/checkpoints), each with the script that made it. Each quantized layer
-is read back by the library that wrote it (compressed-tensors, ModelOpt), in float64. Note
+The checkpoints were made by llm-compressor, ModelOpt and transformers' own FP8 block
+quantization (a small Llama and a small Qwen3 from transformers' config classes, hidden 256, 2
+layers: tests/fixtures/models; and the one-layer models of tests/fixtures/checkpoints), each with
+the script that made it. Each quantized layer is read back by the library that wrote it
+(compressed-tensors, ModelOpt; FP8 by transformers' Fp8Dequantize steps), in float64; an FP8
+layer's activations are cast as its config's dynamic per-token-group scheme casts them. Note
 [whole-model check] in docs/NOTES.md: the model metrale.torch builds is transformers' own module
 tree with each quantized Linear swapped for a metrale one, so the test (1) checks every metrale
 GEMM where it runs, on the activations the real forward gives it, against the float64 product
@@ -36,9 +38,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 CHECKPOINTS = ROOT / "checkpoints"
 MODELS = [f"{arch}-{kind}" for arch in ("llama", "qwen3")
-          for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4")]
+          for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "transformers-fp8")]
 FIXTURES = [ROOT / "models" / m for m in MODELS] + [
-    CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4")]
+    CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "ct-fp8-block")]
 IDS = [f.name for f in FIXTURES]
 PROMPTS, PROMPT_LEN, NEW_TOKENS = 3, 12, 32
 U = 2.0**-8  # BF16's unit roundoff
@@ -58,6 +60,8 @@ def library_weights(folder: pathlib.Path) -> dict:
     the dtype ours)."""
     config = json.loads((folder / "config.json").read_text())["quantization_config"]
     tensors = checkpoint_tensors(folder)
+    if any(_is_fp8_weight(k, t) for k, t in tensors.items()):
+        return fp8_weights(tensors)
     if config["quant_method"] == "modelopt":
         from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
@@ -97,23 +101,65 @@ def library_weights(folder: pathlib.Path) -> dict:
     return out
 
 
+
+def fp8_weights(tensors: dict) -> dict:
+    """FP8 block-128 layers as transformers dequantizes them (Fp8Dequantize in
+    integrations/finegrained_fp8.py: each E4M3 value times its 128 x 128 block's multiplier,
+    weight_scale_inv; compressed-tensors' FP8_BLOCK stores the same multiplier as BF16
+    weight_scale), in float64."""
+    out = {}
+    for name, t in tensors.items():
+        if not _is_fp8_weight(name, t):
+            continue
+        layer = name[: -len(".weight")]
+        scale = tensors.get(layer + ".weight_scale_inv", tensors.get(layer + ".weight_scale"))
+        full = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+        out[layer] = t.double() * full[: t.shape[0], : t.shape[1]]
+    return out
+
+
+def fp8_layers(folder: pathlib.Path) -> set:
+    """The layers the checkpoint holds in FP8: metrale runs them on the W8A8 op."""
+    return {k[: -len(".weight")] for k, v in checkpoint_tensors(folder).items()
+            if _is_fp8_weight(k, v)}
+
+
+def _is_fp8_weight(name: str, t: torch.Tensor) -> bool:
+    """An FP8 layer's weight (NVFP4's E4M3 block scales are named weight_scale)."""
+    return name.endswith(".weight") and t.dtype == torch.float8_e4m3fn
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """x[..., K] as the dynamic per-token-group FP8 scheme the configs declare casts it (the
+    Hopper kernels transformers and DeepGEMM run: per row per 128 K, s = amax / 448 in FP32,
+    e4m3(x / s) rounded to nearest even), dequantized exactly in float64."""
+    k = x.shape[-1]
+    blocks = -(-k // 128)
+    xf = torch.nn.functional.pad(x.float(), (0, blocks * 128 - k)).unflatten(-1, (blocks, 128))
+    amax = xf.abs().amax(-1, keepdim=True)
+    s = torch.where(amax == 0, torch.ones_like(amax), amax / 448.0)
+    codes = (xf / s).to(torch.float8_e4m3fn)
+    return (codes.double() * s.double()).flatten(-2)[..., :k]
+
+
 class ExactLinear(torch.nn.Module):
     """y = x · Wᵀ + b in float64 from the exact weights, rounded once to x's dtype; or, when
     `feed` holds an output for this call, that output (metrale's, checked)."""
 
-    def __init__(self, name: str, w: torch.Tensor, bias, feed: dict) -> None:
+    def __init__(self, name: str, w: torch.Tensor, bias, feed: dict, fp8: bool) -> None:
         super().__init__()
-        self.name, self.w, self.b, self.feed = name, w, bias, feed
+        self.name, self.w, self.b, self.feed, self.fp8 = name, w, bias, feed, fp8
 
     def forward(self, x):
         if self.name in self.feed:
             return self.feed[self.name].pop(0)
-        y = x.double() @ self.w.T
+        y = (quantize_activations(x) if self.fp8 else x.double()) @ self.w.T
         return (y if self.b is None else y + self.b.double()).to(x.dtype)
 
 
 def exact_model(folder: pathlib.Path, feed: dict = None) -> torch.nn.Module:
-    """transformers' BF16 model of the checkpoint with exact GEMMs in its quantized layers."""
+    """transformers' BF16 model of the checkpoint with exact GEMMs in its quantized layers (FP8
+    ones on activations cast as the config's dynamic scheme casts them)."""
     config = transformers.AutoConfig.from_pretrained(folder)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -127,10 +173,12 @@ def exact_model(folder: pathlib.Path, feed: dict = None) -> torch.nn.Module:
     tied = {k for k in result.missing_keys
             if any(params[k] is params[p] for p in plain if p in params)}
     assert {k.rpartition(".")[0] for k in set(result.missing_keys) - tied} == set(weights), result
+    fp8 = fp8_layers(folder)
     for layer, w in weights.items():
         parent, _, name = layer.rpartition(".")
         old = model.get_submodule(layer)
-        setattr(model.get_submodule(parent), name, ExactLinear(layer, w, old.bias, feed or {}))
+        setattr(model.get_submodule(parent), name,
+                ExactLinear(layer, w, old.bias, feed or {}, layer in fp8))
     return model.eval()
 
 
@@ -138,9 +186,14 @@ def prompts(rng, vocab: int) -> torch.Tensor:
     return torch.from_numpy(rng.integers(0, vocab, (PROMPTS, PROMPT_LEN))).long()
 
 
-def check_gemm_in_place(name: str, x, y, w: torch.Tensor, bias) -> None:
+def check_gemm_in_place(name: str, x, y, w: torch.Tensor, bias, fp8: bool = False) -> None:
     """metrale's output y for input x within the per-element bound of the C++ suites:
-    |y − ref| ≤ 2^-8·|ref| + (1 + 2^-8)·γ·S, γ = (K + 8)·2^-23, S = Σ_k |x·w| (+ |bias|)."""
+    |y − ref| ≤ 2^-8·|ref| + (1 + 2^-8)·γ·S, γ = (K + 8)·2^-23, S = Σ_k |x·w| (+ |bias|). For an
+    FP8 layer (the W8A8 op) x is first cast as the config's dynamic scheme casts it
+    (quantize_activations): metrale's cast is the same IEEE FP32 division and round-to-nearest-even
+    E4M3 (kernels/fp8_cast.h), so its codes are those, and only the FP32 sums differ."""
+    if fp8:
+        x = quantize_activations(x)
     x64 = x.reshape(-1, w.shape[1]).double()
     ref, mag = x64 @ w.T, x64.abs() @ w.abs().T
     if bias is not None:
@@ -158,11 +211,12 @@ def checked_forward(model, folder: pathlib.Path, ids: torch.Tensor) -> torch.Ten
     required to have run; then the exact-GEMM model fed those outputs must give the same logits
     bit for bit."""
     weights = library_weights(folder)
+    fp8 = fp8_layers(folder)
     seen: dict = {}
 
     def hook(name):
         def check(module, inputs, output):
-            check_gemm_in_place(name, inputs[0], output, weights[name], module.bias)
+            check_gemm_in_place(name, inputs[0], output, weights[name], module.bias, name in fp8)
             seen.setdefault(name, []).append(output.to(inputs[0].dtype))
         return check
 
@@ -236,7 +290,7 @@ def greedy_divergences(model, folder: pathlib.Path, ids: torch.Tensor) -> int:
             ref = exact(out).logits.double()
     finally:
         hook.remove()
-    magnitude = seen["h"].double().abs() @ exact.lm_head.weight.double().abs().T
+    magnitude = seen["h"].double().abs() @ exact.lm_head.weight.detach().double().abs().T
     diverged = 0
     for p in range(ids.shape[0]):
         for t in range(ids.shape[1] - 1, ids.shape[1] + NEW_TOKENS - 1):
@@ -298,6 +352,36 @@ def test_planted_checkpoint_faults_fail_the_check(rng, tmp_path, plant):
         with pytest.raises(AssertionError, match=LAYER + ": an element is .* past its bound"):
             checked_forward(model, CHECKPOINTS / "ct-nvfp4a16",
                             prompts(rng, model.config.vocab_size))
+    finally:
+        model.metrale.close()
+
+
+FP8_MODEL = ROOT / "models" / "llama-transformers-fp8"
+FP8_LAYER = "model.layers.1.self_attn.q_proj"  # 256 x 256: a square grid of 2 x 2 block scales
+
+
+def _invert_fp8_scales(t):
+    """A loader that took weight_scale_inv for the quantizer's divisor."""
+    t[FP8_LAYER + ".weight_scale_inv"] = 1.0 / t[FP8_LAYER + ".weight_scale_inv"]
+
+
+def _transpose_fp8_scales(t):
+    s = t[FP8_LAYER + ".weight_scale_inv"]
+    assert s.shape == (2, 2) and not torch.equal(s, s.t())
+    t[FP8_LAYER + ".weight_scale_inv"] = s.t().contiguous()
+
+
+@pytest.mark.parametrize("plant", [_invert_fp8_scales, _transpose_fp8_scales])
+def test_planted_fp8_faults_fail_the_check(rng, tmp_path, plant):
+    out = tmp_path / "planted"
+    shutil.copytree(FP8_MODEL, out)
+    tensors = load_file(out / "model.safetensors")
+    plant(tensors)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    model = mt.from_pretrained(str(out), backend="cpu")
+    try:
+        with pytest.raises(AssertionError, match=FP8_LAYER + ": an element is .* past its bound"):
+            checked_forward(model, FP8_MODEL, prompts(rng, model.config.vocab_size))
     finally:
         model.metrale.close()
 
