@@ -28,8 +28,8 @@ struct DeclaredQuantization {
   // What each quantized layer of the format reads as (Nvfp4Linear::source, fp8_layer_source);
   // empty for a format metrale does not read.
   std::vector<std::string> layer_sources;
-  std::vector<std::string> ignore;  // module names and patterns the quantizer left alone
-  bool every_linear = false;        // the quantizer targets every Linear but those it ignores
+  std::vector<std::string> ignore;     // module names and patterns the quantizer left alone
+  bool every_linear = false;           // the quantizer targets every Linear but those it ignores
   bool quantized_activations = false;  // W4A4, W8A8: the config quantizes activations too
   // What metrale does with the activations the config quantizes (empty when it quantizes none):
   // the W8A8 op's own dynamic E4M3 casts, or BF16 activations for an FP4 W4A4 checkpoint.

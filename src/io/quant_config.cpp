@@ -69,9 +69,8 @@ std::vector<std::string> strings_at(const json& obj, const char* key, std::strin
   std::vector<std::string> out;
   if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return out;
   const json& v = obj[key];
-  if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) {
-        return e.is_string();
-      })) {
+  if (!v.is_array() ||
+      !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
     throw Error(ErrorCode::kIo, kApi,
                 fmt::format("{}: \"{}\" is {}, expected a list of strings", where, key, v.dump()));
   }

@@ -118,8 +118,8 @@ TEST(DeclaredQuantization, ModelOptW4A4AndW4A16) {
 }
 
 TEST(DeclaredQuantization, Fp8BlockConfigs) {
-  const std::string deepseek = folder_with(
-      "fp8_ue8m0", R"({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+  const std::string deepseek =
+      folder_with("fp8_ue8m0", R"({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                        "activation_scheme": "dynamic", "weight_block_size": [128, 128],
                        "scale_fmt": "ue8m0"}})");
   const auto d = read_declared_quantization(deepseek);
@@ -131,10 +131,10 @@ TEST(DeclaredQuantization, Fp8BlockConfigs) {
                     {"lm_head"}),
             "");
   // F32 scales where the config says UE8M0: another format.
-  EXPECT_THAT(refusal(*d, {{"model.layers.0.mlp.up_proj", "FP8 block-128 (F32 weight_scale_inv)"}},
-                      {}),
-              HasSubstr("these layers hold another format: model.layers.0.mlp.up_proj (FP8 "
-                        "block-128 (F32 weight_scale_inv))"));
+  EXPECT_THAT(
+      refusal(*d, {{"model.layers.0.mlp.up_proj", "FP8 block-128 (F32 weight_scale_inv)"}}, {}),
+      HasSubstr("these layers hold another format: model.layers.0.mlp.up_proj (FP8 "
+                "block-128 (F32 weight_scale_inv))"));
   // Per-tensor FP8 is not read.
   const auto per_tensor = read_declared_quantization(folder_with(
       "fp8_per_tensor",
@@ -148,12 +148,12 @@ TEST(DeclaredQuantization, TensorsHeldToIt) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(refusal(*d, kCtNvfp4, {"lm_head"}), "");
   // Planted: a layer of another format.
-  EXPECT_THAT(refusal(*d,
-                      {kCtNvfp4[0], {"model.layers.0.self_attn.q_proj", "compressed-tensors MXFP4"}},
-                      {"lm_head"}),
-              HasSubstr("declares compressed-tensors 'nvfp4-pack-quantized' (compressed-tensors "
-                        "NVFP4 layers), but these layers hold another format: "
-                        "model.layers.0.self_attn.q_proj (compressed-tensors MXFP4)"));
+  EXPECT_THAT(
+      refusal(*d, {kCtNvfp4[0], {"model.layers.0.self_attn.q_proj", "compressed-tensors MXFP4"}},
+              {"lm_head"}),
+      HasSubstr("declares compressed-tensors 'nvfp4-pack-quantized' (compressed-tensors "
+                "NVFP4 layers), but these layers hold another format: "
+                "model.layers.0.self_attn.q_proj (compressed-tensors MXFP4)"));
   // Planted: the ignored lm_head held quantized.
   EXPECT_THAT(refusal(*d, {kCtNvfp4[0], {"lm_head", "compressed-tensors NVFP4"}}, {}),
               HasSubstr("and ignores lm_head, which the checkpoint holds quantized"));
