@@ -34,9 +34,10 @@ import torch
 
 import metrale
 
+from . import torch_native
 from .errors import argument_error
 
-__all__ = ["Linear", "from_pretrained", "linear", "register", "swap_linears", "timing"]
+__all__ = ["Linear", "from_pretrained", "linear", "native", "register", "swap_linears", "timing"]
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ class _Entry:
 _entries: dict[int, _Entry] = {}
 _next_handle = 1
 _lock = threading.Lock()
-# Seconds and calls spent inside the op's GEMMs while a `timing()` block is open (else None).
-_timing: Optional[dict] = None
+# Open timing() blocks, innermost last: each {"seconds", "calls"} with the C++ operator's counters
+# where it started and what blocks inside it took of them.
+_timing: list = []
 
 
 def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> int:
@@ -64,13 +66,17 @@ def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> in
     if not isinstance(weights, (metrale.Weights, metrale.Fp8Weights)):
         raise argument_error("metrale.torch.register", f"weights: {type(weights).__name__} is "
                              "not weights on a device (model.upload_weights)", metrale.DtypeError)
-    if isinstance(weights, metrale.Fp8Weights) and not allow_e4m3:
+    fp8 = isinstance(weights, metrale.Fp8Weights)
+    if fp8 and not allow_e4m3:
         raise argument_error("metrale.torch.register", "weights: FP8 weights run the W8A8 op, "
                              "which casts activations to E4M3; pass allow_e4m3=True")
     with _lock:
         handle = _next_handle
         _next_handle += 1
         _entries[handle] = _Entry(model, weights, bool(allow_e4m3))
+        # The C++ operator runs CPU models' calls itself; CUDA ones come to Python.
+        if _native is not None and model.backend == "cpu":
+            torch_native.bind(_native, handle, model, weights, fp8)
     return handle
 
 
@@ -78,22 +84,24 @@ def unregister(handle: int) -> None:
     """Forgets a handle (a Linear does so when it is collected); the weights stay with their
     model until it closes."""
     with _lock:
+        if _native is not None:
+            _native.metrale_torch_unbind(handle)
         _entries.pop(handle, None)
 
 
 def _entry(api: str, handle: int) -> _Entry:
-    with _lock:
-        entry = _entries.get(handle)
+    entry = _entries.get(handle)
     if entry is None:
         raise argument_error(api, f"weights: {handle} is not a registered handle "
                              "(metrale.torch.register)")
     return entry
 
 
-@torch.library.custom_op("metrale::linear", mutates_args=())
-def linear(x: torch.Tensor, weights: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y[..., N] = x[..., K] · dequant(W)ᵀ (+ bias[N]) in BF16 with FP32 accumulation, for the
-    weights ``weights`` names (register). x and bias are BF16 on the weights' model's device."""
+def _linear_python(x: torch.Tensor, weights: int,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """torch.ops.metrale.linear in Python: what the C++ operator runs where it cannot be built,
+    on CUDA, and for every call it does not run itself (a bad argument: the error is raised
+    here, so both builds fail alike)."""
     api = "metrale.torch.linear"
     entry = _entry(api, weights)
     w = entry.weights
@@ -109,28 +117,76 @@ def linear(x: torch.Tensor, weights: int, bias: Optional[torch.Tensor] = None) -
     out = torch.empty((rows, w.n), dtype=torch.bfloat16, device=x.device)
     if rows > 0:
         x2 = x.reshape(rows, w.k).contiguous()
-        start = time.perf_counter() if _timing is not None else 0.0
+        start = time.perf_counter() if _timing else 0.0
         if x.device.type == "cpu":
             _run_on_host(entry, x2, out, bias)
         else:
             entry.model.gemm(x2, w, out=out, bias=bias, allow_e4m3=entry.allow_e4m3)
-        if _timing is not None:
-            _timing["seconds"] += time.perf_counter() - start
-            _timing["calls"] += 1
+        if _timing:
+            _timing[-1]["seconds"] += time.perf_counter() - start
+            _timing[-1]["calls"] += 1
     return out.reshape(*x.shape[:-1], w.n)
+
+
+def _linear_fake(x: torch.Tensor, weights: int,
+                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    w = _entry("metrale.torch.linear", weights).weights
+    return x.new_empty((*x.shape[:-1], w.n))
+
+
+# The operator: C++ where it can be built (torch_native.py), else a Python custom op. Either way
+# torch.ops.metrale.linear(x, weights, bias) with this fake implementation, and CUDA tensors run
+# in Python.
+_native = torch_native.load(_linear_python)
+if _native is not None:
+    torch.library.register_fake("metrale::linear", _linear_fake)
+    _cuda = torch.library.Library("metrale", "IMPL")
+    _cuda.impl("linear", _linear_python, "CUDA")
+    linear = torch.ops.metrale.linear
+else:
+    linear = torch.library.custom_op("metrale::linear", _linear_python, mutates_args=())
+    linear.register_fake(_linear_fake)
+
+
+def native() -> tuple:
+    """(True, "") when torch.ops.metrale.linear is the C++ operator, else (False, why not)."""
+    return (_native is not None, torch_native.why)
 
 
 @contextlib.contextmanager
 def timing():
     """Counts the seconds and calls metrale's GEMMs take inside the block (eager calls of the op,
-    in this process): yields a dict {"seconds", "calls"} filled as they run. A block opened
-    inside another counts its calls for itself alone."""
-    global _timing
-    outer, _timing = _timing, {"seconds": 0.0, "calls": 0}
+    in this process): yields a dict {"seconds", "calls"}, complete when the block ends. A block
+    opened inside another counts its calls for itself alone."""
+    block = {"seconds": 0.0, "calls": 0}
+    # The C++ operator counts in two process-wide sums while any block is open: a block takes
+    # their growth over its life, less what the blocks inside it took.
+    frame = {"block": block, "start": _native_timed(), "inner": [0.0, 0]}
+    _timing.append(block)
+    _frames.append(frame)
+    if _native is not None:
+        _native.metrale_torch_timing(1)
     try:
-        yield _timing
+        yield block
     finally:
-        _timing = outer
+        _timing.pop()
+        _frames.pop()
+        now = _native_timed()
+        took = (now[0] - frame["start"][0], now[1] - frame["start"][1])
+        block["seconds"] += took[0] - frame["inner"][0]
+        block["calls"] += took[1] - frame["inner"][1]
+        if _frames:
+            _frames[-1]["inner"][0] += took[0]
+            _frames[-1]["inner"][1] += took[1]
+        elif _native is not None:
+            _native.metrale_torch_timing(0)
+
+
+_frames: list = []
+
+
+def _native_timed() -> tuple:
+    return torch_native.timed(_native) if _native is not None else (0.0, 0)
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -148,13 +204,6 @@ def _run_on_host(entry: _Entry, x: torch.Tensor, out: torch.Tensor,
         m.w8a8_gemm(_bits(x), True, w, _bits(out), True, b, b is not None)
     else:
         m.gemm(_bits(x), True, w, _bits(out), True, "auto", entry.allow_e4m3, b, b is not None)
-
-
-@linear.register_fake
-def _linear_fake(x: torch.Tensor, weights: int,
-                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    w = _entry("metrale.torch.linear", weights).weights
-    return x.new_empty((*x.shape[:-1], w.n))
 
 
 class Linear(torch.nn.Module):
@@ -191,6 +240,8 @@ class Linear(torch.nn.Module):
         return cls(model, model.upload_weights(host, label="torch linear"), layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.bfloat16:  # the usual case: no cast, each costs a dispatch
+            return torch.ops.metrale.linear(x, self.handle, self.bias)
         y = torch.ops.metrale.linear(x.to(torch.bfloat16), self.handle, self.bias)
         return y.to(x.dtype)
 

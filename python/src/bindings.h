@@ -24,5 +24,7 @@ void bind_host_weights(nanobind::module_& m);
 void bind_discovery(nanobind::module_& m);
 // Model, Weights, Plan and bf16_view: the model-scoped API.
 void bind_model(nanobind::module_& m);
+// _native_gemm, _native_ptr: the C entry metrale.torch's C++ operator calls.
+void bind_native_gemm(nanobind::module_& m);
 
 }  // namespace metrale::py

@@ -173,9 +173,50 @@ void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle
   run_planned(b, args, w.q, options);
 }
 
+void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
+                      std::uint16_t* c, const std::uint16_t* bias) {
+  constexpr std::string_view api = "metrale.torch.linear";
+  Backend& b = open(api);
+  if (device_type() != nb::device::cpu::value) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("x: a CPU tensor given to a model on {}", name_));
+  }
+  const auto n = fp8 ? static_cast<const Fp8Weights*>(w)->q.n : static_cast<const Weights*>(w)->q.n;
+  const auto k = fp8 ? static_cast<const Fp8Weights*>(w)->q.k : static_cast<const Weights*>(w)->q.k;
+  const auto arg = [&](const void* p, std::int64_t r, std::int64_t cols, std::string_view name) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    if (address % 16 != 0) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("{}: address 0x{:x} is not 16-byte aligned", name, address));
+    }
+    return ArrayArg{DevicePtr{address}, static_cast<std::size_t>(r * cols * 2), r, cols};
+  };
+  Operands args{arg(a, rows, k, "x"), arg(c, rows, n, "out"), std::nullopt};
+  if (bias) args.bias = arg(bias, 1, n, "bias");
+  if (fp8) {
+    const auto& fw = *static_cast<const Fp8Weights*>(w);
+    check_owner(api, fw.model, fw.label);
+    ops::Fp8GemmOptions options;
+    if (args.bias) options.bias = args.bias->ptr;
+    run_planned_unlocked(b, args, fw.q, options);
+  } else {
+    const auto& qw = *static_cast<const Weights*>(w);
+    check_owner(api, qw.model, qw.label);
+    ops::GemmOptions options = gemm_options(api, "auto", false);
+    if (args.bias) options.bias = args.bias->ptr;
+    run_planned_unlocked(b, args, qw.q, options);
+  }
+}
+
 template <class W, class Options>
 void Model::run_planned(Backend& b, const Operands& args, const W& w, const Options& options) {
   nb::gil_scoped_release unlocked;
+  run_planned_unlocked(b, args, w, options);
+}
+
+template <class W, class Options>
+void Model::run_planned_unlocked(Backend& b, const Operands& args, const W& w,
+                                 const Options& options) {
   std::lock_guard lock(call_mu_);
   const auto p = as_call("gemm", [&] { return ops::plan(b, args.a.rows, w, options); });
   const Loans loans(b, *probe_, args);

@@ -87,6 +87,13 @@ class Model {
   void w8a8_gemm(nanobind::handle a, bool a_bits, const Fp8Weights& w, nanobind::handle out,
                  bool out_bits, nanobind::handle bias, bool bias_bits);
 
+  // out = a · W^T (+ bias) on host memory given as pointers, with the GIL neither held nor
+  // taken: metrale.torch's C++ operator (native_gemm.cpp). `w` is the Weights (or, with fp8, the
+  // Fp8Weights) of this model; a, c and bias are BF16, rows x K, rows x N and N elements, C-
+  // contiguous and 16-byte aligned, as check_operands would have them.
+  void gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
+                 std::uint16_t* c, const std::uint16_t* bias);
+
   // The ledger's counters: owned apart from borrowed.
   nanobind::dict stats() const;
   // The ledger's live allocations with their call sites.
@@ -103,6 +110,9 @@ class Model {
   // the model's lock held, lends the operands, runs the plan on the default stream and waits.
   template <class W, class Options>
   void run_planned(Backend& b, const Operands& args, const W& w, const Options& options);
+  // run_planned's work, for a caller that does not hold the GIL.
+  template <class W, class Options>
+  void run_planned_unlocked(Backend& b, const Operands& args, const W& w, const Options& options);
   Operands check_operands(std::string_view api, nanobind::handle a, bool a_bits,
                           nanobind::handle out, bool out_bits, nanobind::handle bias,
                           bool bias_bits, std::int64_t n, std::int64_t k) const;

@@ -9,4 +9,5 @@ NB_MODULE(_metrale, m) {
   metrale::py::bind_host_weights(m);
   metrale::py::bind_discovery(m);
   metrale::py::bind_model(m);
+  metrale::py::bind_native_gemm(m);
 }

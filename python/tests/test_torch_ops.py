@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import check_gemm, need
+from conftest import REQUIRED, check_gemm, need
 
 import metrale
 
@@ -167,3 +167,82 @@ def test_swap_linears_and_timing(rng, model):
     assert t["calls"] == 2 and t["seconds"] > 0
     net(x)
     assert t["calls"] == 2  # counted only inside the block
+
+
+def test_nested_timing_blocks_count_for_themselves(rng, model):
+    layer = mt.Linear(model, model.upload_weights(_weights(rng, 64, 128)))
+    x = _bf16(rng, 2, 128)
+    with mt.timing() as outer:
+        layer(x)
+        with mt.timing() as inner:
+            layer(x)
+            layer(x)
+        layer(x)
+    assert (outer["calls"], inner["calls"]) == (2, 2)
+    assert outer["seconds"] > 0 and inner["seconds"] > 0
+
+
+def test_no_backward_through_the_op(rng, model):
+    """Inference only: a forward on inputs that need gradients runs, its backward raises (the
+    C++ operator through torch's not-implemented autograd fallback, the Python one as a custom
+    op without a backward)."""
+    layer = mt.Linear(model, model.upload_weights(_weights(rng, 64, 128)))
+    x = _bf16(rng, 2, 128).requires_grad_()
+    y = layer(x)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError):
+        y.float().sum().backward()
+
+
+def test_the_cpp_operator_is_in_use():
+    """Where the test run requires torch (scripts/python-test.sh, CI), the C++ operator must have
+    been built: a silent fallback to the Python one would hide a broken build."""
+    built, why = mt.native()
+    if not built and "torch" not in REQUIRED:
+        pytest.skip(f"the C++ operator is not in use: {why}")
+    assert built, why
+
+
+_SAME_CALLS = """
+import hashlib, numpy as np, torch, metrale, metrale.torch as mt
+rng = np.random.default_rng(SEED)
+with metrale.Model("cpu") as model:
+    w = model.upload_weights(metrale.quantize_nvfp4(rng.standard_normal((96, 128))))
+    layer = mt.Linear(model, w, torch.from_numpy(rng.standard_normal(96)).to(torch.bfloat16))
+    x = torch.from_numpy(rng.standard_normal((3, 5, 128))).to(torch.bfloat16)
+    h = hashlib.sha256(layer(x).view(torch.int16).numpy().tobytes())
+    h.update(layer(x.float()).numpy().tobytes())
+    for bad in (x.float(), x[..., :64]):
+        try:
+            torch.ops.metrale.linear(bad, layer.handle)
+        except metrale.Error as e:
+            h.update(f"{type(e).__name__}: {e}".encode())
+    model.close()
+    try:
+        layer(x)
+    except metrale.StateError as e:
+        h.update(str(e).encode())
+    print(mt.native()[0], h.hexdigest())
+"""
+
+
+def test_both_operators_compute_and_fail_alike(rng):
+    """The C++ operator (this process) and the Python one (METRALE_TORCH_NATIVE=0) on the same
+    calls: outputs bit for bit, and the same errors for a bad dtype, a bad shape and a closed
+    model."""
+    import os
+    import subprocess
+    import sys
+
+    code = _SAME_CALLS.replace("SEED", str(int(rng.integers(2**31))))
+    runs = {}
+    for native in ("1", "0"):
+        env = dict(os.environ, METRALE_TORCH_NATIVE=native)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        runs[native] = done.stdout.split()
+    if runs["1"][0] != "True" and "torch" not in REQUIRED:
+        pytest.skip("the C++ operator is not in use here")
+    assert runs["1"][0] == "True" and runs["0"][0] == "False"
+    assert runs["1"][1] == runs["0"][1]
