@@ -95,7 +95,7 @@ def _torch_twin(folder: str, ours: Any) -> Any:
     for layer, old in list(theirs.named_modules()):
         if not isinstance(old, mt.Linear):
             continue
-        w = torch.from_numpy(ckpt.weights(layer).dequantize()).to(torch.bfloat16)
+        w = _dequantized(ckpt, layer).to(torch.bfloat16)
         new = torch.nn.Linear(w.shape[1], w.shape[0], bias=old.bias is not None,
                               dtype=torch.bfloat16)
         with torch.no_grad():
@@ -105,6 +105,18 @@ def _torch_twin(folder: str, ours: Any) -> Any:
         parent, _, name = layer.rpartition(".")
         setattr(theirs.get_submodule(parent), name, new)
     return theirs.eval()
+
+
+def _dequantized(ckpt: Any, layer: str) -> Any:
+    """A layer's weights as float32: FP4 by the loader, FP8 as code times block scale."""
+    import torch
+
+    if layer not in ckpt.fp8_layers:
+        return torch.from_numpy(ckpt.weights(layer).dequantize())
+    codes, scales = ckpt.fp8_weights(layer)
+    w = torch.from_numpy(codes).view(torch.float8_e4m3fn).float()
+    full = torch.from_numpy(scales).repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return w * full[: w.shape[0], : w.shape[1]]
 
 
 def prefill_seconds(model: Any, ids: Any) -> float:

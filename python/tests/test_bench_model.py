@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from conftest import need
 
 need("torch")
@@ -29,12 +31,13 @@ def _check(doc: dict, prompt: int, decode: int) -> None:
         assert 0 < row["gemm_share"] < 1
 
 
-def test_a_checkpoint_folder():
-    r = _run(str(MODELS / "qwen3-ct-nvfp4a16"), "--prompt", "8", "--decode", "2", "--repeat",
-             "1", "--json")
+@pytest.mark.parametrize("folder", ["qwen3-ct-nvfp4a16", "llama-transformers-fp8"])
+def test_a_checkpoint_folder(folder):
+    r = _run(str(MODELS / folder), "--prompt", "8", "--decode", "2", "--repeat", "1", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert "Qwen3ForCausalLM, 2 layer(s), 14 linears on metrale" in doc["model"]
+    arch = "Qwen3" if folder.startswith("qwen3") else "Llama"
+    assert f"{arch}ForCausalLM, 2 layer(s), 14 linears on metrale" in doc["model"]
     _check(doc, 8, 2)
 
 
