@@ -44,6 +44,30 @@ struct CpuBackendOptions {
   unsigned threads = 0;  // worker threads for launches; 0 = all hardware threads
 };
 
+// Another runtime's parallel loop: runs body(arg, begin, end) over disjoint ranges covering
+// [0, n) on its threads and returns when all are done. body never throws.
+struct CpuExecutor {
+  void* ctx = nullptr;
+  void (*parallel_for)(void* ctx, std::size_t n,
+                       void (*body)(void* arg, std::size_t begin, std::size_t end),
+                       void* arg) = nullptr;
+};
+
+// While one lives, every CPU backend's launches made by this thread run their blocks on
+// `executor` instead of the backend's own pool: metrale.torch's C++ operator lends torch's
+// intra-op threads so that the two pools do not spin against each other on the same cores
+// (Note [one pool with torch]). Nests; restores the previous executor when it ends.
+class ScopedCpuExecutor {
+ public:
+  explicit ScopedCpuExecutor(const CpuExecutor& executor) noexcept;
+  ScopedCpuExecutor(const ScopedCpuExecutor&) = delete;
+  ScopedCpuExecutor& operator=(const ScopedCpuExecutor&) = delete;
+  ~ScopedCpuExecutor();
+
+ private:
+  const CpuExecutor* previous_;
+};
+
 // The instruction set the CPU's GEMM kernels use in this process: "avx512_bf16", "avx512",
 // "avx2" or "portable", the processor's best lowered by METRALE_CPU_ISA (read once). Benchmarks
 // print it with the roof they measured for it, so figures from different CPUs are not compared

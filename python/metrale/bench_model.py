@@ -40,6 +40,9 @@ def parse(argv: list) -> argparse.Namespace:
     p.add_argument("--prompt", type=int, default=128, help="prefill tokens (128)")
     p.add_argument("--decode", type=int, default=32, help="decode steps timed (32)")
     p.add_argument("--repeat", type=int, default=3, help="repeats of each timing (3)")
+    p.add_argument("--pool", choices=["shared", "own"], default="shared",
+                   help="metrale's CPU kernels on torch's intra-op threads (shared, the default) "
+                        "or on metrale's own pool (own)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     if (args.folder is None) == (args.shape is None):
@@ -172,6 +175,9 @@ def run(args: argparse.Namespace) -> dict:
 
     import metrale
 
+    import metrale.torch as mt
+
+    shared = mt.share_threads(args.pool == "shared")
     runtime = metrale.Model("cpu")
     ours, theirs, what = models(args, runtime)
     try:
@@ -187,7 +193,9 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "model": what,
         "threads": {"torch": torch.get_num_threads(),
-                    "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset)")},
+                    "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+                    "metrale": "torch's intra-op threads" if shared else "its own pool" + (
+                        "" if mt.native()[0] else f" ({mt.native()[1]})")},
         "prefill": _row(args.prompt, pre),
         "decode": _row(args.decode, dec),
     }
@@ -202,8 +210,8 @@ def _row(tokens: int, timed: tuple) -> dict:
 def print_table(result: dict) -> None:
     print(f"model: {result['model']}")
     t = result["threads"]
-    print(f"torch threads {t['torch']}, OMP_WAIT_POLICY {t['OMP_WAIT_POLICY']}; medians of "
-          "side-by-side runs")
+    print(f"torch threads {t['torch']}, OMP_WAIT_POLICY {t['OMP_WAIT_POLICY']}, metrale's "
+          f"kernels on {t['metrale']}; medians of side-by-side runs")
     print(f"{'':18s} {'metrale tok/s':>14s} {'torch BF16 tok/s':>17s} {'metrale/torch':>14s} "
           f"{'in metrale GEMMs':>17s}")
     for name in ("prefill", "decode"):

@@ -37,7 +37,8 @@ import metrale
 from . import torch_native
 from .errors import argument_error
 
-__all__ = ["Linear", "from_pretrained", "linear", "native", "register", "swap_linears", "timing"]
+__all__ = ["Linear", "from_pretrained", "linear", "native", "register", "share_threads",
+           "swap_linears", "timing"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,16 @@ else:
 def native() -> tuple:
     """(True, "") when torch.ops.metrale.linear is the C++ operator, else (False, why not)."""
     return (_native is not None, torch_native.why)
+
+
+def share_threads(on: bool = True) -> bool:
+    """Whether the C++ operator runs metrale's CPU kernels on torch's intra-op threads (the
+    default: one pool for both, Note [one pool with torch]) or on metrale's own pool. Returns
+    whether they are shared now: never without the C++ operator."""
+    if _native is None:
+        return False
+    _native.metrale_torch_share_threads(int(bool(on)))
+    return bool(on)
 
 
 @contextlib.contextmanager

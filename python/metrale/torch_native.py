@@ -34,15 +34,24 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
-def _build(out: Path) -> None:
-    """Compiles SOURCE into `out`, written whole or not at all (concurrent first uses race on a
-    rename, not on a half-written file)."""
+def _command() -> list:
+    """The compiler call, but its output."""
     torch_dir = Path(torch.__file__).parent
+    # -fopenmp: at::parallel_for is inline, its OpenMP region compiled here; at run time the
+    # region is torch's own libgomp (loaded by torch first, the same soname), so the threads
+    # are torch's intra-op threads (Note [one pool with torch]).
     command = [os.environ.get("CXX", "c++"), "-O2", "-std=c++20", "-fPIC", "-shared", "-w",
+               "-fopenmp",
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                f"-I{torch_dir / 'include'}", f"-I{sysconfig.get_paths()['include']}",
                str(SOURCE), f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu", "-ltorch_python",
                f"-Wl,-rpath,{torch_dir / 'lib'}"]
+    return command
+
+
+def _build(command: list, out: Path) -> None:
+    """Runs `command` into `out`, written whole or not at all (concurrent first uses race on a
+    rename, not on a half-written file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
@@ -65,12 +74,13 @@ def load(fallback) -> Optional[ctypes.PyDLL]:
     if os.environ.get("METRALE_TORCH_NATIVE", "1") == "0":
         why = "METRALE_TORCH_NATIVE=0"
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() +
-                         sys.version.encode()).hexdigest()[:16]
+    command = _command()
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(command).encode() +
+                         torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     path = _cache_dir() / f"metrale_torch_ops-{key}.so"
     try:
         if not path.exists():
-            _build(path)
+            _build(command, path)
         torch.ops.load_library(str(path))
         lib = ctypes.PyDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
@@ -81,6 +91,7 @@ def load(fallback) -> Optional[ctypes.PyDLL]:
                                        ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     lib.metrale_torch_unbind.argtypes = [ctypes.c_int64]
     lib.metrale_torch_timing.argtypes = [ctypes.c_int]
+    lib.metrale_torch_share_threads.argtypes = [ctypes.c_int]
     lib.metrale_torch_timed.argtypes = [ctypes.POINTER(ctypes.c_int64)] * 2
     lib.metrale_torch_init(_metrale._native_gemm(), fallback)
     return lib

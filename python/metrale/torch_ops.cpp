@@ -15,8 +15,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -28,9 +30,33 @@
 namespace {
 
 // native_gemm.cpp's host_gemm: 0, or an ErrorCode + 1 with its message in err.
+using Body = void (*)(void* arg, std::size_t begin, std::size_t end);
+using ParallelFor = void (*)(void* ctx, std::size_t n, Body body, void* arg);
 using HostGemm = int (*)(void* model, const void* weights, int fp8, const std::uint16_t* a,
-                         std::int64_t rows, std::uint16_t* c, const std::uint16_t* bias, char* err,
-                         std::size_t err_len);
+                         std::int64_t rows, std::uint16_t* c, const std::uint16_t* bias, void* ctx,
+                         ParallelFor parallel_for, char* err, std::size_t err_len);
+
+// metrale's kernel blocks on torch's intra-op threads (Note [one pool with torch]): the threads
+// that would otherwise spin beside metrale's pool do its work. Each thread claims chunks of
+// blocks as it gets to them (about sixteen a thread, as metrale's pool hands them out): blocks
+// differ in cost (partial tiles), which a static split of the range would leave to one thread.
+void on_torch_threads(void*, std::size_t n, Body body, void* arg) {
+  const auto threads = static_cast<std::size_t>(std::max(1, at::get_num_threads()));
+  const std::size_t chunk = std::max<std::size_t>(1, n / (threads * 16));
+  std::atomic<std::size_t> next{0};
+  at::parallel_for(0, static_cast<std::int64_t>(std::min(threads, n)), 1,
+                   [&](std::int64_t begin, std::int64_t end) {
+                     for (std::int64_t t = begin; t < end; ++t) {
+                       for (std::size_t i = next.fetch_add(chunk); i < n;
+                            i = next.fetch_add(chunk)) {
+                         body(arg, i, std::min(n, i + chunk));
+                       }
+                     }
+                   });
+}
+
+// Whether metrale's blocks run on torch's threads (metrale.torch.share_threads).
+std::atomic<bool> share_threads{true};
 
 // Weights registered by metrale.torch.register, which keeps their Python objects alive while
 // they are bound here.
@@ -101,10 +127,11 @@ at::Tensor linear_cpu(const at::Tensor& x, std::int64_t weights,
   const auto start =
       timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   char err[512];
-  const int rc = host_gemm(
-      b.model, b.weights, b.fp8, static_cast<const std::uint16_t*>(a.data_ptr()), rows,
-      static_cast<std::uint16_t*>(out.data_ptr()),
-      bias ? static_cast<const std::uint16_t*>(bias->data_ptr()) : nullptr, err, sizeof err);
+  const int rc =
+      host_gemm(b.model, b.weights, b.fp8, static_cast<const std::uint16_t*>(a.data_ptr()), rows,
+                static_cast<std::uint16_t*>(out.data_ptr()),
+                bias ? static_cast<const std::uint16_t*>(bias->data_ptr()) : nullptr, nullptr,
+                share_threads.load() ? &on_torch_threads : nullptr, err, sizeof err);
   if (rc != 0) return linear_in_python(x, weights, bias);  // says why, as the Python op does
   if (timed) {
     timed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -136,6 +163,11 @@ void metrale_torch_bind(std::int64_t handle, void* model, const void* weights, i
 void metrale_torch_unbind(std::int64_t handle) {
   std::unique_lock lock(bound_mu);
   bound.erase(handle);
+}
+
+// Whether metrale's kernel blocks run on torch's intra-op threads (1) or metrale's pool (0).
+void metrale_torch_share_threads(int on) {
+  share_threads.store(on != 0);
 }
 
 void metrale_torch_timing(int on) {

@@ -174,7 +174,7 @@ void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle
 }
 
 void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
-                      std::uint16_t* c, const std::uint16_t* bias) {
+                      std::uint16_t* c, const std::uint16_t* bias, const CpuExecutor* executor) {
   constexpr std::string_view api = "metrale.torch.linear";
   Backend& b = open(api);
   if (device_type() != nb::device::cpu::value) {
@@ -192,6 +192,8 @@ void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int6
     return ArrayArg{DevicePtr{address}, static_cast<std::size_t>(r * cols * 2), r, cols};
   };
   Operands args{arg(a, rows, k, "x"), arg(c, rows, n, "out"), std::nullopt};
+  std::optional<ScopedCpuExecutor> lent;
+  if (executor != nullptr) lent.emplace(*executor);
   if (bias) args.bias = arg(bias, 1, n, "bias");
   if (fp8) {
     const auto& fw = *static_cast<const Fp8Weights*>(w);

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "arrays.h"
+#include "metrale/cpu_backend.h"
 #include "metrale/ledger.h"
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
@@ -91,8 +92,9 @@ class Model {
   // taken: metrale.torch's C++ operator (native_gemm.cpp). `w` is the Weights (or, with fp8, the
   // Fp8Weights) of this model; a, c and bias are BF16, rows x K, rows x N and N elements, C-
   // contiguous and 16-byte aligned, as check_operands would have them.
+  // `executor`, when given, runs the CPU kernels' blocks instead of the backend's pool.
   void gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
-                 std::uint16_t* c, const std::uint16_t* bias);
+                 std::uint16_t* c, const std::uint16_t* bias, const CpuExecutor* executor);
 
   // The ledger's counters: owned apart from borrowed.
   nanobind::dict stats() const;

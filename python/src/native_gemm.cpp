@@ -18,11 +18,15 @@ namespace metrale::py {
 namespace {
 
 // 0, or the failure's ErrorCode + 1 with "[api] message" in err (cut to err_len - 1 bytes).
+// With `parallel_for` set, the CPU kernels' blocks run on it (CpuExecutor, ctx its context).
 extern "C" int host_gemm(void* model, const void* weights, int fp8, const std::uint16_t* a,
-                         std::int64_t rows, std::uint16_t* c, const std::uint16_t* bias, char* err,
+                         std::int64_t rows, std::uint16_t* c, const std::uint16_t* bias, void* ctx,
+                         decltype(CpuExecutor::parallel_for) parallel_for, char* err,
                          std::size_t err_len) noexcept {
   try {
-    static_cast<Model*>(model)->gemm_host(weights, fp8 != 0, a, rows, c, bias);
+    const CpuExecutor executor{ctx, parallel_for};
+    static_cast<Model*>(model)->gemm_host(weights, fp8 != 0, a, rows, c, bias,
+                                          parallel_for != nullptr ? &executor : nullptr);
     return 0;
   } catch (const Error& e) {
     std::snprintf(err, err_len, "%s", e.what());

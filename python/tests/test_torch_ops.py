@@ -246,3 +246,21 @@ def test_both_operators_compute_and_fail_alike(rng):
         pytest.skip("the C++ operator is not in use here")
     assert runs["1"][0] == "True" and runs["0"][0] == "False"
     assert runs["1"][1] == runs["0"][1]
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 512, 1024), (64, 384, 512)])
+def test_torch_threads_and_metrale_pool_agree(rng, model, m, n, k):
+    """metrale's kernel blocks on torch's intra-op threads (the default with the C++ operator)
+    give the same bits as on metrale's own pool: every block ran, once."""
+    if not mt.native()[0]:
+        pytest.skip("the C++ operator is not in use: no threads to share")
+    layer = mt.Linear(model, model.upload_weights(_weights(rng, n, k)))
+    x = _bf16(rng, m, k)
+    try:
+        assert mt.share_threads(False) is False
+        own = layer(x)
+        assert mt.share_threads(True) is True
+        shared = layer(x)
+    finally:
+        mt.share_threads(True)
+    assert torch.equal(own, shared)

@@ -1,5 +1,7 @@
 #include "cpu/thread_pool.h"
 
+#include "metrale/cpu_backend.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -92,8 +94,54 @@ void ThreadPool::worker_loop() {
   }
 }
 
+namespace {
+
+// The executor this thread's loops run on instead of a pool (ScopedCpuExecutor), or null.
+thread_local const CpuExecutor* t_executor = nullptr;
+
+// fn over [0, n) on an executor: each range runs fn(i) in order; the first exception is kept
+// (the executor's body must not throw) and the ranges after it are skipped.
+void run_on(const CpuExecutor& executor, std::size_t n,
+            const std::function<void(std::size_t)>& fn) {
+  struct Loop {
+    const std::function<void(std::size_t)>* fn;
+    std::mutex mu;
+    std::exception_ptr error;
+    std::atomic<bool> failed{false};
+  } loop{&fn, {}, nullptr, {}};
+  executor.parallel_for(
+      executor.ctx, n,
+      [](void* arg, std::size_t begin, std::size_t end) {
+        auto& l = *static_cast<Loop*>(arg);
+        try {
+          for (std::size_t i = begin; i < end && !l.failed.load(std::memory_order_relaxed); ++i) {
+            (*l.fn)(i);
+          }
+        } catch (...) {
+          std::lock_guard lock(l.mu);
+          if (!l.error) l.error = std::current_exception();
+          l.failed = true;
+        }
+      },
+      &loop);
+  if (loop.error) std::rethrow_exception(loop.error);
+}
+
+}  // namespace
+
 void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_t)>& fn) {
   if (n == 0) return;
+  if (t_executor != nullptr && n > 1 && !t_inside_loop) {
+    t_inside_loop = true;  // a loop inside fn runs inline, as on the pool
+    try {
+      run_on(*t_executor, n, fn);
+    } catch (...) {
+      t_inside_loop = false;
+      throw;
+    }
+    t_inside_loop = false;
+    return;
+  }
   std::unique_lock run(run_mu_, std::defer_lock);
   if (workers_.empty() || n == 1 || t_inside_loop || !run.try_lock()) {
     for (std::size_t i = 0; i < n; ++i) fn(i);
@@ -133,3 +181,16 @@ void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_
 }
 
 }  // namespace metrale::cpu
+
+namespace metrale {
+
+ScopedCpuExecutor::ScopedCpuExecutor(const CpuExecutor& executor) noexcept
+    : previous_(cpu::t_executor) {
+  cpu::t_executor = &executor;
+}
+
+ScopedCpuExecutor::~ScopedCpuExecutor() {
+  cpu::t_executor = previous_;
+}
+
+}  // namespace metrale

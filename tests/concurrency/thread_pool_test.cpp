@@ -8,12 +8,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "concurrency/stress.h"
 #include "cpu/thread_pool.h"
+#include "metrale/cpu_backend.h"
 
 namespace metrale::testing {
 namespace {
@@ -94,6 +97,83 @@ TEST(ThreadPool, DestroyedAtAnyMomentOfTheSpin) {
     if (r % 3 != 2) expect_each_index_once(pool, 16);
     if (r % 3 == 1) std::this_thread::sleep_for(std::chrono::microseconds(50 * (r % 7)));
   }
+}
+
+// An executor of two threads that splits [0, n) in two halves, as an OpenMP runtime's static
+// schedule would, and counts its loops and the threads it ran them on.
+struct TwoThreadExecutor {
+  std::atomic<int> loops{0};
+  std::vector<std::thread::id> threads;
+  std::mutex mu;
+
+  CpuExecutor executor() {
+    return {this,
+            [](void* ctx, std::size_t n, void (*body)(void*, std::size_t, std::size_t), void* arg) {
+              auto& self = *static_cast<TwoThreadExecutor*>(ctx);
+              self.loops += 1;
+              const auto run = [&](std::size_t b, std::size_t e) {
+                {
+                  std::lock_guard lock(self.mu);
+                  self.threads.push_back(std::this_thread::get_id());
+                }
+                body(arg, b, e);
+              };
+              std::thread other(run, n / 2, n);
+              run(0, n / 2);
+              other.join();
+            }};
+  }
+};
+
+TEST(ThreadPool, ALentExecutorRunsTheLoopsOfItsThread) {
+  ThreadPool pool(4);
+  TwoThreadExecutor lent;
+  const CpuExecutor executor = lent.executor();
+  {
+    const ScopedCpuExecutor scope(executor);
+    expect_each_index_once(pool, 97);
+    EXPECT_EQ(lent.loops.load(), 1);
+    EXPECT_EQ(lent.threads.size(), 2u);
+    // Another thread's loops stay on the pool.
+    std::thread([&] { expect_each_index_once(pool, 50); }).join();
+    EXPECT_EQ(lent.loops.load(), 1);
+    // A loop inside a loop runs inline, as on the pool.
+    pool.parallel_for(4, [&](std::size_t) { expect_each_index_once(pool, 8); });
+    EXPECT_EQ(lent.loops.load(), 2);
+  }
+  expect_each_index_once(pool, 97);  // the scope ended: the pool's again
+  EXPECT_EQ(lent.loops.load(), 2);
+}
+
+TEST(ThreadPool, AnExceptionOnALentExecutorReachesTheCaller) {
+  ThreadPool pool(2);
+  TwoThreadExecutor lent;
+  const CpuExecutor executor = lent.executor();
+  const ScopedCpuExecutor scope(executor);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(64,
+                                 [&](std::size_t i) {
+                                   ran += 1;
+                                   if (i == 40) throw std::runtime_error("index failed");
+                                 }),
+               std::runtime_error);
+  EXPECT_LT(ran.load(), 64);  // the rest of the failing range was skipped
+  expect_each_index_once(pool, 64);
+}
+
+TEST(ThreadPool, LentExecutorsNest) {
+  ThreadPool pool(2);
+  TwoThreadExecutor outer, inner;
+  const CpuExecutor a = outer.executor(), b = inner.executor();
+  {
+    const ScopedCpuExecutor first(a);
+    {
+      const ScopedCpuExecutor second(b);
+      expect_each_index_once(pool, 10);
+    }
+    expect_each_index_once(pool, 10);
+  }
+  EXPECT_EQ(std::make_pair(outer.loops.load(), inner.loops.load()), std::make_pair(1, 1));
 }
 
 }  // namespace
