@@ -51,8 +51,8 @@ class _Entry:
 _entries: dict[int, _Entry] = {}
 _next_handle = 1
 _lock = threading.Lock()
-# Open timing() blocks, innermost last: each {"seconds", "calls"} with the C++ operator's counters
-# where it started and what blocks inside it took of them.
+# Open timing() blocks, innermost last: the {"seconds", "calls"} each yielded, which the Python
+# operator adds its calls to (the C++ operator's are added when a block ends: _frames).
 _timing: list = []
 
 

@@ -38,7 +38,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 CHECKPOINTS = ROOT / "checkpoints"
 MODELS = [f"{arch}-{kind}" for arch in ("llama", "qwen3")
-          for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "transformers-fp8")]
+          for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "transformers-fp8")] + [
+              "llama-transformers-fp8-ue8m0"]
 FIXTURES = [ROOT / "models" / m for m in MODELS] + [
     CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "ct-fp8-block")]
 IDS = [f.name for f in FIXTURES]
