@@ -80,6 +80,8 @@ def load(fallback) -> Optional[ctypes.PyDLL]:
     path = _cache_dir() / f"metrale_torch_ops-{key}.so"
     try:
         if not path.exists():
+            print(f"metrale.torch: building its C++ operator against torch {torch.__version__} "
+                  f"(once, about 15 s; cached in {path.parent})", file=sys.stderr, flush=True)
             _build(command, path)
         torch.ops.load_library(str(path))
         lib = ctypes.PyDLL(str(path))
