@@ -23,7 +23,8 @@ from .errors import IoError, argument_error
 from .model import Model
 
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
-_FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
+# What metrale.Checkpoint.source says of a layer the checkpoint holds in FP4 (metrale.torch too).
+FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Loaded:
     dense: dict = field(default_factory=dict)
     other: list = field(default_factory=list)
     declared: Any = None
+    checkpoint: Any = None  # the metrale.Checkpoint it was read from (tensor() reads it again)
 
     @property
     def summary(self) -> str:
@@ -66,7 +68,7 @@ class Loaded:
 
     def tensor(self, name: str) -> np.ndarray:
         """A tensor of the checkpoint (one in ``other``, say) read as a host array."""
-        return _read_array(_metrale.load_safetensors(self.path), name)
+        return _read_array(self.checkpoint, name)
 
     def close(self, check: bool = True) -> Any:
         """Closes the model: every uploaded layer's memory back, the ledger at 0 bytes."""
@@ -93,7 +95,7 @@ def load(path: str, backend: str = "auto") -> Loaded:
     if unread:
         raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread), IoError)
-    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in _FP4_SOURCES]
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FP4_SOURCES]
     plain = [layer for layer in ckpt.layers if layer not in fp4]
     if not fp4 and not ckpt.fp8_layers:
         raise argument_error(api, f"{ckpt.path} holds no quantized layer (its linears are in "
@@ -106,7 +108,8 @@ def load(path: str, backend: str = "auto") -> Loaded:
     ckpt.check_declared(list(sources.items()), dense, api)
     model = Model(backend)
     try:
-        loaded = Loaded(model, ckpt.path, sources=sources, declared=ckpt.declared)
+        loaded = Loaded(model, ckpt.path, sources=sources, declared=ckpt.declared,
+                        checkpoint=ckpt)
         for layer in fp4:
             loaded.layers[layer] = model.upload_weights(ckpt.weights(layer), label=layer)
         for layer in ckpt.fp8_layers:

@@ -36,6 +36,7 @@ import metrale
 
 from . import torch_native
 from .errors import argument_error
+from .folder import FP4_SOURCES
 
 __all__ = ["Linear", "from_pretrained", "linear", "native", "register", "share_threads",
            "swap_linears", "timing"]
@@ -277,8 +278,6 @@ def swap_linears(module: torch.nn.Module, model: metrale.Model, format: str = "n
     return swapped
 
 
-# What metrale.Checkpoint.source says of a layer the checkpoint holds in FP4.
-_FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
 
 
 def from_pretrained(path: str, *, backend: str = "auto",
@@ -308,7 +307,7 @@ def from_pretrained(path: str, *, backend: str = "auto",
         raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread),
                              metrale.IoError)
-    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in _FP4_SOURCES]
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FP4_SOURCES]
     quantized = fp4 + list(ckpt.fp8_layers)
     config = transformers.AutoConfig.from_pretrained(path)
     # The checkpoint's quantization is metrale's to read: transformers builds the plain model.
