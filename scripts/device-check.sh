@@ -7,7 +7,7 @@
 # a step does.
 # Packages: where .devdeps/ holds the .debs from scripts/device-deps.sh, they are unpacked into
 # /tmp/devdeps first (the device machine has no package registry). Where .devdeps/build-device
-# holds a build made by `scripts/device-deps.sh --prebuild` and its programs start here, it is
+# holds a build made by `scripts/device-deps.sh --prebuild` (build-device.tgz) and its programs start here, it is
 # used as it is, which saves the minute or two of device time a build costs; else it builds here.
 # Every log, the JSON results and the summary come back as $OUT/device-check.tgz (the device tool
 # returns at most 8 files), the summary also as $OUT/summary.txt.
@@ -68,7 +68,21 @@ if ! ldconfig -p 2>/dev/null | grep -q libcublasLt; then
     compgen -G "$d/libcublasLt.so*" >/dev/null && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   done
 fi
+# The Python package for the image's python3 (the one with torch), built in the background on
+# 6 of the cores while the GPU steps run (the library and its fatbins again: the carried build is
+# for this machine's Python, not the image's); its CUDA tests run last (python-gpu).
+py_pid=
+if python3 -c "import torch, nanobind, scikit_build_core" 2>/dev/null; then
+  (CMAKE_BUILD_PARALLEL_LEVEL=6 python3 -m pip install -q --no-build-isolation --no-deps \
+    --no-index --target /tmp/metrale-py . &&
+    PYTHONPATH=/tmp/metrale-py python3 -c "import metrale.torch as mt; print(mt.native())") \
+    >"$out/python-build.log" 2>&1 &
+  py_pid=$!
+fi
 prebuilt=no
+if [[ -f .devdeps/build-device.tgz ]]; then
+  mkdir -p .devdeps/build-device && tar -C .devdeps/build-device -xzf .devdeps/build-device.tgz
+fi
 if [[ -x .devdeps/build-device/metrale ]]; then
   rm -rf "$build" && cp -a .devdeps/build-device "$build"
   # ctest's files name the directory the build was configured in: point it here.
@@ -130,6 +144,24 @@ if command -v ncu >/dev/null; then
   sections+=" --section LaunchStats --section Occupancy"
   step ncu 60 sh -c "for m in 1 4096; do ncu --clock-control none $sections -k regex:gemm_ -c 2 \
     $build/metrale bench --backend cuda --shapes 8192x28672 --m \$m --repeats 1; done"
+fi
+
+# The Python CUDA tests (python/tests/test_gpu.py): torch CUDA tensors through DLPack, the torch
+# op and a whole transformers model on CUDA. A skip fails the step, as in gtest-no-skips.sh.
+if [[ -n "$py_pid" ]]; then
+  while kill -0 "$py_pid" 2>/dev/null && ((t0 + budget - $(date +%s) > 40)); do sleep 1; done
+  if kill -0 "$py_pid" 2>/dev/null; then
+    kill "$py_pid"
+    rows+=("python-gpu|SKIPPED|its build outran the budget (python-build.log)")
+  elif ! wait "$py_pid"; then
+    rows+=("python-gpu|FAIL|the package did not build (python-build.log)")
+  else
+    step python-gpu 90 bash -c "set -o pipefail; PYTHONPATH=/tmp/metrale-py python3 -m pytest -q -rs \
+      -p no:cacheprovider python/tests/test_gpu.py 2>&1 | tee /tmp/pytest-gpu.log || exit
+      ! grep -q skipped /tmp/pytest-gpu.log || { echo 'a skip on a GPU machine'; exit 3; }"
+  fi
+else
+  rows+=("python-gpu|SKIPPED|python3 lacks torch, nanobind or scikit-build-core")
 fi
 
 {
