@@ -67,8 +67,8 @@ DevicePtr upload(Backend& b, const std::vector<T>& v) {
   return p;
 }
 
-// Runs r on backend (C poisoned with NaN first); the normalized error against float64.
-double run_error(Backend& b, const DenseCase& r) {
+// Runs r on backend (C poisoned with NaN first); C as the backend wrote it.
+std::vector<std::uint16_t> run_output(Backend& b, const DenseCase& r) {
   const DenseGemmShape& s = r.shape;
   const DenseGemmPlan plan = b.plan_dense_gemm(s);
   std::printf("plan: %s, workspace %llu B\n", plan.describe.c_str(),
@@ -99,6 +99,12 @@ double run_error(Backend& b, const DenseCase& r) {
        {args.a, args.b, args.c, args.bias, args.a_scales, args.b_scales, args.workspace}) {
     if (p) b.free(p);
   }
+  return out;
+}
+
+// Runs r on backend; the normalized error against float64 (infinite if an element is not finite).
+double run_error(Backend& b, const DenseCase& r) {
+  const std::vector<std::uint16_t> out = run_output(b, r);
   const std::vector<double> ref = reference(r);
   double num = 0, den = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -138,6 +144,55 @@ TEST(GpuDenseGemm, Bf16WithBiasMatchesTheFloat64Reference) {
   r.b16 = bf(96 * 320);
   r.bias = bf(96);
   EXPECT_LT(run_error(scope->backend(), r), kTolerance);
+}
+
+// Where cuBLASLt rounds with a BF16 bias: the products' sum P is exact in FP32 here (small
+// integers), so each element is either RNE(P + bias) (one rounding) or RNE(RNE(P) + bias) (the
+// product rounded to BF16 before the bias is added); anything else fails. The counts say which
+// the library does, per shape (an N that is not a multiple of 8 takes other kernels): the dequant
+// route's bound (toolkit/gemm_tolerance.h) rests on it.
+TEST(GpuDenseGemm, Bf16BiasRoundsOnceOrTwice) {
+  REQUIRE_DENSE(scope, DenseKind::kBf16);
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::uniform_int_distribution<int> eighths(-4096, 4096);  // bias: multiples of 1/8 to ±512
+  for (const auto& [m_rows, n_cols] :
+       {std::pair{64, 256}, std::pair{16, 257}, std::pair{64, 255}, std::pair{100, 63}}) {
+    const std::int64_t m_count = m_rows, n_count = n_cols, k_count = 16;
+    DenseCase r;
+    r.shape = {DenseKind::kBf16, m_count, n_count, k_count, true};
+    for (std::int64_t i = 0; i < m_count * k_count; ++i)
+      r.a16.push_back(num::f32_to_bf16(float(small(rng))));
+    for (std::int64_t i = 0; i < n_count * k_count; ++i)
+      r.b16.push_back(num::f32_to_bf16(float(small(rng))));
+    for (std::int64_t i = 0; i < n_count; ++i)
+      r.bias.push_back(num::f32_to_bf16(float(eighths(rng)) / 8.0f));
+    const std::vector<std::uint16_t> out = run_output(scope->backend(), r);
+    int once = 0, twice = 0, both = 0, neither = 0;
+    for (std::int64_t m = 0; m < m_count; ++m) {
+      for (std::int64_t n = 0; n < n_count; ++n) {
+        float p = 0;  // exact: |P| ≤ 16·64
+        for (std::int64_t k = 0; k < k_count; ++k)
+          p += num::bf16_to_f32(r.a16[static_cast<std::size_t>(m * k_count + k)]) *
+               num::bf16_to_f32(r.b16[static_cast<std::size_t>(n * k_count + k)]);
+        const float bias = num::bf16_to_f32(r.bias[static_cast<std::size_t>(n)]);
+        const std::uint16_t got = out[static_cast<std::size_t>(m * n_count + n)];
+        // p + bias is exact in FP32: multiples of 1/8 below 2^11.
+        const bool a = got == num::f32_to_bf16(p + bias);
+        const bool b = got == num::f32_to_bf16(num::bf16_to_f32(num::f32_to_bf16(p)) + bias);
+        both += a && b;
+        once += a && !b;
+        twice += b && !a;
+        neither += !a && !b;
+      }
+    }
+    std::printf(
+        "BF16 bias epilogue M=%lld N=%lld K=16: %d elements rounded once only, %d twice "
+        "only, %d either, %d neither\n",
+        static_cast<long long>(m_count), static_cast<long long>(n_count), once, twice, both,
+        neither);
+    EXPECT_EQ(neither, 0) << "M=" << m_count << " N=" << n_count;
+  }
 }
 
 // A block-scaled E4M3 case of shape: codes in [-4, 4], scales in the padded layouts

@@ -117,6 +117,11 @@ Published w4a16_published(const std::string& target) {
       p[std::string(e) + "_verified"] = 20261129;
       p[std::string(e) + "_verified_on"] = metrale::verified::kH200;
     }
+    // And run 6 of 2026-12-04.
+    for (const char* e : {"gemm_decode_packed", "gemm_fused", "dequant_bf16"}) {
+      p[std::string(e) + "_verified"] = 20261204;
+      p[std::string(e) + "_verified_on"] = metrale::verified::kH200;
+    }
   } else {
     p["gemm_fused_absent"] = 1;
   }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/published.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/gemm.h"
@@ -153,9 +154,12 @@ class GemmNumerics : public GemmBackendTest {
 
   // The route kAuto must take (docs/CONTRACT.md, GEMM routes; ops/gemm.h).
   GemmRoute expected_auto(std::int64_t m, Activations activations) {
+    // The smallest M the entry publishes, where the automatic route may take it: a kernel no
+    // device run has verified runs only when asked for (core/published.h), so it counts as 0.
     const auto min_m = [&](const char* entry) -> std::uint32_t {
-      return module_provides(b(), entry) ? b().op_cache().kernel(b(), "w4a16", entry).meta.min_m
-                                         : 0;
+      if (!module_provides(b(), entry)) return 0;
+      const KernelMeta& meta = b().op_cache().kernel(b(), "w4a16", entry).meta;
+      return automatic_choice_allowed(meta) ? meta.min_m : 0;
     };
     const std::uint32_t e4m3 = min_m("gemm_e4m3"), dequant = min_m("dequant_bf16");
     if (activations == Activations::kAllowE4m3 && e4m3 != 0 && m >= e4m3) return GemmRoute::kE4m3;

@@ -71,8 +71,9 @@ int main(int argc, char** argv) {
       "--allow-e4m3", bench_opts.allow_e4m3,
       "allow routes that cast A to E4M3 (auto takes one only where a module offers it)");
   bench->add_flag("--graph", bench_opts.graph, "capture each GEMM once and replay it as a graph");
-  bench->add_flag("--compare-routes,!--no-compare-routes", bench_opts.compare_routes,
-                  "time every route side by side with the dense BF16 GEMM (default: on a GPU)");
+  CLI::Option* compare_routes =
+      bench->add_flag("--compare-routes,!--no-compare-routes", bench_opts.compare_routes,
+                      "time every route side by side with the dense BF16 GEMM (default: on a GPU)");
   bench->add_flag("--source-layout", bench_opts.source_layout,
                   "upload the weights as given, not in the CPU's panel layout it prefers");
   bench->add_option("--repeats", bench_opts.repeats, "timed runs per case")
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
       return metrale::cli::run_check(opts, check_opts);
     }
     if (bench->parsed()) {
+      // CLI11 (2.1) sets an optional flag to false when it is not given at all; neither flag
+      // given is "unset", the per-backend default (the GPU default was lost so in run 6).
+      if (compare_routes->count() == 0) bench_opts.compare_routes.reset();
       for (const std::string& s : shapes) {
         const auto x = s.find('x');
         std::size_t used = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -75,7 +76,9 @@ std::string check_w8a8(ModelScope& scope, std::mt19937_64& rng, bool bias) {
   for (auto& x : a) x = num::f32_to_bf16(normal(rng));
   for (auto& x : hb) x = num::f32_to_bf16(normal(rng));
 
-  ops::Fp8Weights w = ops::upload_fp8_weights(b, codes, scale_bytes, n, k);
+  // Owned by the scope, so a plan or run that throws leaves nothing behind at teardown.
+  const ops::Fp8Weights& w =
+      scope.add(std::make_unique<ops::Fp8WeightsResource>(b, codes, scale_bytes, n, k)).weights();
   const DevicePtr da = scope.alloc_buffer("w8a8 A", a.size() * 2);
   const DevicePtr dc = scope.alloc_buffer("w8a8 C", static_cast<std::size_t>(m * n) * 2);
   const DevicePtr dbias = scope.alloc_buffer("w8a8 bias", hb.size() * 2);
@@ -87,7 +90,6 @@ std::string check_w8a8(ModelScope& scope, std::mt19937_64& rng, bool bias) {
            bias ? dbias : DevicePtr{});
   std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
   b.copy_d2h(c.data(), dc, c.size() * 2);
-  ops::free_fp8_weights(b, w);
 
   // A cast as the op casts it, in float64 values.
   std::vector<double> a8(a.size());
@@ -154,7 +156,7 @@ std::string check_w8a8_requantized(ModelScope& scope, std::mt19937_64& rng, Weig
   std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
   for (auto& x : a) x = num::f32_to_bf16(normal(rng));
 
-  ops::Fp8Weights w = ops::upload_requantized_fp8_weights(b, hw);
+  const ops::Fp8Weights& w = scope.add(ops::make_requantized_fp8_resource(b, hw)).weights();
   const DevicePtr da = scope.alloc_buffer("w8a8 A", a.size() * 2);
   const DevicePtr dc = scope.alloc_buffer("w8a8 C", static_cast<std::size_t>(m * n) * 2);
   b.copy_h2d(da, a.data(), a.size() * 2);
@@ -163,7 +165,6 @@ std::string check_w8a8_requantized(ModelScope& scope, std::mt19937_64& rng, Weig
   ops::run(plan, b.default_stream(), da, w, dc, ops::scratch_workspace(plan, b.default_stream()));
   std::vector<std::uint16_t> c(static_cast<std::size_t>(m * n));
   b.copy_d2h(c.data(), dc, c.size() * 2);
-  ops::free_fp8_weights(b, w);
 
   // Every element around the float64 product with the 4-bit weights (toolkit/w8a8_reference.h),
   // and the norm against what the op computes (A and W as cast).

@@ -141,10 +141,10 @@ __device__ std::uint32_t gemm_tiled_blocks_per_sm = kTiledBlocksPerSm;
 __device__ std::uint32_t gemm_e4m3_blocks_per_sm = kE4m3BlocksPerSm;
 
 // What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
-// (docs/GPU.md) ran these entries' sm_90a code, through the probe, the numerics suite on CUDA
-// and `metrale check`. No other target's code has run on a GPU. gemm_decode_packed, gemm_fused,
-// dequant_bf16 have not run on any GPU: they run when asked for (a layout, a route) and in every
-// device-check step; a passing run adds their line here with its docs/GPU.md record.
+// (docs/GPU.md) ran the first six entries' sm_90a code, through the probe, the numerics suite on
+// CUDA and `metrale check`; run 6 of 2026-12-04 the last three, the same way (dequant_bf16's
+// numerics held to cuBLASLt's BF16 bias rounding where N % 8 != 0, toolkit/gemm_tolerance.h).
+// No other target's code has run on a GPU.
 #if defined(METRALE_HAVE_WGMMA)
 METRALE_VERIFIED(bf16_to_fp8, H200, 20261129);
 METRALE_VERIFIED(dequant_e4m3, H200, 20261129);
@@ -152,6 +152,9 @@ METRALE_VERIFIED(gemm_decode, H200, 20261129);
 METRALE_VERIFIED(gemm_split_reduce, H200, 20261129);
 METRALE_VERIFIED(gemm_tiled, H200, 20261129);
 METRALE_VERIFIED(gemm_e4m3, H200, 20261129);
+METRALE_VERIFIED(gemm_decode_packed, H200, 20261204);
+METRALE_VERIFIED(gemm_fused, H200, 20261204);
+METRALE_VERIFIED(dequant_bf16, H200, 20261204);
 #endif
 
 // The E4M3 cast (docs/CONTRACT.md, E4M3 cast): BF16 to E4M3, round to nearest even, saturating, no
