@@ -77,15 +77,8 @@ std::string status_str(const BlasApi& api, cublasStatus_t s) {
                           shape_str(shape)));
 }
 
-// Note [block scales at plan time]: on the H200 (cuBLASLt 13.1, 2026-12-04, docs/GPU.md run 6)
-// cublasLtMatmulAlgoGetHeuristic returned CUBLAS_STATUS_INVALID_VALUE for every block-scaled
-// FP8 shape while the descriptor's scale pointers were unset (NULL), which the documentation
-// reads as "scale 1" for tensorwide scaling but which has no meaning for VEC128_32F or
-// BLK128x128_32F; with them set (the only change) every shape planned and ran, within its
-// bound. NVIDIA's own sample (CUDALibrarySamples, LtBlk128x128Fp8Matmul) and torch._scaled_mm
-// set them before asking too. A plan has no data yet, so the heuristic is asked with this
-// 256-byte-aligned stand-in, which it does not read (it runs on the host); every cublasLtMatmul
-// call sets the real pointers first.
+// The scale pointers a block-scaled FP8 plan asks the heuristic with: 256-byte aligned, never
+// read. See Note [block scales at plan time] in docs/NOTES.md.
 constexpr std::uintptr_t kScaleStandIn = 0x100;
 
 // The matmul descriptor and the three layouts of one shape, destroyed with this object.
@@ -120,8 +113,8 @@ struct Descriptors {
           a_mode);
       set("cublasLtMatmulDescSetAttribute(B_SCALE_MODE)", CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
           b_mode);
-      // Note [block scales at plan time]: the heuristic is asked with stand-in scale pointers;
-      // run() sets the real ones.
+      // The heuristic is asked with stand-in scale pointers, run() sets the real ones: Note
+      // [block scales at plan time] in docs/NOTES.md.
       void* const stand_in = reinterpret_cast<void*>(kScaleStandIn);
       set("cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
           stand_in);

@@ -13,6 +13,7 @@
 #include "metrale/cpu_backend.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/numerics.h"
+#include "support/bias_rounding.h"
 #include "support/random.h"
 #include "toolkit/gemm_reference.h"
 #include "toolkit/gemm_tolerance.h"
@@ -98,6 +99,52 @@ TEST(CpuDenseGemm, Bf16MatchesTheFloat64Reference) {
       ASSERT_GT(ref2, 0.0);
       EXPECT_LE(std::sqrt(err2 / ref2), toolkit::kNormTol);
     }
+  }
+}
+
+// The CPU's BF16 GEMM rounds once with a bias (RNE(P + bias), tests/support/bias_rounding.h), at
+// any N; and the classification itself, shown failing on a planted fault (one bias 64 off),
+// so the GPU test's counts can be trusted.
+TEST(CpuDenseGemm, Bf16BiasRoundsOnce) {
+  CpuBackend be;
+  for (const std::int64_t n : {256, 257, 63}) {
+    const testing::BiasRoundingCase c = testing::bias_rounding_case(rng(), 128, n);
+    Buffers buf(be, c.m, c.n, c.k);
+    be.copy_h2d(buf.a, c.a.data(), c.a.size() * 2);
+    be.copy_h2d(buf.b, c.b.data(), c.b.size() * 2);
+    be.copy_h2d(buf.bias, c.bias.data(), c.bias.size() * 2);
+    std::vector<std::uint16_t> out(static_cast<std::size_t>(c.m * c.n), kPoison);
+    be.copy_h2d(buf.c, out.data(), out.size() * 2);
+    DenseGemmArgs args;
+    args.a = buf.a;
+    args.b = buf.b;
+    args.c = buf.c;
+    args.bias = buf.bias;
+    be.run_dense_gemm(be.plan_dense_gemm(DenseGemmShape{DenseKind::kBf16, c.m, c.n, c.k, true}),
+                      args, be.default_stream());
+    be.copy_d2h(out.data(), buf.c, out.size() * 2);
+    const testing::BiasRoundingCounts counts = testing::classify_bias_rounding(c, out);
+    EXPECT_EQ(counts.twice, 0) << "N=" << n << ": " << counts.str();
+    EXPECT_EQ(counts.neither, 0) << "N=" << n << ": " << counts.str();
+    EXPECT_GT(counts.once, 0) << "N=" << n << ": no element told the two apart";
+    testing::BiasRoundingCase planted = c;
+    planted.bias[0] = num::f32_to_bf16(num::bf16_to_f32(planted.bias[0]) + 64.0f);
+    EXPECT_GT(testing::classify_bias_rounding(planted, out).neither, 0) << "N=" << n;
+    // And a GEMM that rounded twice is told apart: C made so, element by element.
+    std::vector<std::uint16_t> twice(out.size());
+    for (std::int64_t i = 0; i < c.m; ++i) {
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        float p = 0;
+        for (std::int64_t q = 0; q < c.k; ++q)
+          p += num::bf16_to_f32(c.a[static_cast<std::size_t>(i * c.k + q)]) *
+               num::bf16_to_f32(c.b[static_cast<std::size_t>(j * c.k + q)]);
+        twice[static_cast<std::size_t>(i * c.n + j)] =
+            num::f32_to_bf16(num::bf16_to_f32(num::f32_to_bf16(p)) + num::bf16_to_f32(c.bias[j]));
+      }
+    }
+    const testing::BiasRoundingCounts seen = testing::classify_bias_rounding(c, twice);
+    EXPECT_EQ(seen.once, 0);
+    EXPECT_EQ(seen.twice, counts.once) << seen.str();
   }
 }
 

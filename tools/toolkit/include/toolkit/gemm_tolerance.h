@@ -79,7 +79,8 @@
 //    tells the two apart element by element, per shape). Run 6 saw the bound above exceeded by
 //    up to 1.05× there at K = 16, where the bias is a large part of S. So the entry's u_w is
 //    kDequantWeightUnit + kBf16Unit = 2^-7, the weights' rounding and the product's, for every
-//    shape (the table does not know N). A wrong scale, nibble or bias is still off by O(S).
+//    shape (the table does not know N; Note [cuBLASLt bias rounding] in docs/NOTES.md). A wrong
+//    scale, nibble or bias is still off by O(S).
 //  - Underflow: every relative figure above holds in the normal range only. A rounding whose
 //    result lies in a format's subnormal range errs by up to half its smallest subnormal, an
 //    absolute amount: 2^-134 for the BF16 output (its smallest subnormal is 2^-133), 2^-150 for
