@@ -15,8 +15,8 @@ from typing import Any
 
 from . import _metrale, errors
 from ._array import Array
-from ._metrale import (Checkpoint, Fp8Weights, HostWeights, Plan, Weights, backends,
-                       load_safetensors)
+from ._metrale import (Checkpoint, DenseWeights, Fp8Weights, HostWeights, Plan, Weights,
+                       backends, load_safetensors)
 from .errors import (CaptureError, DeviceFaultError, DriverError, DtypeError, Error,
                      InternalError, InvalidArgumentError, IoError, LeakError, NotFoundError,
                      OutOfMemoryError, StateError, TimedOutError, UnavailableError)
@@ -45,7 +45,8 @@ def quantize_e4m3_block128(w: Any) -> tuple:
 
 
 __all__ = [
-    "Array", "CaptureError", "Checkpoint", "DeviceFaultError", "DriverError", "DtypeError",
+    "Array", "CaptureError", "Checkpoint", "DenseWeights", "DeviceFaultError", "DriverError",
+    "DtypeError",
     "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
     "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
     "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",

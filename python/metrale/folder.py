@@ -33,9 +33,10 @@ class Loaded:
 
     layers: quantized layers on ``model`` (Weights; Fp8Weights, which run the W8A8 op with
     allow_e4m3=True). sources: what the file held for each. dense: the linear layers the
-    checkpoint keeps in BF16/F16/F32 (lm_head, what its quantizer excluded), as host arrays, not
-    quantized (Model.gemm takes quantized weights only: run them in your framework, as
-    metrale.torch leaves them to torch). other: every other tensor's name (embeddings, norms).
+    checkpoint keeps in floats (lm_head, what its quantizer excluded), not quantized: BF16 ones
+    as DenseWeights on ``model`` (Model.gemm runs the backend's dense BF16 GEMM on them), F16 and
+    F32 ones as host arrays (the dense GEMM is BF16, and rounding them would change the layer).
+    other: every other tensor's name (embeddings, norms).
     declared: the folder config's declared quantization (metrale.Checkpoint.declared) or None.
     """
 
@@ -115,7 +116,9 @@ def load(path: str, backend: str = "auto") -> Loaded:
         for layer in ckpt.fp8_layers:
             loaded.layers[layer] = model.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
         for layer in dense:
-            loaded.dense[layer] = _read_array(ckpt, layer + ".weight")
+            w = _read_array(ckpt, layer + ".weight")
+            loaded.dense[layer] = (model.upload_dense_weights(w, label=layer)
+                                   if w.dtype == ml_dtypes.bfloat16 and w.ndim == 2 else w)
         linear = {t for layer in sources for t in ckpt.tensors if t.startswith(layer + ".")}
         linear |= {layer + ".weight" for layer in dense}
         loaded.other = sorted(t for t in ckpt.tensors if t not in linear)

@@ -115,11 +115,22 @@ class Model:
                                  "(N, K)")
         return self._m.upload_fp8_weights(codes, scales, int(shape[0]), int(shape[1]), label)
 
+    def upload_dense_weights(self, w: Any, *, label: str = "dense weights"
+                             ) -> _metrale.DenseWeights:
+        """Uploads BF16 weights [N, K] as they are (ml_dtypes.bfloat16 NumPy, a torch.bfloat16
+        CPU tensor, or a BF16 Array) for the dense GEMM: a checkpoint's BF16 layers
+        (metrale.load's ``dense``), run unquantized."""
+        obj, bits = as_input("upload_dense_weights", "w", w, None)
+        return self._m.upload_dense_weights(obj, bits, label)
+
     # ---- GEMM ----
     def plan(self, m: int, w: Any, route: str = "auto", allow_e4m3: bool = False,
              bias: bool = False) -> _metrale.Plan:
         """The plan gemm would run for M rows of A: route, kernels, grid, workspace."""
         _check_weights("plan", w)
+        if isinstance(w, _metrale.DenseWeights):
+            _check_dense_call("plan", route)
+            return self._m.plan_dense(m, w, bias)
         if isinstance(w, _metrale.Fp8Weights):
             _check_fp8_call("plan", route, allow_e4m3)
             return self._m.plan_w8a8(m, w, bias)
@@ -131,14 +142,17 @@ class Model:
 
         ``a`` (and ``out``, ``bias``) are BF16 arrays on the model's device, used in place:
         torch.bfloat16 tensors, ml_dtypes.bfloat16 NumPy arrays, or Arrays metrale returned.
-        ``w``: Weights (4-bit), or Fp8Weights for the W8A8 op, which casts A to E4M3 per row
-        per 128 K and so needs ``allow_e4m3=True``. Returns ``out`` when given, else a new
-        Array. Returns once the result is written.
+        ``w``: Weights (4-bit), Fp8Weights for the W8A8 op, which casts A to E4M3 per row per
+        128 K and so needs ``allow_e4m3=True``, or DenseWeights (BF16) for the backend's dense
+        GEMM. Returns ``out`` when given, else a new Array. Returns once the result is written.
         """
         _check_weights("gemm", w)
         fp8 = isinstance(w, _metrale.Fp8Weights)
+        dense = isinstance(w, _metrale.DenseWeights)
         if fp8:
             _check_fp8_call("gemm", route, allow_e4m3)
+        if dense:
+            _check_dense_call("gemm", route)
         on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
         stream = self._m.stream if on_gpu else None
         a_obj, a_bits = as_input("gemm", "a", a, stream)
@@ -154,6 +168,8 @@ class Model:
                                                                           stream)
         if fp8:
             self._m.w8a8_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits)
+        elif dense:
+            self._m.dense_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits)
         else:
             self._m.gemm(a_obj, a_bits, w, out_obj, out_bits, route, allow_e4m3, bias_obj,
                          bias_bits)
@@ -175,11 +191,17 @@ class Model:
 
 
 def _check_weights(api: str, w: Any) -> None:
-    if not isinstance(w, (_metrale.Weights, _metrale.Fp8Weights)):
+    if not isinstance(w, (_metrale.Weights, _metrale.Fp8Weights, _metrale.DenseWeights)):
         hint = " (upload it first: model.upload_weights)" if isinstance(
             w, _metrale.HostWeights) else ""
         raise argument_error(api, f"w: {type(w).__name__} is not weights on a device{hint}",
                              DtypeError)
+
+
+def _check_dense_call(api: str, route: str) -> None:
+    if route != "auto":
+        raise argument_error(api, f"route: '{route}' given for BF16 weights, which run the "
+                             "backend's dense GEMM alone (route 'auto')")
 
 
 def _check_fp8_call(api: str, route: str, allow_e4m3: bool) -> None:

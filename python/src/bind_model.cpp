@@ -1,4 +1,5 @@
-// The Python classes of model.h: _Model (metrale.Model wraps it), Weights, Fp8Weights, Plan, and
+// The Python classes of model.h: _Model (metrale.Model wraps it), Weights, DenseWeights,
+// Fp8Weights, Plan, and
 // _bf16_view, through which metrale.Array exports BF16.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -42,6 +43,18 @@ void bind_model(nb::module_& m) {
                            w.q.k);
       });
 
+  nb::class_<DenseWeights>(m, "DenseWeights",
+                           "BF16 weights on a model's device for the dense GEMM (released at "
+                           "teardown).")
+      .def_ro("n", &DenseWeights::n)
+      .def_ro("k", &DenseWeights::k)
+      .def_prop_ro("format", [](const DenseWeights&) { return std::string("bf16"); })
+      .def_ro("label", &DenseWeights::label)
+      .def_prop_ro("nbytes", [](const DenseWeights& w) { return w.n * w.k * 2; })
+      .def("__repr__", [](const DenseWeights& w) {
+        return fmt::format("DenseWeights('{}', bf16 {} x {})", w.label, w.n, w.k);
+      });
+
   nb::class_<Fp8Weights>(m, "Fp8Weights",
                          "E4M3 weights with 128 x 128 block scales on a model's device, for the "
                          "W8A8 op (released at teardown).")
@@ -79,9 +92,14 @@ void bind_model(nb::module_& m) {
            nb::keep_alive<0, 1>())
       .def("upload_fp8_weights", &Model::upload_fp8, nb::arg("codes"), nb::arg("scales"),
            nb::arg("n"), nb::arg("k"), nb::arg("label"), nb::keep_alive<0, 1>())
+      .def("upload_dense_weights", &Model::upload_dense, nb::arg("w"), nb::arg("bits"),
+           nb::arg("label"), nb::keep_alive<0, 1>())
       .def("plan", &Model::plan, nb::arg("m"), nb::arg("w"), nb::arg("route"),
            nb::arg("allow_e4m3"), nb::arg("bias"))
       .def("plan_w8a8", &Model::plan_w8a8, nb::arg("m"), nb::arg("w"), nb::arg("bias"))
+      .def("plan_dense", &Model::plan_dense, nb::arg("m"), nb::arg("w"), nb::arg("bias"))
+      .def("dense_gemm", &Model::dense_gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"),
+           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"))
       .def("gemm", &Model::gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"), nb::arg("out"),
            nb::arg("out_bits"), nb::arg("route"), nb::arg("allow_e4m3"), nb::arg("bias").none(),
            nb::arg("bias_bits"))

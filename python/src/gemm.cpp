@@ -7,6 +7,8 @@
 
 #include "bindings.h"
 #include "metrale/backend.h"
+#include "metrale/dense_gemm.h"
+#include "metrale/op_cache.h"
 #include "model.h"
 
 namespace nb = nanobind;
@@ -171,6 +173,47 @@ void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle
   ops::Fp8GemmOptions options;
   if (args.bias) options.bias = args.bias->ptr;
   run_planned(b, args, w.q, options);
+}
+
+PlanView Model::plan_dense(std::int64_t m, const DenseWeights& w, bool bias) {
+  Backend& b = open("plan");
+  check_owner("plan", w.model, w.label);
+  const DenseGemmPlan p = as_call("plan", [&] {
+    return b.plan_dense_gemm({DenseKind::kBf16, m, w.n, w.k, bias});
+  });
+  PlanView v;
+  v.route = "dense";
+  v.m = m, v.n = w.n, v.k = w.k;
+  v.workspace_bytes = p.workspace_bytes;
+  v.dense = p.describe;
+  v.text = fmt::format("dense M={} N={} K={}{}: {}", m, w.n, w.k, bias ? " +bias" : "", p.describe);
+  return v;
+}
+
+void Model::dense_gemm(nb::handle a, bool a_bits, const DenseWeights& w, nb::handle out,
+                       bool out_bits, nb::handle bias, bool bias_bits) {
+  Backend& b = open("gemm");
+  check_owner("gemm", w.model, w.label);
+  const Operands args = check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.n, w.k);
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const DenseGemmPlan p = as_call("gemm", [&] {
+    return b.plan_dense_gemm({DenseKind::kBf16, args.a.rows, w.n, w.k, args.bias.has_value()});
+  });
+  const Loans loans(b, *probe_, args);
+  const StreamHandle stream = b.default_stream();
+  DenseGemmArgs run;
+  run.a = args.a.ptr;
+  run.b = w.w;
+  run.c = args.c.ptr;
+  if (args.bias) run.bias = args.bias->ptr;
+  if (p.workspace_bytes != 0) {
+    run.workspace = b.op_cache().scratch(b, ops::gemm_scratch_tag(b, stream, "blas_workspace"),
+                                         p.workspace_bytes, stream);
+    run.workspace_bytes = p.workspace_bytes;
+  }
+  b.run_dense_gemm(p, run, stream);
+  b.synchronize(stream);
 }
 
 void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,

@@ -95,6 +95,18 @@ Fp8Weights Model::upload_fp8(nb::handle codes, nb::handle scales, std::int64_t n
   return Fp8Weights{this, r.weights(), std::move(label)};
 }
 
+DenseWeights Model::upload_dense(nb::handle weights, bool bits, std::string label) {
+  constexpr std::string_view api = "upload_dense_weights";
+  Backend& b = open(api);
+  const ArrayArg w =
+      check_array(api, "w", as_array(api, "w", weights, false), bits, ArraySpec{Element::kBf16});
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const DevicePtr d = scope_->alloc_buffer(label, w.bytes);
+  b.copy_h2d(d, reinterpret_cast<const void*>(w.ptr.address()), w.bytes);
+  return DenseWeights{this, d, w.rows, w.cols, std::move(label)};
+}
+
 nb::dict Model::stats() const {
   const AllocStats s = probe_->stats();
   nb::dict d;

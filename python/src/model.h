@@ -40,6 +40,15 @@ struct Fp8Weights {
   std::string label;
 };
 
+// BF16 weights [N, K] on a model's device for the dense GEMM (a checkpoint's BF16 layers, run as
+// they are); released at teardown.
+struct DenseWeights {
+  Model* model = nullptr;
+  DevicePtr w;
+  std::int64_t n = 0, k = 0;
+  std::string label;
+};
+
 // What a GEMM would run, for reading (either op's plan, flattened).
 struct PlanView {
   std::string route;  // a GemmRoute's name, or "w8a8"
@@ -76,6 +85,8 @@ class Model {
   Fp8Weights upload_fp8(nanobind::handle codes, nanobind::handle scales, std::int64_t n,
                         std::int64_t k, std::string label);
 
+  // Uploads a host BF16 array [N, K] (bits: a uint16 array holding BF16 patterns) as it is.
+  DenseWeights upload_dense(nanobind::handle weights, bool bits, std::string label);
   // The plan of C[M, N] = A · dequant(W)ᵀ for M rows (bias: whether there will be one).
   PlanView plan(std::int64_t m, const Weights& w, std::string_view route, bool allow_e4m3,
                 bool bias);
@@ -84,6 +95,11 @@ class Model {
   // out = a · dequant(w)ᵀ (+ bias) on the arrays in place; returns when out is written.
   void gemm(nanobind::handle a, bool a_bits, const Weights& w, nanobind::handle out, bool out_bits,
             std::string_view route, bool allow_e4m3, nanobind::handle bias, bool bias_bits);
+  // The plan of the backend's dense BF16 GEMM for M rows.
+  PlanView plan_dense(std::int64_t m, const DenseWeights& w, bool bias);
+  // out = a · Wᵀ (+ bias) on BF16 weights, the backend's dense GEMM, on the arrays in place.
+  void dense_gemm(nanobind::handle a, bool a_bits, const DenseWeights& w, nanobind::handle out,
+                  bool out_bits, nanobind::handle bias, bool bias_bits);
   // The W8A8 op (A cast to E4M3 per row per 128 K) on the arrays in place.
   void w8a8_gemm(nanobind::handle a, bool a_bits, const Fp8Weights& w, nanobind::handle out,
                  bool out_bits, nanobind::handle bias, bool bias_bits);

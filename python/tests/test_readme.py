@@ -33,7 +33,7 @@ def test_readme_checkpoint_example_runs(capsys, monkeypatch):
     assert out[0].startswith("tests/fixtures/checkpoints/ct-fp8-block/model.safetensors: 7 "
                              "layer(s) compressed-tensors FP8 block-128; ")
     assert out[1] == "(4, 64)"
-    assert out[2] == "bfloat16 model.embed_tokens.weight"
+    assert out[2] == "(4, 128) model.embed_tokens.weight"  # lm_head: vocab 128
     assert out[3] == "True"  # torn down clean
 
 
