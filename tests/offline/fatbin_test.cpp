@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <set>
@@ -52,6 +53,16 @@ using Published = std::map<std::string, std::uint32_t>;
 
 constexpr std::uint32_t u32(int v) {
   return static_cast<std::uint32_t>(v);
+}
+
+// What run 6 of 2026-12-04 verified on an H200 (docs/GPU.md): the sm_90a code only.
+void add_run6_verified(Published& p, const std::string& target,
+                       std::initializer_list<const char*> entries) {
+  if (target != "sm_90a") return;
+  for (const char* e : entries) {
+    p[std::string(e) + "_verified"] = 20261204;
+    p[std::string(e) + "_verified_on"] = metrale::verified::kH200;
+  }
 }
 
 Published w4a16_published(const std::string& target) {
@@ -117,27 +128,27 @@ Published w4a16_published(const std::string& target) {
       p[std::string(e) + "_verified"] = 20261129;
       p[std::string(e) + "_verified_on"] = metrale::verified::kH200;
     }
-    // And run 6 of 2026-12-04.
-    for (const char* e : {"gemm_decode_packed", "gemm_fused", "dequant_bf16"}) {
-      p[std::string(e) + "_verified"] = 20261204;
-      p[std::string(e) + "_verified_on"] = metrale::verified::kH200;
-    }
   } else {
     p["gemm_fused_absent"] = 1;
   }
+  add_run6_verified(p, target, {"gemm_decode_packed", "gemm_fused", "dequant_bf16"});
   return p;
 }
 
-Published core_published(const std::string&) {
-  return {
+Published core_published(const std::string& target) {
+  Published p = {
       {"fill_u32_n_tile", kCoreThreads},          {"axpy_f32_n_tile", kCoreThreads * 4},
       {"cast_f32_bf16_n_tile", kCoreThreads * 4}, {"fill_u32_block_threads", kCoreThreads},
       {"axpy_f32_block_threads", kCoreThreads},   {"cast_f32_bf16_block_threads", kCoreThreads}};
+  add_run6_verified(p, target, {"fill_u32", "axpy_f32", "cast_f32_bf16"});
+  return p;
 }
 
 // Module "fp8": a warp per (row, 128-K block) pair, 8 warps a block, on every target.
-Published fp8_published(const std::string&) {
-  return {{"cast_e4m3_block128_n_tile", 8}, {"cast_e4m3_block128_block_threads", 256}};
+Published fp8_published(const std::string& target) {
+  Published p = {{"cast_e4m3_block128_n_tile", 8}, {"cast_e4m3_block128_block_threads", 256}};
+  add_run6_verified(p, target, {"cast_e4m3_block128"});
+  return p;
 }
 
 struct Module {

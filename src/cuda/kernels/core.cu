@@ -1,9 +1,11 @@
 // Module "core" on the GPU: the element-wise kernels whose host twins live in
 // src/cpu/modules/core_module.cpp. Each publishes the output tile one block covers, which the
 // launcher reads at lookup to size its grid, and the block size it is written for, which the
-// launcher reads rather than assume one. Device code only: includes nothing from host code.
+// launcher reads rather than assume one. Device code only: includes nothing from host code
+// but the verification macro (kernels/verified_devices.h, constants only).
 #include <cstdint>
 
+#include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
 
 namespace {
@@ -22,6 +24,15 @@ __device__ std::uint32_t cast_f32_bf16_n_tile = kCastTile;
 __device__ std::uint32_t fill_u32_block_threads = kThreads;
 __device__ std::uint32_t axpy_f32_block_threads = kThreads;
 __device__ std::uint32_t cast_f32_bf16_block_threads = kThreads;
+
+// Run 6 of 2026-12-04 on an H200 (docs/GPU.md) ran these entries' sm_90a code against the CPU
+// backend (Gpu.ElementwiseOpsMatchTheCpuBackend) and in the NCCL test; no other target's code has
+// run on a GPU.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+METRALE_VERIFIED(fill_u32, H200, 20261204);
+METRALE_VERIFIED(axpy_f32, H200, 20261204);
+METRALE_VERIFIED(cast_f32_bf16, H200, 20261204);
+#endif
 
 // out[i] = value over this block's tile of kFillTile elements.
 __global__ void __launch_bounds__(kThreads)

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/fp8_cast.h"
+#include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
 
 namespace {
@@ -25,6 +26,12 @@ __global__ void cast_e4m3_block128(metrale::Fp8CastParams p);
 
 __device__ std::uint32_t cast_e4m3_block128_n_tile = kWarps;
 __device__ std::uint32_t cast_e4m3_block128_block_threads = kThreads;
+
+// Run 6 of 2026-12-04 on an H200 (docs/GPU.md) ran this entry's sm_90a code through the W8A8
+// numerics suite and `metrale check`; no other target's code has run on a GPU.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+METRALE_VERIFIED(cast_e4m3_block128, H200, 20261204);
+#endif
 
 __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastParams p) {
   const std::int64_t kblocks = (p.k + f::kCastBlock - 1) / f::kCastBlock;
