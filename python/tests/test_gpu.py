@@ -43,6 +43,19 @@ def test_torch_cuda_tensors_in_place(rng):
         assert model.stats()["borrowed_count"] == 0
 
 
+def test_dense_weights_on_cuda(rng):
+    """BF16 weights as they are, on cuBLASLt's dense GEMM, with CUDA tensors (ragged N)."""
+    w = torch.from_numpy(rng.standard_normal((257, 512))).to(torch.bfloat16)
+    a = torch.from_numpy(rng.standard_normal((8, 512))).to(torch.bfloat16).cuda()
+    bias = torch.from_numpy(rng.standard_normal(257)).to(torch.bfloat16).cuda()
+    with metrale.Model("cuda") as model:
+        dw = model.upload_dense_weights(w)
+        out = torch.full((8, 257), float("nan"), dtype=torch.bfloat16, device="cuda")
+        assert model.gemm(a, dw, out=out, bias=bias) is out
+        ref = a.double().cpu().numpy() @ w.double().numpy().T + bias.double().cpu().numpy()
+        assert _normalized(out, ref) < BF16_BOUND
+
+
 def test_torch_op_on_cuda_tensors(rng):
     """torch.ops.metrale.linear with CUDA tensors (3-D input, a bias), eager and through
     torch.compile(fullgraph=True): the op's CUDA kernel is metrale.Model.gemm on the model's
