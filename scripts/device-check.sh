@@ -45,10 +45,11 @@ step() {  # step NAME LIMIT_S COMMAND...: runs under a time limit, logs to $out/
   tail -n 25 "$out/$name.log"
 }
 
+devdeps_lib=/tmp/devdeps/usr/lib/x86_64-linux-gnu
 if compgen -G ".devdeps/*.deb" >/dev/null; then
   for d in .devdeps/*.deb; do dpkg -x "$d" /tmp/devdeps; done
   export CMAKE_PREFIX_PATH=/tmp/devdeps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=/tmp/devdeps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$devdeps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export CPATH=/tmp/devdeps/usr/include${CPATH:+:$CPATH}
 fi
 
@@ -89,7 +90,7 @@ if [[ -z "$only" || " $only " == *" python-gpu "* ]] &&
     export PYTHONPATH=/tmp/metrale-py
     # Only the packages' libraries (libfmt): the CUDA libraries the steps above put on the path
     # are not torch's, and torch loading them aborted its import (free(): invalid pointer, run 6).
-    export LD_LIBRARY_PATH=/tmp/devdeps/usr/lib/x86_64-linux-gnu
+    export LD_LIBRARY_PATH=$devdeps_lib
     echo "== pip install"
     CMAKE_BUILD_PARALLEL_LEVEL=6 python3 -m pip install -q --no-build-isolation --no-deps \
       --no-index --target /tmp/metrale-py .
@@ -198,7 +199,7 @@ if [[ -n "$py_pid" ]]; then
     [[ -e /tmp/metrale-py/.no-native ]] && native="METRALE_TORCH_NATIVE=0"
     [[ -n "$native" ]] && rows+=("python-op|FAIL|the C++ operator did not load (python-build.log)")
     step python-gpu 90 bash -c "set -o pipefail; $native PYTHONPATH=/tmp/metrale-py \
-      LD_LIBRARY_PATH=/tmp/devdeps/usr/lib/x86_64-linux-gnu python3 -c \
+      LD_LIBRARY_PATH=$devdeps_lib python3 -c \
       \"import torch, sys, pytest; sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', \
       'python/tests/test_gpu.py']))\" 2>&1 | tee /tmp/pytest-gpu.log || exit
       ! grep -q skipped /tmp/pytest-gpu.log || { echo 'a skip on a GPU machine'; exit 3; }"

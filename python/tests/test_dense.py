@@ -9,7 +9,7 @@ import pathlib
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import bf16, poisoned
+from conftest import bf16, check_bound, poisoned
 
 import metrale
 
@@ -24,12 +24,7 @@ def _check_dense(out, a: np.ndarray, w: np.ndarray, bias=None) -> float:
     if bias is not None:
         b64 = np.asarray(bias, dtype=np.float64)
         ref, mag = ref + b64, mag + np.abs(b64)
-    got = np.asarray(out).astype(np.float64)
-    assert got.shape == ref.shape
-    assert np.isfinite(got).all(), "an output element is NaN (unwritten?)"
-    bound = 2.0**-8 * np.abs(ref) + (1 + 2.0**-8) * (w64.shape[1] + 8) * 2.0**-23 * mag
-    worst = np.max(np.abs(got - ref) - bound)
-    assert worst <= 0, f"an element is {worst:.3g} past its bound"
+    got = check_bound(out, ref, mag, w64.shape[1])
     norm = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     assert norm <= 8e-3, f"normalized error {norm:.3g}"
     return norm

@@ -132,16 +132,9 @@ TEST(CpuDenseGemm, Bf16BiasRoundsOnce) {
     EXPECT_GT(testing::classify_bias_rounding(planted, out).neither, 0) << "N=" << n;
     // And a GEMM that rounded twice is told apart: C made so, element by element.
     std::vector<std::uint16_t> twice(out.size());
-    for (std::int64_t i = 0; i < c.m; ++i) {
-      for (std::int64_t j = 0; j < c.n; ++j) {
-        float p = 0;
-        for (std::int64_t q = 0; q < c.k; ++q)
-          p += num::bf16_to_f32(c.a[static_cast<std::size_t>(i * c.k + q)]) *
-               num::bf16_to_f32(c.b[static_cast<std::size_t>(j * c.k + q)]);
-        twice[static_cast<std::size_t>(i * c.n + j)] =
-            num::f32_to_bf16(num::bf16_to_f32(num::f32_to_bf16(p)) + num::bf16_to_f32(c.bias[j]));
-      }
-    }
+    for (std::int64_t i = 0; i < c.m; ++i)
+      for (std::int64_t j = 0; j < c.n; ++j)
+        twice[static_cast<std::size_t>(i * c.n + j)] = testing::rounded_twice(c, i, j);
     const testing::BiasRoundingCounts seen = testing::classify_bias_rounding(c, twice);
     EXPECT_EQ(seen.once, 0);
     EXPECT_EQ(seen.twice, counts.once) << seen.str();

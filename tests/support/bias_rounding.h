@@ -45,20 +45,32 @@ struct BiasRoundingCounts {
   }
 };
 
+// P = Σ_k a·b of element (m, n), exact in FP32 (|P| ≤ 16·64).
+inline float product(const BiasRoundingCase& c, std::int64_t m, std::int64_t n) {
+  float p = 0;
+  for (std::int64_t k = 0; k < c.k; ++k)
+    p += num::bf16_to_f32(c.a[static_cast<std::size_t>(m * c.k + k)]) *
+         num::bf16_to_f32(c.b[static_cast<std::size_t>(n * c.k + k)]);
+  return p;
+}
+
+// RNE(RNE(P) + bias) of element (m, n): the product rounded to BF16 before the bias.
+inline std::uint16_t rounded_twice(const BiasRoundingCase& c, std::int64_t m, std::int64_t n) {
+  return num::f32_to_bf16(num::bf16_to_f32(num::f32_to_bf16(product(c, m, n))) +
+                          num::bf16_to_f32(c.bias[static_cast<std::size_t>(n)]));
+}
+
 // out: the GEMM's C [M, N] in BF16.
 inline BiasRoundingCounts classify_bias_rounding(const BiasRoundingCase& c,
                                                  std::span<const std::uint16_t> out) {
   BiasRoundingCounts r;
   for (std::int64_t m = 0; m < c.m; ++m) {
     for (std::int64_t n = 0; n < c.n; ++n) {
-      float p = 0;  // exact: |P| ≤ 16·64
-      for (std::int64_t k = 0; k < c.k; ++k)
-        p += num::bf16_to_f32(c.a[static_cast<std::size_t>(m * c.k + k)]) *
-             num::bf16_to_f32(c.b[static_cast<std::size_t>(n * c.k + k)]);
       const float bias = num::bf16_to_f32(c.bias[static_cast<std::size_t>(n)]);
       const std::uint16_t got = out[static_cast<std::size_t>(m * c.n + n)];
-      const bool once = got == num::f32_to_bf16(p + bias);  // exact in FP32: eighths below 2^11
-      const bool twice = got == num::f32_to_bf16(num::bf16_to_f32(num::f32_to_bf16(p)) + bias);
+      // P + bias is exact in FP32: eighths below 2^11.
+      const bool once = got == num::f32_to_bf16(product(c, m, n) + bias);
+      const bool twice = got == rounded_twice(c, m, n);
       r.either += once && twice;
       r.once += once && !twice;
       r.twice += twice && !once;
