@@ -21,6 +21,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/dense_gemm.h
   include/metrale/e4m3_block.h
   include/metrale/error.h
+  include/metrale/foreign_stream.h
   include/metrale/fp8_checkpoint.h
   include/metrale/guard_bands.h
   include/metrale/handles.h

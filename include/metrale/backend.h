@@ -114,6 +114,10 @@ class Backend {
   // (it may still read or write the memory), takes it off the ledger, then runs its release.
   // Throws Error(kInvalidArgument) "[unborrow] ..." when ptr starts no live borrow.
   void unborrow(DevicePtr ptr);
+  // As unborrow, without the wait: for memory whose owner reuses it only after the work queued
+  // so far on the stream the borrow was used on (torch's caching allocator does for a tensor
+  // used on its own stream). Safe inside a capture. Note [foreign streams].
+  void unborrow_ordered(DevicePtr ptr);
 
   // Page-locked host memory of bytes (> 0) that the device can read directly; on the ledger.
   void* alloc_pinned(std::size_t bytes, std::source_location loc = std::source_location::current());
@@ -182,6 +186,17 @@ class Backend {
   virtual void synchronize(StreamHandle stream) = 0;
   // Waits until all work on every stream of this backend is done.
   virtual void synchronize_device() = 0;
+  // ---- foreign streams (Note [foreign streams] in docs/NOTES.md) ----
+  // Lets this backend queue work on a stream another library made and keeps (raw: the driver's
+  // handle, as torch.cuda.Stream.cuda_stream gives it; 0 is the legacy default stream): the
+  // handle to pass wherever a StreamHandle goes, until release_stream. metrale never destroys it
+  // and never synchronizes it for the caller. Adoptions are counted per stream. Throws
+  // Error(kInvalidArgument) "[adopt_stream] ..." for a stream of another device or context.
+  // Default: Error(kUnavailable), a backend with no streams to share.
+  virtual StreamHandle adopt_stream(std::uint64_t raw);
+  // Ends one adoption of a handle adopt_stream returned; the stream is left as it is. Unknown
+  // handles are ignored. Never throws.
+  virtual void release_stream(StreamHandle stream) noexcept;
   // Makes the backend's context current on the calling thread. Optional: default does nothing.
   virtual void bind_to_thread() {}
   // A new event; destroy it with destroy_event.
@@ -350,6 +365,9 @@ class Backend {
   // Undoes raw_borrow for a borrow already off the ledger, then runs and forgets its release
   // (none: nothing), logging what it throws.
   void give_back(DevicePtr ptr) noexcept;
+  // unborrow and unborrow_ordered: checks ptr starts a live borrow, waits for every stream when
+  // wait, then takes it off the ledger and gives it back.
+  void give_back_borrow(std::string_view api, DevicePtr ptr, bool wait);
 
   std::shared_ptr<AllocationLedger> ledger_;
   GuardBands guards_;

@@ -137,16 +137,21 @@ class Model:
         return self._m.plan(m, w, route, allow_e4m3, bias)
 
     def gemm(self, a: Any, w: Any, out: Any = None, route: str = "auto",
-             allow_e4m3: bool = False, bias: Any = None) -> Any:
+             allow_e4m3: bool = False, bias: Any = None, stream: Optional[int] = None) -> Any:
         """C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias), in BF16 with FP32 accumulation.
 
         ``a`` (and ``out``, ``bias``) are BF16 arrays on the model's device, used in place:
         torch.bfloat16 tensors, ml_dtypes.bfloat16 NumPy arrays, or Arrays metrale returned.
         ``w``: Weights (4-bit), Fp8Weights for the W8A8 op, which casts A to E4M3 per row per
         128 K and so needs ``allow_e4m3=True``, or DenseWeights (BF16) for the backend's dense
-        GEMM. Returns ``out`` when given, else a new Array. Returns once the result is written.
+        GEMM. Returns ``out`` when given, else a new Array. Returns once the result is written,
+        unless ``stream`` is given: a CUDA stream's handle of the model's device (as
+        ``torch.cuda.current_stream().cuda_stream`` gives it; 0 is the legacy default stream).
+        The GEMM is then queued on that stream, after the work already there, and the call
+        returns at once; it may be captured into a CUDA graph there (Note [foreign streams]).
         """
         _check_weights("gemm", w)
+        stream = _check_stream("gemm", stream, self._m.device_type == _KDL_CUDA)
         fp8 = isinstance(w, _metrale.Fp8Weights)
         dense = isinstance(w, _metrale.DenseWeights)
         if fp8:
@@ -154,25 +159,26 @@ class Model:
         if dense:
             _check_dense_call("gemm", route)
         on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
-        stream = self._m.stream if on_gpu else None
-        a_obj, a_bits = as_input("gemm", "a", a, stream)
+        # The DLPack stream the arrays are exported to; 1 names the legacy default stream there.
+        export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
+        a_obj, a_bits = as_input("gemm", "a", a, export)
         if out is None:
             rows = getattr(a, "shape", (0,))[0]
             on_cuda = self._m.device_type == _KDL_CUDA and device_of(a)[0] == _KDL_CUDA
             result: Any = Array(empty_like_output("gemm", a, int(rows), w.n, on_cuda))
-            out_obj, out_bits = as_input("gemm", "out", result, stream)
+            out_obj, out_bits = as_input("gemm", "out", result, export)
         else:
             result = out
-            out_obj, out_bits = as_input("gemm", "out", out, stream)
+            out_obj, out_bits = as_input("gemm", "out", out, export)
         bias_obj, bias_bits = (None, False) if bias is None else as_input("gemm", "bias", bias,
-                                                                          stream)
+                                                                          export)
         if fp8:
-            self._m.w8a8_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits)
+            self._m.w8a8_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits, stream)
         elif dense:
-            self._m.dense_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits)
+            self._m.dense_gemm(a_obj, a_bits, w, out_obj, out_bits, bias_obj, bias_bits, stream)
         else:
             self._m.gemm(a_obj, a_bits, w, out_obj, out_bits, route, allow_e4m3, bias_obj,
-                         bias_bits)
+                         bias_bits, stream)
         return result
 
     # ---- figures ----
@@ -188,6 +194,19 @@ class Model:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"metrale.Model(backend={self.backend!r}, device={self.device!r}, {state})"
+
+
+def _check_stream(api: str, stream: Any, on_cuda: bool) -> Optional[int]:
+    """The caller's stream handle as the extension takes it, or None."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2**64:
+        raise argument_error(api, f"stream: {stream!r} is not a CUDA stream handle (an int, as "
+                             "torch.cuda.Stream.cuda_stream gives it)")
+    if not on_cuda:
+        raise argument_error(api, f"stream: 0x{stream:x} given to a model that does not run on "
+                             "CUDA (only a CUDA model queues work on a caller's stream)")
+    return stream
 
 
 def _check_weights(api: str, w: Any) -> None:

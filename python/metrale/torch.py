@@ -16,6 +16,10 @@ Who owns what: quantized weights live in the metrale.Model they were uploaded to
 counts them) until that model closes; a Linear only names them, and calling it after the model
 closed raises metrale.StateError. Biases and every other parameter are torch tensors, owned by
 torch. Activations and outputs are torch tensors; metrale borrows them for the call alone.
+
+Where a CUDA call runs: ``cuda_stream()`` is "own" by default (metrale's stream, each call waited
+for: what a GPU run verified) or "torch" (torch's current stream, nothing waited for, capturable
+by torch.cuda.graph after one call outside the capture). Note [foreign streams] in docs/NOTES.md.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from . import torch_native
 from .errors import argument_error
 from .folder import FP4_SOURCES
 
-__all__ = ["Linear", "from_pretrained", "linear", "native", "register", "share_threads",
-           "swap_linears", "timing"]
+__all__ = ["Linear", "cuda_stream", "from_pretrained", "linear", "native", "register",
+           "share_threads", "swap_linears", "timing"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,16 @@ def _linear_python(x: torch.Tensor, weights: int,
         start = time.perf_counter() if _timing else 0.0
         if x.device.type == "cpu":
             _run_on_host(entry, x2, out, bias)
+        elif _cuda_stream == "torch":
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+            entry.model.gemm(x2, w, out=out, bias=bias, allow_e4m3=entry.allow_e4m3,
+                             stream=stream)
         else:
+            if torch.cuda.is_current_stream_capturing():
+                raise argument_error(api, "a CUDA graph is capturing, and metrale runs on its "
+                                     "own stream and waits for each call; capture needs "
+                                     "metrale.torch.cuda_stream(\"torch\") (or "
+                                     "METRALE_TORCH_STREAM=torch)", metrale.CaptureError)
             entry.model.gemm(x2, w, out=out, bias=bias, allow_e4m3=entry.allow_e4m3)
         if _timing:
             _timing[-1]["seconds"] += time.perf_counter() - start
@@ -148,6 +161,41 @@ if _native is not None:
 else:
     linear = torch.library.custom_op("metrale::linear", _linear_python, mutates_args=())
     linear.register_fake(_linear_fake)
+
+
+_STREAM_MODES = ("own", "torch")
+
+
+def _stream_mode_from_env() -> str:
+    mode = os.environ.get("METRALE_TORCH_STREAM", "") or "own"
+    if mode not in _STREAM_MODES:
+        import warnings
+
+        warnings.warn(f"METRALE_TORCH_STREAM={mode!r} is neither 'own' nor 'torch'; 'own' is "
+                      "used", stacklevel=2)
+        return "own"
+    return mode
+
+
+# Where the op runs a CUDA call (Note [foreign streams] in docs/NOTES.md): "own", metrale's stream,
+# waited for before the op returns (what a GPU run has verified, so the default), or "torch",
+# torch's current stream, in order with torch's work, nothing waited for, capturable in a CUDA
+# graph (checked on the fake driver; the default once a device run verifies it).
+_cuda_stream = _stream_mode_from_env()
+
+
+def cuda_stream(mode: Optional[str] = None) -> str:
+    """Where torch.ops.metrale.linear runs CUDA calls: "own" (metrale's stream, each call waited
+    for) or "torch" (torch's current stream, nothing waited for, capturable by
+    torch.cuda.graph). Sets it when ``mode`` is given (the start value comes from
+    METRALE_TORCH_STREAM); returns the mode now."""
+    global _cuda_stream
+    if mode is not None:
+        if mode not in _STREAM_MODES:
+            raise argument_error("metrale.torch.cuda_stream",
+                                 f"mode: {mode!r}, expected 'own' or 'torch'")
+        _cuda_stream = mode
+    return _cuda_stream
 
 
 def native() -> tuple:

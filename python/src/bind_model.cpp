@@ -99,12 +99,14 @@ void bind_model(nb::module_& m) {
       .def("plan_w8a8", &Model::plan_w8a8, nb::arg("m"), nb::arg("w"), nb::arg("bias"))
       .def("plan_dense", &Model::plan_dense, nb::arg("m"), nb::arg("w"), nb::arg("bias"))
       .def("dense_gemm", &Model::dense_gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"),
-           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"))
+           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"),
+           nb::arg("stream").none() = nb::none())
       .def("gemm", &Model::gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"), nb::arg("out"),
            nb::arg("out_bits"), nb::arg("route"), nb::arg("allow_e4m3"), nb::arg("bias").none(),
-           nb::arg("bias_bits"))
+           nb::arg("bias_bits"), nb::arg("stream").none() = nb::none())
       .def("w8a8_gemm", &Model::w8a8_gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"),
-           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"))
+           nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"),
+           nb::arg("stream").none() = nb::none())
       .def("stats", &Model::stats)
       .def("alloc_report", &Model::alloc_report)
       .def("teardown", &Model::teardown);

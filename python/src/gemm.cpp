@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "metrale/backend.h"
 #include "metrale/dense_gemm.h"
+#include "metrale/foreign_stream.h"
 #include "metrale/op_cache.h"
 #include "model.h"
 
@@ -38,7 +39,10 @@ ops::GemmOptions gemm_options(std::string_view api, std::string_view route, bool
 // already, given back (after the device is done with it) when the call ends, however it ends.
 class Loan {
  public:
-  Loan(Backend& backend, const LedgerProbe& probe, const ArrayArg& arg) : backend_(backend) {
+  // ordered: given back without waiting (Backend::unborrow_ordered), for a call queued on its
+  // caller's stream.
+  Loan(Backend& backend, const LedgerProbe& probe, const ArrayArg& arg, bool ordered)
+      : backend_(backend), ordered_(ordered) {
     if (const auto entry = probe.containing(arg.ptr.address())) {
       if (entry->kind != MemoryKind::kBorrowed) return;  // the backend's own: the op checks it
     }
@@ -50,7 +54,11 @@ class Loan {
   ~Loan() {
     if (!ptr_) return;
     try {
-      backend_.unborrow(ptr_);
+      if (ordered_) {
+        backend_.unborrow_ordered(ptr_);
+      } else {
+        backend_.unborrow(ptr_);
+      }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "metrale: %s\n", e.what());  // a destructor must not throw
     }
@@ -58,14 +66,36 @@ class Loan {
 
  private:
   Backend& backend_;
+  bool ordered_;
   DevicePtr ptr_;
+};
+
+// Where one call's work goes: the model's own stream, waited for before the call returns, or the
+// caller's stream (Note [foreign streams] in docs/NOTES.md), adopted for the call and left for
+// its owner to wait on.
+class CallStream {
+ public:
+  CallStream(Backend& backend, std::optional<std::uint64_t> raw) : backend_(backend) {
+    if (raw) foreign_.emplace(backend, *raw);
+  }
+  StreamHandle handle() const { return foreign_ ? foreign_->handle() : backend_.default_stream(); }
+  // Whether the operands go back in stream order rather than after a wait.
+  bool ordered() const { return foreign_.has_value(); }
+  // Waits for the call's work when it ran on the model's own stream.
+  void finish() const {
+    if (!foreign_) backend_.synchronize(backend_.default_stream());
+  }
+
+ private:
+  Backend& backend_;
+  std::optional<ForeignStream> foreign_;
 };
 
 // Every operand of one call lent, in order, for as long as this lives.
 struct Loans {
-  Loans(Backend& b, const LedgerProbe& probe, const Operands& args)
-      : a(b, probe, args.a), c(b, probe, args.c) {
-    if (args.bias) bias.emplace(b, probe, *args.bias);
+  Loans(Backend& b, const LedgerProbe& probe, const Operands& args, const CallStream& stream)
+      : a(b, probe, args.a, stream.ordered()), c(b, probe, args.c, stream.ordered()) {
+    if (args.bias) bias.emplace(b, probe, *args.bias, stream.ordered());
   }
   Loan a, c;
   std::optional<Loan> bias;
@@ -154,25 +184,26 @@ PlanView Model::plan_w8a8(std::int64_t m, const Fp8Weights& w, bool bias) {
 }
 
 void Model::gemm(nb::handle a, bool a_bits, const Weights& w, nb::handle out, bool out_bits,
-                 std::string_view route, bool allow_e4m3, nb::handle bias, bool bias_bits) {
+                 std::string_view route, bool allow_e4m3, nb::handle bias, bool bias_bits,
+                 std::optional<std::uint64_t> stream) {
   Backend& b = open("gemm");
   check_owner("gemm", w.model, w.label);
   const Operands args =
       check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
   ops::GemmOptions options = gemm_options("gemm", route, allow_e4m3);
   if (args.bias) options.bias = args.bias->ptr;
-  run_planned(b, args, w.q, options);
+  run_planned(b, args, w.q, options, stream);
 }
 
 void Model::w8a8_gemm(nb::handle a, bool a_bits, const Fp8Weights& w, nb::handle out, bool out_bits,
-                      nb::handle bias, bool bias_bits) {
+                      nb::handle bias, bool bias_bits, std::optional<std::uint64_t> stream) {
   Backend& b = open("gemm");
   check_owner("gemm", w.model, w.label);
   const Operands args =
       check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
   ops::Fp8GemmOptions options;
   if (args.bias) options.bias = args.bias->ptr;
-  run_planned(b, args, w.q, options);
+  run_planned(b, args, w.q, options, stream);
 }
 
 PlanView Model::plan_dense(std::int64_t m, const DenseWeights& w, bool bias) {
@@ -191,7 +222,8 @@ PlanView Model::plan_dense(std::int64_t m, const DenseWeights& w, bool bias) {
 }
 
 void Model::dense_gemm(nb::handle a, bool a_bits, const DenseWeights& w, nb::handle out,
-                       bool out_bits, nb::handle bias, bool bias_bits) {
+                       bool out_bits, nb::handle bias, bool bias_bits,
+                       std::optional<std::uint64_t> stream) {
   Backend& b = open("gemm");
   check_owner("gemm", w.model, w.label);
   const Operands args = check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.n, w.k);
@@ -200,20 +232,20 @@ void Model::dense_gemm(nb::handle a, bool a_bits, const DenseWeights& w, nb::han
   const DenseGemmPlan p = as_call("gemm", [&] {
     return b.plan_dense_gemm({DenseKind::kBf16, args.a.rows, w.n, w.k, args.bias.has_value()});
   });
-  const Loans loans(b, *probe_, args);
-  const StreamHandle stream = b.default_stream();
+  const CallStream on = as_call("gemm", [&] { return CallStream(b, stream); });
+  const Loans loans(b, *probe_, args, on);
   DenseGemmArgs run;
   run.a = args.a.ptr;
   run.b = w.w;
   run.c = args.c.ptr;
   if (args.bias) run.bias = args.bias->ptr;
   if (p.workspace_bytes != 0) {
-    run.workspace = b.op_cache().scratch(b, ops::gemm_scratch_tag(b, stream, "blas_workspace"),
-                                         p.workspace_bytes, stream);
+    run.workspace = b.op_cache().scratch(b, ops::gemm_scratch_tag(b, on.handle(), "blas_workspace"),
+                                         p.workspace_bytes, on.handle());
     run.workspace_bytes = p.workspace_bytes;
   }
-  b.run_dense_gemm(p, run, stream);
-  b.synchronize(stream);
+  b.run_dense_gemm(p, run, on.handle());
+  on.finish();
 }
 
 void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
@@ -243,31 +275,33 @@ void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int6
     check_owner(api, fw.model, fw.label);
     ops::Fp8GemmOptions options;
     if (args.bias) options.bias = args.bias->ptr;
-    run_planned_unlocked(b, args, fw.q, options);
+    run_planned_unlocked(b, args, fw.q, options, std::nullopt);
   } else {
     const auto& qw = *static_cast<const Weights*>(w);
     check_owner(api, qw.model, qw.label);
     ops::GemmOptions options = gemm_options(api, "auto", false);
     if (args.bias) options.bias = args.bias->ptr;
-    run_planned_unlocked(b, args, qw.q, options);
+    run_planned_unlocked(b, args, qw.q, options, std::nullopt);
   }
 }
 
 template <class W, class Options>
-void Model::run_planned(Backend& b, const Operands& args, const W& w, const Options& options) {
+void Model::run_planned(Backend& b, const Operands& args, const W& w, const Options& options,
+                        std::optional<std::uint64_t> stream) {
   nb::gil_scoped_release unlocked;
-  run_planned_unlocked(b, args, w, options);
+  run_planned_unlocked(b, args, w, options, stream);
 }
 
 template <class W, class Options>
 void Model::run_planned_unlocked(Backend& b, const Operands& args, const W& w,
-                                 const Options& options) {
+                                 const Options& options, std::optional<std::uint64_t> stream) {
   std::lock_guard lock(call_mu_);
   const auto p = as_call("gemm", [&] { return ops::plan(b, args.a.rows, w, options); });
-  const Loans loans(b, *probe_, args);
-  const StreamHandle stream = b.default_stream();
-  ops::run(p, stream, args.a.ptr, w, args.c.ptr, ops::scratch_workspace(p, stream), options.bias);
-  b.synchronize(stream);
+  const CallStream on = as_call("gemm", [&] { return CallStream(b, stream); });
+  const Loans loans(b, *probe_, args, on);
+  ops::run(p, on.handle(), args.a.ptr, w, args.c.ptr, ops::scratch_workspace(p, on.handle()),
+           options.bias);
+  on.finish();
 }
 
 }  // namespace metrale::py

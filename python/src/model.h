@@ -92,17 +92,22 @@ class Model {
                 bool bias);
   // The plan of the W8A8 op for M rows.
   PlanView plan_w8a8(std::int64_t m, const Fp8Weights& w, bool bias);
-  // out = a · dequant(w)ᵀ (+ bias) on the arrays in place; returns when out is written.
+  // out = a · dequant(w)ᵀ (+ bias) on the arrays in place; returns when out is written, or, with
+  // a caller's stream (a CUDA stream handle), once the work is queued on it (Note [foreign
+  // streams]). The same holds for dense_gemm and w8a8_gemm.
   void gemm(nanobind::handle a, bool a_bits, const Weights& w, nanobind::handle out, bool out_bits,
-            std::string_view route, bool allow_e4m3, nanobind::handle bias, bool bias_bits);
+            std::string_view route, bool allow_e4m3, nanobind::handle bias, bool bias_bits,
+            std::optional<std::uint64_t> stream);
   // The plan of the backend's dense BF16 GEMM for M rows.
   PlanView plan_dense(std::int64_t m, const DenseWeights& w, bool bias);
   // out = a · Wᵀ (+ bias) on BF16 weights, the backend's dense GEMM, on the arrays in place.
   void dense_gemm(nanobind::handle a, bool a_bits, const DenseWeights& w, nanobind::handle out,
-                  bool out_bits, nanobind::handle bias, bool bias_bits);
+                  bool out_bits, nanobind::handle bias, bool bias_bits,
+                  std::optional<std::uint64_t> stream);
   // The W8A8 op (A cast to E4M3 per row per 128 K) on the arrays in place.
   void w8a8_gemm(nanobind::handle a, bool a_bits, const Fp8Weights& w, nanobind::handle out,
-                 bool out_bits, nanobind::handle bias, bool bias_bits);
+                 bool out_bits, nanobind::handle bias, bool bias_bits,
+                 std::optional<std::uint64_t> stream);
 
   // out = a · W^T (+ bias) on host memory given as pointers, with the GIL neither held nor
   // taken: metrale.torch's C++ operator (native_gemm.cpp). `w` is the Weights (or, with fp8, the
@@ -125,12 +130,15 @@ class Model {
   // Error(kInvalidArgument) unless weights of `label` belong to this model.
   void check_owner(std::string_view api, const Model* owner, const std::string& label) const;
   // Plans the op of W (ops::plan for its weights and options) for args with the GIL off and
-  // the model's lock held, lends the operands, runs the plan on the default stream and waits.
+  // the model's lock held, lends the operands, runs the plan on the default stream and waits;
+  // or on the caller's stream, giving the operands back in stream order without a wait.
   template <class W, class Options>
-  void run_planned(Backend& b, const Operands& args, const W& w, const Options& options);
+  void run_planned(Backend& b, const Operands& args, const W& w, const Options& options,
+                   std::optional<std::uint64_t> stream);
   // run_planned's work, for a caller that does not hold the GIL.
   template <class W, class Options>
-  void run_planned_unlocked(Backend& b, const Operands& args, const W& w, const Options& options);
+  void run_planned_unlocked(Backend& b, const Operands& args, const W& w, const Options& options,
+                            std::optional<std::uint64_t> stream);
   Operands check_operands(std::string_view api, nanobind::handle a, bool a_bits,
                           nanobind::handle out, bool out_bits, nanobind::handle bias,
                           bool bias_bits, std::int64_t n, std::int64_t k) const;

@@ -77,6 +77,105 @@ def test_torch_op_on_cuda_tensors(rng):
         mt.unregister(handle)
 
 
+def test_torch_op_on_torch_stream_and_in_a_cuda_graph(rng):
+    """metrale.torch.cuda_stream("torch"): the op runs on torch's current stream, in order with
+    the work before it (a side stream whose input is written after a long device sleep: a call
+    not ordered after the copy reads zeros), returns without waiting, and is captured by
+    torch.cuda.graph (global capture mode) after the warm-up torch asks for; each replay
+    computes the fresh input. The ledger holds no borrow afterwards."""
+    mt = pytest.importorskip("metrale.torch")
+    host = metrale.quantize_nvfp4(torch.from_numpy(rng.standard_normal((384, 1024))).float())
+    wq = host.dequantize(exact=True)
+
+    def fresh():
+        return torch.from_numpy(rng.standard_normal((4, 1024))).to(torch.bfloat16).cuda()
+
+    with metrale.Model("cuda") as model:
+        handle = mt.register(model, model.upload_weights(host))
+        previous = mt.cuda_stream("torch")
+        try:
+            side = torch.cuda.Stream()
+            src = fresh()
+            x = torch.zeros((4, 1024), dtype=torch.bfloat16, device="cuda")
+            torch.cuda.synchronize()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(200_000_000)  # about 0.1 s of device time before the copy
+                x.copy_(src)
+                y = torch.ops.metrale.linear(x, handle)
+            side.synchronize()
+            assert _normalized(y, src.double().cpu().numpy() @ wq.T) < BF16_BOUND
+
+            static_x = torch.zeros((4, 1024), dtype=torch.bfloat16, device="cuda")
+            warm = torch.cuda.Stream()
+            warm.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(warm):
+                for _ in range(2):
+                    torch.ops.metrale.linear(static_x, handle)
+            torch.cuda.current_stream().wait_stream(warm)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_y = torch.ops.metrale.linear(static_x, handle)
+            for _ in range(2):
+                src = fresh()
+                static_x.copy_(src)
+                graph.replay()
+                torch.cuda.synchronize()
+                assert _normalized(static_y, src.double().cpu().numpy() @ wq.T) < BF16_BOUND
+            del graph
+        finally:
+            mt.cuda_stream(previous)
+            mt.unregister(handle)
+        assert model.stats()["borrowed_count"] == 0
+
+
+def test_model_gemm_on_a_caller_stream_in_a_cuda_graph(rng):
+    """Model.gemm(stream=...) with 4-bit and BF16 dense weights (cuBLASLt under capture, its
+    workspace allocated inside the capture), captured on torch's capture stream and replayed."""
+    host = metrale.quantize_mxfp4(torch.from_numpy(rng.standard_normal((256, 512))).float())
+    dense = torch.from_numpy(rng.standard_normal((264, 512))).to(torch.bfloat16)
+    x = torch.zeros((8, 512), dtype=torch.bfloat16, device="cuda")
+    with metrale.Model("cuda") as model:
+        w = model.upload_weights(host)
+        dw = model.upload_dense_weights(dense)
+        y4 = torch.empty((8, 256), dtype=torch.bfloat16, device="cuda")
+        yd = torch.empty((8, 264), dtype=torch.bfloat16, device="cuda")
+        model.gemm(x, w, out=y4)  # warm-up on metrale's stream: kernels resolved, plans made
+        model.gemm(x, dw, out=yd)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            stream = torch.cuda.current_stream().cuda_stream
+            model.gemm(x, w, out=y4, stream=stream)
+            model.gemm(x, dw, out=yd, stream=stream)
+        src = torch.from_numpy(rng.standard_normal((8, 512))).to(torch.bfloat16).cuda()
+        x.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        a = src.double().cpu().numpy()
+        assert _normalized(y4, a @ host.dequantize(exact=True).T) < BF16_BOUND
+        assert _normalized(yd, a @ dense.double().numpy().T) < BF16_BOUND
+        del graph
+        assert model.stats()["borrowed_count"] == 0
+
+
+def test_a_capture_in_own_stream_mode_is_refused_by_name(rng):
+    """In the default mode (metrale's own stream, each call waited for) a capture cannot hold the
+    op: it says so, naming the switch, instead of breaking the capture."""
+    mt = pytest.importorskip("metrale.torch")
+    host = metrale.quantize_nvfp4(torch.from_numpy(rng.standard_normal((128, 256))).float())
+    x = torch.zeros((2, 256), dtype=torch.bfloat16, device="cuda")
+    with metrale.Model("cuda") as model:
+        handle = mt.register(model, model.upload_weights(host))
+        previous = mt.cuda_stream("own")
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with pytest.raises(metrale.CaptureError, match="cuda_stream"):
+                with torch.cuda.graph(graph):
+                    torch.ops.metrale.linear(x, handle)
+        finally:
+            mt.cuda_stream(previous)
+            mt.unregister(handle)
+
+
 def _logits(folder: pathlib.Path, backend: str, ids: torch.Tensor) -> tuple:
     mt = pytest.importorskip("metrale.torch")
     model = mt.from_pretrained(str(folder), backend=backend)

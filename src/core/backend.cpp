@@ -130,16 +130,34 @@ void Backend::borrow(DevicePtr ptr, std::size_t bytes, std::function<void()> rel
 }
 
 void Backend::unborrow(DevicePtr ptr) {
+  give_back_borrow("unborrow", ptr, true);
+}
+
+void Backend::unborrow_ordered(DevicePtr ptr) {
+  give_back_borrow("unborrow_ordered", ptr, false);
+}
+
+StreamHandle Backend::adopt_stream(std::uint64_t raw) {
+  throw Error(
+      ErrorCode::kUnavailable, "adopt_stream",
+      fmt::format("the {} backend runs no work on another library's streams (stream 0x{:x})",
+                  name(), raw));
+}
+
+void Backend::release_stream(StreamHandle) noexcept {}
+
+void Backend::give_back_borrow(std::string_view api, DevicePtr ptr, bool wait) {
   const auto found = ledger_->find(ptr);
   if (!found || found->kind != MemoryKind::kBorrowed) {
-    throw Error(ErrorCode::kInvalidArgument, "unborrow",
+    throw Error(ErrorCode::kInvalidArgument, api,
                 found ? fmt::format("0x{:x} is {} memory from {}, not a borrow; free it instead",
                                     ptr.address(), to_string(found->kind), found->site.str())
                       : fmt::format("0x{:x} starts no live borrow of the {} backend", ptr.address(),
                                     name()));
   }
-  // Work queued before this call may still read or write the memory.
-  synchronize_device();
+  // Work queued before this call may still read or write the memory, unless the owner orders
+  // its reuse after that work itself.
+  if (wait) synchronize_device();
   if (!ledger_->take(ptr)) return;  // a concurrent unborrow won
   give_back(ptr);
 }

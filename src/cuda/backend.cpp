@@ -22,6 +22,33 @@ std::string dim_str(Dim3 d) {
   return fmt::format("({}, {}, {})", d.x, d.y, d.z);
 }
 
+// The calling thread's capture interaction mode set to relaxed for this scope (the driver's
+// push-pop use of cuThreadExchangeStreamCaptureMode), so an allocation made while some stream
+// captures is allowed. A failed swap throws, naming the call; a failed restore is a warning (the
+// thread stays relaxed, which only lets later unsafe calls through, as it let this one).
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode(const cuda::DriverApi& api, std::string_view call) : api_(api) {
+    if (const CUresult s = api_.cuThreadExchangeStreamCaptureMode(&mode_); s != CUDA_SUCCESS) {
+      cuda::throw_status(&api_, call, "cuThreadExchangeStreamCaptureMode", s);
+    }
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  ~RelaxedCaptureMode() {
+    if (const CUresult s = api_.cuThreadExchangeStreamCaptureMode(&mode_); s != CUDA_SUCCESS) {
+      log::warn(
+          "cuda: cuThreadExchangeStreamCaptureMode failed restoring the thread's capture "
+          "mode: {}",
+          cuda::describe_status(&api_, s));
+    }
+  }
+
+ private:
+  const cuda::DriverApi& api_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
 std::size_t host_available_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
@@ -103,7 +130,7 @@ void CudaBackend::fail(std::string_view api, std::string_view call, CUresult sta
 CUstream CudaBackend::stream_of(std::string_view api, StreamHandle s) const {
   if (!s || reinterpret_cast<CUstream>(s.value()) == host_->stream()) return host_->stream();
   std::lock_guard lock(mu_);
-  if (!streams_.contains(s.value())) {
+  if (!streams_.contains(s.value()) && !foreign_.contains(s.value())) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("stream 0x{:x} is not a live stream of this cuda backend", s.value()));
   }
@@ -124,6 +151,8 @@ bool CudaBackend::is_pinned(const void* host, std::size_t bytes) const {
 DevicePtr CudaBackend::raw_alloc(std::size_t user_bytes, std::size_t pad_bytes, MemoryKind kind) {
   enter("alloc");
   const DriverApi& api = host_->api();
+  // Legal while a stream captures: Note [allocations during capture].
+  const RelaxedCaptureMode relaxed(api, kind == MemoryKind::kPinnedHost ? "alloc_pinned" : "alloc");
   const std::size_t bytes = user_bytes + pad_bytes;
   if (kind == MemoryKind::kPinnedHost) {
     void* p = nullptr;
@@ -419,10 +448,49 @@ void CudaBackend::destroy_stream(StreamHandle stream) {
   }
   {
     std::lock_guard lock(mu_);
-    streams_.erase(stream.value());
+    if (streams_.erase(stream.value()) == 0) {
+      throw Error(ErrorCode::kInvalidArgument, "destroy_stream",
+                  fmt::format("stream 0x{:x} was adopted (adopt_stream): its owner destroys it",
+                              stream.value()));
+    }
   }
   host_->bind_quietly();  // no enter(): destroying must work on a faulted device too
   check("destroy_stream", "cuStreamDestroy", host_->api().cuStreamDestroy(s));
+}
+
+StreamHandle CudaBackend::adopt_stream(std::uint64_t raw) {
+  enter("adopt_stream");
+  // 0 is the NULL stream, which here (a null StreamHandle) would mean the backend's own; in a
+  // program built without per-thread default streams, as torch is, it is the legacy stream,
+  // which CU_STREAM_LEGACY names without that ambiguity.
+  constexpr std::uint64_t legacy = 0x1;      // CU_STREAM_LEGACY's value (cuda.h)
+  constexpr std::uint64_t per_thread = 0x2;  // CU_STREAM_PER_THREAD's
+  const std::uint64_t value = raw == 0 ? legacy : raw;
+  if (value != legacy && value != per_thread) {
+    // The special handles run in the current context, which enter() made ours.
+    CUcontext ctx = nullptr;
+    const CUresult s = host_->api().cuStreamGetCtx(reinterpret_cast<CUstream>(value), &ctx);
+    if (s != CUDA_SUCCESS) {
+      throw Error(ErrorCode::kInvalidArgument, "adopt_stream",
+                  fmt::format("stream 0x{:x}: cuStreamGetCtx failed: {}", raw,
+                              describe_status(&host_->api(), s)));
+    }
+    if (ctx != host_->context()) {
+      throw Error(ErrorCode::kInvalidArgument, "adopt_stream",
+                  fmt::format("stream 0x{:x} belongs to another context than device {}'s primary "
+                              "context, where this backend runs",
+                              raw, host_->info().ordinal));
+    }
+  }
+  std::lock_guard lock(mu_);
+  ++foreign_[value];
+  return StreamHandle{value};
+}
+
+void CudaBackend::release_stream(StreamHandle stream) noexcept {
+  std::lock_guard lock(mu_);
+  const auto it = foreign_.find(stream.value());
+  if (it != foreign_.end() && --it->second == 0) foreign_.erase(it);
 }
 
 void CudaBackend::synchronize(StreamHandle stream) {
@@ -634,6 +702,7 @@ bool CudaBackend::any_capturing(std::string_view api) {
   {
     std::lock_guard lock(mu_);
     streams.assign(streams_.begin(), streams_.end());
+    for (const auto& [s, count] : foreign_) streams.push_back(s);
   }
   if (capture_active(api, default_stream())) return true;
   return std::any_of(streams.begin(), streams.end(),

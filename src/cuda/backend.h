@@ -66,6 +66,8 @@ class CudaBackend final : public Backend {
   StreamHandle default_stream() override;
   StreamHandle create_stream() override;
   void destroy_stream(StreamHandle stream) override;
+  StreamHandle adopt_stream(std::uint64_t raw) override;
+  void release_stream(StreamHandle stream) noexcept override;
   void synchronize(StreamHandle stream) override;
   void synchronize_device() override;
   void bind_to_thread() override { host_->bind(); }
@@ -159,6 +161,7 @@ class CudaBackend final : public Backend {
 
   mutable std::mutex mu_;  // the sets below; never held across a driver call
   std::set<std::uint64_t> streams_;
+  std::map<std::uint64_t, std::size_t> foreign_;  // adopted streams → adoptions (never ours)
   std::set<std::uint64_t> events_;
   std::set<std::uint64_t> timing_events_;  // the events of events_ made with timing
   std::set<std::uint64_t> graphs_;

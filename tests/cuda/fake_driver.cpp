@@ -15,6 +15,7 @@ namespace fake {
 
 std::atomic<State*> g_state{nullptr};
 thread_local Current t_current;
+thread_local CaptureModeOfThread t_capture_mode;
 
 namespace {
 std::atomic<std::uint64_t> g_next_id{1};

@@ -77,6 +77,7 @@ MemOp copy_op(void* dst, const void* src, std::size_t n, std::vector<MemOp::Rang
 
 CUresult fake_cuMemAlloc(CUdeviceptr* dptr, std::size_t bytes) {
   FAKE_ENTER(Need::kContext);
+  if (const CUresult c = refuse_unsafe_in_capture(s); c != CUDA_SUCCESS) return c;
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   const int dev = current_device(s);
   const std::size_t used = device_bytes(s, dev);
@@ -90,6 +91,7 @@ CUresult fake_cuMemAlloc(CUdeviceptr* dptr, std::size_t bytes) {
 // Managed memory is not counted against total_memory (it can oversubscribe).
 CUresult fake_cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytes, unsigned int flags) {
   FAKE_ENTER(Need::kContext);
+  if (const CUresult c = refuse_unsafe_in_capture(s); c != CUDA_SUCCESS) return c;
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -104,11 +106,13 @@ CUresult fake_cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytes, unsigned i
 
 CUresult fake_cuMemFree(CUdeviceptr dptr) {
   FAKE_ENTER(Need::kContext);
+  if (const CUresult c = refuse_unsafe_in_capture(s); c != CUDA_SUCCESS) return c;
   return release(s, dptr, {Kind::kDevice, Kind::kManaged});
 }
 
 CUresult fake_cuMemHostAlloc(void** pp, std::size_t bytes, unsigned int flags) {
   FAKE_ENTER(Need::kContext);
+  if (const CUresult c = refuse_unsafe_in_capture(s); c != CUDA_SUCCESS) return c;
   const unsigned known =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if (pp == nullptr || bytes == 0 || (flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -120,6 +124,7 @@ CUresult fake_cuMemHostAlloc(void** pp, std::size_t bytes, unsigned int flags) {
 
 CUresult fake_cuMemFreeHost(void* p) {
   FAKE_ENTER(Need::kContext);
+  if (const CUresult c = refuse_unsafe_in_capture(s); c != CUDA_SUCCESS) return c;
   return release(s, to_dptr(p), {Kind::kHost});
 }
 

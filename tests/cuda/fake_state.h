@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -74,8 +75,11 @@ using Node = std::variant<MemOp, LaunchOp>;
 
 struct Stream {
   bool non_blocking = false;
+  CUcontext ctx = nullptr;  // current when the stream was made (cuStreamGetCtx)
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  std::vector<Node> nodes;  // recorded while capturing
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // of the capture under way
+  std::thread::id capture_thread;                                    // the thread that began it
+  std::vector<Node> nodes;                                           // recorded while capturing
 };
 
 struct Event {
@@ -181,6 +185,14 @@ struct Current {
 };
 extern thread_local Current t_current;
 
+// The calling thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode),
+// tagged like t_current: a thread starts in CU_STREAM_CAPTURE_MODE_GLOBAL under each fake.
+struct CaptureModeOfThread {
+  std::uint64_t owner = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+};
+extern thread_local CaptureModeOfThread t_capture_mode;
+
 // Handles are fake addresses that are never reused, so a stale handle stays invalid.
 template <class Handle>
 Handle new_handle(State& s) {
@@ -258,6 +270,10 @@ void invalidate(Stream& st);
 bool breaks_blocking_capture(State& s, CUstream stream, bool invalidates = true);
 // An operation a capture cannot record (synchronize, device-to-host copy): it invalidates it.
 CUresult refuse_in_capture(Stream& st);
+// For a call the driver documents as potentially unsafe during capture (cudaMalloc's family):
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, invalidating the captures it conflicts with, when the
+// calling thread's mode prohibits it; else CUDA_SUCCESS (fake_streams.cpp says the rule).
+CUresult refuse_unsafe_in_capture(State& s);
 // Records a node into a capturing stream.
 CUresult record(Stream& st, Node node);
 // Queues a copy or memset: run now, or recorded when the stream is capturing. A copy into host

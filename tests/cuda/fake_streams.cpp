@@ -45,6 +45,29 @@ CUresult refuse_in_capture(Stream& st) {
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
+// The rule of cuThreadExchangeStreamCaptureMode's documentation: a thread in mode RELAXED is not
+// prohibited from potentially unsafe calls (cudaMalloc is its example: an allocation no capture
+// records); one in GLOBAL or THREAD_LOCAL is when it has a capture of its own not begun in
+// RELAXED, and one in GLOBAL also when another thread has a capture begun in GLOBAL. Such a call
+// fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the conflicting captures are invalidated.
+CUresult refuse_unsafe_in_capture(State& s) {
+  const CUstreamCaptureMode mine =
+      t_capture_mode.owner == s.id ? t_capture_mode.mode : CU_STREAM_CAPTURE_MODE_GLOBAL;
+  if (mine == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  const std::thread::id self = std::this_thread::get_id();
+  bool refused = false;
+  for (auto& [handle, st] : s.streams) {
+    if (st.capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) continue;
+    const bool own = st.capture_thread == self && st.capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    const bool global = mine == CU_STREAM_CAPTURE_MODE_GLOBAL && st.capture_thread != self &&
+                        st.capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (!own && !global) continue;
+    refused = true;
+    invalidate(st);
+  }
+  return refused ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 CUresult record(Stream& st, Node node) {
   if (st.capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -91,6 +114,7 @@ CUresult fake_cuStreamCreate(CUstream* stream, unsigned int flags) {
   }
   *stream = new_handle<CUstream>(s);
   s.streams[*stream].non_blocking = (flags & CU_STREAM_NON_BLOCKING) != 0;
+  s.streams[*stream].ctx = t_current.ctx;
   return CUDA_SUCCESS;
 }
 
@@ -133,6 +157,38 @@ CUresult fake_cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode) {
   }
   if (st->capture != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
   st->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  st->capture_mode = mode;
+  st->capture_thread = std::this_thread::get_id();
+  return CUDA_SUCCESS;
+}
+
+// Swaps the calling thread's capture interaction mode (the documented push-pop use).
+CUresult fake_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  FAKE_ENTER(Need::kNothing);
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      *mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const CUstreamCaptureMode previous =
+      t_capture_mode.owner == s.id ? t_capture_mode.mode : CU_STREAM_CAPTURE_MODE_GLOBAL;
+  t_capture_mode = CaptureModeOfThread{s.id, *mode};
+  *mode = previous;
+  return CUDA_SUCCESS;
+}
+
+// The context a stream was made in; the NULL and legacy streams answer the calling thread's
+// current context, as cuStreamGetCtx's documentation says of the special handles.
+CUresult fake_cuStreamGetCtx(CUstream stream, CUcontext* ctx) {
+  FAKE_ENTER(Need::kContext);
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (is_legacy(stream)) {
+    *ctx = t_current.ctx;
+    return CUDA_SUCCESS;
+  }
+  const Stream* st = find_stream(s, stream);
+  if (st == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *ctx = st->ctx;
   return CUDA_SUCCESS;
 }
 

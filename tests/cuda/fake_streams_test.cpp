@@ -276,6 +276,68 @@ TEST(FakeDriver, CtxSynchronizeDuringAnyCaptureInvalidatesIt) {
   EXPECT_EQ(api.cuCtxSynchronize(), CUDA_SUCCESS);
 }
 
+// cuThreadExchangeStreamCaptureMode's documentation: cudaMalloc (here cuMemAlloc) is refused to
+// a thread in GLOBAL or THREAD_LOCAL mode that has a capture of its own not begun RELAXED, and to
+// one in GLOBAL mode while another thread captures in GLOBAL; a RELAXED thread may always call
+// it. A refused call invalidates the capture it conflicts with.
+TEST(FakeDriver, AllocationsDuringACaptureFollowTheThreadsCaptureMode) {
+  Ready r;
+  const DriverApi& api = r.api();
+  const CUstream s = r.stream();
+  CUdeviceptr p = 0;
+  CUgraph graph = nullptr;
+  const auto exchange = [&](CUstreamCaptureMode mode) {
+    EXPECT_EQ(api.cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    return mode;
+  };
+  const auto end = [&](CUresult expected) {
+    EXPECT_EQ(api.cuStreamEndCapture(s, &graph), expected);
+    if (graph != nullptr) {
+      EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_SUCCESS);
+    }
+  };
+
+  // Its own capture, begun GLOBAL: refused, then allowed once the thread is RELAXED.
+  ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemAlloc(&p, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(r.capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  end(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  EXPECT_EQ(exchange(CU_STREAM_CAPTURE_MODE_RELAXED), CU_STREAM_CAPTURE_MODE_GLOBAL);
+  ASSERT_EQ(api.cuMemAlloc(&p, 64), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemFree(p), CUDA_SUCCESS);
+  EXPECT_EQ(exchange(CU_STREAM_CAPTURE_MODE_GLOBAL), CU_STREAM_CAPTURE_MODE_RELAXED);
+  end(CUDA_SUCCESS);
+  // Its own capture, begun RELAXED: allowed.
+  ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemAlloc(&p, 64), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuMemFree(p), CUDA_SUCCESS);
+  end(CUDA_SUCCESS);
+
+  // Another thread's capture: a GLOBAL one refuses this thread in GLOBAL mode only.
+  for (const CUstreamCaptureMode theirs :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    for (const CUstreamCaptureMode mine :
+         {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+      std::thread([&] {
+        EXPECT_EQ(api.cuCtxSetCurrent(r.ctx), CUDA_SUCCESS);
+        EXPECT_EQ(api.cuStreamBeginCapture(s, theirs), CUDA_SUCCESS);
+      }).join();
+      exchange(mine);
+      const bool refused =
+          theirs == CU_STREAM_CAPTURE_MODE_GLOBAL && mine == CU_STREAM_CAPTURE_MODE_GLOBAL;
+      const CUresult got = api.cuMemAlloc(&p, 64);
+      EXPECT_EQ(got, refused ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS)
+          << "their mode " << theirs << ", mine " << mine;
+      if (got == CUDA_SUCCESS) {
+        EXPECT_EQ(api.cuMemFree(p), CUDA_SUCCESS);
+      }
+      exchange(CU_STREAM_CAPTURE_MODE_GLOBAL);
+      end(refused ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    }
+  }
+}
+
 TEST(FakeDriver, LegacyStreamWorkBreaksOnlyBlockingCaptures) {
   Ready r;
   const DriverApi& api = r.api();
