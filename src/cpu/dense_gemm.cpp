@@ -5,6 +5,7 @@
 
 #include <array>
 
+#include "cpu/kernels/w4a16_cpu.h"
 #include "kernels/dense_params.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/error.h"
@@ -30,7 +31,12 @@ std::string CpuBackend::dense_gemm_unavailable(DenseKind kind) const {
 DenseGemmPlan CpuBackend::plan_dense_gemm_checked(const DenseGemmShape& shape) {
   DenseGemmPlan p;
   p.shape = shape;
-  p.describe = fmt::format("cpu reference {}::{}", kModule, kernel_of(shape.kind));
+  // Which body the kernel runs (modules/blas_module.cpp): the block-scaled FP8 one is vectorized
+  // on AVX-512 BF16, the BF16 one is the reference everywhere.
+  const bool vector = shape.kind == DenseKind::kE4m3Block128 &&
+                      cpu::w4a16::best_isa() == cpu::w4a16::Isa::kAvx512Bf16;
+  p.describe = fmt::format("cpu {} {}::{}", vector ? "avx512_bf16" : "reference", kModule,
+                           kernel_of(shape.kind));
   return p;
 }
 

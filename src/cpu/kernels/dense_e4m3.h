@@ -12,5 +12,9 @@ namespace metrale::cpu::blas {
 
 // C[:, n0:n1] of p (A, B E4M3 codes; scales FP32 in dense_gemm.h's layouts).
 void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+// The same on AVX-512 BF16 (dense_e4m3_avx512.cpp): the codes widened to BF16 in registers and
+// multiplied by vdpbf16ps, the sums in another order. Call only where the processor has
+// AVX512-BF16 (w4a16::best_isa() says kAvx512Bf16).
+void gemm_e4m3_block128_avx512bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1);
 
 }  // namespace metrale::cpu::blas

@@ -1,0 +1,135 @@
+// The AVX-512 BF16 kernel of the block-scaled FP8 dense GEMM, called directly (dense_e4m3.h):
+// every one of the 256 E4M3 codes, in A and in B, comes out exactly (NaN codes as NaN), and
+// random shapes with ragged M (the row tiles), N and K (the 32-K and 128-K tails) land within
+// dense_e4m3_test.cpp's per-element bound of a float64 reference, FP32 output poisoned first.
+// Skipped where the processor lacks AVX512-BF16 (the backend then runs the reference kernel).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/kernels/dense_e4m3.h"
+#include "cpu/kernels/w4a16_cpu.h"
+#include "metrale/dense_gemm.h"
+#include "metrale/numerics.h"
+#include "support/random.h"
+
+namespace metrale {
+namespace {
+
+using testing::rng;
+
+constexpr float kPoison = 1e30f;
+
+bool has_kernel() {
+  return cpu::w4a16::best_isa() == cpu::w4a16::Isa::kAvx512Bf16;
+}
+
+// Host buffers of one GEMM, FP32 C, in dense_gemm.h's scale layouts.
+struct Gemm {
+  Gemm(std::int64_t m_, std::int64_t n_, std::int64_t k_)
+      : m(m_),
+        n(n_),
+        k(k_),
+        a(static_cast<std::size_t>(m * k)),
+        b(static_cast<std::size_t>(n * k)),
+        sa(static_cast<std::size_t>(dense_scale_blocks(k) * dense_a_scales_ld(m)), 1.0f),
+        sb(static_cast<std::size_t>(dense_scale_blocks(n) * dense_b_scales_ld(k)), 1.0f),
+        c(static_cast<std::size_t>(m * n), kPoison) {}
+  void run() {
+    DenseParams p;
+    p.a = reinterpret_cast<std::uintptr_t>(a.data());
+    p.b = reinterpret_cast<std::uintptr_t>(b.data());
+    p.c = reinterpret_cast<std::uintptr_t>(c.data());
+    p.a_scales = reinterpret_cast<std::uintptr_t>(sa.data());
+    p.b_scales = reinterpret_cast<std::uintptr_t>(sb.data());
+    p.m = m, p.n = n, p.k = k;
+    p.out_f32 = 1;
+    cpu::blas::gemm_e4m3_block128_avx512bf16(p, 0, n);
+  }
+  float sa_at(std::int64_t kb, std::int64_t row) const {
+    return sa[static_cast<std::size_t>(kb * dense_a_scales_ld(m) + row)];
+  }
+  float sb_at(std::int64_t col, std::int64_t kb) const {
+    return sb[static_cast<std::size_t>((col / kDenseScaleBlock) * dense_b_scales_ld(k) + kb)];
+  }
+  std::int64_t m, n, k;
+  std::vector<std::uint8_t> a, b;
+  std::vector<float> sa, sb, c;
+};
+
+void expect_code(float got, std::uint8_t code, const char* side) {
+  const float want = num::e4m3_to_f32(code);
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << side << " code 0x" << std::hex << int{code} << ": " << got;
+  } else {
+    EXPECT_EQ(got, want) << side << " code 0x" << std::hex << int{code};
+  }
+}
+
+TEST(CpuDenseE4m3Avx512, EveryCodeInAAndBComesOutExactly) {
+  if (!has_kernel()) GTEST_SKIP() << "the processor lacks AVX512-BF16";
+  constexpr std::uint8_t kOne = 0x38;  // 1.0 in E4M3
+  Gemm in_b(1, 256, 1);
+  in_b.a[0] = kOne;
+  for (int i = 0; i < 256; ++i) in_b.b[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+  in_b.run();
+  for (int i = 0; i < 256; ++i) {
+    expect_code(in_b.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "B");
+  }
+  Gemm in_a(256, 1, 1);
+  in_a.b[0] = kOne;
+  for (int i = 0; i < 256; ++i) in_a.a[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+  in_a.run();
+  for (int i = 0; i < 256; ++i) {
+    expect_code(in_a.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "A");
+  }
+}
+
+TEST(CpuDenseE4m3Avx512, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
+  if (!has_kernel()) GTEST_SKIP() << "the processor lacks AVX512-BF16";
+  std::uniform_int_distribution<int> code(0, 255);
+  std::uniform_real_distribution<float> scale(0.25f, 4.0f);
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  for (const Shape s : {Shape{1, 1, 1}, Shape{1, 70, 31}, Shape{3, 64, 128}, Shape{8, 9, 129},
+                        Shape{9, 130, 300}, Shape{14, 67, 200}, Shape{17, 5, 256}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << s.m << " N=" << s.n << " K=" << s.k);
+    Gemm g(s.m, s.n, s.k);
+    for (auto* v : {&g.a, &g.b}) {
+      for (auto& x : *v) {
+        do x = static_cast<std::uint8_t>(code(rng()));
+        while ((x & 0x7F) == 0x7F);  // no NaN
+      }
+    }
+    for (auto* v : {&g.sa, &g.sb}) {
+      for (auto& x : *v) x = scale(rng()) / 448.0f;
+    }
+    g.run();
+    for (std::int64_t i = 0; i < s.m; ++i) {
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        double ref = 0, abs_sum = 0;
+        for (std::int64_t q = 0; q < s.k; ++q) {
+          const double prod =
+              static_cast<double>(num::e4m3_to_f32(g.a[static_cast<std::size_t>(i * s.k + q)])) *
+              num::e4m3_to_f32(g.b[static_cast<std::size_t>(j * s.k + q)]) *
+              g.sa_at(q / kDenseScaleBlock, i) * g.sb_at(j, q / kDenseScaleBlock);
+          ref += prod;
+          abs_sum += std::fabs(prod);
+        }
+        // dense_e4m3_test.cpp's bound without the BF16 rounding (C is FP32 here).
+        const double n = static_cast<double>(s.k + 2 * dense_scale_blocks(s.k) + 8);
+        const double got = g.c[static_cast<std::size_t>(i * s.n + j)];
+        ASSERT_NE(got, kPoison) << "C[" << i << ", " << j << "] was not written";
+        ASSERT_LE(std::fabs(got - ref), n * std::ldexp(abs_sum, -23))
+            << "C[" << i << ", " << j << "] = " << got << ", reference " << ref;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace metrale
