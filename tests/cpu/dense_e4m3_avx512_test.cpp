@@ -1,13 +1,18 @@
-// The AVX-512 BF16 kernel of the block-scaled FP8 dense GEMM, called directly (dense_e4m3.h):
+// The AVX-512 BF16 kernels of the block-scaled FP8 dense GEMM, both variants (arithmetic and
+// VBMI widening), called directly (dense_e4m3.h):
 // every one of the 256 E4M3 codes, in A and in B, comes out exactly (NaN codes as NaN), and
 // random shapes with ragged M (the row tiles), N and K (the 32-K and 128-K tails) land within
 // dense_e4m3_test.cpp's per-element bound of a float64 reference, FP32 output poisoned first.
-// Skipped where the processor lacks AVX512-BF16 (the backend then runs the reference kernel).
+// A variant is skipped where the processor lacks its instructions (the backend then runs the
+// other variant or the reference kernel).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/kernels/dense_e4m3.h"
@@ -23,9 +28,39 @@ using testing::rng;
 
 constexpr float kPoison = 1e30f;
 
-bool has_kernel() {
-  return cpu::w4a16::best_isa() == cpu::w4a16::Isa::kAvx512Bf16;
+using Kernel = void (*)(const DenseParams&, std::int64_t, std::int64_t);
+
+struct Variant {
+  const char* name;
+  Kernel kernel;
+  bool vbmi;
+};
+
+// Why the processor cannot run v, or "".
+std::string missing(const Variant& v) {
+  if (cpu::w4a16::best_isa() != cpu::w4a16::Isa::kAvx512Bf16) return "AVX512-BF16";
+  if (v.vbmi && !cpu::blas::has_avx512vbmi()) return "AVX512-VBMI";
+  return "";
 }
+
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
+
+class CpuDenseE4m3Vector : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override {
+    if (const std::string m = missing(GetParam()); !m.empty()) {
+      GTEST_SKIP() << "the processor lacks " << m;
+    }
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Widening, CpuDenseE4m3Vector,
+    ::testing::Values(Variant{"Arithmetic", cpu::blas::gemm_e4m3_block128_avx512bf16, false},
+                      Variant{"Vbmi", cpu::blas::gemm_e4m3_block128_avx512vbmi, true}),
+    [](const auto& p) { return std::string(p.param.name); });
 
 // Host buffers of one GEMM, FP32 C, in dense_gemm.h's scale layouts.
 struct Gemm {
@@ -38,7 +73,7 @@ struct Gemm {
         sa(static_cast<std::size_t>(dense_scale_blocks(k) * dense_a_scales_ld(m)), 1.0f),
         sb(static_cast<std::size_t>(dense_scale_blocks(n) * dense_b_scales_ld(k)), 1.0f),
         c(static_cast<std::size_t>(m * n), kPoison) {}
-  void run() {
+  void run(Kernel kernel) {
     DenseParams p;
     p.a = reinterpret_cast<std::uintptr_t>(a.data());
     p.b = reinterpret_cast<std::uintptr_t>(b.data());
@@ -47,7 +82,7 @@ struct Gemm {
     p.b_scales = reinterpret_cast<std::uintptr_t>(sb.data());
     p.m = m, p.n = n, p.k = k;
     p.out_f32 = 1;
-    cpu::blas::gemm_e4m3_block128_avx512bf16(p, 0, n);
+    kernel(p, 0, n);
   }
   float sa_at(std::int64_t kb, std::int64_t row) const {
     return sa[static_cast<std::size_t>(kb * dense_a_scales_ld(m) + row)];
@@ -69,27 +104,25 @@ void expect_code(float got, std::uint8_t code, const char* side) {
   }
 }
 
-TEST(CpuDenseE4m3Avx512, EveryCodeInAAndBComesOutExactly) {
-  if (!has_kernel()) GTEST_SKIP() << "the processor lacks AVX512-BF16";
+TEST_P(CpuDenseE4m3Vector, EveryCodeInAAndBComesOutExactly) {
   constexpr std::uint8_t kOne = 0x38;  // 1.0 in E4M3
   Gemm in_b(1, 256, 1);
   in_b.a[0] = kOne;
   for (int i = 0; i < 256; ++i) in_b.b[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
-  in_b.run();
+  in_b.run(GetParam().kernel);
   for (int i = 0; i < 256; ++i) {
     expect_code(in_b.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "B");
   }
   Gemm in_a(256, 1, 1);
   in_a.b[0] = kOne;
   for (int i = 0; i < 256; ++i) in_a.a[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
-  in_a.run();
+  in_a.run(GetParam().kernel);
   for (int i = 0; i < 256; ++i) {
     expect_code(in_a.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "A");
   }
 }
 
-TEST(CpuDenseE4m3Avx512, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
-  if (!has_kernel()) GTEST_SKIP() << "the processor lacks AVX512-BF16";
+TEST_P(CpuDenseE4m3Vector, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
   std::uniform_int_distribution<int> code(0, 255);
   std::uniform_real_distribution<float> scale(0.25f, 4.0f);
   struct Shape {
@@ -108,7 +141,7 @@ TEST(CpuDenseE4m3Avx512, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
     for (auto* v : {&g.sa, &g.sb}) {
       for (auto& x : *v) x = scale(rng()) / 448.0f;
     }
-    g.run();
+    g.run(GetParam().kernel);
     for (std::int64_t i = 0; i < s.m; ++i) {
       for (std::int64_t j = 0; j < s.n; ++j) {
         double ref = 0, abs_sum = 0;
@@ -126,6 +159,32 @@ TEST(CpuDenseE4m3Avx512, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
         ASSERT_NE(got, kPoison) << "C[" << i << ", " << j << "] was not written";
         ASSERT_LE(std::fabs(got - ref), n * std::ldexp(abs_sum, -23))
             << "C[" << i << ", " << j << "] = " << got << ", reference " << ref;
+      }
+    }
+  }
+}
+
+// Both widenings on Llama-3-8B's gate_proj (14336 x 4096), one thread, in turns (run by hand:
+// cpu_tests --gtest_also_run_disabled_tests --gtest_filter=*DISABLED_Times*). docs/PERF.md.
+TEST(CpuDenseE4m3Vector, DISABLED_TimesBothWideningsOnGateProj) {
+  const Variant arithmetic{"arithmetic", cpu::blas::gemm_e4m3_block128_avx512bf16, false};
+  const Variant vbmi{"vbmi", cpu::blas::gemm_e4m3_block128_avx512vbmi, true};
+  if (!missing(vbmi).empty()) GTEST_SKIP() << "the processor lacks " << missing(vbmi);
+  std::uniform_int_distribution<int> code(0, 126);
+  for (const std::int64_t m : {1, 128}) {
+    Gemm g(m, 14336, 4096);
+    for (auto* v : {&g.a, &g.b}) {
+      for (auto& x : *v) x = static_cast<std::uint8_t>(code(rng()));
+    }
+    for (int rep = 0; rep < 3; ++rep) {
+      for (const Variant& v : {arithmetic, vbmi}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        g.run(v.kernel);
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        std::cout << "M=" << m << " " << v.name << ": " << ms << " ms, "
+                  << static_cast<double>(g.b.size()) / ms / 1e6 << " GB/s of weights\n";
       }
     }
   }

@@ -16,5 +16,10 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1);
 // multiplied by vdpbf16ps, the sums in another order. Call only where the processor has
 // AVX512-BF16 (w4a16::best_isa() says kAvx512Bf16).
 void gemm_e4m3_block128_avx512bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+// The same with AVX512-VBMI's byte lookups widening the codes (dense_e4m3_vbmi.cpp): the sums in
+// yet another order. Call only where has_avx512vbmi() and the processor has AVX512-BF16.
+void gemm_e4m3_block128_avx512vbmi(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+// Whether the processor has AVX512-VBMI.
+bool has_avx512vbmi() noexcept;
 
 }  // namespace metrale::cpu::blas

@@ -32,7 +32,11 @@ void gemm_e4m3_block128(const HostBlock& b) {
   if (n0 >= n1) return;
   // The vector kernel where the processor has it (METRALE_CPU_ISA caps it, as for w4a16).
   if (w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
-    blas::gemm_e4m3_block128_avx512bf16(p, n0, n1);
+    if (blas::has_avx512vbmi()) {
+      blas::gemm_e4m3_block128_avx512vbmi(p, n0, n1);
+    } else {
+      blas::gemm_e4m3_block128_avx512bf16(p, n0, n1);
+    }
   } else {
     blas::gemm_e4m3_block128(p, n0, n1);
   }
