@@ -40,8 +40,10 @@ constexpr int kRowTile = 8;          // up to this many rows, B is widened in re
 // Above it, B's block is widened into a buffer and read by register tiles of rows x columns.
 constexpr int kPanelRows = 4, kColTile = 4;
 constexpr std::int64_t kBlockChunks = 128 / kChunk;  // chunks of one scale block
-// How far ahead in a row of B a line is fetched into L1 (the weights stream from DRAM).
-constexpr std::int64_t kPrefetchBytes = 1024;
+// How far ahead in a row of B lines are fetched, into L1 and into L2: the weights stream from
+// DRAM, and as in the w4a16 decode kernel the far L2 hint is what keeps a core's stream from
+// being latency-bound (Note [L2 read-ahead distance]).
+constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
 
 #if METRALE_E4M3_VBMI
 // BF16 bits of the 128 magnitudes (codes & 0x7F), split into their high and low bytes: the
@@ -115,6 +117,33 @@ alignas(64) constexpr std::uint16_t kSubnormalBf16[32] = {0x0000, 0x3B00, 0x3B80
 }
 #endif
 
+// Chains of independent sums a row of the row-tile path keeps.
+template <int R>
+inline constexpr int kChainsOf = R <= 2 ? 4 : 2;
+
+// One chunk of 64 K at k of B's row brow (len ≤ 64 codes left; zero beyond): widened once, its
+// two halves multiplied with R rows of widened A into the sums H0 and H1 of each row.
+template <int R, int H0, int H1>
+[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void chunk_step(
+    const std::uint8_t* brow, const std::uint16_t* aw, std::int64_t kpad, std::int64_t r0,
+    std::int64_t k, std::int64_t len, __m512 (&acc)[R][kChainsOf<R>]) {
+  // Addresses as integers: near the end of B they lie past it, where a prefetch is harmless
+  // but pointer arithmetic is not defined.
+  const auto at = reinterpret_cast<std::uintptr_t>(brow + k);
+  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL1), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL2), _MM_HINT_T1);
+  __m512i w0, w1;
+  widen64(brow + k, len, w0, w1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const std::uint16_t* x = aw + (r0 + r) * kpad + k;
+    acc[r][H0] = _mm512_dpbf16_ps(acc[r][H0], reinterpret_cast<__m512bh>(w0),
+                                  reinterpret_cast<__m512bh>(_mm512_loadu_si512(x)));
+    acc[r][H1] = _mm512_dpbf16_ps(acc[r][H1], reinterpret_cast<__m512bh>(w1),
+                                  reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + 32)));
+  }
+}
+
 // Rows r0 .. r0 + R of C[:, n0:n1]: for each column and 128-K block, B's codes widened once and
 // multiplied with the R rows of widened A (aw, kpad apart); each row's block sum, still in 16
 // lanes, times its two scales into the row's total, which is reduced once per column.
@@ -128,6 +157,7 @@ template <int R>
   const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
   const std::int64_t kblocks = dense_scale_blocks(p.k);
   const std::int64_t lda = dense_a_scales_ld(p.m), ldb = dense_b_scales_ld(p.k);
+  constexpr int kChains = kChainsOf<R>;
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* brow = b + n * p.k;
     const float* sbrow = sb + (n / kDenseScaleBlock) * ldb;
@@ -137,28 +167,30 @@ template <int R>
     for (std::int64_t kb = 0; kb < kblocks; ++kb) {
       const std::int64_t k0 = kb * kDenseScaleBlock;
       const std::int64_t len = std::min(kDenseScaleBlock, p.k - k0);
-      __m512 acc[R];
+      // Independent sums per row (kChains of them), so that few rows do not wait on one chain
+      // of dependent vdpbf16ps; a full block's two chunks feed different ones.
+      __m512 acc[R][kChains];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-      for (std::int64_t c = 0; c * kChunk < len; ++c) {
-        const std::int64_t k = k0 + c * kChunk;
-        const auto ahead = reinterpret_cast<std::uintptr_t>(brow + k) + kPrefetchBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-        __m512i w0, w1;
-        widen64(brow + k, len - c * kChunk, w0, w1);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const std::uint16_t* x = aw + (r0 + r) * kpad + k;
-          acc[r] = _mm512_dpbf16_ps(acc[r], reinterpret_cast<__m512bh>(w0),
-                                    reinterpret_cast<__m512bh>(_mm512_loadu_si512(x)));
-          acc[r] = _mm512_dpbf16_ps(acc[r], reinterpret_cast<__m512bh>(w1),
-                                    reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + 32)));
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int h = 0; h < kChains; ++h) acc[r][h] = _mm512_setzero_ps();
+      }
+      if (len == kDenseScaleBlock) {
+        chunk_step<R, 0, 1>(brow, aw, kpad, r0, k0, kChunk, acc);
+        chunk_step<R, kChains - 2, kChains - 1>(brow, aw, kpad, r0, k0 + kChunk, kChunk, acc);
+      } else {
+        for (std::int64_t c = 0; c * kChunk < len; ++c) {
+          chunk_step<R, 0, 1>(brow, aw, kpad, r0, k0 + c * kChunk, len - c * kChunk, acc);
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
+        __m512 sum = _mm512_add_ps(acc[r][0], acc[r][1]);
+        if constexpr (kChains == 4) {
+          sum = _mm512_add_ps(sum, _mm512_add_ps(acc[r][2], acc[r][3]));
+        }
         const float scale = sa[kb * lda + r0 + r] * sbrow[kb];
-        total[r] = _mm512_fmadd_ps(acc[r], _mm512_set1_ps(scale), total[r]);
+        total[r] = _mm512_fmadd_ps(sum, _mm512_set1_ps(scale), total[r]);
       }
     }
 #pragma GCC unroll 8
