@@ -190,9 +190,11 @@ class Backend {
   // Lets this backend queue work on a stream another library made and keeps (raw: the driver's
   // handle, as torch.cuda.Stream.cuda_stream gives it; 0 is the legacy default stream): the
   // handle to pass wherever a StreamHandle goes, until release_stream. metrale never destroys it
-  // and never synchronizes it for the caller. Adoptions are counted per stream. Throws
-  // Error(kInvalidArgument) "[adopt_stream] ..." for a stream of another device or context.
-  // Default: Error(kUnavailable), a backend with no streams to share.
+  // and never synchronizes it for the caller. Adoptions are counted per stream. raw must be a
+  // live stream or 0 (the driver's cuStreamGetCtx, which tells whose a stream is, is undefined
+  // for anything else). Throws Error(kInvalidArgument) "[adopt_stream] ..." for a stream of
+  // another device or context, or one the driver refuses to describe. Default:
+  // Error(kUnavailable), a backend with no streams to share.
   virtual StreamHandle adopt_stream(std::uint64_t raw);
   // Ends one adoption of a handle adopt_stream returned; the stream is left as it is. Unknown
   // handles are ignored. Never throws.
@@ -242,6 +244,10 @@ class Backend {
   // Whether stream is capturing; a failed driver query counts as capturing (so callers skip
   // syncs that would break a capture). A handle that is no stream of this backend throws.
   virtual bool is_capturing(StreamHandle stream) = 0;
+  // Whether stream is capturing, for callers whose next step depends on the answer: a failed
+  // driver query throws Error naming it under api. Default: is_capturing (whose queries do not
+  // fail).
+  virtual bool capturing(std::string_view api, StreamHandle stream);
 
   // ---- device queries ----
   // Total device memory in bytes.

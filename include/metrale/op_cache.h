@@ -170,10 +170,15 @@ class OpCache final : public ModelResource {
     std::size_t bytes = 0;
     bool pooled = false;  // a block of pool_, handed back to it rather than freed
     StreamHandle stream;  // for a pooled block: the stream it serves
+    // Handed out while its stream captured: a graph may hold it, so a larger request retires it
+    // instead of handing it back to the pool (Note [foreign streams]).
+    bool captured = false;
   };
   // The tag's buffer when it holds at least bytes, else nullopt; Error for 0 bytes or a released
   // cache.
   std::optional<DevicePtr> held_scratch(std::string_view tag, std::size_t bytes) const;
+  // held_scratch, marking the tag's block captured when it is returned and `captured`.
+  std::optional<DevicePtr> held_scratch(std::string_view tag, std::size_t bytes, bool captured);
   // The pool, made on the first stream-ordered request (null when the backend has none or the
   // switch turns it off; pool_off_ then says why).
   StreamPool* pool_for(Backend& backend);

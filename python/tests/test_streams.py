@@ -67,3 +67,17 @@ def test_without_the_variable_the_mode_is_the_one_a_device_verified(monkeypatch)
     """"own" until a GPU run verifies "torch" (docs/GPU.md); the run that does flips this."""
     monkeypatch.delenv("METRALE_TORCH_STREAM", raising=False)
     assert mt._stream_mode_from_env() == "own"
+
+
+def test_the_extension_refuses_a_stream_on_the_cpu_backend(rng, model):
+    """Past the Python check, the extension's call path adopts the stream first: the CPU backend
+    refuses by name, and nothing stays lent."""
+    host = metrale.quantize_nvfp4(rng.standard_normal((64, 128)).astype(np.float32))
+    w = model.upload_weights(host)
+    a = rng.standard_normal((2, 128)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    out = np.zeros((2, 64), dtype=np.uint16)
+    with pytest.raises(metrale.UnavailableError,
+                       match=r"\[gemm\] the cpu backend runs no work on another library's "
+                             r"streams \(stream 0x0\)"):
+        model._m.gemm(a, True, w, out, True, "auto", False, None, False, 0)
+    assert model.stats()["borrowed_count"] == 0

@@ -146,6 +146,10 @@ StreamHandle Backend::adopt_stream(std::uint64_t raw) {
 
 void Backend::release_stream(StreamHandle) noexcept {}
 
+bool Backend::capturing(std::string_view, StreamHandle stream) {
+  return is_capturing(stream);
+}
+
 void Backend::give_back_borrow(std::string_view api, DevicePtr ptr, bool wait) {
   const auto found = ledger_->find(ptr);
   if (!found || found->kind != MemoryKind::kBorrowed) {

@@ -285,9 +285,24 @@ StreamPool* OpCache::pool_for(Backend& backend) {
   return pool_.get();
 }
 
+std::optional<DevicePtr> OpCache::held_scratch(std::string_view tag, std::size_t bytes,
+                                               bool captured) {
+  const std::optional<DevicePtr> held = held_scratch(tag, bytes);
+  if (held && captured) {
+    std::lock_guard lock(scratch_mu_);
+    if (const auto it = scratch_.find(std::string(tag)); it != scratch_.end()) {
+      it->second.captured = true;
+    }
+  }
+  return held;
+}
+
 DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t bytes,
                            StreamHandle stream, std::source_location loc) {
-  if (const std::optional<DevicePtr> held = held_scratch(tag, bytes)) return *held;
+  // A block handed out while its stream captures may be used by every replay of the graph: it
+  // must never go back to the pool.
+  const bool captured = backend.capturing("scratch", stream);
+  if (const std::optional<DevicePtr> held = held_scratch(tag, bytes, captured)) return *held;
   const std::string key(tag);
   StreamPool* pool = pool_for(backend);
   DevicePtr fresh;
@@ -314,7 +329,7 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
       winner = slot.ptr;
     } else {
       if (slot.ptr) replaced = slot;
-      slot = Scratch{fresh, bytes, true, stream};
+      slot = Scratch{fresh, bytes, true, stream, captured};
     }
   }
   if (closed || winner) pool->free(fresh, stream);
@@ -323,7 +338,7 @@ DevicePtr OpCache::scratch(Backend& backend, std::string_view tag, std::size_t b
     // Queued work on the tag's stream may still read the old block: the pool reuses it only
     // after that work (stream order). A block that cannot go back yet is retired as before.
     bool back = false;
-    if (replaced->pooled) {
+    if (replaced->pooled && !replaced->captured) {
       try {
         pool->free(replaced->ptr, replaced->stream);
         back = true;

@@ -176,7 +176,10 @@ DevicePtr StreamPool::allocate(std::size_t bytes, StreamHandle stream) {
   const std::size_t size = round_up(bytes, kAlign);
   std::lock_guard lock(mu_);
   if (released_) throw Error(ErrorCode::kState, kApi, "the pool is released");
-  reap_locked(false);
+  // Reaping queries the frees' events, which a capture in the driver's default mode refuses
+  // (PyTorch's caching allocator skips its event processing during capture for the same
+  // reason); a capturing stream takes only blocks already free. Note [foreign streams].
+  if (!backend_.capturing(kApi, stream)) reap_locked(false);
   std::size_t offset = take_free_locked(size, stream);
   const bool reused = offset != kNone;
   if (!reused) {

@@ -87,6 +87,9 @@ class CudaBackend final : public Backend {
   void destroy_graph(GraphHandle graph) override;
   void abort_capture(StreamHandle stream) noexcept override;
   bool is_capturing(StreamHandle stream) override;
+  bool capturing(std::string_view api, StreamHandle stream) override {
+    return capture_active(api, stream);
+  }
 
   std::size_t total_memory() const override { return host_->info().total_memory; }
   std::size_t free_memory() const override;
