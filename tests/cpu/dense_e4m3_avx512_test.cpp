@@ -104,22 +104,22 @@ void expect_code(float got, std::uint8_t code, const char* side) {
   }
 }
 
-TEST_P(CpuDenseE4m3Vector, EveryCodeInAAndBComesOutExactly) {
+// Every code on one side (A's rows or B's columns, 256 of them, K = 1) against 1.0 on the other.
+void expect_every_code(Kernel kernel, bool in_a) {
   constexpr std::uint8_t kOne = 0x38;  // 1.0 in E4M3
-  Gemm in_b(1, 256, 1);
-  in_b.a[0] = kOne;
-  for (int i = 0; i < 256; ++i) in_b.b[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
-  in_b.run(GetParam().kernel);
+  Gemm g(in_a ? 256 : 1, in_a ? 1 : 256, 1);
+  (in_a ? g.b : g.a)[0] = kOne;
+  auto& codes = in_a ? g.a : g.b;
+  for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+  g.run(kernel);
   for (int i = 0; i < 256; ++i) {
-    expect_code(in_b.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "B");
+    expect_code(g.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), in_a ? "A" : "B");
   }
-  Gemm in_a(256, 1, 1);
-  in_a.b[0] = kOne;
-  for (int i = 0; i < 256; ++i) in_a.a[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
-  in_a.run(GetParam().kernel);
-  for (int i = 0; i < 256; ++i) {
-    expect_code(in_a.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), "A");
-  }
+}
+
+TEST_P(CpuDenseE4m3Vector, EveryCodeInAAndBComesOutExactly) {
+  expect_every_code(GetParam().kernel, false);
+  expect_every_code(GetParam().kernel, true);
 }
 
 TEST_P(CpuDenseE4m3Vector, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {

@@ -126,6 +126,18 @@ struct Problem {
   Rig& rig_;
 };
 
+// Runs work while s captures in CU_STREAM_CAPTURE_MODE_GLOBAL; the capture must survive, and
+// its graph is dropped.
+template <class F>
+void capture_global(Rig& rig, CUstream s, F&& work) {
+  const DriverApi& api = rig.fd.api();
+  ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  work();
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuStreamEndCapture(s, &graph), CUDA_SUCCESS) << "the capture was invalidated";
+  EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_SUCCESS);
+}
+
 RigOptions packed_rig() {
   return RigOptions{.modules = {core_module(), packed_module()}};
 }
@@ -285,14 +297,11 @@ TEST(ForeignStream, ScratchACaptureHeldIsNeverHandedOutAgain) {
     cache.scratch(b, "plain", std::size_t{1} << 20, fs.handle());  // grows: plain goes back
     EXPECT_EQ(cache.scratch(b, "next", 4096, fs.handle()), plain) << "the pool did not reuse";
 
-    ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-    const DevicePtr held = cache.scratch(b, "held", 4096, fs.handle());
-    CUgraph graph = nullptr;
-    ASSERT_EQ(api.cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+    DevicePtr held;
+    capture_global(rig, s, [&] { held = cache.scratch(b, "held", 4096, fs.handle()); });
     cache.scratch(b, "held", std::size_t{1} << 20, fs.handle());  // grows after the capture
     EXPECT_NE(cache.scratch(b, "after", 4096, fs.handle()), held)
         << "a block a graph holds was handed out again";
-    EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_SUCCESS);
   }
   cache.release(b);
   EXPECT_EQ(b.live_bytes(), 0u);
@@ -312,13 +321,11 @@ TEST(ForeignStream, PoolScratchInsideACaptureQueriesNoEvent) {
     cache.scratch(b, "warm", 4096, b.default_stream());
     cache.scratch(b, "warm", std::size_t{1} << 20, b.default_stream());  // a free now pending
     const ForeignStream fs(b, raw(s));
-    ASSERT_EQ(api.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-    const std::uint64_t queries = rig.fd.calls("cuEventQuery");
-    cache.scratch(b, "captured", 4096, fs.handle());
-    EXPECT_EQ(rig.fd.calls("cuEventQuery"), queries) << "an event was queried in the capture";
-    CUgraph graph = nullptr;
-    ASSERT_EQ(api.cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
-    EXPECT_EQ(api.cuGraphDestroy(graph), CUDA_SUCCESS);
+    capture_global(rig, s, [&] {
+      const std::uint64_t queries = rig.fd.calls("cuEventQuery");
+      cache.scratch(b, "captured", 4096, fs.handle());
+      EXPECT_EQ(rig.fd.calls("cuEventQuery"), queries) << "an event was queried in the capture";
+    });
   }
   cache.release(b);
   EXPECT_EQ(b.live_bytes(), 0u);
