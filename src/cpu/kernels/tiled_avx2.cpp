@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/kernels/scales_avx2.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/w4a16_shared.h"
 
@@ -24,25 +25,28 @@ namespace {
 // accumulators stay in L1 together (Zen 3's is 32 KiB). Side by side on one core, 256 took
 // 1/0.87 of this time at M = 16 and 1/0.84 at M = 64 (docs/PERF.md).
 constexpr std::int64_t kAvx2PanelK = 128;
+static_assert(kAvx2PanelK / 16 <= 8, "panel_scales_avx2 transposes at most eight groups");
 
-// rows[i] dword j -> rows[j] dword i for 8 × 8 dwords.
+// rows[i] dword j -> rows[j] dword i for 8 × 8 dwords. Written out, so that the rows stay in
+// registers (GCC kept the looped form's arrays on the stack: a store and a load per shuffle).
 [[METRALE_TARGET_AVX2, gnu::always_inline]] inline void transpose8(__m256i* r) {
-  __m256i a[8], b[8];
-  for (int i = 0; i < 8; i += 2) {
-    a[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
-    a[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // b[4g + c], 128-bit half h: column 4h + c of rows 4g..4g+3.
-  for (int g = 0; g < 8; g += 4) {
-    b[g] = _mm256_unpacklo_epi64(a[g], a[g + 2]);
-    b[g + 1] = _mm256_unpackhi_epi64(a[g], a[g + 2]);
-    b[g + 2] = _mm256_unpacklo_epi64(a[g + 1], a[g + 3]);
-    b[g + 3] = _mm256_unpackhi_epi64(a[g + 1], a[g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
-  }
+  const __m256i a0 = _mm256_unpacklo_epi32(r[0], r[1]), a1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  const __m256i a2 = _mm256_unpacklo_epi32(r[2], r[3]), a3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  const __m256i a4 = _mm256_unpacklo_epi32(r[4], r[5]), a5 = _mm256_unpackhi_epi32(r[4], r[5]);
+  const __m256i a6 = _mm256_unpacklo_epi32(r[6], r[7]), a7 = _mm256_unpackhi_epi32(r[6], r[7]);
+  // b*, 128-bit half h: column 4h + (0..3) of rows 0..3 (b0..b3) or 4..7 (b4..b7).
+  const __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
+  const __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
+  const __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
+  const __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
+  r[0] = _mm256_permute2x128_si256(b0, b4, 0x20);
+  r[1] = _mm256_permute2x128_si256(b1, b5, 0x20);
+  r[2] = _mm256_permute2x128_si256(b2, b6, 0x20);
+  r[3] = _mm256_permute2x128_si256(b3, b7, 0x20);
+  r[4] = _mm256_permute2x128_si256(b0, b4, 0x31);
+  r[5] = _mm256_permute2x128_si256(b1, b5, 0x31);
+  r[6] = _mm256_permute2x128_si256(b2, b6, 0x31);
+  r[7] = _mm256_permute2x128_si256(b3, b7, 0x31);
 }
 
 // E2M1 codes in the low nibble of each lane (bits above ignored) to FP32 in two operations: the
@@ -70,52 +74,126 @@ constexpr std::int64_t kAvx2PanelK = 128;
                    _mm256_mul_ps(e2m1x8(table, _mm256_srli_epi32(bytes, 4)), scale));
 }
 
-[[METRALE_TARGET_AVX2]] void pack_panel(const Weights& w, std::int64_t n0, std::int64_t nc,
-                                        std::int64_t k0, std::int64_t kc, float* panel) {
-  alignas(32) float scales[kPanelK / 16 * kPanelCols];
-  panel_scales(w, n0, nc, k0, kc, scales);
-  const __m256 table = xor_table();
-  const std::int64_t pairs = kc / 2, row_bytes = w.k / 2;
-  const int shift = pair_group_shift(w);
+// panel_scales (tiled_panels.h) with vectors: each column's scale codes decoded in one vector
+// and 8 columns transposed, so that vector g holds group g of every column. The scalar loop
+// stored them a float at a time, and put_pair's vector loads of them right after waited on
+// store forwarding: a fifth of the pack's time at M = 16.
+[[METRALE_TARGET_AVX2]] void panel_scales_avx2(const Weights& w, std::int64_t n0, std::int64_t nc,
+                                               std::int64_t k0, std::int64_t kc, float* out) {
+  const std::int64_t groups = w.k / w.group, g0 = k0 / w.group, count = kc / w.group;  // <= 8
   for (int c0 = 0; c0 < kPanelCols; c0 += 8) {
     const int live = static_cast<int>(std::clamp<std::int64_t>(nc - c0, 0, 8));
-    auto scale_of = [&](std::int64_t pair) __attribute__((always_inline, target("avx2,fma"))) {
-      return _mm256_load_ps(scales + (pair >> shift) * kPanelCols + c0);
-    };
     if (w.transposed) {
-      for (std::int64_t p = 0; p < pairs; ++p) {
-        std::uint64_t raw = 0;  // the live columns' bytes; the rest stay zero
-        std::memcpy(&raw, w.codes + (k0 / 2 + p) * w.n + n0 + c0, static_cast<std::size_t>(live));
-        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
-        put_pair(panel, p, c0, bytes, scale_of(p), table);
+      for (std::int64_t g = 0; g < count; ++g) {
+        std::uint64_t raw = 0;  // the live columns' codes; the rest stay zero
+        std::memcpy(&raw, w.scales + (g0 + g) * w.n + n0 + c0, static_cast<std::size_t>(live));
+        const __m256i code = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
+        const __m256 live_lanes = _mm256_castsi256_ps(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        _mm256_store_ps(out + g * kPanelCols + c0,
+                        _mm256_and_ps(scales8(code, w.mxfp4), live_lanes));
       }
       continue;
     }
-    // Row-major: 32 code bytes (32 pairs) of 8 columns at a time, transposed so that vector d
-    // holds pairs 4d..4d+3 of every column.
-    for (std::int64_t p0 = 0; p0 < pairs; p0 += 32) {
-      const int words = static_cast<int>(std::min<std::int64_t>(8, (pairs - p0) / 4));
-      alignas(32) std::int32_t lanes[8];
-      for (int i = 0; i < 8; ++i) lanes[i] = i < words ? -1 : 0;
-      const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-      __m256i r[8];
-      for (int j = 0; j < 8; ++j) {
-        if (j >= live) {
-          r[j] = _mm256_setzero_si256();
-          continue;
+    __m256i r[8];
+    const __m256 in_panel = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      std::uint64_t raw = 0;
+      if (j < live) {
+        const std::uint8_t* s = w.scales + (n0 + c0 + j) * groups + g0;
+        if (count == 8) {
+          std::memcpy(&raw, s, 8);  // a fixed size: one load, not a call
+        } else {
+          std::memcpy(&raw, s, static_cast<std::size_t>(count));
         }
-        const std::uint8_t* src = w.codes + (n0 + c0 + j) * row_bytes + k0 / 2 + p0;
-        r[j] = _mm256_maskload_epi32(reinterpret_cast<const int*>(src), mask);
+        _mm_prefetch(reinterpret_cast<const char*>(s + count), _MM_HINT_T0);  // the next panel's
+      }
+      const __m256i code = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
+      // Columns past nc read code 0 (a finite scale) and are zeroed with the lanes past count.
+      const __m256 v =
+          j < live ? _mm256_and_ps(scales8(code, w.mxfp4), in_panel) : _mm256_setzero_ps();
+      r[j] = _mm256_castps_si256(v);
+    }
+    transpose8(r);
+    for (std::int64_t g = 0; g < count; ++g) {
+      _mm256_store_ps(out + g * kPanelCols + c0, _mm256_castsi256_ps(r[g]));
+    }
+  }
+}
+
+// The row-major columns c0..c0+7 of a panel (pack_panel): 32 code bytes (32 pairs) of each at a
+// time, transposed so that vector d holds pairs 4d..4d+3 of every column. Shift (pairs per scale
+// group, log2) is a template argument and the full blocks' loops are unrolled, so that every
+// scale's offset is a constant and the eight rows stay in registers.
+template <int Shift>
+[[METRALE_TARGET_AVX2]] void pack_rows(const Weights& w, std::int64_t n0, int c0, int live,
+                                       std::int64_t k0, std::int64_t pairs, const float* scales,
+                                       float* panel) {
+  const __m256 table = xor_table();
+  const std::int64_t row_bytes = w.k / 2;
+  auto put = [&](std::int64_t p, __m256i bytes) __attribute__((always_inline, target("avx2,fma"))) {
+    put_pair(panel, p, c0, bytes, _mm256_load_ps(scales + (p >> Shift) * kPanelCols + c0), table);
+  };
+  for (std::int64_t p0 = 0; p0 < pairs; p0 += 32) {
+    const int words = static_cast<int>(std::min<std::int64_t>(8, (pairs - p0) / 4));
+    __m256i r[8];
+    const std::uint8_t* src = w.codes + (n0 + c0) * row_bytes + k0 / 2 + p0;
+    if (words == 8 && live == 8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j * row_bytes));
         // The next panel's bytes of this row (see tiled_avx512.cpp).
-        _mm_prefetch(reinterpret_cast<const char*>(src + kAvx2PanelK / 2), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(src + j * row_bytes + kAvx2PanelK / 2),
+                     _MM_HINT_T0);
       }
       transpose8(r);
-      for (int d = 0; d < words; ++d) {
-        for (int q = 0; q < 4; ++q) {
-          const std::int64_t p = p0 + 4 * d + q;
-          put_pair(panel, p, c0, _mm256_srli_epi32(r[d], 8 * q), scale_of(p), table);
-        }
+#pragma GCC unroll 8
+      for (int d = 0; d < 8; ++d) {
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) put(p0 + 4 * d + q, _mm256_srli_epi32(r[d], 8 * q));
       }
+      continue;
+    }
+    // A panel's last pairs, or fewer than 8 columns: masked loads, zero rows.
+    alignas(32) std::int32_t lanes[8];
+    for (int i = 0; i < 8; ++i) lanes[i] = i < words ? -1 : 0;
+    const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+    for (int j = 0; j < 8; ++j) {
+      r[j] = j < live
+                 ? _mm256_maskload_epi32(reinterpret_cast<const int*>(src + j * row_bytes), mask)
+                 : _mm256_setzero_si256();
+    }
+    transpose8(r);
+    for (int d = 0; d < words; ++d) {
+      for (int q = 0; q < 4; ++q) put(p0 + 4 * d + q, _mm256_srli_epi32(r[d], 8 * q));
+    }
+  }
+}
+
+[[METRALE_TARGET_AVX2]] void pack_panel(const Weights& w, std::int64_t n0, std::int64_t nc,
+                                        std::int64_t k0, std::int64_t kc, float* panel) {
+  alignas(32) float scales[kPanelK / 16 * kPanelCols];
+  panel_scales_avx2(w, n0, nc, k0, kc, scales);
+  const __m256 table = xor_table();
+  const std::int64_t pairs = kc / 2;
+  const int shift = pair_group_shift(w);
+  for (int c0 = 0; c0 < kPanelCols; c0 += 8) {
+    const int live = static_cast<int>(std::clamp<std::int64_t>(nc - c0, 0, 8));
+    if (!w.transposed) {
+      if (shift == 3) {
+        pack_rows<3>(w, n0, c0, live, k0, pairs, scales, panel);
+      } else {
+        pack_rows<4>(w, n0, c0, live, k0, pairs, scales, panel);
+      }
+      continue;
+    }
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      std::uint64_t raw = 0;  // the live columns' bytes; the rest stay zero
+      std::memcpy(&raw, w.codes + (k0 / 2 + p) * w.n + n0 + c0, static_cast<std::size_t>(live));
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(raw)));
+      put_pair(panel, p, c0, bytes, _mm256_load_ps(scales + (p >> shift) * kPanelCols + c0), table);
     }
   }
 }
