@@ -83,9 +83,8 @@ static_assert(kAvx2PanelK / 16 <= 8, "panel_scales_avx2 transposes at most eight
 }
 
 // panel_scales (tiled_panels.h) with vectors: each column's scale codes decoded in one vector
-// and 8 columns transposed, so that vector g holds group g of every column. The scalar loop
-// stored them a float at a time, and put_pair's vector loads of them right after waited on
-// store forwarding: a fifth of the pack's time at M = 16.
+// and 8 columns transposed, so that vector g holds group g of every column, as
+// panel_scales_avx512 does (the scalar loop stores a float at a time, eight per column).
 [[METRALE_TARGET_AVX2]] void panel_scales_avx2(const Weights& w, std::int64_t n0, std::int64_t nc,
                                                std::int64_t k0, std::int64_t kc, float* out) {
   const std::int64_t groups = w.k / w.group, g0 = k0 / w.group, count = kc / w.group;  // <= 8
