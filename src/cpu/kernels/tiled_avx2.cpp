@@ -183,7 +183,6 @@ template <int Shift>
                                         std::int64_t k0, std::int64_t kc, float* panel) {
   alignas(32) float scales[kPanelK / 16 * kPanelCols];
   panel_scales_avx2(w, n0, nc, k0, kc, scales);
-  const __m256 table = xor_table();
   const std::int64_t pairs = kc / 2;
   const int shift = pair_group_shift(w);
   for (int c0 = 0; c0 < kPanelCols; c0 += 8) {
@@ -196,6 +195,7 @@ template <int Shift>
       }
       continue;
     }
+    const __m256 table = xor_table();
     for (std::int64_t p = 0; p < pairs; ++p) {
       std::uint64_t raw = 0;  // the live columns' bytes; the rest stay zero
       std::memcpy(&raw, w.codes + (k0 / 2 + p) * w.n + n0 + c0, static_cast<std::size_t>(live));
@@ -205,26 +205,18 @@ template <int Shift>
   }
 }
 
-// A's rows [0, M) x [k0, k0 + kc) in FP32, row stride kc (staged_a_f32 of tiled_panels.h, eight
-// elements per conversion: every block stages its rows again for each K panel, which in scalar
-// code cost a third as many instructions as the block's multiply-adds at M = 256).
-[[METRALE_TARGET_AVX2]] const float* stage_a(const GemmParams& p, std::int64_t k0, std::int64_t kc,
-                                             std::vector<float>& staged, std::int64_t& lda) {
-  staged.resize(static_cast<std::size_t>(p.m * kc));
-  const auto* a = at<const std::uint16_t>(p.a);
-  for (std::int64_t m = 0; m < p.m; ++m) {
-    const std::uint16_t* src = a + m * p.k + k0;
-    float* dst = staged.data() + m * kc;
-    std::int64_t k = 0;
-    for (; k + 8 <= kc; k += 8) {
-      const __m256i wide =
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
-      _mm256_storeu_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-    }
-    for (; k < kc; ++k) dst[k] = num::bf16_to_f32(src[k]);
+// BF16 to FP32 eight at a time, for staged_a_f32_by (tiled_panels.h).
+[[METRALE_TARGET_AVX2]] void widen8(const std::uint16_t* src, float* dst, std::int64_t count) {
+  for (std::int64_t k = 0; k < count; k += 8) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+    _mm256_storeu_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
   }
-  lda = kc;
-  return staged.data();
+}
+
+const float* stage_a(const GemmParams& p, std::int64_t k0, std::int64_t kc,
+                     std::vector<float>& staged, std::int64_t& lda) {
+  return staged_a_f32_by<8>(p, k0, kc, staged, lda, widen8);
 }
 
 // acc[MR rows, 16 columns from col] += A[MR rows, kc] (staged FP32) · FP32 panel. Every loop

@@ -245,27 +245,18 @@ template <int MR>
   }
 }
 
-// A's rows [0, M) x [k0, k0 + kc) in FP32, row stride kc: staged_a_f32 (tiled_panels.h) sixteen
-// elements per conversion. Every block stages its rows again for each K panel, and the scalar
-// loop took 14% of the route's time at M = 16 (one core, 8B's gate_up in 64-column blocks).
-[[METRALE_TARGET_AVX512]] const float* stage_a_f32(const GemmParams& p, std::int64_t k0,
-                                                   std::int64_t kc, std::vector<float>& staged,
-                                                   std::int64_t& lda) {
-  staged.resize(static_cast<std::size_t>(p.m * kc));
-  const auto* a = at<const std::uint16_t>(p.a);
-  for (std::int64_t m = 0; m < p.m; ++m) {
-    const std::uint16_t* src = a + m * p.k + k0;
-    float* dst = staged.data() + m * kc;
-    std::int64_t k = 0;
-    for (; k + 16 <= kc; k += 16) {
-      const __m512i wide =
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
-      _mm512_storeu_ps(dst + k, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
-    }
-    for (; k < kc; ++k) dst[k] = num::bf16_to_f32(src[k]);
+// BF16 to FP32 sixteen at a time, for staged_a_f32_by (tiled_panels.h).
+[[METRALE_TARGET_AVX512]] void widen16(const std::uint16_t* src, float* dst, std::int64_t count) {
+  for (std::int64_t k = 0; k < count; k += 16) {
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)));
+    _mm512_storeu_ps(dst + k, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
   }
-  lda = kc;
-  return staged.data();
+}
+
+const float* stage_a_f32(const GemmParams& p, std::int64_t k0, std::int64_t kc,
+                         std::vector<float>& staged, std::int64_t& lda) {
+  return staged_a_f32_by<16>(p, k0, kc, staged, lda, widen16);
 }
 
 // acc[MR rows, 32] += A[MR rows, kc] (staged FP32) · FP32 panel.
