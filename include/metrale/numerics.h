@@ -44,6 +44,36 @@ METRALE_HD std::uint16_t f32_to_bf16(float f) {
   return static_cast<std::uint16_t>(rounded >> 16);
 }
 
+// ---- FP16 (IEEE binary16: the scales of GPTQ and AWQ checkpoints) ----
+
+// FP16 bits to float (exact; subnormals, infinities and NaN included).
+METRALE_HD float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (man << 13));
+  if (exp != 0) return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+  // Subnormal: man x 2^-24, exact in float.
+  const float mag = static_cast<float>(man) * bits_f32(0x33800000u);
+  return sign != 0 ? -mag : mag;
+}
+
+// Float to FP16 bits, round to nearest even; overflow to infinity; NaN stays a quiet NaN.
+METRALE_HD std::uint16_t f32_to_f16(float f) {
+  const std::uint32_t u = f32_bits(f);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (mag >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (mag < 0x38800000u) {
+    // Below FP16's smallest normal (2^-14): a multiple of 2^-24, rounded to nearest even by the
+    // float addition of 0.5 (2^-1 has its unit in the last place at 2^-24).
+    const float scaled = bits_f32(mag) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (f32_bits(scaled) - 0x3f000000u));
+  }
+  const std::uint32_t rounded = mag + 0xfffu + ((mag >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
 // ---- FP8 E4M3 (fn) ----
 
 inline constexpr float kE4m3Max = 448.0f;

@@ -55,6 +55,7 @@ struct KernelMeta {
   bool absent = false;              // a placeholder: this target has no such kernel
   bool panels = false;              // also reads the CPU panel layout (GemmFlags kGemmPanels)
   bool persistent = false;          // loops over its tiles: launched as one wave (published.def)
+  bool int4 = false;                // reads INT4 weights (GemmFlags kGemmInt4)
 };
 
 // A resolved kernel: its handle and what it published, returned together by one lookup.

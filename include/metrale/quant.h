@@ -1,8 +1,10 @@
 // Quantized weight formats on the host: NVFP4 (E2M1 codes, E4M3 scales per 16 k, one FP32
-// tensor scale) and MXFP4 (E2M1 codes, E8M0 scales per 32 k), their quantizers from FP32, and
-// dequantizers. Layouts follow the contract (docs/CONTRACT.md, weight formats): row-major codes [N,
-// K/2] (low nibble = even k) and scales [N, K/group]; the transposed variant stores codes [K/2, N]
-// and scales [K/group, N].
+// tensor scale), MXFP4 (E2M1 codes, E8M0 scales per 32 k) and INT4 (unsigned 4-bit codes, a
+// BF16 or FP16 scale and a zero point per group of K: GPTQ, AWQ, compressed-tensors
+// pack-quantized), their quantizers from FP32, and dequantizers. Layouts follow the contract
+// (docs/CONTRACT.md, weight formats): row-major codes [N, K/2] (low nibble = even k) and scales
+// [N, K/group]; the transposed variant (NVFP4 and MXFP4) stores codes [K/2, N] and scales
+// [K/group, N].
 #pragma once
 
 #include <cstdint>
@@ -12,16 +14,23 @@
 
 namespace metrale {
 
-enum class WeightFormat { kNvfp4, kMxfp4 };
+enum class WeightFormat { kNvfp4, kMxfp4, kInt4 };
 enum class WeightLayout {
   kRowMajor,    // codes [N, K/2], scales [N, K/group]
   kTransposed,  // codes [K/2, N], scales [K/group, N]
 };
 
-// "nvfp4" / "mxfp4".
+// "nvfp4" / "mxfp4" / "int4".
 std::string_view to_string(WeightFormat format) noexcept;
-// K elements per block scale: 16 for NVFP4, 32 for MXFP4.
+// K elements per block scale: 16 for NVFP4, 32 for MXFP4; 0 for INT4, whose weights each carry
+// their own (HostQuantWeights::group).
 int group_size(WeightFormat format) noexcept;
+
+// Whether INT4 weights may have `group` K elements per scale with K = k: 32, 64, a multiple of
+// 128, or K itself (one scale per row: compressed-tensors' channel strategy, GPTQ's group -1),
+// dividing K. The vector kernels take 128 k per step, so a group either divides 128 or is
+// whole steps.
+bool int4_group_ok(std::int64_t group, std::int64_t k) noexcept;
 
 // Quantized weights W[N, K] held in host memory.
 struct HostQuantWeights {
@@ -30,13 +39,25 @@ struct HostQuantWeights {
   std::int64_t n = 0, k = 0;
   std::vector<std::uint8_t> codes;   // N*K/2 bytes
   std::vector<std::uint8_t> scales;  // N*K/group bytes: E4M3 (NVFP4) or E8M0 (MXFP4)
-  float tensor_scale = 1.0f;         // NVFP4's per-tensor FP32 scale; 1 for MXFP4
+  float tensor_scale = 1.0f;         // NVFP4's per-tensor FP32 scale; 1 for MXFP4 and INT4
 
-  // The E2M1 code of W[n, k] (whatever the layout).
+  // INT4 only (Note [INT4 weights] in docs/NOTES.md). W[n, k] = (code - zero) x scale of k's
+  // group, exact in float (a 5-bit integer times an 11-bit significand). `scales` then holds
+  // [N, K/group] BF16 or FP16 scales, two little-endian bytes each.
+  std::int64_t group = 0;    // K elements per scale (int4_group_ok)
+  bool fp16_scales = false;  // scales are FP16 (GPTQ, AWQ), else BF16
+  // Zero points [N, K/group], one byte each (0..15); empty: symmetric, every zero point 8.
+  std::vector<std::uint8_t> zeros;
+  // Act order (GPTQ's desc_act, compressed-tensors' weight_g_idx): the codes, scales and zero
+  // points are stored with K permuted so that each group's columns are contiguous, and stored
+  // column j holds W[:, k_perm[j]]. Empty: K in its own order. So C = A[:, k_perm] . Wsᵀ.
+  std::vector<std::int32_t> k_perm;
+
+  // The E2M1 (INT4: unsigned) code of W[n, k] (whatever the layout; k in W's own order).
   std::uint8_t code(std::int64_t row, std::int64_t col) const;
   // The decoded block scale covering W[n, k], tensor scale included.
   float scale(std::int64_t row, std::int64_t col) const;
-  // Dequantized W[n, k] = e2m1 × block scale × tensor scale.
+  // Dequantized W[n, k] = e2m1 × block scale × tensor scale (INT4: (code − zero) × scale).
   float weight(std::int64_t row, std::int64_t col) const;
   // W[n, k] in float64, unrounded: e2m1 x block scale x tensor scale is exact in a double.
   double exact_weight(std::int64_t row, std::int64_t col) const;
@@ -57,6 +78,22 @@ HostQuantWeights quantize_nvfp4(std::span<const float> w, std::int64_t n, std::i
 // (saturating at ±6).
 HostQuantWeights quantize_mxfp4(std::span<const float> w, std::int64_t n, std::int64_t k);
 
+// Quantizes FP32 W[n, k] to INT4 by rounding to nearest in groups of `group` (int4_group_ok):
+// symmetric, scale = absmax / 7 (in the scale type, rounded to nearest) and zero point 8; with
+// zero_points, scale = (max − min) / 15 and zero = round(−min / scale) clamped to 0..15. Codes are
+// round(w / scale) + zero, clamped to 0..15. For tests and tools: the checkpoints' own quantizers
+// (GPTQ, AWQ) choose scales by other rules, which the format does not depend on.
+HostQuantWeights quantize_int4(std::span<const float> w, std::int64_t n, std::int64_t k,
+                               std::int64_t group, bool zero_points, bool fp16_scales);
+
+// INT4 weights given in K's own order with a g_idx (GPTQ act order: column k belongs to group
+// g_idx[k], `zeros` and `scales` [N, K/group] indexed by group) stored as the format keeps them:
+// K sorted by group (a stable sort), k_perm recording the order; no permutation when g_idx is
+// k / group throughout. `w` has empty k_perm. Throws Error(kInvalidArgument) naming the group when
+// g_idx's size is not K, an entry lies outside [0, K/group) or a group holds other than `group`
+// columns.
+HostQuantWeights with_act_order(const HostQuantWeights& w, std::span<const std::int32_t> g_idx);
+
 // The dequantized weights, row-major [n, k].
 std::vector<float> dequantize(const HostQuantWeights& w);
 
@@ -67,9 +104,9 @@ HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout);
 // layer's). Throws Error(kInvalidArgument) for a range outside W or the transposed layout.
 HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
-// Columns [begin, end) of row-major W, both at multiples of the format's group: a row-parallel
-// rank's shard. Throws Error(kInvalidArgument) for a range outside W, off the group, or the
-// transposed layout.
+// Columns [begin, end) of row-major W, both at multiples of the format's group (INT4 with one
+// scale per row: of 2): a row-parallel rank's shard. Throws Error(kInvalidArgument) for a range
+// outside W, off the group, the transposed layout, or act-ordered INT4 (not built).
 HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
 }  // namespace metrale

@@ -23,8 +23,9 @@ namespace metrale {
 struct DeclaredQuantization {
   // Where: "<folder>/config.json (quantization_config)" or "<folder>/hf_quant_config.json".
   std::string file;
-  std::string producer;  // "compressed-tensors", "modelopt" or "fp8" (DeepSeek, Qwen, transformers)
-  std::string format;    // as the file names it: "nvfp4-pack-quantized", "NVFP4", "fp8 [128, 128]"
+  // "compressed-tensors", "modelopt", "fp8" (DeepSeek, Qwen, transformers), "gptq" or "awq"
+  std::string producer;
+  std::string format;  // as the file names it: "nvfp4-pack-quantized", "NVFP4", "fp8 [128, 128]"
   // What each quantized layer of the format reads as (Nvfp4Linear::source, fp8_layer_source);
   // empty for a format metrale does not read.
   std::vector<std::string> layer_sources;
@@ -34,6 +35,9 @@ struct DeclaredQuantization {
   // What metrale does with the activations the config quantizes (empty when it quantizes none):
   // the W8A8 op's own dynamic E4M3 casts, or BF16 activations for an FP4 W4A4 checkpoint.
   std::string activations;
+  // GPTQ's checkpoint_format "gptq_v2": zero points stored as they are (GptqZeros::kAsStored);
+  // "gptq", the default, stores them minus one.
+  bool gptq_v2 = false;
 
   // "compressed-tensors 'nvfp4-pack-quantized' (<folder>/config.json (quantization_config))".
   std::string describe() const;

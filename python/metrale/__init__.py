@@ -38,6 +38,15 @@ def quantize_mxfp4(w: Any) -> HostWeights:
     return _metrale.quantize_mxfp4(as_float32("quantize_mxfp4", w))
 
 
+def quantize_int4(w: Any, group: int = 128, zero_points: bool = False,
+                  fp16_scales: bool = False) -> HostWeights:
+    """Quantizes W[N, K] (NumPy or torch, any float dtype) to INT4 by rounding to nearest in
+    groups of ``group`` (32, 64, a multiple of 128, or K): symmetric (zero point 8) or with
+    ``zero_points``; BF16 or (``fp16_scales``) FP16 scales. GPTQ, AWQ and compressed-tensors
+    checkpoints load as INT4 too (load_safetensors)."""
+    return _metrale.quantize_int4(as_float32("quantize_int4", w), group, zero_points, fp16_scales)
+
+
 def quantize_e4m3_block128(w: Any) -> tuple:
     """Quantizes W[N, K] (NumPy or torch, any float dtype) to E4M3 codes (uint8 [N, K]) and
     FP32 scales, one per 128 x 128 block ([ceil(N/128), ceil(K/128)]): the W8A8 op's weights."""
@@ -49,6 +58,6 @@ __all__ = [
     "DtypeError",
     "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
     "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
-    "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_mxfp4",
-    "quantize_nvfp4",
+    "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_int4",
+    "quantize_mxfp4", "quantize_nvfp4",
 ]

@@ -25,6 +25,9 @@ from .model import Model
 _DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
 # What metrale.Checkpoint.source says of a layer the checkpoint holds in FP4 (metrale.torch too).
 FP4_SOURCES = ("ModelOpt NVFP4", "compressed-tensors NVFP4", "compressed-tensors MXFP4")
+INT4_SOURCES = ("compressed-tensors INT4", "GPTQ INT4", "AWQ INT4")
+# The layers Model.upload_weights takes, as their producers stored them.
+FOUR_BIT_SOURCES = FP4_SOURCES + INT4_SOURCES
 
 
 @dataclass
@@ -85,8 +88,8 @@ class Loaded:
 
 def load(path: str, backend: str = "auto") -> Loaded:
     """Every linear layer of a checkpoint (a model folder, a sharded index, or a safetensors file)
-    loaded as its producer stored it: FP4 (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4) and
-    FP8 block-128 layers uploaded to one Model on ``backend``; BF16/F32 linears kept as they are
+    loaded as its producer stored it: FP4 (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4), INT4
+    (compressed-tensors pack-quantized, GPTQ, AWQ) and FP8 block-128 layers uploaded to one Model on ``backend``; BF16/F32 linears kept as they are
     (``dense``); everything else named (``other``). A checkpoint without any quantized layer is
     refused: quantize its layers yourself (quantize_nvfp4) rather than have them quantized
     behind your back."""
@@ -96,7 +99,7 @@ def load(path: str, backend: str = "auto") -> Loaded:
     if unread:
         raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread), IoError)
-    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FP4_SOURCES]
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FOUR_BIT_SOURCES]
     plain = [layer for layer in ckpt.layers if layer not in fp4]
     if not fp4 and not ckpt.fp8_layers:
         raise argument_error(api, f"{ckpt.path} holds no quantized layer (its linears are in "

@@ -40,7 +40,7 @@ import metrale
 
 from . import torch_native
 from .errors import argument_error
-from .folder import FP4_SOURCES
+from .folder import FOUR_BIT_SOURCES
 
 __all__ = ["Linear", "cuda_stream", "from_pretrained", "linear", "native", "register",
            "share_threads", "swap_linears", "timing"]
@@ -355,7 +355,7 @@ def from_pretrained(path: str, *, backend: str = "auto",
         raise argument_error(api, "tensors that look quantized but that metrale cannot read: " +
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread),
                              metrale.IoError)
-    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FP4_SOURCES]
+    fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FOUR_BIT_SOURCES]
     quantized = fp4 + list(ckpt.fp8_layers)
     config = transformers.AutoConfig.from_pretrained(path)
     # The checkpoint's quantization is metrale's to read: transformers builds the plain model.

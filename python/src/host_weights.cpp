@@ -143,9 +143,12 @@ struct Checkpoint {
   bool is_fp8(std::string_view layer) const {
     return std::binary_search(fp8.begin(), fp8.end(), layer);
   }
-  // Loads FP4 (or BF16/F32) layer `layer`.
+  // Loads 4-bit (or BF16/F32) layer `layer`; GPTQ zero points as the folder's config says.
   Nvfp4Linear load(std::string_view layer) const {
-    return with_layer(layer, [&](const SafetensorsFile& f) { return load_nvfp4_linear(f, layer); });
+    const GptqZeros zeros =
+        declared && declared->gptq_v2 ? GptqZeros::kAsStored : GptqZeros::kMinusOne;
+    return with_layer(layer,
+                      [&](const SafetensorsFile& f) { return load_nvfp4_linear(f, layer, zeros); });
   }
   // FP8 layer `layer`'s codes and F32 block scales, copied (its scales converted from the
   // layout the file stores them in).
@@ -213,6 +216,7 @@ nb::object declared_dict(const std::optional<DeclaredQuantization>& d) {
   out["every_linear"] = d->every_linear;
   out["quantized_activations"] = d->quantized_activations;
   out["activations"] = d->activations;
+  out["gptq_v2"] = d->gptq_v2;
   return out;
 }
 
@@ -220,7 +224,7 @@ nb::object declared_dict(const std::optional<DeclaredQuantization>& d) {
 
 void bind_host_weights(nb::module_& m) {
   nb::class_<HostQuantWeights>(m, "HostWeights",
-                               "Quantized weights W[N, K] in host memory (NVFP4 or MXFP4).")
+                               "Quantized weights W[N, K] in host memory (NVFP4, MXFP4 or INT4).")
       .def(
           "__init__",
           [](HostQuantWeights* self, const nb::ndarray<nb::ro>& codes,
@@ -250,9 +254,42 @@ void bind_host_weights(nb::module_& m) {
       .def_prop_ro(
           "scales",
           [](const HostQuantWeights& w) {
-            return bytes_view(w, w.scales, w.k / group_size(w.format));
+            // INT4: two bytes per group (BF16 or FP16, little-endian).
+            return bytes_view(
+                w, w.scales,
+                w.format == WeightFormat::kInt4 ? 2 * (w.k / w.group) : w.k / group_size(w.format));
           },
-          nb::rv_policy::reference_internal, "The block scales, a read-only view (no copy).")
+          nb::rv_policy::reference_internal,
+          "The block scales, a read-only view (no copy); INT4: uint8 [N, 2 * K/group], the BF16 "
+          "or FP16 scales' bytes.")
+      .def_prop_ro(
+          "group",
+          [](const HostQuantWeights& w) {
+            return w.format == WeightFormat::kInt4 ? w.group : group_size(w.format);
+          },
+          "K elements per scale.")
+      .def_prop_ro(
+          "scale_type",
+          [](const HostQuantWeights& w) -> std::string {
+            if (w.format == WeightFormat::kInt4) return w.fp16_scales ? "fp16" : "bf16";
+            return w.format == WeightFormat::kMxfp4 ? "e8m0" : "e4m3";
+          },
+          "The scales' type: 'e4m3', 'e8m0', or INT4's 'bf16' / 'fp16'.")
+      .def_prop_ro(
+          "zeros",
+          [](const HostQuantWeights& w) -> nb::object {
+            if (w.zeros.empty()) return nb::none();
+            return nb::cast(to_numpy(w.zeros, w.n, w.k / w.group));
+          },
+          "INT4 zero points (uint8 [N, K/group], a copy), or None: symmetric (every zero point 8).")
+      .def_prop_ro(
+          "k_perm",
+          [](const HostQuantWeights& w) -> nb::object {
+            if (w.k_perm.empty()) return nb::none();
+            return nb::cast(to_numpy(w.k_perm, 1, w.k));
+          },
+          "INT4 act order: stored column j holds W[:, k_perm[j]] (int32 [1, K], a copy), or "
+          "None.")
       .def(
           "dequantize",
           [](const HostQuantWeights& w, bool exact) -> nb::object {
@@ -285,6 +322,22 @@ void bind_host_weights(nb::module_& m) {
         return quantize("quantize_mxfp4", w, WeightFormat::kMxfp4);
       },
       nb::arg("w"), "Quantizes float32 W[N, K] (K a multiple of 32) to MXFP4: E8M0 scales per 32.");
+
+  m.def(
+      "quantize_int4",
+      [](const nb::ndarray<nb::ro>& a, std::int64_t group, bool zero_points, bool fp16_scales) {
+        ArraySpec spec{Element::kF32, 2};
+        spec.alignment = 4;
+        const ArrayArg arg = check_array("quantize_int4", "w", a, false, spec);
+        const std::span<const float> values(static_cast<const float*>(a.data()),
+                                            static_cast<std::size_t>(arg.rows * arg.cols));
+        nb::gil_scoped_release unlocked;
+        return quantize_int4(values, arg.rows, arg.cols, group, zero_points, fp16_scales);
+      },
+      nb::arg("w"), nb::arg("group") = 128, nb::arg("zero_points") = false,
+      nb::arg("fp16_scales") = false,
+      "Quantizes float32 W[N, K] to INT4 by rounding to nearest in groups of `group` (32, 64, a "
+      "multiple of 128, or K): symmetric (zero point 8) or with zero_points; BF16 or FP16 scales.");
 
   m.def(
       "quantize_e4m3_block128",
@@ -397,13 +450,14 @@ void bind_host_weights(nb::module_& m) {
       .def(
           "weights", [](const Checkpoint& c, std::string_view layer) { return c.load(layer).w; },
           nb::arg("layer"),
-          "The layer's FP4 weights (NVFP4, or MXFP4 from compressed-tensors; a BF16/F32 layer is "
-          "quantized to NVFP4 on load).")
+          "The layer's 4-bit weights (NVFP4; MXFP4 from compressed-tensors; INT4 from "
+          "compressed-tensors, GPTQ or AWQ; a BF16/F32 layer is quantized to NVFP4 on load).")
       .def(
           "source", [](const Checkpoint& c, std::string_view layer) { return c.source(layer); },
           nb::arg("layer"),
           "What the file holds for the layer: 'ModelOpt NVFP4', 'compressed-tensors NVFP4', "
-          "'compressed-tensors MXFP4', 'BF16, quantized to NVFP4 on load' (F32 alike), or an FP8 "
+          "'compressed-tensors MXFP4', 'compressed-tensors INT4', 'GPTQ INT4', 'AWQ INT4', 'BF16, "
+          "quantized to NVFP4 on load' (F32 alike), or an FP8 "
           "layout ('FP8 block-128 (F32 weight_scale_inv)', 'compressed-tensors FP8 block-128', "
           "...).")
       .def(
@@ -415,7 +469,7 @@ void bind_host_weights(nb::module_& m) {
       nb::arg("path"),
       "Opens a safetensors file, a sharded checkpoint's model.safetensors.index.json, or a model "
       "folder holding either (NVIDIA ModelOpt NVFP4, compressed-tensors "
-      "nvfp4/mxfp4-pack-quantized, "
+      "nvfp4/mxfp4-pack-quantized and INT4 pack-quantized, GPTQ, AWQ, "
       "or BF16/F32 layers; a layer's tensors may lie in different shards) and validates it.");
 }
 

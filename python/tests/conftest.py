@@ -51,12 +51,35 @@ def poisoned(rows: int, cols: int) -> np.ndarray:
     return np.full((rows, cols), BF16_NAN, dtype=np.uint16).view(ml_dtypes.bfloat16)
 
 
+def int4_magnitudes(w: metrale.HostWeights) -> np.ndarray:
+    """What an INT4 product's roundings scale with (toolkit/gemm_tolerance.h, "INT4"): the kernels
+    sum a·(code − 8) and a·(8 − zero) apart, so (|code − 8| + |8 − zero|)·scale per weight, [N, K]
+    in W's own K order; |W| itself for symmetric weights."""
+    codes = np.array(w.codes)
+    q = np.empty((w.n, w.k), np.float64)
+    q[:, 0::2], q[:, 1::2] = codes & 15, codes >> 4
+    bits = np.array(w.scales).view(np.uint16)
+    if w.scale_type == "fp16":
+        scale = bits.view(np.float16).astype(np.float64)
+    else:
+        scale = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    zeros = np.full(scale.shape, 8.0) if w.zeros is None else np.array(w.zeros, np.float64)
+    stored = (np.abs(q - 8) + np.abs(8 - np.repeat(zeros, w.group, axis=1))) * np.abs(
+        np.repeat(scale, w.group, axis=1))
+    if w.k_perm is None:
+        return stored
+    out = np.empty_like(stored)
+    out[:, np.array(w.k_perm)[0]] = stored
+    return out
+
+
 def reference(a: np.ndarray, w: metrale.HostWeights, bias=None) -> tuple[np.ndarray, np.ndarray]:
-    """(A · Wᵀ + bias in float64 from the exact weights, S = Σ_k |a·w| + |bias| per element)."""
+    """(A · Wᵀ + bias in float64 from the exact weights, S = Σ_k |a·w| + |bias| per element; for
+    INT4, Σ_k |a|·int4_magnitudes)."""
     a64 = np.asarray(a, dtype=np.float64)
     w64 = w.dequantize(exact=True)
     ref = a64 @ w64.T
-    mag = np.abs(a64) @ np.abs(w64).T
+    mag = np.abs(a64) @ (int4_magnitudes(w) if w.format == "int4" else np.abs(w64)).T
     if bias is not None:
         b64 = np.asarray(bias, dtype=np.float64)
         ref, mag = ref + b64, mag + np.abs(b64)

@@ -217,11 +217,31 @@ def test_a_sharded_folder_loads_as_its_single_file():
         sharded.weights("nope")
 
 
-def test_int4_pack_quantized_layers_are_rejected_as_quantized():
+def test_int4_layers_load_as_int4():
     ckpt = metrale.load_safetensors(str(CHECKPOINTS / "ct-w4a16" / "model.safetensors"))
-    assert ckpt.layers == ["lm_head", "model.embed_tokens"]
-    unread = [r for r in ckpt.rejected if r["quantized"]]
-    assert len(unread) == 7 and all(r["tensor"].endswith(".weight_packed") for r in unread)
+    assert len(ckpt.layers) == 9 and not [r for r in ckpt.rejected if r["quantized"]]
+    w = ckpt.weights("model.layers.0.mlp.down_proj")
+    assert ckpt.source("model.layers.0.mlp.down_proj") == "compressed-tensors INT4"
+    assert (w.format, w.n, w.k, w.group, w.scale_type) == ("int4", 64, 128, 32, "bf16")
+    assert w.zeros is None and w.k_perm is None  # symmetric, K in its own order
+    assert np.array(w.scales).shape == (64, 2 * 128 // 32)
+    act = metrale.load_safetensors(str(CHECKPOINTS / "gptq-desc-act")).weights(
+        "model.layers.0.mlp.down_proj")
+    assert act.scale_type == "fp16" and sorted(np.array(act.k_perm)[0]) == list(range(256))
+
+
+@pytest.mark.parametrize("group,zero_points,fp16", [(32, False, False), (64, True, True),
+                                                    (128, True, False), (256, False, True)])
+def test_int4_gemm_matches_float64(rng, group, zero_points, fp16):
+    host = metrale.quantize_int4(rng.standard_normal((40, 512)) + (1.5 if zero_points else 0),
+                                 group=group, zero_points=zero_points, fp16_scales=fp16)
+    assert (host.format, host.group) == ("int4", group)
+    assert (host.zeros is not None) == zero_points
+    with metrale.Model("cpu") as model:
+        w = model.upload_weights(host)
+        for m in (1, 3, 17):
+            a = bf16(rng.standard_normal((m, 512)))
+            check_gemm(model.gemm(a, w, out=poisoned(m, 40)), a, host)
 
 
 def test_bad_checkpoint_names_the_file(tmp_path):

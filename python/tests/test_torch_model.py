@@ -42,8 +42,12 @@ CHECKPOINTS = ROOT / "checkpoints"
 MODELS = [f"{arch}-{kind}" for arch in ("llama", "qwen3")
           for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "transformers-fp8")] + [
               "llama-transformers-fp8-ue8m0", "llama-modelopt-fp8pb"]
+# INT4: compressed-tensors W4A16 written by llm-compressor (symmetric groups of 32, asymmetric
+# groups of 128), and GPTQ (act order) and AWQ packed from those libraries' code (make_int4.py).
+INT4 = ("ct-w4a16", "ct-w4a16-asym", "gptq-desc-act", "awq")
 FIXTURES = [ROOT / "models" / m for m in MODELS] + [
-    CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "ct-fp8-block")]
+    CHECKPOINTS / c for c in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "ct-fp8-block")
+] + [CHECKPOINTS / c for c in INT4]
 IDS = [f.name for f in FIXTURES]
 PROMPTS, PROMPT_LEN, NEW_TOKENS = 3, 12, 32
 U = 2.0**-8  # BF16's unit roundoff
@@ -65,6 +69,12 @@ def library_weights(folder: pathlib.Path) -> dict:
     tensors = checkpoint_tensors(folder)
     if any(_is_fp8_weight(k, t) for k, t in tensors.items()):
         return fp8_weights(tensors)
+    if config["quant_method"] in ("gptq", "awq"):
+        # No GPTQ or AWQ library is installed here: their readers' dequantization, as
+        # make_int4.py wrote it from their code (exact: FP16 scales times small integers).
+        ref = load_file(folder / "reference.safetensors")
+        return {k[: -len(".dequantized")]: v.double() for k, v in ref.items()
+                if k.endswith(".dequantized")}
     if config["quant_method"] == "modelopt":
         from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 
@@ -87,6 +97,8 @@ def library_weights(folder: pathlib.Path) -> dict:
     from compressed_tensors.quantization.lifecycle.forward import dequantize
 
     parsed = QuantizationConfig.model_validate(config)
+    if parsed.format == "pack-quantized":
+        return int4_weights(tensors, parsed)
     compressor = {"nvfp4-pack-quantized": NVFP4PackedCompressor,
                   "mxfp4-pack-quantized": MXFP4PackedCompressor}[parsed.format]
     args = next(iter(parsed.config_groups.values())).weights
@@ -103,6 +115,48 @@ def library_weights(folder: pathlib.Path) -> dict:
                                     global_scale=None if g is None else g.double())
     return out
 
+
+
+def int4_weights(tensors: dict, parsed) -> dict:
+    """compressed-tensors INT4 (pack-quantized) layers as the library reads them back: its own
+    unpacking of codes and zero points, then its dequantize, in float64."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    args = next(iter(parsed.config_groups.values())).weights
+    out = {}
+    for name in tensors:
+        if name.endswith(".weight_packed"):
+            layer = name[: -len(".weight_packed")]
+            shape = tensors[layer + ".weight_shape"]
+            scale = tensors[layer + ".weight_scale"].double()
+            codes = unpack_from_int32(tensors[name], 4, shape).double()
+            zp = tensors.get(layer + ".weight_zero_point")
+            if zp is not None:
+                zp = unpack_from_int32(zp, 4, torch.Size([int(shape[0]), scale.shape[1]]),
+                                       packed_dim=0).double()
+            out[layer] = dequantize(x_q=codes, scale=scale, zero_point=zp, args=args,
+                                    dtype=torch.float64).double()
+    return out
+
+
+def int4_magnitudes(folder: pathlib.Path) -> dict:
+    """What an asymmetric INT4 layer's roundings scale with (toolkit/gemm_tolerance.h, "INT4"):
+    metrale sums a·(code − 8) and a·(8 − zero) apart, so (|code − 8| + |8 − zero|)·scale per
+    weight, from the reference's codes, zero points and scales (groups in K's own order)."""
+    path = folder / "reference.safetensors"
+    if not path.exists():
+        return {}
+    ref = load_file(path)
+    out = {}
+    for key, zeros in ref.items():
+        if key.endswith(".zeros") and bool((zeros != 8).any()):
+            layer = key[: -len(".zeros")]
+            codes, scale = ref[layer + ".codes"].double(), ref[layer + ".scales"].double()
+            g = codes.shape[1] // scale.shape[1]
+            z = zeros.double().repeat_interleave(g, 1)
+            out[layer] = ((codes - 8).abs() + (8 - z).abs()) * scale.abs().repeat_interleave(g, 1)
+    return out
 
 
 def fp8_weights(tensors: dict) -> dict:
@@ -204,7 +258,7 @@ def prompts(rng, vocab: int) -> torch.Tensor:
 
 
 def check_gemm_in_place(name: str, x, y, w: torch.Tensor, bias, fp8: bool = False,
-                        cast: bool = True) -> None:
+                        cast: bool = True, mag_w: torch.Tensor = None) -> None:
     """metrale's output y for input x within the per-element bound of the C++ suites:
     |y − ref| ≤ 2^-8·|ref| + (1 + 2^-8)·γ·S, γ = (K + 8)·2^-23, S = Σ_k |x·w| (+ |bias|). For an
     FP8 layer (the W8A8 op) whose config casts activations (`cast`), x is first cast as the
@@ -223,7 +277,7 @@ def check_gemm_in_place(name: str, x, y, w: torch.Tensor, bias, fp8: bool = Fals
     if fp8:
         x = quantize_activations(x)
     x64 = x.reshape(-1, w.shape[1]).double()
-    ref, mag = x64 @ w.T, x64.abs() @ w.abs().T
+    ref, mag = x64 @ w.T, x64.abs() @ (w.abs() if mag_w is None else mag_w).T
     if bias is not None:
         ref, mag = ref + bias.double(), mag + bias.double().abs()
     got = y.reshape(ref.shape).double()
@@ -240,12 +294,13 @@ def checked_forward(model, folder: pathlib.Path, ids: torch.Tensor) -> torch.Ten
     bit for bit."""
     weights = library_weights(folder)
     fp8, cast = fp8_layers(folder), casts_activations(folder)
+    magnitudes = int4_magnitudes(folder)
     seen: dict = {}
 
     def hook(name):
         def check(module, inputs, output):
             check_gemm_in_place(name, inputs[0], output, weights[name], module.bias, name in fp8,
-                                cast)
+                                cast, magnitudes.get(name))
             seen.setdefault(name, []).append(output.to(inputs[0].dtype))
         return check
 
@@ -473,9 +528,12 @@ def test_a_layer_the_loader_skips_is_refused(tmp_path, monkeypatch):
         mt.from_pretrained(str(CHECKPOINTS / "ct-nvfp4a16"), backend="cpu")
 
 
-def test_unreadable_quantized_layers_are_refused_by_name():
-    with pytest.raises(metrale.IoError, match=r"look quantized.*weight_packed"):
-        mt.from_pretrained(str(CHECKPOINTS / "ct-w4a16"), backend="cpu")
+def test_unreadable_quantized_layers_are_refused_by_name(tmp_path):
+    from test_load import without_gptq_zeros
+
+    shutil.copy(CHECKPOINTS / "gptq-v1" / "config.json", tmp_path)
+    with pytest.raises(metrale.IoError, match=r"look quantized.*qzeros: not in the file"):
+        mt.from_pretrained(str(without_gptq_zeros(tmp_path)), backend="cpu")
 
 
 def test_a_path_that_is_no_model_folder_is_refused_by_name(tmp_path):

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string_view>
 
+#include "core/quant_int4.h"
 #include "core/rounding.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
@@ -71,6 +72,7 @@ void check_quantize_args(std::string_view api, WeightFormat format, std::span<co
 // Checks that a HostQuantWeights is consistent before reading it: sizes match n, k and the
 // format's group.
 void check_weights(std::string_view api, const HostQuantWeights& w) {
+  if (w.format == WeightFormat::kInt4) return int4::check_weights(api, w);
   const int group = group_size(w.format);
   if (w.n <= 0 || w.k <= 0 || w.k % group != 0 ||
       w.n > std::numeric_limits<std::int64_t>::max() / w.k) {
@@ -102,12 +104,17 @@ std::size_t scale_index(const HostQuantWeights& w, std::int64_t row, std::int64_
 }
 
 std::uint8_t code_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  if (w.format == WeightFormat::kInt4)
+    return int4::stored_code(w, row, int4::stored_column(w, col));
   const std::uint8_t byte = w.codes[code_index(w, row, col)];
   return (col & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
 }
 
 // The decoded block scale alone (no tensor scale).
 double block_scale_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  if (w.format == WeightFormat::kInt4) {
+    return int4::stored_scale(w, row, int4::stored_column(w, col));
+  }
   const std::uint8_t s = w.scales[scale_index(w, row, col)];
   return w.format == WeightFormat::kNvfp4 ? static_cast<double>(num::e4m3_to_f32(s))
                                           : static_cast<double>(num::e8m0_to_f32(s));
@@ -116,6 +123,9 @@ double block_scale_at(const HostQuantWeights& w, std::int64_t row, std::int64_t 
 // e2m1 × block scale × tensor scale, exact: the product of a 3-bit, a 4-bit (or power-of-two)
 // and a 24-bit significand fits a double (MXFP4's 2^±127 times an FP32 included).
 double exact_weight_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
+  if (w.format == WeightFormat::kInt4) {
+    return int4::stored_weight(w, row, int4::stored_column(w, col));
+  }
   return static_cast<double>(num::e2m1_to_f32(code_at(w, row, col))) * block_scale_at(w, row, col) *
          static_cast<double>(w.tensor_scale);
 }
@@ -148,12 +158,22 @@ std::string_view to_string(WeightFormat format) noexcept {
       return "nvfp4";
     case WeightFormat::kMxfp4:
       return "mxfp4";
+    case WeightFormat::kInt4:
+      return "int4";
   }
   return "unknown";
 }
 
 int group_size(WeightFormat format) noexcept {
-  return format == WeightFormat::kMxfp4 ? num::kMxfp4Group : num::kNvfp4Group;
+  switch (format) {
+    case WeightFormat::kNvfp4:
+      return num::kNvfp4Group;
+    case WeightFormat::kMxfp4:
+      return num::kMxfp4Group;
+    case WeightFormat::kInt4:
+      return 0;
+  }
+  return 0;
 }
 
 std::uint8_t HostQuantWeights::code(std::int64_t row, std::int64_t col) const {
@@ -191,6 +211,16 @@ void HostQuantWeights::exact_rows(std::int64_t row0, std::int64_t rows,
   }
   if (rows == 0) return;
   check_weights(kApi, *this);
+  if (format == WeightFormat::kInt4) {
+    const std::vector<std::int64_t> stored = int4::stored_columns(*this);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < k; ++c) {
+        out[static_cast<std::size_t>(r * k + c)] =
+            int4::stored_weight(*this, row0 + r, stored[static_cast<std::size_t>(c)]);
+      }
+    }
+    return;
+  }
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < k; ++c) {
       out[static_cast<std::size_t>(r * k + c)] = exact_weight_at(*this, row0 + r, c);
@@ -275,6 +305,13 @@ HostQuantWeights quantize_mxfp4(std::span<const float> w, std::int64_t n, std::i
 std::vector<float> dequantize(const HostQuantWeights& w) {
   check_weights("dequantize", w);
   std::vector<float> out(static_cast<std::size_t>(w.n * w.k));
+  if (w.format == WeightFormat::kInt4) {
+    std::vector<double> exact(out.size());
+    w.exact_rows(0, w.n, exact);
+    std::transform(exact.begin(), exact.end(), out.begin(),
+                   [](double x) { return static_cast<float>(x); });
+    return out;
+  }
   for (std::int64_t row = 0; row < w.n; ++row) {
     for (std::int64_t col = 0; col < w.k; ++col) {
       out[static_cast<std::size_t>(row * w.k + col)] = weight_at(w, row, col);
@@ -288,6 +325,10 @@ HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout) {
   HostQuantWeights out = w;
   out.layout = layout;
   if (layout == w.layout) return out;
+  if (w.format == WeightFormat::kInt4) {
+    throw Error(ErrorCode::kInvalidArgument, "with_layout",
+                "int4 weights are row-major only; the transposed layout is for NVFP4 and MXFP4");
+  }
   const int group = group_size(w.format);
   for (std::int64_t row = 0; row < w.n; ++row) {
     for (std::int64_t col = 0; col < w.k; ++col) {
@@ -320,6 +361,10 @@ void check_slice(std::string_view api, const HostQuantWeights& w, std::int64_t b
 
 HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end) {
   check_slice("slice_rows", w, begin, end, w.n, 1);
+  if (w.format == WeightFormat::kInt4) {
+    check_weights("slice_rows", w);
+    return int4::slice_rows(w, begin, end);
+  }
   const std::int64_t code_row = w.k / 2, scale_row = w.k / group_size(w.format);
   HostQuantWeights out = w;
   out.n = end - begin;
@@ -329,6 +374,12 @@ HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::
 }
 
 HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end) {
+  if (w.format == WeightFormat::kInt4) {
+    check_weights("slice_columns", w);
+    // One scale per row holds for any even split of K; groups split at their edges.
+    check_slice("slice_columns", w, begin, end, w.k, w.group == w.k ? 2 : w.group);
+    return int4::slice_columns(w, begin, end);
+  }
   const std::int64_t group = group_size(w.format);
   check_slice("slice_columns", w, begin, end, w.k, group);
   HostQuantWeights out = w;

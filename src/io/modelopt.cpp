@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "io/int4_layers.h"
 #include "io/messages.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
@@ -33,6 +34,7 @@ struct LayerPlan {
   WeightFormat format = WeightFormat::kNvfp4;
   std::int64_t n = 0, k = 0;
   std::string weight, scale, scale2, input_scale;  // tensor names; scale2, input_scale may be empty
+  std::optional<io::Int4Plan> int4;                // INT4 layers: what int4_layers.h reads
 };
 
 bool is_scalar(const SafetensorsTensorInfo& i) {
@@ -72,7 +74,7 @@ std::optional<Problem> plan_compressed_tensors(const SafetensorsFile& f, std::st
       w.shape[1] > std::numeric_limits<std::int64_t>::max() / 2) {
     return Problem{ErrorCode::kIo, plan.weight,
                    fmt::format("is {} {}, but packed FP4 codes must be a non-empty U8 [N, K/2] "
-                               "(INT4 pack-quantized layers are not read yet)",
+                               "(INT4 codes: I32)",
                                w.dtype, shape_str(w.shape))};
   }
   for (const char* unread : {"weight_zero_point", "weight_g_idx"}) {
@@ -136,6 +138,16 @@ std::optional<Problem> plan_compressed_tensors(const SafetensorsFile& f, std::st
 
 std::optional<Problem> plan_layer(const SafetensorsFile& f, std::string_view layer,
                                   LayerPlan& plan) {
+  if (io::looks_int4(f, layer)) {
+    plan.int4.emplace();
+    if (auto p = io::plan_int4(f, layer, *plan.int4)) {
+      return Problem{p->code, std::move(p->tensor), std::move(p->what)};
+    }
+    plan.weight = plan.int4->weight;
+    plan.n = plan.int4->n;
+    plan.k = plan.int4->k;
+    return std::nullopt;
+  }
   if (f.contains(fmt::format("{}.weight_packed", layer))) {
     return plan_compressed_tensors(f, layer, plan);
   }
@@ -238,13 +250,19 @@ float read_divisor(const SafetensorsFile& f, const std::string& name) {
 
 }  // namespace
 
-Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer) {
+Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
+                              GptqZeros gptq_zeros) {
   LayerPlan plan;
   if (const auto p = plan_layer(file, layer, plan)) {
     fail_tensor(p->code, file.path(), p->tensor, p->what);
   }
   Nvfp4Linear out;
   out.source_dtype = file.info(plan.weight).dtype;
+  if (plan.int4) {
+    out.w = io::read_int4(file, *plan.int4, gptq_zeros);
+    out.source = io::int4_source(plan.int4->producer);
+    return out;
+  }
   const auto n = plan.n, k = plan.k;
   if (plan.nvfp4) {
     HostQuantWeights& w = out.w;
@@ -310,7 +328,9 @@ LinearLayerScan scan_linear_layers(const SafetensorsFile& file) {
     // A layer's weight: ModelOpt's (and plain) "<layer>.weight", or compressed-tensors'
     // "<layer>.weight_packed" (a layer with both is planned, and refused, as the latter).
     std::string_view layer;
-    if (name.ends_with(".weight_packed") && name.size() > 14) {
+    if (name.ends_with(".qweight") && name.size() > 8) {
+      layer = std::string_view(name).substr(0, name.size() - 8);
+    } else if (name.ends_with(".weight_packed") && name.size() > 14) {
       layer = std::string_view(name).substr(0, name.size() - 14);
     } else if (name.ends_with(".weight") && name.size() > 7) {
       layer = std::string_view(name).substr(0, name.size() - 7);
@@ -322,8 +342,9 @@ LinearLayerScan scan_linear_layers(const SafetensorsFile& file) {
     if (auto p = plan_layer(file, layer, plan)) {
       const std::string& dtype = file.info(name).dtype;
       // Quantized-looking: packed or FP8 or integer weights, or scales beside them.
-      const bool quantized = name.ends_with(".weight_packed") || dtype == "U8" || dtype == "I8" ||
-                             dtype == "I32" || dtype.starts_with("F8") ||
+      const bool quantized = name.ends_with(".weight_packed") || name.ends_with(".qweight") ||
+                             dtype == "U8" || dtype == "I8" || dtype == "I32" ||
+                             dtype.starts_with("F8") ||
                              file.contains(fmt::format("{}.weight_scale", layer));
       out.rejected.push_back(RejectedLayer{std::string(layer), std::move(p->tensor), p->code,
                                            std::move(p->what), quantized});

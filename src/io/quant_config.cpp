@@ -103,6 +103,10 @@ DeclaredQuantization compressed_tensors(const json& q, const std::string& where)
   } else if (d.format == "mxfp4-pack-quantized") {
     d.layer_sources = {"compressed-tensors MXFP4"};
     if (d.quantized_activations) d.activations = kFp4ActivationsKept;
+  } else if (d.format == "pack-quantized" && weights != nullptr &&
+             weights->value("num_bits", 0) == 4 && weights->value("type", "") == "int") {
+    // INT4 weight-only (W4A16, W4A16_ASYM): group or channel; the loader checks the groups.
+    d.layer_sources = {"compressed-tensors INT4"};
   } else if (d.format == "float-quantized" && weights != nullptr &&
              weights->value("num_bits", 0) == 8 && weights->value("strategy", "") == "block" &&
              weights->value("block_structure", json()) == json::array({128, 128})) {
@@ -159,6 +163,45 @@ DeclaredQuantization fp8_block(const json& q, const std::string& where) {
   return d;
 }
 
+// GPTQ (GPTQModel, AutoGPTQ; transformers' GPTQConfig): quant_method "gptq", bits 4,
+// checkpoint_format "gptq" (zero points minus one, the default) or "gptq_v2". The quantizer
+// replaces every Linear of the decoder blocks; the config names no ignore list of its own
+// (lm_head stays plain unless lm_head is true), so every other plain Linear is one it skipped.
+DeclaredQuantization gptq(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "gptq";
+  const std::string format = string_at(q, "checkpoint_format", where);
+  d.gptq_v2 = format == "gptq_v2";
+  d.format = fmt::format("{}, {} bits, group {}{}", format.empty() ? "gptq" : format,
+                         q.value("bits", json()).dump(), q.value("group_size", json()).dump(),
+                         q.value("desc_act", false) == true ? ", desc_act" : "");
+  d.ignore = strings_at(q, "modules_to_not_convert", where);
+  if (q.value("lm_head", false) != true) d.ignore.push_back("lm_head");
+  d.every_linear = true;  // a plain Linear it does not name is a layer its quantizer skipped
+  if (q.value("bits", 0) == 4 && (format.empty() || format == "gptq" || format == "gptq_v2")) {
+    d.layer_sources = {"GPTQ INT4"};
+  }
+  return d;
+}
+
+// AWQ (AutoAWQ; transformers' AwqConfig): quant_method "awq", bits 4, version "gemm" (the GEMV
+// and other versions pack differently and are not read), zero_point true.
+DeclaredQuantization awq(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "awq";
+  const std::string version = string_at(q, "version", where);
+  d.format = fmt::format("{}, {} bits, group {}", version, q.value("bits", json()).dump(),
+                         q.value("group_size", json()).dump());
+  d.ignore = strings_at(q, "modules_to_not_convert", where);
+  d.ignore.push_back("lm_head");
+  d.every_linear = true;
+  if (q.value("bits", 0) == 4 && (version == "gemm" || version == "GEMM") &&
+      q.value("zero_point", true) == true) {
+    d.layer_sources = {"AWQ INT4"};
+  }
+  return d;
+}
+
 // fnmatch's wildcards, case-sensitive: '*' any run, '?' one character, "[...]" a set ("[!...]"
 // its complement, "a-z" ranges).
 bool glob_match(std::string_view p, std::string_view s) {
@@ -210,6 +253,8 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
       DeclaredQuantization d = method == "compressed-tensors" ? compressed_tensors(q, where)
                                : method == "modelopt"         ? modelopt(q, where)
                                : method == "fp8"              ? fp8_block(q, where)
+                               : method == "gptq"             ? gptq(q, where)
+                               : method == "awq"              ? awq(q, where)
                                                               : DeclaredQuantization{};
       if (d.producer.empty()) d.producer = method.empty() ? "(no quant_method)" : method;
       d.file = where;

@@ -19,6 +19,12 @@ enum GemmFlags : std::uint32_t {
   // Codes and scales in the panel layout (kernels/panel_layout.h): the CPU kernels of modules
   // that publish it as <entry>_layout only.
   kGemmPanels = 1u << 5,
+  // INT4 weights (Note [INT4 weights]): codes [N, K/2] unsigned, `scales` the side buffer of
+  // kernels/int4_layout.h, `group` K per scale. Only kernels that publish <entry>_int4 read them.
+  kGemmInt4 = 1u << 6,
+  kGemmFp16Scales = 1u << 7,  // INT4: the scales are FP16 (else BF16)
+  kGemmZeroPoints = 1u << 8,  // INT4: zero points follow the scales (else every zero point is 8)
+  kGemmActOrder = 1u << 9,    // INT4: A's columns are read through the stored K permutation
 };
 
 struct GemmParams {
@@ -39,6 +45,7 @@ struct GemmParams {
   std::uint64_t workspace = 0;
   std::int64_t splits = 1;
   std::int64_t k_per_split = 0;
+  std::int64_t group = 0;  // kGemmInt4: K elements per scale
 };
 
 // Arguments of bf16_to_fp8 (docs/CONTRACT.md, E4M3 cast) and dequant_e4m3.

@@ -16,6 +16,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_layout.h"
 #include "kernels/panel_layout.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
@@ -131,12 +132,50 @@ void check_panel_weights(std::string_view api, const QuantWeights& w) {
   check_layout_bytes(api, w, "panel", codes, scales);
 }
 
+// INT4 weights: their source layout only, a group the kernels take, codes [N, K/2] and the side
+// buffer kernels/int4_layout.h sizes.
+void check_int4_weights(std::string_view api, const QuantWeights& w) {
+  if (w.packing != WeightPacking::kSource || w.layout != WeightLayout::kRowMajor) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                "int4 weights are row-major in their source layout only (upload them with "
+                "UploadLayout::kSource or kBackendPreferred)");
+  }
+  if (w.k % 2 != 0 || !int4_group_ok(w.group, w.k)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("int4 group {} for K = {}: the group must divide K and be 32, 64, a "
+                            "multiple of 128 or K itself",
+                            w.group, w.k));
+  }
+  const auto un = static_cast<std::uint64_t>(w.n), uk = static_cast<std::uint64_t>(w.k);
+  const std::uint64_t codes = bytes_of(api, "the weights", un, uk, 1) / 2;
+  const std::uint64_t side =
+      int4_layout::side_of(w.n, w.k, w.group, w.zero_points, w.act_order).bytes;
+  if (w.codes_bytes != codes || w.scales_bytes != side) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("int4 weight codes and scales are {} and {} bytes; {}x{} in groups of "
+                            "{}{}{} needs {} ([N, K/2]) and {} (kernels/int4_layout.h)",
+                            w.codes_bytes, w.scales_bytes, w.n, w.k, w.group,
+                            w.zero_points ? " with zero points" : "",
+                            w.act_order ? " and act order" : "", codes, side));
+  }
+}
+
 void check_weights(std::string_view api, const QuantWeights& w) {
-  const int group = group_size(w.format);
   if (w.n < 1 || w.k < 1) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weights are {}x{}; N and K must be at least 1", w.n, w.k));
   }
+  if (w.format == WeightFormat::kInt4) {
+    check_pointer(api, "weight codes", w.codes);
+    check_pointer(api, "weight scales", w.scales);
+    check_int4_weights(api, w);
+    if (w.tensor_scale != 1.0f) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("int4 weights have no tensor scale, but it is {}", w.tensor_scale));
+    }
+    return;
+  }
+  const int group = group_size(w.format);
   if (w.k % group != 0) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("K = {} is not a multiple of {} ({} block size)", w.k, group,
@@ -212,6 +251,11 @@ std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
 GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
                    const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
+  // INT4: decode up to its largest M, else tiled. The dequant route is not built for INT4 yet;
+  // check_route refuses a kernel that does not read INT4.
+  if (w.format == WeightFormat::kInt4) {
+    return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
+  }
   // Weights in the panel layout: the decode route's kernel up to its largest M, the tiled one
   // above (both read it, Note [CPU panel layout]).
   if (w.packing == WeightPacking::kPanels) {
@@ -285,6 +329,13 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                 "source layout (upload them with UploadLayout::kDecode)");
   }
   if (route == GemmRoute::kDequant) {
+    const ResolvedKernel& dq = backend.op_cache().kernel(backend, kModule, kDequantEntry);
+    if (w.format == WeightFormat::kInt4 && !dq.meta.int4) {
+      throw Error(ErrorCode::kUnavailable, api,
+                  fmt::format("route dequant: {} does not read int4 weights (it publishes no "
+                              "dequant_bf16_int4)",
+                              backend.kernel_name(dq)));
+    }
     // Its GEMM is the backend's library, not a module kernel: refused with the backend's reason
     // where it has none. The dequantization itself keeps A exact, whatever the caller allows.
     if (const std::string why = backend.dense_gemm_unavailable(DenseKind::kBf16); !why.empty()) {
@@ -293,7 +344,7 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                               "lacks: {}",
                               why));
     }
-    return backend.op_cache().kernel(backend, kModule, kDequantEntry);
+    return dq;
   }
   const ResolvedKernel& gemm = backend.op_cache().kernel(backend, kModule,
                                                          route == GemmRoute::kFused ? kFusedEntry
@@ -305,6 +356,11 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                             "{}_absent); this target has no such kernel",
                             to_string(route), backend.kernel_name(gemm),
                             route == GemmRoute::kFused ? kFusedEntry : entry_of(route)));
+  }
+  if (w.format == WeightFormat::kInt4 && !gemm.meta.int4) {
+    throw Error(ErrorCode::kUnavailable, api,
+                fmt::format("route {}: {} does not read int4 weights (it publishes no {}_int4)",
+                            to_string(route), backend.kernel_name(gemm), entry_of(route)));
   }
   if (packed && gemm.meta.layout != decode_layout::kLayoutId) {
     throw Error(ErrorCode::kNotFound, api,
@@ -368,9 +424,18 @@ std::uint32_t gemm_flags(WeightFormat format, WeightLayout layout, WeightPacking
   const bool packed = packing == WeightPacking::kDecode;
   const bool panels = packing == WeightPacking::kPanels;
   return (format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u) |
+         (format == WeightFormat::kInt4 ? kGemmInt4 : 0u) |
          (!packed && !panels && layout == WeightLayout::kTransposed ? kGemmTransposed : 0u) |
          (packed ? kGemmDecodePacked : 0u) | (panels ? kGemmPanels : 0u) | (bias ? kGemmBias : 0u) |
          (out_f32 ? kGemmOutF32 : 0u);
+}
+
+// The INT4 flags of weights beside kGemmInt4: what their side buffer holds.
+constexpr std::uint32_t kInt4Detail = kGemmFp16Scales | kGemmZeroPoints | kGemmActOrder;
+std::uint32_t int4_flags(const QuantWeights& w) {
+  if (w.format != WeightFormat::kInt4) return 0;
+  return (w.fp16_scales ? kGemmFp16Scales : 0u) | (w.zero_points ? kGemmZeroPoints : 0u) |
+         (w.act_order ? kGemmActOrder : 0u);
 }
 
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
@@ -395,7 +460,8 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
                                static_cast<std::uint64_t>(plan.splits));
   const std::uint32_t flags =
       gemm_flags(plan.format, plan.layout, plan.packing, plan.bias, plan.out_f32);
-  if (plan.flags != flags) {
+  if ((plan.flags & ~kInt4Detail) != flags ||
+      ((plan.flags & kInt4Detail) != 0 && plan.format != WeightFormat::kInt4)) {
     throw Error(
         ErrorCode::kInvalidArgument, api,
         fmt::format("the plan's kernel flags are {:#x}, but its weights ({} {}, {} layout{}) "
@@ -510,6 +576,7 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
   params.weight_fold = plan.fold;
   params.splits = plan.splits;
   params.k_per_split = plan.k_per_split;
+  params.group = w.group;
   params.workspace = workspace.split_k.address();
 
   std::size_t i = 0;
@@ -607,7 +674,8 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   p.fold = w.fold;
   p.bias = static_cast<bool>(options.bias);
   p.out_f32 = options.out_f32;
-  p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias, p.out_f32);
+  p.flags = gemm_flags(w.format, w.layout, w.packing, p.bias, p.out_f32) | int4_flags(w);
+  p.group = w.group;
   if (p.out_f32 && p.route == GemmRoute::kDequant) {
     throw Error(ErrorCode::kUnavailable, api,
                 "the dequant route writes C through the backend's dense GEMM, in BF16 only; "
@@ -694,6 +762,13 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
         fmt::format("weights are in the {} layout (fold {}); the plan is for the {} "
                     "layout (fold {})",
                     packing_name(w.packing), w.fold, packing_name(plan.packing), plan.fold));
+  }
+  if (w.format == WeightFormat::kInt4 &&
+      (w.group != plan.group || int4_flags(w) != (plan.flags & kInt4Detail))) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("int4 weights in groups of {} (flags {:#x}); the plan is for groups "
+                            "of {} (flags {:#x})",
+                            w.group, int4_flags(w), plan.group, plan.flags & kInt4Detail));
   }
   if (w.n != plan.n || w.k != plan.k || w.format != plan.format || w.layout != plan.layout) {
     throw Error(ErrorCode::kInvalidArgument, api,

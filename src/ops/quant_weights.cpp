@@ -10,7 +10,9 @@
 
 #include "core/log.h"
 #include "core/published.h"
+#include "core/quant_int4.h"
 #include "kernels/decode_layout.h"
+#include "kernels/int4_layout.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"
@@ -42,8 +44,38 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
   d.tensor_scale = w.tensor_scale;
   d.codes_bytes = w.codes.size();
   d.scales_bytes = w.scales.size();
+  if (w.format == WeightFormat::kInt4) {
+    d.group = w.group;
+    d.fp16_scales = w.fp16_scales;
+    d.zero_points = !w.zeros.empty();
+    d.act_order = !w.k_perm.empty();
+    d.scales_bytes = int4_layout::side_of(w.n, w.k, w.group, d.zero_points, d.act_order).bytes;
+  }
   return d;
 }
+
+namespace {
+
+// INT4's side buffer (kernels/int4_layout.h) from checked host weights: scales, zero points and
+// the K permutation where the weights have them, zero bytes between.
+std::vector<std::uint8_t> int4_side_buffer(const HostQuantWeights& w) {
+  int4::check_weights("WeightsResource", w);
+  const auto side = int4_layout::side_of(w.n, w.k, w.group, !w.zeros.empty(), !w.k_perm.empty());
+  std::vector<std::uint8_t> out(side.bytes, 0);
+  std::copy(w.scales.begin(), w.scales.end(),
+            out.begin() + static_cast<std::ptrdiff_t>(side.scales));
+  std::copy(w.zeros.begin(), w.zeros.end(), out.begin() + static_cast<std::ptrdiff_t>(side.zeros));
+  for (std::size_t j = 0; j < w.k_perm.size(); ++j) {
+    const auto v = static_cast<std::uint32_t>(w.k_perm[j]);
+    for (int b = 0; b < 4; ++b) {
+      out[side.perm + 4 * j + static_cast<std::size_t>(b)] =
+          static_cast<std::uint8_t>(v >> (8 * b));
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 bool uploads_decode_layout(Backend& backend, UploadLayout upload) {
   return upload_packing(backend, upload) == WeightPacking::kDecode;
@@ -90,7 +122,14 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
                                  UploadLayout upload, std::source_location loc)
     : label_(std::move(label)) {
   // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
-  const WeightPacking packing = upload_packing(backend, upload);
+  const bool int4 = host.format == WeightFormat::kInt4;
+  if (int4 && (upload == UploadLayout::kDecode || upload == UploadLayout::kPanels)) {
+    throw Error(ErrorCode::kInvalidArgument, "WeightsResource",
+                fmt::format("int4 weights have no {} layout; upload them with "
+                            "UploadLayout::kSource or kBackendPreferred",
+                            upload == UploadLayout::kDecode ? "decode" : "panel"));
+  }
+  const WeightPacking packing = int4 ? WeightPacking::kSource : upload_packing(backend, upload);
   if (packing == WeightPacking::kPanels && !reads_panel_layout(backend)) {
     throw Error(ErrorCode::kUnavailable, "WeightsResource",
                 fmt::format("{} has no w4a16 decode and tiled kernels that read the panel layout "
@@ -100,6 +139,8 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   }
   std::optional<PackedDecodeWeights> packed;
   std::optional<PackedPanelWeights> panels;
+  std::optional<std::vector<std::uint8_t>> side;
+  if (int4) side = int4_side_buffer(host);
   const auto start = std::chrono::steady_clock::now();
   if (packing == WeightPacking::kDecode) packed = pack_for_decode(host);
   if (packing == WeightPacking::kPanels) panels = pack_for_panels(host);
@@ -111,6 +152,7 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
                                                      : host.codes;
   const std::vector<std::uint8_t>& hscales = packed   ? packed->scales
                                              : panels ? panels->scales
+                                             : side   ? *side
                                                       : host.scales;
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from a half-built object: GCC 12 at -O2 dropped such an object's member initializers on the

@@ -114,25 +114,6 @@ TEST(CompressedTensors, Mxfp4PackQuantizedIsReadAsTheLibraryReadsIt) {
   expect_library_reading("ct-mxfp4a16", WeightFormat::kMxfp4);
 }
 
-// An INT4 pack-quantized checkpoint (the same library, groups of 32): its 7 layers are rejected
-// by name and marked quantized, so no loader passes over them in silence; its BF16 ones load.
-TEST(CompressedTensors, Int4PackQuantizedLayersAreRejectedAsQuantized) {
-  const SafetensorsFile model = SafetensorsFile::open(fixture("ct-w4a16", "model.safetensors"));
-  const LinearLayerScan scan = scan_linear_layers(model);
-  EXPECT_EQ(scan.layers, (std::vector<std::string>{"lm_head", "model.embed_tokens"}));
-  std::vector<std::string> quantized;
-  for (const RejectedLayer& r : scan.rejected) {
-    if (r.quantized) quantized.push_back(r.layer);
-  }
-  EXPECT_EQ(quantized, kQuantized);
-  const auto down = std::find_if(scan.rejected.begin(), scan.rejected.end(), [](const auto& r) {
-    return r.layer == "model.layers.0.mlp.down_proj";
-  });
-  ASSERT_NE(down, scan.rejected.end());
-  EXPECT_EQ(down->tensor, "model.layers.0.mlp.down_proj.weight_packed");
-  EXPECT_NE(down->why.find("is I32 [64, 16]"), std::string::npos) << down->why;
-}
-
 // The same model saved in shards (its index and 3 shard files; gate_proj's global scale lies in
 // another shard than its codes): each layer gathered through the index loads exactly as from the
 // single file, and the folder resolves to its index.

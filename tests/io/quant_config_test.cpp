@@ -82,14 +82,12 @@ TEST(DeclaredQuantization, CompressedTensorsFormatsAsWritten) {
   EXPECT_TRUE(fp8->quantized_activations);
   EXPECT_THAT(fp8->activations, HasSubstr("dynamic per-token-group"));
 
-  // INT4 pack-quantized: declared, not read (issue 37), so no layer source.
+  // INT4 pack-quantized (W4A16, groups of 32): compressed-tensors INT4 layers.
   const auto int4 = read_declared_quantization(checkpoint("ct-w4a16"));
   ASSERT_TRUE(int4.has_value());
   EXPECT_EQ(int4->format, "pack-quantized");
-  EXPECT_TRUE(int4->layer_sources.empty());
-  EXPECT_THAT(refusal(*int4, {}, {}),
-              HasSubstr("declares compressed-tensors 'pack-quantized', which metrale does not "
-                        "read"));
+  EXPECT_THAT(int4->layer_sources, ElementsAre("compressed-tensors INT4"));
+  EXPECT_FALSE(int4->quantized_activations);
 }
 
 TEST(DeclaredQuantization, ModelOptW4A4AndW4A16) {

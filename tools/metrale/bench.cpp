@@ -443,8 +443,12 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const bool compare = bench.compare_routes.value_or(gpu);
   // (The fused route reads the decode layout too: the comparison needs it at any M.)
   const bool any_q4 = !shape.layers.empty();
+  // INT4 weights are read in their source layout only (ops/quant_weights.h).
+  const bool int4 = std::any_of(host.begin(), host.end(), [](const HostQuantWeights& h) {
+    return h.format == WeightFormat::kInt4;
+  });
   const bool packed_wanted =
-      any_q4 && ops::reads_decode_layout(b) &&
+      any_q4 && !int4 && ops::reads_decode_layout(b) &&
       (compare || std::any_of(ms.begin(), ms.end(), [&](std::int64_t m) { return m <= decode_m; }));
   // With --compare-routes (the default on a GPU), every other route the backend offers runs too
   // (on the source layout, which all of them read), and the dense BF16 GEMM of its library on
@@ -478,7 +482,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // The panel layout where the backend prefers it (the CPU with AVX-512 BF16): its decode and
   // tiled routes read it, the routes compared with --compare-routes do not.
   const bool panels_wanted =
-      source_wanted && !compare && !bench.source_layout &&
+      source_wanted && !compare && !bench.source_layout && !int4 &&
       ops::upload_packing(b, ops::UploadLayout::kBackendPreferred) == ops::WeightPacking::kPanels;
   const auto rotation_source =
       source_wanted ? panels_wanted ? upload_rotation(ops::UploadLayout::kPanels, " (panel layout)")
@@ -549,6 +553,9 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   double requant_seconds = 0;
   if (compare && any_q4) {
     w8a8_skipped = b.dense_gemm_unavailable(DenseKind::kE4m3Block128);
+    if (w8a8_skipped.empty() && int4) {
+      w8a8_skipped = "its requantization to E4M3 blocks reads FP4 weights, not INT4";
+    }
     if (w8a8_skipped.empty() && !bench.allow_e4m3) {
       w8a8_skipped = "it casts A to E4M3, which --allow-e4m3 allows";
     }

@@ -2,13 +2,40 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "core/quant_int4.h"
 #include "metrale/numerics.h"
 
 namespace metrale::toolkit {
+
+namespace {
+
+// Rows [row0, row0 + rows) of what each product's roundings scale with, row-major: |W| for the
+// FP4 formats; for INT4, (|code − 8| + |8 − zero|)·scale, since its vector kernels sum
+// a·(code − 8) and a·(8 − zero) apart (gemm_tolerance.h, "INT4").
+void magnitude_rows(const HostQuantWeights& w, std::int64_t row0, std::int64_t rows,
+                    std::span<const double> exact, std::span<double> out) {
+  if (w.format != WeightFormat::kInt4) {
+    std::transform(exact.begin(), exact.end(), out.begin(), [](double x) { return std::fabs(x); });
+    return;
+  }
+  const std::vector<std::int64_t> stored = int4::stored_columns(w);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < w.k; ++c) {
+      const std::int64_t j = stored[static_cast<std::size_t>(c)];
+      const int zero = int4::stored_zero(w, row0 + r, j);
+      out[static_cast<std::size_t>(r * w.k + c)] =
+          (std::abs(int4::stored_code(w, row0 + r, j) - 8) + std::abs(8 - zero)) *
+          std::fabs(static_cast<double>(int4::stored_scale(w, row0 + r, j)));
+    }
+  }
+}
+
+}  // namespace
 
 double activation(std::uint16_t a, AMode mode) {
   return mode == AMode::kBf16 ? double{num::bf16_to_f32(a)}
@@ -19,11 +46,9 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
                     std::span<const std::uint16_t> bias, AMode mode) {
   const std::int64_t n = w.n, k = w.k;
   // The weights and activations as doubles once: weight() decodes a scale per call.
-  std::vector<double> wd(static_cast<std::size_t>(n * k));
-  for (std::int64_t r = 0; r < n; ++r) {
-    for (std::int64_t c = 0; c < k; ++c)
-      wd[static_cast<std::size_t>(r * k + c)] = w.exact_weight(r, c);
-  }
+  std::vector<double> wd(static_cast<std::size_t>(n * k)), md(wd.size());
+  w.exact_rows(0, n, wd);
+  magnitude_rows(w, 0, n, wd, md);
   std::vector<double> ad(static_cast<std::size_t>(m * k)), gap(static_cast<std::size_t>(m * k));
   for (std::size_t i = 0; i < ad.size(); ++i) {
     ad[i] = activation(a[i], mode);
@@ -44,16 +69,18 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
           std::fabs(ad[static_cast<std::size_t>(i * k + c)]);
   }
   const double* W = wd.data();
+  const double* M = md.data();
   const double* A = ad.data();
   const double* G = gap.data();
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
       const double* ar = A + i * k;
       const double* wr = W + j * k;
+      const double* mr = M + j * k;
       double sum = 0.0, abs = 0.0, g = 0.0;
       for (std::int64_t c = 0; c < k; ++c) {
         sum += ar[c] * wr[c];
-        abs += std::fabs(ar[c] * wr[c]);
+        abs += std::fabs(ar[c]) * mr[c];
       }
       if (mode == AMode::kE4m3) {
         const double* gr = G + i * k;
@@ -83,11 +110,13 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
 ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
                                    std::int64_t col, AMode mode) {
   ReferenceElement e;
+  std::vector<double> wd(static_cast<std::size_t>(w.k)), md(wd.size());
+  w.exact_rows(col, 1, wd);
+  magnitude_rows(w, col, 1, wd, md);
   for (std::int64_t c = 0; c < w.k; ++c) {
     const double a = activation(a_row[static_cast<std::size_t>(c)], mode);
-    const double p = a * w.exact_weight(col, c);
-    e.value += p;
-    e.abs_sum += std::fabs(p);
+    e.value += a * wd[static_cast<std::size_t>(c)];
+    e.abs_sum += std::fabs(a) * md[static_cast<std::size_t>(c)];
     e.act_abs_sum += std::fabs(a);
   }
   return e;

@@ -97,7 +97,8 @@ struct GemmPlan {
   WeightFormat format = WeightFormat::kNvfp4;
   WeightLayout layout = WeightLayout::kRowMajor;
   WeightPacking packing = WeightPacking::kSource;
-  std::int32_t fold = 0;  // the weights' (QuantWeights::fold)
+  std::int32_t fold = 0;   // the weights' (QuantWeights::fold)
+  std::int64_t group = 0;  // INT4: the weights' K per scale (QuantWeights::group)
   bool bias = false;
   bool out_f32 = false;     // C is FP32 (GemmOptions::out_f32)
   std::uint32_t flags = 0;  // the kernels' GemmFlags

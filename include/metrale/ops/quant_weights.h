@@ -20,7 +20,8 @@ namespace metrale::ops {
 // (src/kernels/panel_layout.h), which the CPU's decode and tiled routes read.
 enum class WeightPacking { kSource, kDecode, kPanels };
 
-// Which layout an upload stores. kSource: the host's own. kDecode: the decode layout on every
+// Which layout an upload stores (INT4 weights: their source layout only, with kSource or
+// kBackendPreferred). kSource: the host's own. kDecode: the decode layout on every
 // backend (the CPU runs it too, as a reference). kPanels: the panel layout, on a backend whose
 // decode and tiled kernels publish that they read it (the CPU module), else refused.
 // kBackendPreferred: the decode layout where the backend's module publishes a decode kernel for
@@ -42,6 +43,10 @@ struct QuantWeights {
   std::size_t codes_bytes = 0;
   std::size_t scales_bytes = 0;
   float tensor_scale = 1.0f;
+  // INT4 only: K per scale, and what the scales buffer holds besides the scales
+  // (kernels/int4_layout.h: zero points, the act order's K permutation).
+  std::int64_t group = 0;
+  bool fp16_scales = false, zero_points = false, act_order = false;
 };
 
 // The device description of host weights: format, layout, shape, tensor scale and buffer sizes,

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "cpu/kernels/decode_avx2.h"
 #include "cpu/kernels/decode_bf16.h"
+#include "cpu/kernels/int4_cpu.h"
 #include "cpu/kernels/panels_small.h"
 #include "cpu/kernels/panels_tiled.h"
 #include "cpu/kernels/tiled_panels.h"
@@ -279,6 +280,7 @@ const char* to_string(Isa isa) noexcept {
 }
 
 void gemm_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (p.flags & kGemmInt4) return int4_gemm(p, n0, n1, isa);
   if (p.flags & kGemmPanels) {
     return isa == Isa::kAvx512Bf16 ? panels_small_avx512bf16(p, n0, n1)
                                    : panels_portable(p, n0, n1);
@@ -310,6 +312,7 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
   q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
   q.m = m1 - m0;
+  if (p.flags & kGemmInt4) return int4_gemm(q, n0, n1, isa);
   if (p.flags & kGemmPanels) {
     if (isa != Isa::kAvx512Bf16) return panels_portable(q, n0, n1);
     // Up to kPanelsTiledMaxM rows the register tiles decode the lines themselves; past it a panel

@@ -159,6 +159,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
   // run: verified as such (kernels/verified_devices.h), so the automatic choices that gate CUDA
   // on device runs leave the CPU's unchanged.
   m.publish_u32(e + "_verified_on", verified::kHostReference);
+  // The decode and tiled entries read INT4 weights (cpu/kernels/int4_cpu.h).
+  if (entry == "gemm_decode" || entry == "gemm_tiled") m.publish(e + "_int4", {std::byte{1}});
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_tiled" || entry == "gemm_e4m3" || entry == "gemm_split_reduce") {

@@ -81,6 +81,16 @@
 //    kDequantWeightUnit + kBf16Unit = 2^-7, the weights' rounding and the product's, for every
 //    shape (the table does not know N; Note [cuBLASLt bias rounding] in docs/NOTES.md). A wrong
 //    scale, nibble or bias is still off by O(S).
+//  - INT4 (Note [INT4 weights]): W = (code − zero)·s with a BF16 or FP16 scale s is exact in FP32
+//    (a 5-bit integer times an 11-bit significand), and so is each product with a BF16 a (8 more
+//    bits), so the derivation above holds with one change. The vector kernels do not form
+//    code − zero: they sum a·(code − 8) and, for asymmetric weights, a·(8 − zero) apart (one
+//    lookup table for every zero point) and add the two per group, so their roundings scale with
+//    Σ_k |a|·(|code − 8| + |8 − zero|)·s rather than Σ_k |a·w|, which is smaller where code ≈ zero
+//    far from 8. The reference takes that sum as S for INT4 (gemm_reference.cpp,
+//    magnitude_rows); for symmetric weights (zero 8) it is Σ|a·w| itself. A wrong scale, zero
+//    point or nibble is still off by O(|a|·s) per product, far above it. The normalized bound is
+//    unchanged: on random data it is the BF16 output rounding as for the FP4 formats.
 //  - Underflow: every relative figure above holds in the normal range only. A rounding whose
 //    result lies in a format's subnormal range errs by up to half its smallest subnormal, an
 //    absolute amount: 2^-134 for the BF16 output (its smallest subnormal is 2^-133), 2^-150 for

@@ -1,0 +1,238 @@
+// INT4 weights on processors with AVX-512 BF16: codes looked up as the BF16 values code − 8 and
+// multiplied with BF16 activations by vdpbf16ps, 128 weights per step, the layout of
+// decode_bf16.cpp (word i of a step's 64 code bytes holds k = 4i..4i+3; lookup r holds weight
+// 4i + r in element i; lane j of the four dot products sums k = 8j..8j+7, one group's).
+//
+// Scales and zero points: W = (code − zero)·s = (code − 8)·s + (8 − zero)·s, so each lane adds
+// dot·s and, for asymmetric weights, Σa·(8 − zero)·s, with Σa (the lane's 8 activations, summed
+// in FP32) staged with A once per block of columns. Both products are exact in FP32 ((code − 8)
+// and BF16 a, 4 + 8 bits; (8 − zero)·s, 5 + 11); the sums round as the tolerance derives for INT4
+// (toolkit/gemm_tolerance.h: its roundings scale with Σ|a|·(|code − 8| + |8 − zero|)·s).
+//
+// Groups of 32 and 64 split a step into 4 or 2 (16 scales serve 4 or 8 steps, picked per lane as
+// decode_bf16.cpp picks MXFP4's); a group of 128 or more is one scale per step, broadcast.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernels/int4_cpu.h"
+#include "cpu/kernels/int4_shared.h"
+#include "cpu/kernels/w4a16_shared.h"
+
+// See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace metrale::cpu::w4a16::detail {
+namespace {
+
+constexpr std::int64_t kStep = 128;  // weights per step: 64 code bytes
+// Prefetch distances in code bytes, as decode_bf16.cpp (Note [L2 read-ahead distance]).
+constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
+
+// BF16 bits of (i & 15) − 8 for i < 32: vpermw reads 5 index bits, the fifth a neighbour's.
+struct Int4Lut {
+  alignas(64) std::uint16_t words[32];
+};
+const Int4Lut& int4_lut() {
+  static const Int4Lut lut = [] {
+    Int4Lut x{};
+    for (int i = 0; i < 32; ++i) x.words[i] = num::f32_to_bf16(static_cast<float>((i & 15) - 8));
+    return x;
+  }();
+  return lut;
+}
+
+// `count` (at most 16) scales from s as FP32; lanes past count are 0.
+[[METRALE_TARGET_AVX512BF16, gnu::always_inline]] inline __m512 scales16(const std::uint8_t* s,
+                                                                         std::int64_t count,
+                                                                         bool fp16) {
+  const auto live = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
+  const __m256i raw = _mm256_maskz_loadu_epi16(live, s);
+  return fp16 ? _mm512_cvtph_ps(raw)
+              : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// `count` (at most 16) zero points from z as 8 − zero in FP32; lanes past count are 8.
+[[METRALE_TARGET_AVX512BF16, gnu::always_inline]] inline __m512 offsets16(const std::uint8_t* z,
+                                                                          std::int64_t count) {
+  const auto live = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
+  const __m512i zero = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, z));
+  return _mm512_sub_ps(_mm512_set1_ps(8.0f), _mm512_cvtepi32_ps(zero));
+}
+
+// A as BF16 in step-major order, as decode_bf16.cpp stages it (step c of row m at
+// (c * MB + m) * 128; vector r of a step holds A[4i + r]), read through the act order's
+// permutation; rows past M are zero. With `sums`, also each lane's Σa: step c of row m at
+// (c * MB + m) * 16, lane l the sum of the step's k = 8l..8l+7.
+template <int MB>
+[[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage_a(const GemmParams& p,
+                                                           const Int4Weights& w, std::int64_t steps,
+                                                           bool sums, const float** lane_sums) {
+  thread_local std::vector<std::uint16_t> staged, row;
+  thread_local std::vector<float> sum;
+  staged.assign(static_cast<std::size_t>(steps * MB * kStep), 0);
+  if (sums) sum.assign(static_cast<std::size_t>(steps * MB * 16), 0.0f);
+  const auto* a16 = at<const std::uint16_t>(p.a);
+  __m512i every4th[4];  // element i: index 4i + r of two concatenated vectors (i < 16)
+  for (int r = 0; r < 4; ++r) {
+    alignas(64) std::uint16_t idx[32];
+    for (int i = 0; i < 32; ++i) idx[i] = static_cast<std::uint16_t>((4 * i + r) & 63);
+    every4th[r] = _mm512_load_si512(idx);
+  }
+  for (std::int64_t m = 0; m < std::min<std::int64_t>(MB, p.m); ++m) {
+    const std::uint16_t* src = a16 + m * p.k;
+    if (w.k_perm != nullptr) {
+      row.resize(static_cast<std::size_t>(steps * kStep));
+      for (std::int64_t j = 0; j < steps * kStep; ++j) row[j] = src[w.k_perm[j]];
+      src = row.data();
+    }
+    for (std::int64_t c = 0; c < steps; ++c) {
+      const std::uint16_t* s = src + c * kStep;
+      std::uint16_t* dst = &staged[static_cast<std::size_t>((c * MB + m) * kStep)];
+      const __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 32);
+      const __m512i v2 = _mm512_loadu_si512(s + 64), v3 = _mm512_loadu_si512(s + 96);
+      for (int r = 0; r < 4; ++r) {
+        const __m512i lo = _mm512_permutex2var_epi16(v0, every4th[r], v1);
+        const __m512i hi = _mm512_permutex2var_epi16(v2, every4th[r], v3);
+        _mm512_storeu_si512(dst + 32 * r, _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1));
+      }
+      if (sums) {
+        float* lanes = &sum[static_cast<std::size_t>((c * MB + m) * 16)];
+        for (int l = 0; l < 16; ++l) {
+          float t = 0.0f;
+          for (int e = 0; e < 8; ++e) t += num::bf16_to_f32(s[8 * l + e]);
+          lanes[l] = t;
+        }
+      }
+    }
+  }
+  *lane_sums = sum.data();
+  return staged.data();
+}
+
+template <int MB>
+[[METRALE_TARGET_AVX512BF16]] void rows(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  // Two accumulators per column for one row, so its multiply-add chain never waits on itself.
+  constexpr int P = MB >= 2 ? 1 : 2;
+  const Int4Weights w(p);
+  const bool zp = w.zeros != nullptr;
+  const std::int64_t steps = p.k / kStep, kv = steps * kStep;
+  const float* sums = nullptr;
+  const std::uint16_t* a = stage_a<MB>(p, w, steps, zp, &sums);
+  const __m512i lut = _mm512_load_si512(int4_lut().words);
+  // Groups of 32 or 64: `batch` steps share 16 scales; lane l of step b takes scale
+  // b·(128 / group) + 8l / group of them.
+  const bool small = w.group < kStep;
+  const std::int64_t per_step = small ? kStep / w.group : 0;
+  const int batch = small ? static_cast<int>(16 / per_step) : 1;
+  __m512i pick[8];
+  for (int b = 0; b < batch; ++b) {
+    alignas(64) std::int32_t idx[16];
+    for (int l = 0; l < 16; ++l) {
+      idx[l] = small ? static_cast<std::int32_t>(b * per_step + 8 * l / w.group) : 0;
+    }
+    pick[b] = _mm512_load_si512(idx);
+  }
+
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const std::uint8_t* codes = w.codes + n * (p.k / 2);
+    const std::uint8_t* scales = w.scales + 2 * n * w.groups;
+    const std::uint8_t* zeros = zp ? w.zeros + n * w.groups : nullptr;
+    __m512 acc[MB][P];
+    for (int m = 0; m < MB; ++m) {
+      for (int q = 0; q < P; ++q) acc[m][q] = _mm512_setzero_ps();
+    }
+    auto step = [&](std::int64_t c, int q, __m512 scale, __m512 offset)
+        __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL1), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL2), _MM_HINT_T1);
+      const __m512i v = _mm512_loadu_si512(codes + c * 64);
+      const auto w0 = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(v, lut));
+      const auto w1 =
+          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut));
+      const auto w2 =
+          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut));
+      const auto w3 =
+          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut));
+      const std::uint16_t* ac = a + c * MB * kStep;
+#pragma GCC unroll 16
+      for (int m = 0; m < MB; ++m) {
+        const std::uint16_t* am = ac + m * kStep;
+        __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0,
+                                      reinterpret_cast<__m512bh>(_mm512_loadu_si512(am)));
+        dot = _mm512_dpbf16_ps(dot, w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 32)));
+        dot = _mm512_dpbf16_ps(dot, w2, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 64)));
+        dot = _mm512_dpbf16_ps(dot, w3, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 96)));
+        acc[m][q] = _mm512_fmadd_ps(dot, scale, acc[m][q]);
+        if (zp) {
+          acc[m][q] = _mm512_fmadd_ps(_mm512_loadu_ps(sums + (c * MB + m) * 16), offset, acc[m][q]);
+        }
+      }
+    };
+    if (small) {
+      std::int64_t c = 0;
+      const auto batch_at = [&](std::int64_t c0, __m512 * s16, __m512 * o16)
+          __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
+        const std::int64_t g0 = c0 * per_step, count = std::min<std::int64_t>(16, w.groups - g0);
+        *s16 = scales16(scales + 2 * g0, count, w.fp16);
+        *o16 = zp ? _mm512_mul_ps(offsets16(zeros + g0, count), *s16) : _mm512_setzero_ps();
+      };
+      for (; c + batch <= steps; c += batch) {
+        __m512 s16, o16;
+        batch_at(c, &s16, &o16);
+#pragma GCC unroll 8
+        for (int b = 0; b < batch; ++b) {
+          step(c + b, b % P, _mm512_permutexvar_ps(pick[b], s16),
+               _mm512_permutexvar_ps(pick[b], o16));
+        }
+      }
+      if (c < steps) {
+        __m512 s16, o16;
+        batch_at(c, &s16, &o16);
+        for (int b = 0; c + b < steps; ++b) {
+          step(c + b, b % P, _mm512_permutexvar_ps(pick[b], s16),
+               _mm512_permutexvar_ps(pick[b], o16));
+        }
+      }
+    } else {
+      for (std::int64_t c = 0; c < steps; ++c) {
+        const std::int64_t g = c * kStep / w.group;
+        const float s = w.scale(n, g);
+        step(c, static_cast<int>(c % P), _mm512_set1_ps(s),
+             _mm512_set1_ps(static_cast<float>(8 - w.zero(n, g)) * s));
+      }
+    }
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      __m512 total = acc[m][0];
+      for (int q = 1; q < P; ++q) total = _mm512_add_ps(total, acc[m][q]);
+      float sum = _mm512_reduce_add_ps(total);
+      // The columns past the last whole step (K not a multiple of 128: whole groups of 32 or 64,
+      // or the end of a per-row group).
+      for (std::int64_t j = kv; j < p.k; ++j) {
+        const std::int64_t g = j / w.group;
+        sum += a_at(p, m, w.a_col(j)) * static_cast<float>(w.code(n, j) - w.zero(n, g)) *
+               w.scale(n, g);
+      }
+      store(p, m, n, sum);
+    }
+  }
+}
+
+}  // namespace
+
+// The entry point carries no target attribute (see decode_bf16.cpp).
+template <int MB>
+void int4_rows_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  rows<MB>(p, n0, n1);
+}
+
+template void int4_rows_bf16<1>(const GemmParams&, std::int64_t, std::int64_t);
+template void int4_rows_bf16<2>(const GemmParams&, std::int64_t, std::int64_t);
+template void int4_rows_bf16<4>(const GemmParams&, std::int64_t, std::int64_t);
+template void int4_rows_bf16<8>(const GemmParams&, std::int64_t, std::int64_t);
+template void int4_rows_bf16<16>(const GemmParams&, std::int64_t, std::int64_t);
+
+}  // namespace metrale::cpu::w4a16::detail

@@ -1,0 +1,24 @@
+// The w4a16 module's CPU kernels for INT4 weights (kGemmInt4; Note [INT4 weights]): one kernel
+// for the decode and tiled entries, by instruction set. Internal to src/cpu/kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels/w4a16_cpu.h"
+#include "kernels/gemm_params.h"
+
+namespace metrale::cpu::w4a16 {
+
+// C[:, n0:n1] for every row of p, INT4 weights: on AVX-512 BF16 the weights are streamed once per
+// 16 rows of A (int4_bf16.cpp), elsewhere by the portable kernel.
+void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
+
+namespace detail {
+// The portable kernel: per group, Σ a·(code − zero) in FP32 (exact products), times the scale.
+void int4_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1);
+// C[:, n0:n1] for p.m <= MB rows, MB in {1, 2, 4, 8, 16}; the caller has checked the processor.
+template <int MB>
+void int4_rows_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1);
+}  // namespace detail
+
+}  // namespace metrale::cpu::w4a16

@@ -1,0 +1,63 @@
+// INT4 weights on any processor, and the dispatch of the INT4 kernels by instruction set.
+#include <algorithm>
+#include <vector>
+
+#include "cpu/kernels/int4_cpu.h"
+#include "cpu/kernels/int4_shared.h"
+#include "cpu/kernels/w4a16_shared.h"
+
+namespace metrale::cpu::w4a16 {
+namespace detail {
+
+void int4_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  const Int4Weights w(p);
+  // A as float in the weights' stored K order, once per block of columns.
+  thread_local std::vector<float> a;
+  a.resize(static_cast<std::size_t>(p.m * p.k));
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    for (std::int64_t j = 0; j < p.k; ++j) a[m * p.k + j] = a_at(p, m, w.a_col(j));
+  }
+  for (std::int64_t n = n0; n < n1; ++n) {
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      const float* am = a.data() + m * p.k;
+      float sum = 0.0f;
+      for (std::int64_t g = 0; g < w.groups; ++g) {
+        const auto zero = static_cast<float>(w.zero(n, g));
+        float part = 0.0f;
+        for (std::int64_t j = g * w.group; j < (g + 1) * w.group; ++j) {
+          part += am[j] * (static_cast<float>(w.code(n, j)) - zero);
+        }
+        sum += part * w.scale(n, g);
+      }
+      store(p, m, n, sum);
+    }
+  }
+}
+
+}  // namespace detail
+
+void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
+  // Slices of up to 16 rows, each streaming the block's weights again (from cache: a tiled block
+  // is 64 columns).
+  constexpr std::int64_t kRows = 16;
+  for (std::int64_t m0 = 0; m0 < p.m; m0 += kRows) {
+    GemmParams q = p;
+    q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
+    q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
+    q.m = std::min(kRows, p.m - m0);
+    if (q.m <= 1) {
+      detail::int4_rows_bf16<1>(q, n0, n1);
+    } else if (q.m <= 2) {
+      detail::int4_rows_bf16<2>(q, n0, n1);
+    } else if (q.m <= 4) {
+      detail::int4_rows_bf16<4>(q, n0, n1);
+    } else if (q.m <= 8) {
+      detail::int4_rows_bf16<8>(q, n0, n1);
+    } else {
+      detail::int4_rows_bf16<16>(q, n0, n1);
+    }
+  }
+}
+
+}  // namespace metrale::cpu::w4a16

@@ -1,0 +1,56 @@
+// What the CPU kernels for INT4 weights share (Note [INT4 weights]): typed access to the codes
+// and the side buffer (kernels/int4_layout.h), and A read through the act order's permutation.
+// Internal to src/cpu/kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gemm_params.h"
+#include "kernels/int4_layout.h"
+#include "metrale/numerics.h"
+
+namespace metrale::cpu::w4a16::detail {
+
+struct Int4Weights {
+  const std::uint8_t* codes;
+  const std::uint8_t* scales;  // [N, groups] x 2 bytes
+  const std::uint8_t* zeros;   // [N, groups], or null: every zero point is 8
+  const std::int32_t* k_perm;  // [K], or null: A in its own order
+  std::int64_t n, k, group, groups;
+  bool fp16;
+
+  explicit Int4Weights(const GemmParams& p)
+      : codes(reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(p.codes))),
+        scales(reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(p.scales))),
+        zeros(nullptr),
+        k_perm(nullptr),
+        n(p.n),
+        k(p.k),
+        group(p.group),
+        groups(p.k / p.group),
+        fp16((p.flags & kGemmFp16Scales) != 0) {
+    const auto side = int4_layout::side_of(p.n, p.k, p.group, (p.flags & kGemmZeroPoints) != 0,
+                                           (p.flags & kGemmActOrder) != 0);
+    if (p.flags & kGemmZeroPoints) zeros = scales + side.zeros;
+    if (p.flags & kGemmActOrder) k_perm = reinterpret_cast<const std::int32_t*>(scales + side.perm);
+  }
+
+  // The code at stored column j of row.
+  std::uint8_t code(std::int64_t row, std::int64_t j) const {
+    const std::uint8_t byte = codes[row * (k / 2) + (j >> 1)];
+    return (j & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
+  }
+  // The scale of group g of row, as float (exact).
+  float scale(std::int64_t row, std::int64_t g) const {
+    const std::uint8_t* s = scales + 2 * (row * groups + g);
+    const auto bits = static_cast<std::uint16_t>(s[0] | (s[1] << 8));
+    return fp16 ? num::f16_to_f32(bits) : num::bf16_to_f32(bits);
+  }
+  int zero(std::int64_t row, std::int64_t g) const {
+    return zeros != nullptr ? zeros[row * groups + g] : 8;
+  }
+  // The column of A that stored column j multiplies.
+  std::int64_t a_col(std::int64_t j) const { return k_perm != nullptr ? k_perm[j] : j; }
+};
+
+}  // namespace metrale::cpu::w4a16::detail

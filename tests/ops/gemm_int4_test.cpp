@@ -1,0 +1,294 @@
+// w4a16_gemm on INT4 weights (Note [INT4 weights]): fresh random data over every group size the
+// format takes (32, 64, 128, 256 and one scale per row), symmetric and asymmetric, BF16 and FP16
+// scales, with and without act order, on the decode and tiled routes and the automatic one, with
+// and without bias, BF16 and FP32 C, against the float64 reference (toolkit/gemm_tolerance.h,
+// "INT4"). Outputs are poisoned first and the elements past C must stay poisoned. ctest runs this
+// program under each lower CPU instruction set too (GemmIsa says which one ran). A backend whose
+// kernels do not read INT4 (they publish no <entry>_int4) refuses the weights by name: checked
+// here on the CPU for the routes it has no INT4 kernel for.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "kernels/gemm_params.h"
+#include "metrale/numerics.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/quant.h"
+#include "ops/gemm_reference.h"
+
+namespace metrale::testing::gemm {
+namespace {
+
+using ops::GemmRoute;
+
+// expr must throw metrale::Error with `code` and a message containing `text`.
+#define EXPECT_ERROR(expr, want, text)                                            \
+  do {                                                                            \
+    const Error e_ = expect_error([&] { (void)(expr); });                         \
+    EXPECT_EQ(e_.code(), (want)) << e_.what();                                    \
+    EXPECT_NE(std::string(e_.what()).find(text), std::string::npos) << e_.what(); \
+  } while (0)
+
+struct Int4Case {
+  std::int64_t m = 1, n = 1, k = 32, group = 32;
+  bool zero_points = false, fp16 = false, act_order = false, bias = false, out_f32 = false;
+  GemmRoute route = GemmRoute::kAuto;
+
+  std::string str() const {
+    return fmt::format("M={} N={} K={} group {}{}{}{}{}{} route {}", m, n, k, group,
+                       zero_points ? " zero points" : " symmetric",
+                       fp16 ? " fp16 scales" : " bf16 scales", act_order ? " act order" : "",
+                       bias ? " bias" : "", out_f32 ? " fp32 C" : "", ops::to_string(route));
+  }
+};
+
+// Weights for c: normal values whose groups are shifted by up to their own spread (so that the
+// asymmetric zero points spread over 0..15, not only around 8), quantized in c's groups; with act
+// order, the groups are then a random assignment of K's columns (`group` each).
+HostQuantWeights random_int4(std::mt19937_64& gen, const Int4Case& c) {
+  std::vector<float> values = random_weight_values(gen, c.n, c.k);
+  std::uniform_real_distribution<float> shift(-1.0f, 1.0f);
+  for (std::int64_t r = 0; r < c.n; ++r) {
+    for (std::int64_t g0 = 0; g0 < c.k; g0 += c.group) {
+      float spread = 0.0f;
+      for (std::int64_t j = g0; j < g0 + c.group; ++j) {
+        spread = std::max(spread, std::fabs(values[static_cast<std::size_t>(r * c.k + j)]));
+      }
+      const float s = shift(gen) * spread;
+      for (std::int64_t j = g0; j < g0 + c.group; ++j)
+        values[static_cast<std::size_t>(r * c.k + j)] += s;
+    }
+  }
+  HostQuantWeights w = quantize_int4(values, c.n, c.k, c.group, c.zero_points, c.fp16);
+  if (!c.act_order) return w;
+  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(c.k));
+  for (std::int64_t k = 0; k < c.k; ++k)
+    g_idx[static_cast<std::size_t>(k)] = static_cast<std::int32_t>(k / c.group);
+  std::shuffle(g_idx.begin(), g_idx.end(), gen);
+  return with_act_order(w, g_idx);
+}
+
+// Ks for a group: below one 128-step, whole steps, and steps with a tail of whole groups.
+std::vector<std::int64_t> ks_of(std::int64_t group) {
+  switch (group) {
+    case 32:
+      return {32, 96, 160, 416};
+    case 64:
+      return {64, 192, 448};
+    case 128:
+      return {128, 384, 1152};
+    case 256:
+      return {256, 768};
+    default:  // one scale per row: K itself, any even K
+      return {40, 200, 1000};
+  }
+}
+
+class GemmInt4 : public GemmBackendTest {
+ protected:
+  void SetUp() override {
+    GemmBackendTest::SetUp();
+    if (IsSkipped()) return;
+    if (!b().op_cache().kernel(b(), "w4a16", "gemm_decode").meta.int4) {
+      GTEST_SKIP() << b().name() << "'s w4a16 kernels do not read INT4 weights yet (no "
+                   << "gemm_decode_int4)";
+    }
+  }
+
+  // Runs one case on fresh data and checks it; returns the route the op took.
+  GemmRoute run(const Int4Case& c) {
+    SCOPED_TRACE(c.str());
+    const HostQuantWeights host = random_int4(gen(), c);
+    const ops::QuantWeights w = upload_weights(host);
+    const std::vector<std::uint16_t> a =
+        random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
+    const std::vector<std::uint16_t> bias =
+        c.bias ? random_bias(gen(), c.n) : std::vector<std::uint16_t>{};
+    const auto mn = static_cast<std::size_t>(c.m * c.n);
+    const std::size_t elem = c.out_f32 ? 4 : 2;
+    const DevicePtr dc = poisoned((mn + kTailElems) * elem);
+    ops::GemmOptions options;
+    options.route = c.route;
+    options.bias = c.bias ? upload(bias) : DevicePtr{};
+    options.out_f32 = c.out_f32;
+    const GemmRoute taken = ops::choose_route(b(), c.m, w, options);
+    ops::w4a16_gemm(b(), stream(), upload(a), c.m, w, dc, options);
+    const std::vector<std::uint8_t> bytes = read<std::uint8_t>(dc, (mn + kTailElems) * elem);
+    EXPECT_TRUE(std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(mn * elem), bytes.end(),
+                            [](std::uint8_t x) { return x == kPoisonByte; }))
+        << "wrote past C";
+    const Reference ref = reference(a, c.m, host, bias, AMode::kBf16);
+    if (c.out_f32) {
+      std::vector<float> out(mn);
+      std::memcpy(out.data(), bytes.data(), mn * 4);
+      const Comparison cmp = toolkit::compare_f32(out, ref);
+      EXPECT_EQ(cmp.unwritten, 0) << cmp.str();
+      EXPECT_LE(cmp.worst, 1.0) << cmp.str();
+      EXPECT_LE(cmp.normalized, kNormTol) << cmp.str();
+    } else {
+      std::vector<std::uint16_t> out(mn);
+      std::memcpy(out.data(), bytes.data(), mn * 2);
+      expect_close(compare(out, ref), kNormTol, "against the float64 reference");
+    }
+    free_all();
+    return taken;
+  }
+};
+
+TEST_P(GemmInt4, EveryGroupZeroPointScaleTypeAndActOrderMatchesFloat64) {
+  constexpr std::array<std::int64_t, 7> kMs = {1, 2, 3, 5, 16, 17, 33};
+  constexpr std::array<std::int64_t, 4> kNs = {1, 7, 65, 257};
+  int i = 0;
+  for (const std::int64_t group : {32, 64, 128, 256, 0}) {
+    for (const bool zp : {false, true}) {
+      for (const bool act : {false, true}) {
+        const std::vector<std::int64_t> ks = ks_of(group);
+        for (std::size_t ki = 0; ki < ks.size(); ++ki, ++i) {
+          Int4Case c;
+          c.k = ks[ki];
+          c.group = group == 0 ? c.k : group;
+          c.m = kMs[static_cast<std::size_t>(i) % kMs.size()];
+          c.n = kNs[static_cast<std::size_t>(i / 2) % kNs.size()];
+          c.zero_points = zp;
+          c.act_order = act;
+          c.fp16 = i % 3 == 0;
+          c.bias = i % 2 == 0;
+          c.out_f32 = i % 5 == 1;
+          c.route = i % 3 == 1   ? GemmRoute::kDecode
+                    : i % 3 == 2 ? GemmRoute::kTiled
+                                 : GemmRoute::kAuto;
+          const GemmRoute taken = run(c);
+          if (c.route != GemmRoute::kAuto) {
+            EXPECT_EQ(taken, c.route) << c.str();
+          }
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// Every M from 1 to 40 on both routes: the CPU kernel runs rows in register blocks of 1, 2, 4, 8
+// and 16, and slices of 16 past that.
+TEST_P(GemmInt4, EveryRowBlockOnBothRoutes) {
+  for (std::int64_t m = 1; m <= 40; ++m) {
+    for (const GemmRoute route : {GemmRoute::kDecode, GemmRoute::kTiled}) {
+      Int4Case c;
+      c.m = m;
+      c.n = 33;
+      c.k = 288;
+      c.group = 32;
+      c.zero_points = m % 2 == 0;
+      c.act_order = m % 3 == 0;
+      c.route = route;
+      run(c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Weights that are exactly 0 as code = zero = 0 (W = (0 − 0)·s): the vector kernels sum a·(0 − 8)·s
+// and a·(8 − 0)·s apart, which cancel only up to their roundings, so C is near 0, not 0. It is held
+// to the INT4 bound (toolkit/gemm_tolerance.h, "INT4"), which counts those sums; a bound on
+// Σ|a·w| = 0 alone would call it wrong.
+TEST_P(GemmInt4, CancellingZeroPointsStayWithinTheInt4Bound) {
+  for (const std::int64_t m : {1, 5, 16}) {
+    HostQuantWeights w;
+    w.format = WeightFormat::kInt4;
+    w.n = 9;
+    w.k = 416;
+    w.group = 32;
+    w.codes.assign(static_cast<std::size_t>(w.n * w.k / 2), 0);
+    w.zeros.assign(static_cast<std::size_t>(w.n * w.k / 32), 0);
+    w.scales.resize(2 * w.zeros.size());
+    for (std::size_t i = 0; i < w.zeros.size(); ++i) {
+      const std::uint16_t s = num::f32_to_bf16(std::ldexp(1.0f, static_cast<int>(i % 9) - 4));
+      w.scales[2 * i] = static_cast<std::uint8_t>(s & 0xFF);
+      w.scales[2 * i + 1] = static_cast<std::uint8_t>(s >> 8);
+    }
+    // Activations over 43 octaves: a sum of 8 of them no longer fits FP32's 24 bits, so the two
+    // sums round (over the default 13 octaves they are exact and cancel to 0).
+    const std::vector<std::uint16_t> a =
+        random_activations(gen(), static_cast<std::size_t>(m * w.k), -40.0, 3.0);
+    const auto mn = static_cast<std::size_t>(m * w.n);
+    const DevicePtr dc = poisoned(mn * 2);
+    ops::w4a16_gemm(b(), stream(), upload(a), m, upload_weights(w), dc);
+    const Comparison cmp =
+        compare(read<std::uint16_t>(dc, mn), reference(a, m, w, {}, AMode::kBf16));
+    EXPECT_EQ(cmp.unwritten, 0) << cmp.str();
+    EXPECT_LE(cmp.worst, 1.0) << "M=" << m << ": " << cmp.str();
+    free_all();
+  }
+}
+
+// Routes without an INT4 kernel are refused by name, before anything runs.
+TEST_P(GemmInt4, RoutesWithoutAnInt4KernelAreRefusedByName) {
+  Int4Case c;
+  c.k = 128;
+  const ops::QuantWeights w = upload_weights(random_int4(gen(), c));
+  ops::GemmOptions e4m3;
+  e4m3.route = GemmRoute::kE4m3;
+  e4m3.activations = ops::Activations::kAllowE4m3;
+  EXPECT_ERROR(ops::plan(b(), 64, w, e4m3), ErrorCode::kUnavailable, "publishes no gemm_e4m3_int4");
+  if (b().dense_gemm_unavailable(DenseKind::kBf16).empty()) {
+    ops::GemmOptions dequant;
+    dequant.route = GemmRoute::kDequant;
+    EXPECT_ERROR(ops::plan(b(), 64, w, dequant), ErrorCode::kUnavailable,
+                 "publishes no dequant_bf16_int4");
+  }
+}
+
+// Weights the INT4 kernels cannot take are refused by name: a decode or panel upload, a group
+// they do not take, side buffers of the wrong size, a plan for other INT4 weights.
+TEST_P(GemmInt4, BadWeightsAndMismatchedPlansAreRefused) {
+  Int4Case c;
+  c.n = 8;
+  c.k = 256;
+  c.group = 64;
+  c.zero_points = true;
+  const HostQuantWeights host = random_int4(gen(), c);
+  EXPECT_ERROR(ops::upload_weights(b(), host, ops::UploadLayout::kDecode),
+               ErrorCode::kInvalidArgument, "int4 weights have no decode layout");
+  EXPECT_ERROR(ops::upload_weights(b(), host, ops::UploadLayout::kPanels),
+               ErrorCode::kInvalidArgument, "int4 weights have no panel layout");
+  const ops::QuantWeights w = upload_weights(host);
+  ops::QuantWeights bad = w;
+  bad.group = 48;
+  EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "int4 group 48 for K = 256");
+  bad = w;
+  bad.zero_points = false;  // the buffer holds them: its size says otherwise
+  EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "kernels/int4_layout.h");
+  bad = w;
+  bad.tensor_scale = 2.0f;
+  EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "no tensor scale");
+
+  // A plan for symmetric weights of the same shape does not run asymmetric ones.
+  c.zero_points = false;
+  const ops::QuantWeights sym = upload_weights(random_int4(gen(), c));
+  const ops::GemmPlan p = ops::plan(b(), 1, sym);
+  const DevicePtr a = alloc(static_cast<std::size_t>(c.k) * 2), out = alloc(16 * 2);
+  EXPECT_ERROR(ops::run(p, stream(), a, w, out, ops::scratch_workspace(p, stream())),
+               ErrorCode::kInvalidArgument, "the plan is for groups of 64");
+  // A plan whose INT4 flags were edited onto FP4 weights is refused too.
+  HostQuantWeights fp4 = quantize_nvfp4(std::vector<float>(8 * 256, 1.0f), 8, 256);
+  const ops::QuantWeights nv = upload_weights(fp4);
+  ops::GemmPlan q = ops::plan(b(), 1, nv);
+  q.flags |= kGemmZeroPoints;
+  EXPECT_ERROR(ops::run(q, stream(), a, nv, out, ops::scratch_workspace(q, stream())),
+               ErrorCode::kInvalidArgument, "kernel flags");
+}
+
+INSTANTIATE_TEST_SUITE_P(, GemmInt4, ::testing::Values("cpu", "cuda"), backend_name);
+
+}  // namespace
+}  // namespace metrale::testing::gemm
