@@ -43,13 +43,20 @@ struct Fixture {
 
 void BM_W4a16(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  const auto format =
-      state.range(3) ? metrale::WeightFormat::kMxfp4 : metrale::WeightFormat::kNvfp4;
+  // fmt: 0 NVFP4, 1 MXFP4, 2 INT4 (groups of 128, FP16 scales, zero points: GPTQ's and AWQ's
+  // usual form), 3 the same with act order.
+  const auto fmt_id = state.range(3);
+  const auto format = fmt_id == 0   ? metrale::WeightFormat::kNvfp4
+                      : fmt_id == 1 ? metrale::WeightFormat::kMxfp4
+                                    : metrale::WeightFormat::kInt4;
   const auto layout = state.range(4) ? metrale::ops::UploadLayout::kBackendPreferred
                                      : metrale::ops::UploadLayout::kSource;
   Fixture fx;
   std::mt19937_64 rng(1234);
-  const metrale::HostQuantWeights hq = metrale::toolkit::random_weights(format, n, k, rng);
+  const metrale::HostQuantWeights hq =
+      format == metrale::WeightFormat::kInt4
+          ? metrale::toolkit::random_int4_weights(n, k, 128, fmt_id == 3, rng)
+          : metrale::toolkit::random_weights(format, n, k, rng);
   const std::size_t copies = metrale::toolkit::rotation_copies(hq.codes.size() + hq.scales.size());
   for (std::size_t i = 0; i < copies; ++i) {
     fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq, layout));
@@ -118,12 +125,13 @@ void BM_W4a16(benchmark::State& state) {
   fx.backend.free(fx.c);
 }
 
-// Llama-3 8B and 70B linear layers at decode (M = 1, 16) and batches of 64 and 256; NVFP4 (mx 0)
-// and MXFP4 (mx 1); the source layout (panels 0) or the backend's preferred one (panels 1). The
+// Llama-3 8B and 70B linear layers at decode (M = 1, 16) and batches of 64 and 256; NVFP4 (fmt 0),
+// MXFP4 (fmt 1) and INT4 (fmt 2; fmt 3 with act order); the source layout (panels 0) or the
+// backend's preferred one (panels 1). The
 // CPU run is a subset of the M list (docs/CONTRACT.md, GEMM goals): M = 4096 would
 // take minutes per case.
 BENCHMARK(BM_W4a16)
-    ->ArgNames({"M", "N", "K", "mx", "panels"})
+    ->ArgNames({"M", "N", "K", "fmt", "panels"})
     ->Args({1, 6144, 4096, 0, 0})
     ->Args({1, 4096, 4096, 0, 0})
     ->Args({1, 28672, 4096, 0, 0})
@@ -139,6 +147,12 @@ BENCHMARK(BM_W4a16)
     ->Args({64, 28672, 4096, 0, 1})
     ->Args({256, 4096, 4096, 0, 0})
     ->Args({256, 4096, 4096, 0, 1})
+    ->Args({1, 4096, 14336, 2, 0})
+    ->Args({1, 4096, 14336, 3, 0})
+    ->Args({1, 28672, 4096, 2, 0})
+    ->Args({16, 28672, 4096, 2, 0})
+    ->Args({64, 28672, 4096, 2, 0})
+    ->Args({256, 4096, 4096, 2, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

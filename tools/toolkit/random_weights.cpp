@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "metrale/error.h"
 
@@ -11,6 +13,7 @@ namespace metrale::toolkit {
 
 HostQuantWeights random_weights(WeightFormat format, std::int64_t n, std::int64_t k,
                                 std::mt19937_64& rng) {
+  if (format == WeightFormat::kInt4) return random_int4_weights(n, k, 128, false, rng);
   const int group = group_size(format);
   if (n < 1 || k < 1 || k % group != 0) {
     throw Error(ErrorCode::kInvalidArgument, "random_weights",
@@ -40,6 +43,37 @@ HostQuantWeights random_weights(WeightFormat format, std::int64_t n, std::int64_
     // E8M0 (bias 127): 2^-9 .. 2^-4.
     for (auto& s : w.scales) s = static_cast<std::uint8_t>(127 - 9 + octave(rng));
     w.tensor_scale = 1.0f;
+  }
+  return w;
+}
+
+HostQuantWeights random_int4_weights(std::int64_t n, std::int64_t k, std::int64_t group,
+                                     bool act_order, std::mt19937_64& rng) {
+  // The quantizer checks the shape and group, on a row of zeros (cheap), then the fields are
+  // drawn directly.
+  HostQuantWeights w =
+      quantize_int4(std::vector<float>(static_cast<std::size_t>(k), 0.0f), 1, k, group, true, true);
+  w.n = n;
+  w.codes.resize(static_cast<std::size_t>(n * k / 2));
+  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
+    const std::uint64_t r = rng();
+    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
+  }
+  const auto groups = static_cast<std::size_t>(n * (k / group));
+  std::uniform_int_distribution<int> octave(0, 5), mantissa(0, 1023), zero(0, 15);
+  w.scales.resize(2 * groups);
+  w.zeros.resize(groups);
+  for (std::size_t i = 0; i < groups; ++i) {
+    // FP16 exponent field 6..11 (bias 15): 2^-9 .. 2^-4.
+    const auto bits = static_cast<std::uint16_t>(((6 + octave(rng)) << 10) | mantissa(rng));
+    w.scales[2 * i] = static_cast<std::uint8_t>(bits & 0xFF);
+    w.scales[2 * i + 1] = static_cast<std::uint8_t>(bits >> 8);
+    w.zeros[i] = static_cast<std::uint8_t>(zero(rng));
+  }
+  if (act_order) {
+    w.k_perm.resize(static_cast<std::size_t>(k));
+    std::iota(w.k_perm.begin(), w.k_perm.end(), 0);
+    std::shuffle(w.k_perm.begin(), w.k_perm.end(), rng);
   }
   return w;
 }

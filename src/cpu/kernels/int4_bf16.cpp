@@ -4,9 +4,10 @@
 // 4i + r in element i; lane j of the four dot products sums k = 8j..8j+7, one group's).
 //
 // Scales and zero points: W = (code − zero)·s = (code − 8)·s + (8 − zero)·s, so each lane adds
-// dot·s and, for asymmetric weights, Σa·(8 − zero)·s, with Σa (the lane's 8 activations, summed
-// in FP32) staged with A once per block of columns. Both products are exact in FP32 ((code − 8)
-// and BF16 a, 4 + 8 bits; (8 − zero)·s, 5 + 11); the sums round as the tolerance derives for INT4
+// dot·s per step and, for asymmetric weights, the column adds Σ_g (8 − zero_g)·s_g·Σa_g over its
+// groups, sixteen groups per multiply-add, with each group's Σa (in FP32) staged with A once per
+// block of columns. Both products are exact in FP32 ((code − 8) and BF16 a, 4 + 8 bits;
+// (8 − zero)·s, 5 + 11); the sums round as the tolerance derives for INT4
 // (toolkit/gemm_tolerance.h: its roundings scale with Σ|a|·(|code − 8| + |8 − zero|)·s).
 //
 // Groups of 32 and 64 split a step into 4 or 2 (16 scales serve 4 or 8 steps, picked per lane as
@@ -32,19 +33,6 @@ constexpr std::int64_t kStep = 128;  // weights per step: 64 code bytes
 // Prefetch distances in code bytes, as decode_bf16.cpp (Note [L2 read-ahead distance]).
 constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
 
-// BF16 bits of (i & 15) − 8 for i < 32: vpermw reads 5 index bits, the fifth a neighbour's.
-struct Int4Lut {
-  alignas(64) std::uint16_t words[32];
-};
-const Int4Lut& int4_lut() {
-  static const Int4Lut lut = [] {
-    Int4Lut x{};
-    for (int i = 0; i < 32; ++i) x.words[i] = num::f32_to_bf16(static_cast<float>((i & 15) - 8));
-    return x;
-  }();
-  return lut;
-}
-
 // `count` (at most 16) scales from s as FP32; lanes past count are 0.
 [[METRALE_TARGET_AVX512BF16, gnu::always_inline]] inline __m512 scales16(const std::uint8_t* s,
                                                                          std::int64_t count,
@@ -65,16 +53,17 @@ const Int4Lut& int4_lut() {
 
 // A as BF16 in step-major order, as decode_bf16.cpp stages it (step c of row m at
 // (c * MB + m) * 128; vector r of a step holds A[4i + r]), read through the act order's
-// permutation; rows past M are zero. With `sums`, also each lane's Σa: step c of row m at
-// (c * MB + m) * 16, lane l the sum of the step's k = 8l..8l+7.
+// permutation; rows past M are zero. With `sums`, also each group's Σa over the staged steps
+// (row m's group g at m * padded + g, `padded` the groups rounded up to 16, zero beyond).
 template <int MB>
 [[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage_a(const GemmParams& p,
                                                            const Int4Weights& w, std::int64_t steps,
-                                                           bool sums, const float** lane_sums) {
+                                                           bool sums, std::int64_t padded,
+                                                           const float** group_sums) {
   thread_local std::vector<std::uint16_t> staged, row;
   thread_local std::vector<float> sum;
   staged.assign(static_cast<std::size_t>(steps * MB * kStep), 0);
-  if (sums) sum.assign(static_cast<std::size_t>(steps * MB * 16), 0.0f);
+  if (sums) sum.assign(static_cast<std::size_t>(MB * padded), 0.0f);
   const auto* a16 = at<const std::uint16_t>(p.a);
   __m512i every4th[4];  // element i: index 4i + r of two concatenated vectors (i < 16)
   for (int r = 0; r < 4; ++r) {
@@ -99,17 +88,24 @@ template <int MB>
         const __m512i hi = _mm512_permutex2var_epi16(v2, every4th[r], v3);
         _mm512_storeu_si512(dst + 32 * r, _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1));
       }
-      if (sums) {
-        float* lanes = &sum[static_cast<std::size_t>((c * MB + m) * 16)];
-        for (int l = 0; l < 16; ++l) {
-          float t = 0.0f;
-          for (int e = 0; e < 8; ++e) t += num::bf16_to_f32(s[8 * l + e]);
-          lanes[l] = t;
+    }
+    if (sums) {
+      // Sixteen at a time (a scalar loop with a division per element cost more than the steps it
+      // serves at M = 1); a group's span in the staged steps is a multiple of 32.
+      float* gs = &sum[static_cast<std::size_t>(m * padded)];
+      const std::int64_t kv = steps * kStep;
+      for (std::int64_t j0 = 0, g = 0; j0 < kv; j0 += w.group, ++g) {
+        __m512 t = _mm512_setzero_ps();
+        for (std::int64_t j = j0; j < std::min(kv, j0 + w.group); j += 16) {
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+          t = _mm512_add_ps(t,
+                            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
         }
+        gs[g] = _mm512_reduce_add_ps(t);
       }
     }
   }
-  *lane_sums = sum.data();
+  *group_sums = sum.data();
   return staged.data();
 }
 
@@ -120,9 +116,10 @@ template <int MB>
   const Int4Weights w(p);
   const bool zp = w.zeros != nullptr;
   const std::int64_t steps = p.k / kStep, kv = steps * kStep;
+  const std::int64_t padded = (w.groups + 15) / 16 * 16;
   const float* sums = nullptr;
-  const std::uint16_t* a = stage_a<MB>(p, w, steps, zp, &sums);
-  const __m512i lut = _mm512_load_si512(int4_lut().words);
+  const std::uint16_t* a = stage_a<MB>(p, w, steps, zp, padded, &sums);
+  const __m512i lut = _mm512_load_si512(int4_bf16_lut().words);
   // Groups of 32 or 64: `batch` steps share 16 scales; lane l of step b takes scale
   // b·(128 / group) + 8l / group of them.
   const bool small = w.group < kStep;
@@ -136,16 +133,37 @@ template <int MB>
     }
     pick[b] = _mm512_load_si512(idx);
   }
+  // Groups of 128 or more: steps per group (one scale per row: every step).
+  const std::int64_t per_group = small ? 0 : w.group % kStep == 0 ? w.group / kStep : steps;
+  thread_local std::vector<float> decoded;
+  decoded.resize(static_cast<std::size_t>(padded));
+  float* row_scales = decoded.data();
 
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* codes = w.codes + n * (p.k / 2);
     const std::uint8_t* scales = w.scales + 2 * n * w.groups;
     const std::uint8_t* zeros = zp ? w.zeros + n * w.groups : nullptr;
-    __m512 acc[MB][P];
+    __m512 acc[MB][P], offsets[MB];
     for (int m = 0; m < MB; ++m) {
       for (int q = 0; q < P; ++q) acc[m][q] = _mm512_setzero_ps();
+      offsets[m] = _mm512_setzero_ps();
     }
-    auto step = [&](std::int64_t c, int q, __m512 scale, __m512 offset)
+    // 16 groups' scales from g0, and their zero points' term: Σ over the groups of
+    // (8 − zero)·s·Σa, one multiply-add per 16 groups and row.
+    auto groups16 = [&](std::int64_t g0)
+        __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
+      const std::int64_t count = std::min<std::int64_t>(16, w.groups - g0);
+      const __m512 s16 = scales16(scales + 2 * g0, count, w.fp16);
+      if (zp) {
+        const __m512 o16 = _mm512_mul_ps(offsets16(zeros + g0, count), s16);
+#pragma GCC unroll 16
+        for (int m = 0; m < MB; ++m) {
+          offsets[m] = _mm512_fmadd_ps(o16, _mm512_loadu_ps(sums + m * padded + g0), offsets[m]);
+        }
+      }
+      return s16;
+    };
+    auto step = [&](std::int64_t c, int q, __m512 scale)
         __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
       _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL1), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL2), _MM_HINT_T1);
@@ -167,50 +185,44 @@ template <int MB>
         dot = _mm512_dpbf16_ps(dot, w2, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 64)));
         dot = _mm512_dpbf16_ps(dot, w3, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 96)));
         acc[m][q] = _mm512_fmadd_ps(dot, scale, acc[m][q]);
-        if (zp) {
-          acc[m][q] = _mm512_fmadd_ps(_mm512_loadu_ps(sums + (c * MB + m) * 16), offset, acc[m][q]);
-        }
       }
     };
     if (small) {
+      // A batch's 16 scales are its groups' own: `batch` steps of 128 / group groups each.
       std::int64_t c = 0;
-      const auto batch_at = [&](std::int64_t c0, __m512 * s16, __m512 * o16)
-          __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
-        const std::int64_t g0 = c0 * per_step, count = std::min<std::int64_t>(16, w.groups - g0);
-        *s16 = scales16(scales + 2 * g0, count, w.fp16);
-        *o16 = zp ? _mm512_mul_ps(offsets16(zeros + g0, count), *s16) : _mm512_setzero_ps();
-      };
       for (; c + batch <= steps; c += batch) {
-        __m512 s16, o16;
-        batch_at(c, &s16, &o16);
+        const __m512 s16 = groups16(c * per_step);
 #pragma GCC unroll 8
-        for (int b = 0; b < batch; ++b) {
-          step(c + b, b % P, _mm512_permutexvar_ps(pick[b], s16),
-               _mm512_permutexvar_ps(pick[b], o16));
-        }
+        for (int b = 0; b < batch; ++b) step(c + b, b % P, _mm512_permutexvar_ps(pick[b], s16));
       }
       if (c < steps) {
-        __m512 s16, o16;
-        batch_at(c, &s16, &o16);
-        for (int b = 0; c + b < steps; ++b) {
-          step(c + b, b % P, _mm512_permutexvar_ps(pick[b], s16),
-               _mm512_permutexvar_ps(pick[b], o16));
-        }
+        const __m512 s16 = groups16(c * per_step);
+        for (int b = 0; c + b < steps; ++b) step(c + b, 0, _mm512_permutexvar_ps(pick[b], s16));
       }
     } else {
-      for (std::int64_t c = 0; c < steps; ++c) {
-        const std::int64_t g = c * kStep / w.group;
-        const float s = w.scale(n, g);
-        step(c, static_cast<int>(c % P), _mm512_set1_ps(s),
-             _mm512_set1_ps(static_cast<float>(8 - w.zero(n, g)) * s));
+      // The row's scales decoded sixteen at a time, then one broadcast per group (decoding each
+      // step's scale alone cost a fifth of the step at M = 1).
+      for (std::int64_t g0 = 0; g0 < w.groups; g0 += 16)
+        _mm512_storeu_ps(row_scales + g0, groups16(g0));
+      for (std::int64_t c0 = 0, g = 0; c0 < steps; c0 += per_group, ++g) {
+        const __m512 scale = _mm512_set1_ps(row_scales[g]);
+        const std::int64_t c1 = std::min(steps, c0 + per_group);
+        // Two steps at a time, so the accumulator each takes is known at compile time (a
+        // run-time index kept them in memory).
+        std::int64_t c = c0;
+        for (; c + 2 <= c1; c += 2) {
+          step(c, 0, scale);
+          step(c + 1, 1 % P, scale);
+        }
+        if (c < c1) step(c, 0, scale);
       }
     }
     for (std::int64_t m = 0; m < p.m; ++m) {
-      __m512 total = acc[m][0];
+      __m512 total = _mm512_add_ps(acc[m][0], offsets[m]);
       for (int q = 1; q < P; ++q) total = _mm512_add_ps(total, acc[m][q]);
       float sum = _mm512_reduce_add_ps(total);
       // The columns past the last whole step (K not a multiple of 128: whole groups of 32 or 64,
-      // or the end of a per-row group).
+      // or the end of a per-row group), exactly as the portable kernel takes them.
       for (std::int64_t j = kv; j < p.k; ++j) {
         const std::int64_t g = j / w.group;
         sum += a_at(p, m, w.a_col(j)) * static_cast<float>(w.code(n, j) - w.zero(n, g)) *

@@ -9,9 +9,12 @@
 
 namespace metrale::cpu::w4a16 {
 
-// C[:, n0:n1] for every row of p, INT4 weights: on AVX-512 BF16 the weights are streamed once per
-// 16 rows of A (int4_bf16.cpp), elsewhere by the portable kernel.
+// C[:, n0:n1] for every row of p, INT4 weights, the decode route: on AVX-512 BF16 the weights are
+// streamed once per 16 rows of A (int4_bf16.cpp), elsewhere by the portable kernel.
 void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
+// The same for the tiled route: on AVX-512 BF16 register tiles over panels decoded once per block
+// (int4_tiled.cpp), elsewhere the portable kernel.
+void int4_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa);
 
 namespace detail {
 // The portable kernel: per group, Σ a·(code − zero) in FP32 (exact products), times the scale.
@@ -19,6 +22,8 @@ void int4_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 // C[:, n0:n1] for p.m <= MB rows, MB in {1, 2, 4, 8, 16}; the caller has checked the processor.
 template <int MB>
 void int4_rows_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1);
+// C[:, n0:n1] by the tiled kernel (int4_tiled.cpp); the caller has checked the processor.
+void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1);
 }  // namespace detail
 
 }  // namespace metrale::cpu::w4a16

@@ -60,4 +60,9 @@ void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
   }
 }
 
+void int4_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
+  detail::int4_tiled_bf16(p, n0, n1);
+}
+
 }  // namespace metrale::cpu::w4a16

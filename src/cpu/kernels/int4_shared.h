@@ -53,4 +53,18 @@ struct Int4Weights {
   std::int64_t a_col(std::int64_t j) const { return k_perm != nullptr ? k_perm[j] : j; }
 };
 
+// BF16 bits of (i & 15) − 8 for i < 32: the INT4 kernels' lookup of code − 8 by vpermw, which
+// reads 5 index bits (the fifth a neighbouring nibble's, ignored by the doubled table).
+struct Int4Bf16Lut {
+  alignas(64) std::uint16_t words[32];
+};
+inline const Int4Bf16Lut& int4_bf16_lut() {
+  static const Int4Bf16Lut lut = [] {
+    Int4Bf16Lut x{};
+    for (int i = 0; i < 32; ++i) x.words[i] = num::f32_to_bf16(static_cast<float>((i & 15) - 8));
+    return x;
+  }();
+  return lut;
+}
+
 }  // namespace metrale::cpu::w4a16::detail

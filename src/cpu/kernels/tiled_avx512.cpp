@@ -16,6 +16,7 @@
 
 #include "cpu/kernels/scales_avx512.h"
 #include "cpu/kernels/tiled_panels.h"
+#include "cpu/kernels/transpose_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "kernels/panel_layout.h"
 
@@ -27,32 +28,6 @@ namespace metrale::cpu::w4a16::detail {
 namespace {
 
 #define METRALE_TARGET_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq,fma")
-
-// rows[i] dword j -> rows[j] dword i: 16 × 16 dwords in four rounds of 16 shuffles.
-[[METRALE_TARGET_AVX512, gnu::always_inline]] inline void transpose16(__m512i* r) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 16; i += 2) {
-    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // b[4g + c], 128-bit lane l: column 4l + c of rows 4g..4g+3.
-  for (int g = 0; g < 16; g += 4) {
-    b[g] = _mm512_unpacklo_epi64(a[g], a[g + 2]);
-    b[g + 1] = _mm512_unpackhi_epi64(a[g], a[g + 2]);
-    b[g + 2] = _mm512_unpacklo_epi64(a[g + 1], a[g + 3]);
-    b[g + 3] = _mm512_unpackhi_epi64(a[g + 1], a[g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88);
-    const __m512i e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
-    const __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x88);
-    const __m512i f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xDD);
-    r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(e0, f0, 0xDD);
-    r[4 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xDD);
-  }
-}
 
 // 16 columns' pair of weights, from their code bytes in the low byte of each lane (the bits
 // above are ignored), times their block scales: the even k (lo) and the odd k (hi) in FP32.

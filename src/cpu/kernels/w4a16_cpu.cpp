@@ -312,7 +312,7 @@ void gemm_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, std::int6
   q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
   q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
   q.m = m1 - m0;
-  if (p.flags & kGemmInt4) return int4_gemm(q, n0, n1, isa);
+  if (p.flags & kGemmInt4) return int4_tiled(q, n0, n1, isa);
   if (p.flags & kGemmPanels) {
     if (isa != Isa::kAvx512Bf16) return panels_portable(q, n0, n1);
     // Up to kPanelsTiledMaxM rows the register tiles decode the lines themselves; past it a panel

@@ -20,4 +20,10 @@ namespace metrale::toolkit {
 HostQuantWeights random_weights(WeightFormat format, std::int64_t n, std::int64_t k,
                                 std::mt19937_64& rng);
 
+// INT4 W[n, k] as GPTQ and AWQ checkpoints mostly are: groups of `group` (int4_group_ok), FP16
+// scales spread over six octaves (2^-9 .. 2^-4, as above), zero points uniform in 0..15 and, with
+// act_order, K in a random group order (every group `group` columns). Throws as quantize_int4.
+HostQuantWeights random_int4_weights(std::int64_t n, std::int64_t k, std::int64_t group,
+                                     bool act_order, std::mt19937_64& rng);
+
 }  // namespace metrale::toolkit

@@ -1,0 +1,233 @@
+// The tiled route for INT4 weights on processors with AVX-512 BF16 (Note [INT4 weights]): per 32
+// output columns, K in panels that lie inside one group, each panel's codes decoded once per
+// block into BF16 pairs of code − 8 (exact) in tiled_avx512.cpp's panel layout (pair p of column c
+// as one dword at p * 32 + c), then register tiles of 8 rows × 32 columns over every row of the
+// block. A tile's panel sums are FP32 and untouched by the scale; at the panel's end they are
+// multiplied by the 32 columns' group scales and added to C's FP32 sums, with the zero points'
+// term (8 − zero)·s·Σa of each row (Σa over the panel's K, staged with A).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/kernels/int4_cpu.h"
+#include "cpu/kernels/int4_shared.h"
+#include "cpu/kernels/tiled_panels.h"
+#include "cpu/kernels/transpose_avx512.h"
+#include "cpu/kernels/w4a16_shared.h"
+
+// See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace metrale::cpu::w4a16::detail {
+namespace {
+
+constexpr int kRows = 8;  // a tile's rows: 16 sums and two panel vectors leave room to broadcast
+
+// K per panel: the group where it is at most 256; else 256 or 128, whichever divides it (one
+// scale per row: 256, the last panel shorter). A panel never spans two groups.
+std::int64_t panel_k_of(const Int4Weights& w) {
+  if (w.group == w.k) return kPanelK;
+  if (w.group <= kPanelK) return w.group;
+  return w.group % kPanelK == 0 ? kPanelK : 128;
+}
+
+// Pair p of 16 columns (their codes' low byte: two nibbles) written as BF16 (code − 8) pairs: the
+// dword's low word indexes the table with the low nibble, its high word (the dword shifted left by
+// 12) with the high one, so one vpermw gives the pair as vdpbf16ps takes it.
+[[METRALE_TARGET_AVX512BF16, gnu::always_inline]] inline void put_codes(std::uint32_t* panel,
+                                                                        std::int64_t p, int c0,
+                                                                        __m512i bytes,
+                                                                        __m512i lut) {
+  const __m512i index = _mm512_mask_mov_epi16(bytes, 0xAAAAAAAA, _mm512_slli_epi32(bytes, 12));
+  _mm512_storeu_si512(panel + p * kPanelCols + c0, _mm512_permutexvar_epi16(index, lut));
+}
+
+// Columns [n0, n0 + nc) × stored K [k0, k0 + kc) as BF16 pairs of code − 8; columns past nc 0.
+[[METRALE_TARGET_AVX512BF16]] void pack_codes(const Int4Weights& w, std::int64_t n0,
+                                              std::int64_t nc, std::int64_t k0, std::int64_t kc,
+                                              std::uint32_t* panel) {
+  const __m512i lut = _mm512_load_si512(int4_bf16_lut().words);
+  const std::int64_t pairs = kc / 2, row_bytes = w.k / 2;
+  for (int c0 = 0; c0 < kPanelCols; c0 += 16) {
+    const int live = static_cast<int>(std::clamp<std::int64_t>(nc - c0, 0, 16));
+    // 64 code bytes (64 pairs) of 16 columns at a time, transposed so that vector d holds pairs
+    // 4d..4d+3 of every column, one byte each; a last part of fewer whole dwords, masked.
+    for (std::int64_t p0 = 0; p0 < pairs; p0 += 64) {
+      const std::int64_t left = std::min<std::int64_t>(64, pairs - p0);
+      const int words = static_cast<int>((left + 3) / 4);
+      const auto mask = static_cast<__mmask64>(left >= 64 ? ~0ull : (1ull << left) - 1);
+      __m512i r[16];
+      for (int j = 0; j < 16; ++j) {
+        if (j >= live) {
+          r[j] = _mm512_set1_epi8(static_cast<char>(0x88));  // code 8: weight 0
+          continue;
+        }
+        const std::uint8_t* src = w.codes + (n0 + c0 + j) * row_bytes + k0 / 2 + p0;
+        r[j] = _mm512_mask_loadu_epi8(_mm512_set1_epi8(static_cast<char>(0x88)), mask, src);
+        _mm_prefetch(reinterpret_cast<const char*>(src + kc / 2), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(src + 2 * kc), _MM_HINT_T1);
+      }
+      transpose16(r);
+      for (int d = 0; d < words; ++d) {
+        const std::int64_t p = p0 + 4 * d;
+        for (int s = 0; s < 4 && p + s < pairs; ++s) {
+          put_codes(panel, p + s, c0, s == 0 ? r[d] : _mm512_srli_epi32(r[d], 8 * s), lut);
+        }
+      }
+    }
+  }
+}
+
+// acc[MR rows, 32] += scale · (A[MR rows, kc] · panel) + Σa[row] · offset, per column.
+template <int MR>
+[[METRALE_TARGET_AVX512BF16]] void tile(const std::uint16_t* a, std::int64_t lda,
+                                        const std::uint32_t* panel, std::int64_t kc, float* acc,
+                                        std::int64_t ldc, const float* scale, const float* offset,
+                                        const float* sums) {
+  __m512 c[MR][2];
+  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < kc / 2; ++p) {
+    const auto w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols));
+    const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols + 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const auto x =
+          reinterpret_cast<__m512bh>(_mm512_broadcastd_epi32(_mm_loadu_si32(a + r * lda + 2 * p)));
+      c[r][0] = _mm512_dpbf16_ps(c[r][0], w0, x);
+      c[r][1] = _mm512_dpbf16_ps(c[r][1], w1, x);
+    }
+  }
+  const __m512 s0 = _mm512_loadu_ps(scale), s1 = _mm512_loadu_ps(scale + 16);
+  for (int r = 0; r < MR; ++r) {
+    __m512 t0 = _mm512_fmadd_ps(c[r][0], s0, _mm512_loadu_ps(acc + r * ldc));
+    __m512 t1 = _mm512_fmadd_ps(c[r][1], s1, _mm512_loadu_ps(acc + r * ldc + 16));
+    if (offset != nullptr) {
+      const __m512 sum = _mm512_set1_ps(sums[r]);
+      t0 = _mm512_fmadd_ps(sum, _mm512_loadu_ps(offset), t0);
+      t1 = _mm512_fmadd_ps(sum, _mm512_loadu_ps(offset + 16), t1);
+    }
+    _mm512_storeu_ps(acc + r * ldc, t0);
+    _mm512_storeu_ps(acc + r * ldc + 16, t1);
+  }
+}
+
+// Every group's scale and zero-point offset (8 − zero)·s of columns [n0, n0 + nc), decoded once per
+// block: scales[g * ld + c] and offsets alike, 16 columns' 16 groups at a time transposed so that a
+// vector holds one group of 16 columns (decoding 32 columns one by one per panel cost as much as
+// the tiles' products at M = 16). Columns past nc are 0.
+[[METRALE_TARGET_AVX512BF16]] void block_scales(const Int4Weights& w, std::int64_t n0,
+                                                std::int64_t nc, std::int64_t ld, float* scales,
+                                                float* offsets) {
+  for (std::int64_t c0 = 0; c0 < ld; c0 += 16) {
+    const std::int64_t live = std::clamp<std::int64_t>(nc - c0, 0, 16);
+    for (std::int64_t g0 = 0; g0 < w.groups; g0 += 16) {
+      const std::int64_t count = std::min<std::int64_t>(16, w.groups - g0);
+      const auto groups = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
+      __m512i s[16], o[16];
+      for (int j = 0; j < 16; ++j) {
+        if (j >= live) {
+          s[j] = o[j] = _mm512_setzero_si512();
+          continue;
+        }
+        const std::int64_t row = (n0 + c0 + j) * w.groups + g0;
+        const __m256i raw = _mm256_maskz_loadu_epi16(groups, w.scales + 2 * row);
+        const __m512 v =
+            w.fp16 ? _mm512_cvtph_ps(raw)
+                   : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+        s[j] = _mm512_castps_si512(v);
+        __m512 off = _mm512_setzero_ps();
+        if (w.zeros != nullptr) {
+          const __m512i z = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(groups, w.zeros + row));
+          off = _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(8.0f), _mm512_cvtepi32_ps(z)), v);
+        }
+        o[j] = _mm512_castps_si512(off);
+      }
+      transpose16(s);
+      transpose16(o);
+      for (std::int64_t g = 0; g < count; ++g) {
+        _mm512_storeu_ps(scales + (g0 + g) * ld + c0, _mm512_castsi512_ps(s[g]));
+        _mm512_storeu_ps(offsets + (g0 + g) * ld + c0, _mm512_castsi512_ps(o[g]));
+      }
+    }
+  }
+}
+
+constexpr void (*kTiles[])(const std::uint16_t*, std::int64_t, const std::uint32_t*, std::int64_t,
+                           float*, std::int64_t, const float*, const float*, const float*) = {
+    tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+
+// A's rows over stored K [k0, k0 + kc), through the act order's permutation where there is one
+// (else A itself), and each row's Σa over them (for the zero points' term).
+[[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage(const GemmParams& p, const Int4Weights& w,
+                                                         std::int64_t k0, std::int64_t kc,
+                                                         bool sums, std::int64_t& lda,
+                                                         std::vector<std::uint16_t>& staged,
+                                                         std::vector<float>& row_sums) {
+  const auto* a = at<const std::uint16_t>(p.a);
+  const std::uint16_t* out = a + k0;
+  lda = p.k;
+  if (w.k_perm != nullptr) {
+    staged.resize(static_cast<std::size_t>(p.m * kc));
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      for (std::int64_t j = 0; j < kc; ++j) staged[m * kc + j] = a[m * p.k + w.k_perm[k0 + j]];
+    }
+    out = staged.data();
+    lda = kc;
+  }
+  if (sums) {
+    row_sums.resize(static_cast<std::size_t>(p.m + kRows));
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      const std::uint16_t* src = out + m * lda;
+      __m512 t = _mm512_setzero_ps();
+      std::int64_t j = 0;
+      for (; j + 16 <= kc; j += 16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+        t = _mm512_add_ps(t, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+      }
+      float sum = _mm512_reduce_add_ps(t);
+      for (; j < kc; ++j) sum += num::bf16_to_f32(src[j]);
+      row_sums[static_cast<std::size_t>(m)] = sum;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  const Int4Weights w(p);
+  const bool zp = w.zeros != nullptr;
+  const std::int64_t panel_k = panel_k_of(w);
+  const std::int64_t ldc = (n1 - n0 + kPanelCols - 1) / kPanelCols * kPanelCols;
+  thread_local std::vector<float> acc, row_sums, scales, offsets;
+  thread_local std::vector<std::uint32_t> panel;
+  thread_local std::vector<std::uint16_t> staged;
+  acc.assign(static_cast<std::size_t>(p.m * ldc), 0.0f);
+  panel.resize(static_cast<std::size_t>(kPanelK / 2 * kPanelCols));
+  scales.resize(static_cast<std::size_t>(w.groups * ldc));
+  offsets.resize(scales.size());
+  block_scales(w, n0, n1 - n0, ldc, scales.data(), offsets.data());
+  for (std::int64_t k0 = 0; k0 < p.k; k0 += panel_k) {
+    const std::int64_t kc = std::min(panel_k, p.k - k0), g = k0 / w.group;
+    std::int64_t lda = 0;
+    const std::uint16_t* a = stage(p, w, k0, kc, zp, lda, staged, row_sums);
+    for (std::int64_t n = n0; n < n1; n += kPanelCols) {
+      const std::int64_t nc = std::min<std::int64_t>(kPanelCols, n1 - n);
+      pack_codes(w, n, nc, k0, kc, panel.data());
+      const float* scale = scales.data() + g * ldc + (n - n0);
+      const float* offset = zp ? offsets.data() + g * ldc + (n - n0) : nullptr;
+      for (std::int64_t m = 0; m < p.m; m += kRows) {
+        const auto rows = static_cast<int>(std::min<std::int64_t>(kRows, p.m - m));
+        kTiles[rows - 1](a + m * lda, lda, panel.data(), kc, acc.data() + m * ldc + (n - n0), ldc,
+                         scale, offset, zp ? row_sums.data() + m : nullptr);
+      }
+    }
+  }
+  for (std::int64_t m = 0; m < p.m; ++m) {
+    for (std::int64_t c = 0; c < n1 - n0; ++c) store(p, m, n0 + c, acc[m * ldc + c]);
+  }
+}
+
+}  // namespace metrale::cpu::w4a16::detail
