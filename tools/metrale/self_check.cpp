@@ -178,7 +178,6 @@ class Checker {
   // panel upload or FP32 output the backend does not offer skips the row, with its reason.
   std::string gemm(ops::GemmRoute route, WeightFormat format, WeightLayout layout, bool bias,
                    ops::UploadLayout upload = ops::UploadLayout::kSource, bool out_f32 = false) {
-    Backend& b = scope_.backend();
     const bool packed = upload == ops::UploadLayout::kDecode;
     // The fused route's tiles hold 128 tokens: up to 300 rows covers a partial second tile.
     const std::int64_t max_m = route == ops::GemmRoute::kFused    ? 300
@@ -194,10 +193,44 @@ class Checker {
     HostQuantWeights hw =
         format == WeightFormat::kNvfp4 ? quantize_nvfp4(wf, n, k) : quantize_mxfp4(wf, n, k);
     hw = with_layout(hw, layout);
+    return gemm_on(route, hw, m, bias, upload, out_f32,
+                   out_f32 || upload == ops::UploadLayout::kPanels);
+  }
+
+  // An INT4 case (groups of `group`, zero points or not, act order or not) as gemm() runs one; a
+  // backend whose kernels do not read INT4 skips it, with its reason.
+  std::string gemm_int4(ops::GemmRoute route, std::int64_t group, bool zero_points, bool act_order,
+                        bool bias) {
+    std::uniform_int_distribution<std::int64_t> pick_m(1,
+                                                       route == ops::GemmRoute::kDecode ? 16 : 96),
+        pick_n(1, 300), pick_g(1, 1024 / group);
+    const std::int64_t m = pick_m(rng_), n = pick_n(rng_), k = pick_g(rng_) * group;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<std::size_t>(n * k));
+    for (float& x : wf) x = normal(rng_) + (zero_points ? 1.0f : 0.0f);
+    const bool fp16_scales = act_order;  // as GPTQ's act-ordered checkpoints carry them
+    HostQuantWeights hw = quantize_int4(wf, n, k, group, zero_points, fp16_scales);
+    if (act_order) {
+      std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+      for (std::int64_t i = 0; i < k; ++i)
+        g_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i / group);
+      std::shuffle(g_idx.begin(), g_idx.end(), rng_);
+      hw = with_act_order(hw, g_idx);
+    }
+    return gemm_on(route, hw, m, bias, ops::UploadLayout::kSource, false, true);
+  }
+
+  // hw (row-major host weights) times M random rows on route, against the float64 reference;
+  // `optional`: a layout or route the backend does not offer (kUnavailable) skips the row.
+  std::string gemm_on(ops::GemmRoute route, const HostQuantWeights& hw, std::int64_t m, bool bias,
+                      ops::UploadLayout upload, bool out_f32, bool optional) {
+    Backend& b = scope_.backend();
+    const std::int64_t n = hw.n, k = hw.k;
+    const WeightFormat format = hw.format;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k)), hb(static_cast<std::size_t>(n));
     for (auto& x : a) x = num::f32_to_bf16(normal(rng_));
     for (auto& x : hb) x = num::f32_to_bf16(normal(rng_));
-    const bool optional = out_f32 || upload == ops::UploadLayout::kPanels;
     ops::QuantWeights w;
     try {
       w = ops::upload_weights(b, hw, upload);
@@ -432,6 +465,22 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                             bias ? " +bias" : ""),
                 [&] { return c.gemm(route, format, layout, bias, ops::UploadLayout::kPanels); });
         }
+      }
+    }
+    // INT4 weights (GPTQ, AWQ, compressed-tensors pack-quantized): groups of 32, 64 and 128,
+    // symmetric and with zero points, K in its own order and act-ordered, on the routes with INT4
+    // kernels; skipped with the reason where the backend has none (CUDA, for now).
+    struct Int4Row {
+      std::int64_t group;
+      bool zero_points, act_order, bias;
+    };
+    for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled}) {
+      for (const Int4Row r : {Int4Row{32, false, false, false}, Int4Row{128, true, false, true},
+                              Int4Row{64, false, true, false}, Int4Row{128, true, true, true}}) {
+        c.run(fmt::format("w4a16 {} int4 g{}{}{}{}", ops::to_string(route), r.group,
+                          r.zero_points ? " asym" : "", r.act_order ? " act-order" : "",
+                          r.bias ? " +bias" : ""),
+              [&] { return c.gemm_int4(route, r.group, r.zero_points, r.act_order, r.bias); });
       }
     }
     // FP32 output on every route: run where the route's kernel publishes out_f32, else skipped
