@@ -231,6 +231,60 @@ TEST_P(GemmInt4, CancellingZeroPointsStayWithinTheInt4Bound) {
   }
 }
 
+// Tensor-parallel shards (ops/parallel_linear.h) of INT4 weights in one process: column shards
+// (slice_rows) give C's columns, row shards (slice_columns, at the group's edges; any even split
+// with one scale per row) give FP32 partials whose sum is C, each held to the float64 reference
+// of the whole layer.
+TEST_P(GemmInt4, ShardsAlongNAndKComposeTheWholeLayer) {
+  for (const std::int64_t group : {std::int64_t{64}, std::int64_t{0}}) {
+    Int4Case c;
+    c.m = 5;
+    c.n = 96;
+    c.k = 512;
+    c.group = group == 0 ? c.k : group;
+    c.zero_points = true;
+    SCOPED_TRACE(c.str());
+    const HostQuantWeights host = random_int4(gen(), c);
+    const std::vector<std::uint16_t> a =
+        random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
+    const Reference ref = reference(a, c.m, host, {}, AMode::kBf16);
+    constexpr int kRanks = 2;
+    // Along N: each rank's columns of C.
+    std::vector<std::uint16_t> cols(static_cast<std::size_t>(c.m * c.n));
+    for (int r = 0; r < kRanks; ++r) {
+      const std::int64_t n0 = r * c.n / kRanks, n1 = (r + 1) * c.n / kRanks;
+      const ops::QuantWeights w = upload_weights(slice_rows(host, n0, n1));
+      const DevicePtr dc = poisoned(static_cast<std::size_t>(c.m * (n1 - n0)) * 2);
+      ops::w4a16_gemm(b(), stream(), upload(a), c.m, w, dc);
+      const auto part = read<std::uint16_t>(dc, static_cast<std::size_t>(c.m * (n1 - n0)));
+      for (std::int64_t i = 0; i < c.m; ++i) {
+        std::copy_n(part.begin() + i * (n1 - n0), n1 - n0, cols.begin() + i * c.n + n0);
+      }
+    }
+    expect_close(compare(cols, ref), kNormTol, "column shards");
+    // Along K: FP32 partials on each rank's columns of A, summed.
+    std::vector<float> sum(static_cast<std::size_t>(c.m * c.n), 0.0f);
+    for (int r = 0; r < kRanks; ++r) {
+      const std::int64_t k0 = r * c.k / kRanks, k1 = (r + 1) * c.k / kRanks;
+      const ops::QuantWeights w = upload_weights(slice_columns(host, k0, k1));
+      std::vector<std::uint16_t> a_local(static_cast<std::size_t>(c.m * (k1 - k0)));
+      for (std::int64_t i = 0; i < c.m; ++i) {
+        std::copy_n(a.begin() + i * c.k + k0, k1 - k0, a_local.begin() + i * (k1 - k0));
+      }
+      ops::GemmOptions o;
+      o.out_f32 = true;
+      const DevicePtr dc = poisoned(static_cast<std::size_t>(c.m * c.n) * 4);
+      ops::w4a16_gemm(b(), stream(), upload(a_local), c.m, w, dc, o);
+      const auto part = read<float>(dc, sum.size());
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    const Comparison cmp = toolkit::compare_f32(sum, ref);
+    EXPECT_EQ(cmp.unwritten, 0) << cmp.str();
+    EXPECT_LE(cmp.worst, 1.0) << "row shards: " << cmp.str();
+    free_all();
+  }
+}
+
 // Routes without an INT4 kernel are refused by name, before anything runs.
 TEST_P(GemmInt4, RoutesWithoutAnInt4KernelAreRefusedByName) {
   Int4Case c;
