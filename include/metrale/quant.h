@@ -28,8 +28,9 @@ int group_size(WeightFormat format) noexcept;
 
 // Whether INT4 weights may have `group` K elements per scale with K = k: 32, 64, a multiple of
 // 128, or K itself (one scale per row: compressed-tensors' channel strategy, GPTQ's group -1),
-// dividing K. The vector kernels take 128 k per step, so a group either divides 128 or is
-// whole steps.
+// dividing K. The vector kernels take 128 k per step, so a group of 32 or 64 divides a step, a
+// multiple of 128 is whole steps, and one per row covers every step (its K past the last whole
+// step in the scalar tail).
 bool int4_group_ok(std::int64_t group, std::int64_t k) noexcept;
 
 // Quantized weights W[N, K] held in host memory.

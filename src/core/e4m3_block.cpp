@@ -187,6 +187,9 @@ HostE4m3BlockWeights quantize_e4m3_block128_bf16(std::span<const std::uint16_t> 
 HostE4m3BlockWeights requantize_e4m3_block128(const HostQuantWeights& w, int threads) {
   constexpr std::string_view kApi = "requantize_e4m3_block128";
   check_shape(kApi, "n", w.n, w.k);
+  if (w.format == WeightFormat::kInt4) {
+    throw Error(ErrorCode::kInvalidArgument, kApi, "it reads NVFP4 and MXFP4 weights, not int4");
+  }
   const int group = group_size(w.format);
   if (w.k % group != 0) {
     fail(kApi, fmt::format("k = {} is not a multiple of {} (the {} block size)", w.k, group,

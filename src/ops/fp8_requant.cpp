@@ -17,6 +17,10 @@ double Fp8RequantCost::ratio() const noexcept {
 
 Fp8RequantCost fp8_requant_cost(const HostQuantWeights& w) {
   const Fp8Weights d = describe_fp8_weights("fp8_requant_cost", w.n, w.k);
+  if (w.format == WeightFormat::kInt4) {
+    throw Error(ErrorCode::kInvalidArgument, "fp8_requant_cost",
+                "it counts NVFP4 and MXFP4 weights, not int4");
+  }
   const std::int64_t group = group_size(w.format);
   if (w.k % group != 0) {
     throw Error(ErrorCode::kInvalidArgument, "fp8_requant_cost",

@@ -89,8 +89,8 @@ std::vector<std::int64_t> ks_of(std::int64_t group) {
       return {128, 384, 1152};
     case 256:
       return {256, 768};
-    default:  // one scale per row: K itself, any even K
-      return {40, 200, 1000};
+    default:  // one scale per row: K itself, any even K (below one step, too)
+      return {2, 40, 96, 200, 1000};
   }
 }
 

@@ -122,7 +122,8 @@ template <int MB>
   const __m512i lut = _mm512_load_si512(int4_bf16_lut().words);
   // Groups of 32 or 64: `batch` steps share 16 scales; lane l of step b takes scale
   // b·(128 / group) + 8l / group of them.
-  const bool small = w.group < kStep;
+  // (One scale per row with K below 128 has no whole step: the scalar tail takes all of it.)
+  const bool small = w.group == 32 || w.group == 64;
   const std::int64_t per_step = small ? kStep / w.group : 0;
   const int batch = small ? static_cast<int>(16 / per_step) : 1;
   __m512i pick[8];
