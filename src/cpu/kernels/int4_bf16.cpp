@@ -20,6 +20,7 @@
 
 #include "cpu/kernels/int4_cpu.h"
 #include "cpu/kernels/int4_shared.h"
+#include "cpu/kernels/step_bf16.h"
 #include "cpu/kernels/w4a16_shared.h"
 
 // See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
@@ -65,12 +66,8 @@ template <int MB>
   staged.assign(static_cast<std::size_t>(steps * MB * kStep), 0);
   if (sums) sum.assign(static_cast<std::size_t>(MB * padded), 0.0f);
   const auto* a16 = at<const std::uint16_t>(p.a);
-  __m512i every4th[4];  // element i: index 4i + r of two concatenated vectors (i < 16)
-  for (int r = 0; r < 4; ++r) {
-    alignas(64) std::uint16_t idx[32];
-    for (int i = 0; i < 32; ++i) idx[i] = static_cast<std::uint16_t>((4 * i + r) & 63);
-    every4th[r] = _mm512_load_si512(idx);
-  }
+  __m512i every4th[4];
+  every4th_indices(every4th);
   for (std::int64_t m = 0; m < std::min<std::int64_t>(MB, p.m); ++m) {
     const std::uint16_t* src = a16 + m * p.k;
     if (w.k_perm != nullptr) {
@@ -81,13 +78,7 @@ template <int MB>
     for (std::int64_t c = 0; c < steps; ++c) {
       const std::uint16_t* s = src + c * kStep;
       std::uint16_t* dst = &staged[static_cast<std::size_t>((c * MB + m) * kStep)];
-      const __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 32);
-      const __m512i v2 = _mm512_loadu_si512(s + 64), v3 = _mm512_loadu_si512(s + 96);
-      for (int r = 0; r < 4; ++r) {
-        const __m512i lo = _mm512_permutex2var_epi16(v0, every4th[r], v1);
-        const __m512i hi = _mm512_permutex2var_epi16(v2, every4th[r], v3);
-        _mm512_storeu_si512(dst + 32 * r, _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1));
-      }
+      stage_step(s, dst, every4th);
     }
     if (sums) {
       // Sixteen at a time (a scalar loop with a division per element cost more than the steps it
@@ -168,23 +159,12 @@ template <int MB>
         __attribute__((always_inline, target(METRALE_AVX512BF16_FEATURES))) {
       _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL1), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(codes + c * 64 + kPrefetchL2), _MM_HINT_T1);
-      const __m512i v = _mm512_loadu_si512(codes + c * 64);
-      const auto w0 = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(v, lut));
-      const auto w1 =
-          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut));
-      const auto w2 =
-          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut));
-      const auto w3 =
-          reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut));
+      const StepWeights ws = lookup_step(codes + c * 64, lut);
       const std::uint16_t* ac = a + c * MB * kStep;
 #pragma GCC unroll 16
       for (int m = 0; m < MB; ++m) {
         const std::uint16_t* am = ac + m * kStep;
-        __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0,
-                                      reinterpret_cast<__m512bh>(_mm512_loadu_si512(am)));
-        dot = _mm512_dpbf16_ps(dot, w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 32)));
-        dot = _mm512_dpbf16_ps(dot, w2, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 64)));
-        dot = _mm512_dpbf16_ps(dot, w3, reinterpret_cast<__m512bh>(_mm512_loadu_si512(am + 96)));
+        const __m512 dot = dot_step(ws, am);
         acc[m][q] = _mm512_fmadd_ps(dot, scale, acc[m][q]);
       }
     };

@@ -12,6 +12,7 @@
 
 #include "cpu/kernels/int4_cpu.h"
 #include "cpu/kernels/int4_shared.h"
+#include "cpu/kernels/pairs_bf16.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/transpose_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
@@ -88,17 +89,7 @@ template <int MR>
                                         const float* sums) {
   __m512 c[MR][2];
   for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
-  for (std::int64_t p = 0; p < kc / 2; ++p) {
-    const auto w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols));
-    const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols + 16));
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const auto x =
-          reinterpret_cast<__m512bh>(_mm512_broadcastd_epi32(_mm_loadu_si32(a + r * lda + 2 * p)));
-      c[r][0] = _mm512_dpbf16_ps(c[r][0], w0, x);
-      c[r][1] = _mm512_dpbf16_ps(c[r][1], w1, x);
-    }
-  }
+  add_panel_products<MR>(a, lda, panel, kc, c);
   const __m512 s0 = _mm512_loadu_ps(scale), s1 = _mm512_loadu_ps(scale + 16);
   for (int r = 0; r < MR; ++r) {
     __m512 t0 = _mm512_fmadd_ps(c[r][0], s0, _mm512_loadu_ps(acc + r * ldc));

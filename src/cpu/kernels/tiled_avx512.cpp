@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/kernels/pairs_bf16.h"
 #include "cpu/kernels/scales_avx512.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/transpose_avx512.h"
@@ -201,19 +202,7 @@ template <int MR>
     c[r][0] = _mm512_loadu_ps(acc + r * ldc);
     c[r][1] = _mm512_loadu_ps(acc + r * ldc + 16);
   }
-  for (std::int64_t p = 0; p < kc / 2; ++p) {
-    const auto w0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols));
-    const auto w1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(panel + p * kPanelCols + 16));
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      // A's pair as one broadcast load. (A memcpy into a scalar and _mm512_set1_epi32 said the
-      // same, but crashed clang 16 at -O2, which builds the fuzz targets.)
-      const auto x =
-          reinterpret_cast<__m512bh>(_mm512_broadcastd_epi32(_mm_loadu_si32(a + r * lda + 2 * p)));
-      c[r][0] = _mm512_dpbf16_ps(c[r][0], w0, x);
-      c[r][1] = _mm512_dpbf16_ps(c[r][1], w1, x);
-    }
-  }
+  add_panel_products<MR>(a, lda, panel, kc, c);
   for (int r = 0; r < MR; ++r) {
     _mm512_storeu_ps(acc + r * ldc, c[r][0]);
     _mm512_storeu_ps(acc + r * ldc + 16, c[r][1]);
