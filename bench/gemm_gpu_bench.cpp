@@ -3,7 +3,8 @@
 // on the same shape (for M >= 64). Each case is checked on sampled outputs against a float64
 // reference before it is timed, then timed as a CUDA graph of R back-to-back GEMMs so that the
 // host's launch rate does not hide the kernel's time. Output: a table, and with --json FILE one
-// JSON object per case (scripts/device-check.sh reads it for its summary). Method: docs/PERF.md.
+// JSON object per case (scripts/device-check.sh reads it for its summary). INT4 rows follow the
+// FP4 ones (run_int4). Method: docs/PERF.md.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -107,6 +109,95 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// The case run once into C (poisoned first) and checked on sampled outputs against the reference
+// and bounds of `route` in the tests' table (toolkit/gemm_tolerance.h).
+template <class Gemm>
+toolkit::SampledCheck run_checked(Backend& b, StreamHandle stream, DevicePtr c, std::int64_t m,
+                                  std::int64_t n, Gemm& gemm, std::span<const std::uint16_t> ha,
+                                  const HostQuantWeights& hw, ops::GemmRoute route,
+                                  std::mt19937_64& rng) {
+  b.memset(c, 0xFF, static_cast<std::size_t>(m * n) * 2);
+  gemm();
+  b.synchronize(stream);
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(m * n));
+  b.copy_d2h(out.data(), c, out.size() * 2);
+  return toolkit::sampled_check(ha, out, hw, m, route, rng);
+}
+
+// A timed case's fields of its JSON row.
+void add_timing(nlohmann::json& row, double s, double bytes, double flops, double copy_bw) {
+  row["ok"] = true;
+  row["timing"] = "events";
+  row["us"] = s * 1e6;
+  row["pct_copy"] = 100.0 * bytes / s / copy_bw;
+  row["tflops"] = flops / s / 1e12;
+}
+
+// INT4 (GPTQ/AWQ-style: groups of 128, zero points, FP16 scales; and with act order) in the
+// int4 decode layout, uploaded by name (its kernels are not verified yet): gemm_decode_int4 at
+// the decode sizes and dequant_bf16_int4 → cuBLASLt above, on the 8B layers and the 70B down
+// layer (issue 37's 8192 x 28672), checked on sampled outputs and timed as the FP4 rows. The
+// bytes are the INT4 weights' own: half a byte per weight and 3 bytes per group.
+bool run_int4(Backend& b, StreamHandle stream, const Args& args, double copy_bw,
+              std::ofstream& json, std::mt19937_64& rng) {
+  bool ok = true;
+  for (const Shape& sh : kShapes) {
+    const std::string name = sh.name;
+    if (!name.starts_with("8b.") && name != "70b.down") continue;
+    for (const bool act : {false, true}) {
+      if (act && name != "70b.down") continue;
+      const HostQuantWeights hw = toolkit::random_int4_weights(sh.n, sh.k, 128, act, rng);
+      std::vector<ops::QuantWeights> set;
+      const std::size_t n_copies = toolkit::rotation_copies(hw.codes.size() + hw.scales.size());
+      for (std::size_t i = 0; i < n_copies; ++i) {
+        set.push_back(ops::upload_weights(b, hw, ops::UploadLayout::kDecode));
+      }
+      const std::int64_t max_m = *std::max_element(args.ms.begin(), args.ms.end());
+      std::vector<std::uint16_t> ha(static_cast<std::size_t>(max_m * sh.k));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (auto& x : ha) x = num::f32_to_bf16(u(rng));
+      const DevicePtr a = b.alloc(ha.size() * 2);
+      const DevicePtr c = b.alloc(static_cast<std::size_t>(max_m * sh.n) * 2);
+      b.copy_h2d(a, ha.data(), ha.size() * 2);
+      for (const std::int64_t m : args.ms) {
+        if (m > 16 && m != max_m) continue;  // decode sizes, and the largest M's prefill
+        std::size_t next = 0;
+        const auto gemm = [&] {
+          ops::w4a16_gemm(b, stream, a, m, set[next], c, ops::GemmOptions{});
+          next = next + 1 == set.size() ? 0 : next + 1;
+        };
+        const ops::GemmRoute chosen = ops::choose_route(b, m, set.front());
+        const toolkit::SampledCheck check =
+            run_checked(b, stream, c, m, sh.n, gemm, ha, hw, chosen, rng);
+        const std::string route =
+            std::string(ops::to_string(chosen)) + "-int4" + (act ? "-act" : "");
+        nlohmann::json row = {{"shape", sh.name}, {"m", m},         {"n", sh.n},
+                              {"k", sh.k},        {"route", route}, {"error", check.normalized}};
+        if (!check.passed()) {
+          ok = false;
+          fmt::print("{:<12} {:>5} {:<14} WRONG: {}\n", sh.name, m, route, check.str());
+          row["ok"] = false;
+          if (json) json << row.dump() << "\n";
+          continue;
+        }
+        const double s = time_graph(b, stream, reps_for(b, stream, gemm), gemm);
+        const double bytes = static_cast<double>(sh.n * sh.k) / 2.0 +
+                             3.0 * static_cast<double>(sh.n * (sh.k / 128)) +
+                             2.0 * static_cast<double>(m * sh.k + m * sh.n);
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(sh.n * sh.k);
+        fmt::print("{:<12} {:>5} {:<14} {:>10.1f} {:>9.0f} {:>6.1f}% {:>9.1f}\n", sh.name, m, route,
+                   s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / copy_bw, flops / s / 1e12);
+        add_timing(row, s, bytes, flops, copy_bw);
+        if (json) json << row.dump() << "\n";
+      }
+      b.free(c);
+      b.free(a);
+      for (ops::QuantWeights& w : set) ops::free_weights(b, w);
+    }
+  }
+  return ok;
+}
+
 int run(const Args& args) {
   auto backend = create_backend("cuda");
   Backend& b = *backend;
@@ -181,14 +272,9 @@ int run(const Args& args) {
           ops::w4a16_gemm(b, stream, a, m, set[next], c, opt);
           next = next + 1 == set.size() ? 0 : next + 1;
         };
-        b.memset(c, 0xFF, static_cast<std::size_t>(m * sh.n) * 2);
-        gemm();
-        b.synchronize(stream);
-        std::vector<std::uint16_t> out(static_cast<std::size_t>(m * sh.n));
-        b.copy_d2h(out.data(), c, out.size() * 2);
-        // Against the route's reference and bounds in the tests' table (toolkit/gemm_tolerance.h).
         const ops::GemmRoute chosen = ops::choose_route(b, m, w, opt);
-        const toolkit::SampledCheck check = toolkit::sampled_check(ha, out, hw, m, chosen, rng);
+        const toolkit::SampledCheck check =
+            run_checked(b, stream, c, m, sh.n, gemm, ha, hw, chosen, rng);
         // "decode-dl": the decode route on the decode layout (gemm_decode_packed).
         const std::string route =
             std::string(ops::to_string(chosen)) + (v == Variant::kPacked ? "-dl" : "");
@@ -218,11 +304,7 @@ int run(const Args& args) {
                    sh.name, m, route, s * 1e6, bytes / s / 1e9, 100.0 * bytes / s / copy_bw,
                    flops / s / 1e12, blas_s > 0 ? fmt::format("{:.1f}", blas_s * 1e6) : "-",
                    blas_s > 0 ? fmt::format("{:.2f}", blas_s / s) : "-");
-        row["ok"] = true;
-        row["timing"] = "events";
-        row["us"] = s * 1e6;
-        row["pct_copy"] = 100.0 * bytes / s / copy_bw;
-        row["tflops"] = flops / s / 1e12;
+        add_timing(row, s, bytes, flops, copy_bw);
         row["cublas_us"] = blas_s * 1e6;
         if (json) json << row.dump() << "\n";
       }
@@ -232,6 +314,7 @@ int run(const Args& args) {
     for (ops::QuantWeights& cw : copies) ops::free_weights(b, cw);
     for (ops::QuantWeights& cw : packed) ops::free_weights(b, cw);
   }
+  ok = run_int4(b, stream, args, copy_bw, json, rng) && ok;
   b.destroy_stream(stream);
   b.op_cache().release(b);
   fmt::print("live bytes at the end: {}\n", b.live_bytes());

@@ -26,7 +26,10 @@ function(metrale_cuda_module)
   set(fatbin ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}.fatbin)
   # The headers beside the source (.cuh) are part of every module's translation unit.
   get_filename_component(kernel_dir ${CMAKE_CURRENT_SOURCE_DIR}/${M_SOURCE} DIRECTORY)
-  file(GLOB kernel_headers CONFIGURE_DEPENDS ${kernel_dir}/*.cuh)
+  # Every header a module's source may include: its own .cuh files and the shared kernel ABI of
+  # src/kernels (a change to int4_permute.h, listed nowhere before, left the image stale).
+  file(GLOB kernel_headers CONFIGURE_DEPENDS ${kernel_dir}/*.cuh
+       ${PROJECT_SOURCE_DIR}/src/kernels/*.h ${PROJECT_SOURCE_DIR}/src/kernels/*.def)
   set(embed ${CMAKE_CURRENT_BINARY_DIR}/kernels/${M_NAME}_image.cpp)
   set(gencode_flags "")
   set(targets "")

@@ -242,6 +242,26 @@ METRALE_HD std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32_t b) {
 #endif
 }
 
+// A BF16 pair minus a BF16 pair, element by element, rounded to nearest even (one BF16x2
+// subtraction on the device). The INT4 kernels subtract 128 + z from 128 + q, where it is exact.
+METRALE_HD std::uint32_t bf16x2_sub(std::uint32_t a, std::uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  const __nv_bfloat162 r = __hsub2(x, y);
+  std::uint32_t out;
+  std::memcpy(&out, &r, 4);
+  return out;
+#else
+  const auto half = [](std::uint32_t v, int i) {
+    return bf16_to_f32(static_cast<std::uint16_t>(v >> (16 * i)));
+  };
+  return std::uint32_t{f32_to_bf16(half(a, 0) - half(b, 0))} |
+         std::uint32_t{f32_to_bf16(half(a, 1) - half(b, 1))} << 16;
+#endif
+}
+
 // A block scale as the BF16 pair (s, s) the kernels multiply code pairs by; exact for every
 // E4M3 scale (3 mantissa bits) and every E8M0 scale in BF16's range.
 METRALE_HD std::uint32_t bf16_pair_of(float scale) {

@@ -12,7 +12,9 @@
 //    GPTQ checkpoints ship as) stores the zero points minus one, subtracted from each word as one
 //    32-bit integer (GPTQModel's convert_gptq_v2_to_v1_format: qzeros -= 0x11111111), so a zero
 //    point of 0 borrows from the nibble above; it is read back the same way (+ 0x11111111 on the
-//    word), which recovers every zero point, 0 included. "gptq_v2" stores them as they are.
+//    word), which recovers every zero point of a GPTQModel file, 0 included (AutoGPTQ's packer ORs
+//    a zero point of 0's −1 over the nibbles above it, which nothing recovers: Note [INT4
+//    weights]). "gptq_v2" stores them as they are.
 //  - AWQ (AutoAWQ WQLinear_GEMM.from_linear): "<l>.qweight" I32 [K, N/8], nibble i of word c
 //    holding column 8c + [0, 2, 4, 6, 1, 3, 5, 7][i]; "<l>.qzeros" I32 [K/g, N/8] in the same order
 //    (no minus one); "<l>.scales" F16 [K/g, N].
@@ -119,7 +121,9 @@ std::optional<LayerProblem> plan_compressed_tensors(const SafetensorsFile& f,
   };
   plan.n = value(0);
   plan.k = value(1);
-  if (plan.n != w.shape[0] || plan.k <= 0 || plan.k % 2 != 0 || (plan.k + 7) / 8 != w.shape[1]) {
+  // K past 2^62 would overflow (K + 7) / 8 before the comparison: refused as a bad shape first.
+  if (plan.n != w.shape[0] || plan.k <= 0 || plan.k > (std::int64_t{1} << 62) || plan.k % 2 != 0 ||
+      (plan.k + 7) / 8 != w.shape[1]) {
     return problem(ErrorCode::kIo, shape,
                    fmt::format("says [{}, {}], but the codes are {} (want N rows of ceil(K/8) "
                                "words, K even)",

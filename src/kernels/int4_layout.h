@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "metrale/numerics.h"  // METRALE_HD
+
 namespace metrale::int4_layout {
 
 // Byte offsets and the total of the side buffer of N x K weights in groups of `group`.
@@ -14,8 +16,8 @@ struct Side {
   std::uint64_t scales = 0, zeros = 0, perm = 0, bytes = 0;
 };
 
-constexpr Side side_of(std::int64_t n, std::int64_t k, std::int64_t group, bool zero_points,
-                       bool act_order) {
+METRALE_HD constexpr Side side_of(std::int64_t n, std::int64_t k, std::int64_t group,
+                                  bool zero_points, bool act_order) {
   const auto entries = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(k / group);
   Side s;
   s.zeros = 2 * entries;

@@ -15,8 +15,11 @@
 #include "core/published.h"
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
+#include "kernels/dequant_int4.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/int4_layout.h"
+#include "kernels/int4_permute.h"
 #include "kernels/panel_layout.h"
 #include "kernels/tile_math.h"
 #include "metrale/error.h"
@@ -71,6 +74,11 @@ constexpr const char* kPackedDecodeEntry = "gemm_decode_packed";
 constexpr const char* kFusedEntry = "gemm_fused";
 // The dequant route's one kernel (its GEMM is the backend's dense GEMM).
 constexpr const char* kDequantEntry = "dequant_bf16";
+// INT4 weights in the INT4 decode layout: the decode route's kernel, the dequant route's
+// dequantization, and act order's gather of A before the decode kernel.
+constexpr const char* kInt4DecodeEntry = "gemm_decode_int4";
+constexpr const char* kInt4DequantEntry = "dequant_bf16_int4";
+constexpr const char* kInt4PermuteEntry = "permute_a_int4";
 
 // a × b × c bytes; Error(kInvalidArgument) when that does not fit 64 bits. No buffer holds that
 // much, and a size that wrapped around would pass the range checks (fuzz_gemm_args found N × K
@@ -132,31 +140,46 @@ void check_panel_weights(std::string_view api, const QuantWeights& w) {
   check_layout_bytes(api, w, "panel", codes, scales);
 }
 
-// INT4 weights: their source layout only, a group the kernels take, codes [N, K/2] and the side
-// buffer kernels/int4_layout.h sizes.
+// INT4 weights: row-major, in their source layout or the INT4 decode layout, a group the
+// kernels take, and the buffer sizes that layout gives (kernels/int4_layout.h for the source's
+// side buffer, kernels/int4_decode_layout.h for the decode layout's).
 void check_int4_weights(std::string_view api, const QuantWeights& w) {
-  if (w.packing != WeightPacking::kSource || w.layout != WeightLayout::kRowMajor) {
+  const bool packed = w.packing == WeightPacking::kDecode;
+  if ((w.packing != WeightPacking::kSource && !packed) || w.layout != WeightLayout::kRowMajor) {
     throw Error(ErrorCode::kInvalidArgument, api,
-                "int4 weights are row-major in their source layout only (upload them with "
-                "UploadLayout::kSource or kBackendPreferred)");
+                "int4 weights are row-major in their source layout or the int4 decode layout "
+                "only (upload them with UploadLayout::kSource, kDecode or kBackendPreferred)");
   }
-  if (w.k % 2 != 0 || !int4_group_ok(w.group, w.k)) {
+  if (w.k % 2 != 0 || !int4_group_ok(w.group, w.k) || (packed && !int4_decode::group_ok(w.group))) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("int4 group {} for K = {}: the group must divide K and be 32, 64, a "
-                            "multiple of 128 or K itself",
-                            w.group, w.k));
+                            "multiple of 128{}",
+                            w.group, w.k, packed ? " (the decode layout)" : " or K itself"));
   }
   const auto un = static_cast<std::uint64_t>(w.n), uk = static_cast<std::uint64_t>(w.k);
-  const std::uint64_t codes = bytes_of(api, "the weights", un, uk, 1) / 2;
-  const std::uint64_t side =
-      int4_layout::side_of(w.n, w.k, w.group, w.zero_points, w.act_order).bytes;
+  std::uint64_t codes = bytes_of(api, "the weights", un, uk, 1) / 2, side = 0;
+  if (packed) {
+    // N and K at most 2^40 keep the padded sizes countable (as check_packed_weights).
+    if (w.n > (std::int64_t{1} << 40) || w.k > (std::int64_t{1} << 40)) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  fmt::format("packed int4 weights are {}x{}; the decode layout takes N and K up "
+                              "to 2^40",
+                              w.n, w.k));
+    }
+    const int4_decode::Sizes s = int4_decode::sizes_of(w.n, w.k, w.group, w.act_order);
+    codes = static_cast<std::uint64_t>(s.codes);
+    side = static_cast<std::uint64_t>(s.side);
+  } else {
+    side = int4_layout::side_of(w.n, w.k, w.group, w.zero_points, w.act_order).bytes;
+  }
   if (w.codes_bytes != codes || w.scales_bytes != side) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("int4 weight codes and scales are {} and {} bytes; {}x{} in groups of "
-                            "{}{}{} needs {} ([N, K/2]) and {} (kernels/int4_layout.h)",
-                            w.codes_bytes, w.scales_bytes, w.n, w.k, w.group,
-                            w.zero_points ? " with zero points" : "",
-                            w.act_order ? " and act order" : "", codes, side));
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("int4 weight codes and scales are {} and {} bytes; {}x{} in groups of "
+                    "{}{}{} in the {} layout needs {} and {}",
+                    w.codes_bytes, w.scales_bytes, w.n, w.k, w.group,
+                    w.zero_points ? " with zero points" : "", w.act_order ? " and act order" : "",
+                    packed ? "int4 decode" : "source", codes, side));
   }
 }
 
@@ -251,8 +274,20 @@ std::int64_t decode_max_m_as(std::string_view api, Backend& backend) {
 GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const QuantWeights& w,
                    const GemmOptions& options) {
   if (options.route != GemmRoute::kAuto) return options.route;
-  // INT4: decode up to its largest M, else tiled. The dequant route is not built for INT4 yet;
-  // check_route refuses a kernel that does not read INT4.
+  // INT4 in the INT4 decode layout: its decode kernel up to the largest M it publishes (every M
+  // where it publishes none: the CPU's reference), above that dequantize → dense BF16 where the
+  // backend has the dense GEMM (and C is BF16). The caller chose these kernels by uploading in
+  // that layout, verified or not (ops/quant_weights.cpp prefers it only where verified).
+  if (w.format == WeightFormat::kInt4 && w.packing == WeightPacking::kDecode) {
+    if (!backend.has_kernel(kModule, kInt4DecodeEntry)) return GemmRoute::kDecode;  // refused next
+    const std::uint32_t max_m =
+        backend.op_cache().kernel(backend, kModule, kInt4DecodeEntry).meta.max_m;
+    const bool dequant = !options.out_f32 && backend.has_kernel(kModule, kInt4DequantEntry) &&
+                         backend.dense_gemm_unavailable(DenseKind::kBf16).empty();
+    return max_m == 0 || m <= max_m || !dequant ? GemmRoute::kDecode : GemmRoute::kDequant;
+  }
+  // INT4 in its source layout: decode up to its largest M, else tiled; check_route refuses a
+  // kernel that does not read INT4.
   if (w.format == WeightFormat::kInt4) {
     return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
   }
@@ -290,6 +325,37 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
   return GemmRoute::kTiled;
 }
 
+// The kernel of INT4 weights in the INT4 decode layout for `route`: gemm_decode_int4 (decode) or
+// dequant_bf16_int4 (dequant, with the backend's dense BF16 GEMM), each publishing that layout
+// and int4; every other route reads another layout.
+const ResolvedKernel& check_int4_packed_route(std::string_view api, Backend& backend,
+                                              GemmRoute route) {
+  if (route != GemmRoute::kDecode && route != GemmRoute::kDequant) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("route {}: these int4 weights are in the int4 decode layout, which "
+                            "only the decode and dequant routes read",
+                            to_string(route)));
+  }
+  const char* entry = route == GemmRoute::kDecode ? kInt4DecodeEntry : kInt4DequantEntry;
+  const ResolvedKernel& k = backend.op_cache().kernel(backend, kModule, entry);
+  if (k.meta.absent || !k.meta.int4 || k.meta.layout != int4_decode::kLayoutId) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} does not read int4 weights in the int4 decode layout (it publishes "
+                            "layout {}{}; the layout is {})",
+                            backend.kernel_name(k), k.meta.layout, k.meta.int4 ? "" : ", no int4",
+                            int4_decode::kLayoutId));
+  }
+  if (route == GemmRoute::kDequant) {
+    if (const std::string why = backend.dense_gemm_unavailable(DenseKind::kBf16); !why.empty()) {
+      throw Error(ErrorCode::kUnavailable, api,
+                  fmt::format("the dequant route runs a dense BF16 GEMM, which this backend "
+                              "lacks: {}",
+                              why));
+    }
+  }
+  return k;
+}
+
 // The route's GEMM kernel, refused where it would cast A to E4M3 for a caller that asked for
 // exact BF16 activations.
 const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRoute route,
@@ -297,6 +363,9 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
   if (route == GemmRoute::kE4m3 && options.activations != Activations::kAllowE4m3) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 "the e4m3 route casts A to E4M3, but the caller asked for exact BF16 activations");
+  }
+  if (w.format == WeightFormat::kInt4 && w.packing == WeightPacking::kDecode) {
+    return check_int4_packed_route(api, backend, route);
   }
   if (w.packing == WeightPacking::kPanels) {
     if (route != GemmRoute::kDecode && route != GemmRoute::kTiled) {
@@ -332,8 +401,9 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
     const ResolvedKernel& dq = backend.op_cache().kernel(backend, kModule, kDequantEntry);
     if (w.format == WeightFormat::kInt4 && !dq.meta.int4) {
       throw Error(ErrorCode::kUnavailable, api,
-                  fmt::format("route dequant: {} does not read int4 weights (it publishes no "
-                              "dequant_bf16_int4)",
+                  fmt::format("route dequant: {} does not read int4 weights in their source "
+                              "layout (it publishes no dequant_bf16_int4); dequant_bf16_int4 "
+                              "reads them in the int4 decode layout (UploadLayout::kDecode)",
                               backend.kernel_name(dq)));
     }
     // Its GEMM is the backend's library, not a module kernel: refused with the backend's reason
@@ -438,14 +508,25 @@ std::uint32_t int4_flags(const QuantWeights& w) {
          (w.act_order ? kGemmActOrder : 0u);
 }
 
+// Whether the plan gathers A into the stored K order first (permute_a_int4): act-ordered INT4
+// weights on every route but dequant (whose dequantization writes W in K's own order). Once per
+// call: a kernel that gathered A itself did it once per block of columns, which on the CPU's tiled
+// route took 1.7-1.9x the time of the same weights without act order (docs/PERF.md).
+bool permutes_a(const GemmPlan& plan) {
+  return plan.format == WeightFormat::kInt4 && plan.route != GemmRoute::kDequant &&
+         (plan.flags & kGemmActOrder) != 0;
+}
+
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
 // fit its own route, M, N, K and split, or whose kernel flags do not say its own weights (so no
 // kernel runs on a grid, buffer or layout meant for another).
 void check_plan(std::string_view api, const GemmPlan& plan) {
   const bool e4m3 = plan.route == GemmRoute::kE4m3;
   const bool dequant = plan.route == GemmRoute::kDequant;
-  // The dequant route: its dequant_bf16 launch, then the dense GEMM, which never splits K.
-  const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u);
+  // The dequant route: its dequant_bf16 launch, then the dense GEMM, which never splits K. Act-
+  // ordered INT4 weights in the decode layout: permute_a_int4 before the decode kernel.
+  const bool permute = permutes_a(plan);
+  const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u) + (permute ? 1u : 0u);
   const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(plan.n),
              uk = static_cast<std::uint64_t>(plan.k);
   const DenseGemmShape dense_shape{DenseKind::kBf16, plan.m, plan.n, plan.k, plan.bias};
@@ -456,6 +537,7 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
   const bool sizes =
       plan.m >= 1 && plan.n >= 1 && plan.k >= 1 && plan.splits >= 1 && dense_fits &&
       (!e4m3 || (plan.workspace.a_e4m3 >= um * uk && plan.workspace.w_e4m3 >= un * uk)) &&
+      (!permute || plan.workspace.a_perm / 2 / uk >= um) &&
       (plan.splits == 1 || plan.workspace.split_k / (um * un * sizeof(float)) >=
                                static_cast<std::uint64_t>(plan.splits));
   const std::uint32_t flags =
@@ -500,7 +582,7 @@ std::string_view to_string(GemmRoute route) noexcept {
 
 std::uint64_t GemmWorkspaceBytes::total() const noexcept {
   return align_up(split_k) + align_up(a_e4m3) + align_up(w_e4m3) + align_up(w_bf16) +
-         align_up(dense);
+         align_up(dense) + align_up(a_perm);
 }
 
 GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& bytes) {
@@ -517,6 +599,7 @@ GemmWorkspace GemmWorkspace::carve(DevicePtr base, const GemmWorkspaceBytes& byt
   w.w_e4m3 = take(bytes.w_e4m3);
   w.w_bf16 = take(bytes.w_bf16);
   w.dense = take(bytes.dense);
+  w.a_perm = take(bytes.a_perm);
   return w;
 }
 
@@ -580,6 +663,17 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
   params.workspace = workspace.split_k.address();
 
   std::size_t i = 0;
+  if (permutes_a(plan)) {
+    // A in the weights' stored K order into the workspace, then the decode kernel reads that.
+    GemmParams perm = params;
+    perm.out = workspace.a_perm.address();
+    const PlannedLaunch& lp = plan.launches[i++];
+    backend.launch_typed(lp.kernel, lp.grid, lp.block, lp.smem_bytes, stream,
+                         std::array{KernelArg::value(perm)});
+    // The GEMM reads that A as it is: without kGemmActOrder (which would gather it again).
+    params.a = workspace.a_perm.address();
+    params.flags &= ~kGemmActOrder;
+  }
   if (plan.route == GemmRoute::kE4m3) {
     const CastParams cast{a.address(), workspace.a_e4m3.address(), plan.m * w.k, 0, 0};
     const PlannedLaunch& lc = plan.launches[i++];
@@ -634,7 +728,8 @@ void check_plan_args(std::string_view api, std::int64_t m, const QuantWeights& w
 GemmPlan finish_plan(std::string_view api, Backend& backend, GemmPlan& p) {
   std::uint64_t total = 0;
   const GemmWorkspaceBytes& ws = p.workspace;
-  for (const std::uint64_t part : {ws.split_k, ws.a_e4m3, ws.w_e4m3, ws.w_bf16, ws.dense}) {
+  for (const std::uint64_t part :
+       {ws.split_k, ws.a_e4m3, ws.w_e4m3, ws.w_bf16, ws.dense, ws.a_perm}) {
     if (part > UINT64_MAX - kWorkspaceAlign ||
         __builtin_add_overflow(total, align_up(part), &total)) {
       throw Error(ErrorCode::kInvalidArgument, api,
@@ -687,7 +782,10 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   if (p.route == GemmRoute::kDequant) {
     // One dequant_bf16 thread per unit of 32 weights; the dense GEMM planned (and memoized) by the
     // backend for this shape. Workspace: W in BF16, and whatever the GEMM library asks for.
-    p.launches.push_back(flat_launch(api, backend, gemm, dequant::unit_count(w.n, w.k)));
+    const bool int4 = w.format == WeightFormat::kInt4;
+    p.launches.push_back(
+        flat_launch(api, backend, gemm,
+                    int4 ? dequant_int4::unit_count(w.n, w.k) : dequant::unit_count(w.n, w.k)));
     p.workspace.w_bf16 = bytes_of(api, "the BF16 weights", un, uk, 2);
     p.dense = backend.plan_dense_gemm(DenseGemmShape{DenseKind::kBf16, m, w.n, w.k, p.bias});
     p.workspace.dense = p.dense->workspace_bytes;
@@ -695,6 +793,12 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
     return finish_plan(api, backend, p);
   }
 
+  if (permutes_a(p)) {
+    p.launches.push_back(flat_launch(api, backend,
+                                     cache.kernel(backend, kModule, kInt4PermuteEntry),
+                                     int4_permute::unit_count(m, w.k)));
+    p.workspace.a_perm = bytes_of(api, "the permuted A", um, uk, 2);
+  }
   if (p.route == GemmRoute::kE4m3) {
     p.launches.push_back(
         flat_launch(api, backend, cache.kernel(backend, kModule, "bf16_to_fp8"), m * w.k));
@@ -789,16 +893,19 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
       ra8{"E4M3 A workspace", workspace.a_e4m3.address(), need.a_e4m3},
       rw8{"E4M3 weights workspace", workspace.w_e4m3.address(), need.w_e4m3},
       rwb{"BF16 weights workspace", workspace.w_bf16.address(), need.w_bf16},
-      rdense{"dense GEMM workspace", workspace.dense.address(), need.dense};
+      rdense{"dense GEMM workspace", workspace.dense.address(), need.dense},
+      rperm{"permuted A workspace", workspace.a_perm.address(), need.a_perm};
   check_workspace_part(api, backend, rsplit.name, workspace.split_k, need.split_k,
-                       {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8, rwb, rdense});
+                       {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8, rwb, rdense, rperm});
   check_workspace_part(api, backend, ra8.name, workspace.a_e4m3, need.a_e4m3,
-                       {r.a, r.c, r.codes, r.scales, r.bias, rw8, rwb, rdense});
+                       {r.a, r.c, r.codes, r.scales, r.bias, rw8, rwb, rdense, rperm});
   check_workspace_part(api, backend, rw8.name, workspace.w_e4m3, need.w_e4m3,
-                       {r.a, r.c, r.codes, r.scales, r.bias, rwb, rdense});
+                       {r.a, r.c, r.codes, r.scales, r.bias, rwb, rdense, rperm});
   check_workspace_part(api, backend, rwb.name, workspace.w_bf16, need.w_bf16,
-                       {r.a, r.c, r.codes, r.scales, r.bias, rdense});
+                       {r.a, r.c, r.codes, r.scales, r.bias, rdense, rperm});
   check_workspace_part(api, backend, rdense.name, workspace.dense, need.dense,
+                       {r.a, r.c, r.codes, r.scales, r.bias, rperm});
+  check_workspace_part(api, backend, rperm.name, workspace.a_perm, need.a_perm,
                        {r.a, r.c, r.codes, r.scales, r.bias});
 
   launch_planned(plan, stream, a, w, c, workspace, bias);
@@ -838,6 +945,7 @@ GemmWorkspace scratch_workspace(const GemmPlan& plan, StreamHandle stream) {
   ws.w_e4m3 = part("fp8_weights", plan.workspace.w_e4m3);
   ws.w_bf16 = part("dequant_weights", plan.workspace.w_bf16);
   ws.dense = part("blas_workspace", plan.workspace.dense);
+  ws.a_perm = part("int4_permuted_a", plan.workspace.a_perm);
   return ws;
 }
 

@@ -12,11 +12,13 @@
 #include "core/published.h"
 #include "core/quant_int4.h"
 #include "kernels/decode_layout.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/int4_layout.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"
 #include "ops/decode_pack.h"
+#include "ops/int4_pack.h"
 #include "ops/panel_pack.h"
 
 namespace metrale::ops {
@@ -118,18 +120,55 @@ bool reads_decode_layout(Backend& backend) {
   return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
 }
 
+namespace {
+
+// Whether the backend has the INT4 decode layout's kernels: gemm_decode_int4 and
+// dequant_bf16_int4 publishing that layout and int4 (kernels/int4_decode_layout.h).
+bool reads_int4_decode_layout(Backend& backend) {
+  for (const std::string_view entry : {"gemm_decode_int4", "dequant_bf16_int4"}) {
+    if (!backend.has_kernel("w4a16", entry)) return false;
+    const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", entry).meta;
+    if (meta.absent || !meta.int4 || meta.layout != int4_decode::kLayoutId) return false;
+  }
+  return true;
+}
+
+// Where INT4 weights go: the source layout, or the INT4 decode layout when asked for by name or,
+// by preference, where its decode kernel publishes a largest M (it is the backend's best decode,
+// not a reference) and a device run verified it (core/published.h). No panel layout.
+WeightPacking int4_packing(Backend& backend, UploadLayout upload, std::int64_t group) {
+  if (upload == UploadLayout::kPanels) {
+    throw Error(ErrorCode::kInvalidArgument, "WeightsResource",
+                "int4 weights have no panel layout; upload them with UploadLayout::kSource, "
+                "kDecode or kBackendPreferred");
+  }
+  if (upload == UploadLayout::kSource) return WeightPacking::kSource;
+  const bool readable = reads_int4_decode_layout(backend);
+  if (upload == UploadLayout::kDecode) {
+    if (!readable) {
+      throw Error(ErrorCode::kUnavailable, "WeightsResource",
+                  fmt::format("{} has no kernels that read int4 weights in the int4 decode layout "
+                              "(gemm_decode_int4 and dequant_bf16_int4 publishing layout {} and "
+                              "int4); upload with UploadLayout::kSource or kBackendPreferred",
+                              backend.name(), int4_decode::kLayoutId));
+    }
+    return WeightPacking::kDecode;
+  }
+  if (!readable || !int4_decode_layout_ok(group)) return WeightPacking::kSource;
+  const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", "gemm_decode_int4").meta;
+  return meta.max_m != 0 && automatic_choice_allowed(meta) ? WeightPacking::kDecode
+                                                           : WeightPacking::kSource;
+}
+
+}  // namespace
+
 WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,
                                  UploadLayout upload, std::source_location loc)
     : label_(std::move(label)) {
   // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
   const bool int4 = host.format == WeightFormat::kInt4;
-  if (int4 && (upload == UploadLayout::kDecode || upload == UploadLayout::kPanels)) {
-    throw Error(ErrorCode::kInvalidArgument, "WeightsResource",
-                fmt::format("int4 weights have no {} layout; upload them with "
-                            "UploadLayout::kSource or kBackendPreferred",
-                            upload == UploadLayout::kDecode ? "decode" : "panel"));
-  }
-  const WeightPacking packing = int4 ? WeightPacking::kSource : upload_packing(backend, upload);
+  const WeightPacking packing =
+      int4 ? int4_packing(backend, upload, host.group) : upload_packing(backend, upload);
   if (packing == WeightPacking::kPanels && !reads_panel_layout(backend)) {
     throw Error(ErrorCode::kUnavailable, "WeightsResource",
                 fmt::format("{} has no w4a16 decode and tiled kernels that read the panel layout "
@@ -139,21 +178,30 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   }
   std::optional<PackedDecodeWeights> packed;
   std::optional<PackedPanelWeights> panels;
+  std::optional<PackedInt4Weights> int4_packed;
   std::optional<std::vector<std::uint8_t>> side;
-  if (int4) side = int4_side_buffer(host);
   const auto start = std::chrono::steady_clock::now();
-  if (packing == WeightPacking::kDecode) packed = pack_for_decode(host);
-  if (packing == WeightPacking::kPanels) panels = pack_for_panels(host);
+  if (int4 && packing == WeightPacking::kDecode) {
+    int4_packed = pack_int4_for_decode(host, "WeightsResource");
+  } else if (int4) {
+    side = int4_side_buffer(host);
+  } else if (packing == WeightPacking::kDecode) {
+    packed = pack_for_decode(host);
+  } else if (packing == WeightPacking::kPanels) {
+    panels = pack_for_panels(host);
+  }
   if (packing != WeightPacking::kSource) {
     pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  const std::vector<std::uint8_t>& hcodes = packed   ? packed->codes
-                                            : panels ? panels->codes
-                                                     : host.codes;
-  const std::vector<std::uint8_t>& hscales = packed   ? packed->scales
-                                             : panels ? panels->scales
-                                             : side   ? *side
-                                                      : host.scales;
+  const std::vector<std::uint8_t>& hcodes = packed        ? packed->codes
+                                            : panels      ? panels->codes
+                                            : int4_packed ? int4_packed->codes
+                                                          : host.codes;
+  const std::vector<std::uint8_t>& hscales = packed        ? packed->scales
+                                             : panels      ? panels->scales
+                                             : int4_packed ? int4_packed->side
+                                             : side        ? *side
+                                                           : host.scales;
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from a half-built object: GCC 12 at -O2 dropped such an object's member initializers on the
   // path that throws, and the fault sweep (tests/reliability) caught a catch block freeing stack

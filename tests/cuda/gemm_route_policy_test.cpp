@@ -11,6 +11,7 @@
 #include "cuda/rig.h"
 #include "kernels/decode_layout.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/verified_devices.h"
 #include "metrale/error.h"
 #include "metrale/ops/gemm.h"
@@ -118,6 +119,76 @@ TEST(GemmRoutePolicy, AnUnverifiedDequantKernelRunsOnlyWhenAskedFor) {
   EXPECT_NE(p.describe().find("w4a16::dequant_bf16"), std::string::npos) << p.describe();
   rig.b().free(w.codes);
   rig.b().free(w.scales);
+}
+
+// INT4 weights in the int4 decode layout: the module's gemm_decode_int4 up to the largest M it
+// publishes, dequant_bf16_int4 → dense BF16 above it where the backend has a dense GEMM (the
+// caller chose these unverified kernels by the upload), gemm_decode_int4 for every M without one
+// or for FP32 C; act order adds permute_a_int4 before the decode kernel. Read from plans alone.
+ModuleSpec int4_layout_module() {
+  ModuleSpec m = route_module(0);
+  for (const char* e : {"gemm_decode_int4", "dequant_bf16_int4", "permute_a_int4"}) {
+    FakeFunction f;
+    f.param_sizes = {sizeof(GemmParams)};
+    m.fake.functions[e] = f;
+    m.fake.publish_u32(std::string(e) + "_n_tile", kTile)
+        .publish_u32(std::string(e) + "_block_threads", kBlockThreads)
+        .publish_u32(std::string(e) + "_layout", metrale::int4_decode::kLayoutId)
+        .publish_u32(std::string(e) + "_int4", 1);
+    m.entries.emplace_back(e);
+  }
+  m.fake.publish_u32("gemm_decode_int4_max_m", kDecodeMaxM)
+      .publish_u32("gemm_decode_int4_out_f32", 1);
+  return m;
+}
+
+ops::QuantWeights int4_weights(CudaBackend& b, bool act_order) {
+  ops::QuantWeights w;
+  w.format = WeightFormat::kInt4;
+  w.packing = ops::WeightPacking::kDecode;
+  w.n = 256;
+  w.k = 256;
+  w.group = 128;
+  w.act_order = act_order;
+  const metrale::int4_decode::Sizes s =
+      metrale::int4_decode::sizes_of(w.n, w.k, w.group, act_order);
+  w.codes_bytes = static_cast<std::uint64_t>(s.codes);
+  w.scales_bytes = static_cast<std::uint64_t>(s.side);
+  w.codes = b.alloc(w.codes_bytes);
+  w.scales = b.alloc(w.scales_bytes);
+  return w;
+}
+
+TEST(GemmRoutePolicy, Int4DecodeLayoutDecodesThenDequantizesWhereADenseGemmExists) {
+  for (const bool with_blas : {true, false}) {
+    SCOPED_TRACE(with_blas ? "with cuBLASLt" : "without cuBLASLt");
+    FakeBlas blas;
+    RigOptions o;
+    o.modules = {core_module(), int4_layout_module()};
+    if (with_blas) o.blas = blas.source();
+    Rig rig(std::move(o));
+    for (const bool act : {false, true}) {
+      const ops::QuantWeights w = int4_weights(rig.b(), act);
+      const ops::GemmPlan one = ops::plan(rig.b(), 1, w);
+      EXPECT_EQ(one.route, ops::GemmRoute::kDecode);
+      EXPECT_EQ(one.launches.size(), act ? 2u : 1u) << one.describe();
+      EXPECT_NE(one.describe().find("w4a16::gemm_decode_int4"), std::string::npos);
+      EXPECT_EQ(one.describe().find("permute_a_int4") != std::string::npos, act);
+      EXPECT_EQ(ops::plan(rig.b(), kDecodeMaxM, w).route, ops::GemmRoute::kDecode);
+      const ops::GemmPlan big = ops::plan(rig.b(), 4096, w);
+      EXPECT_EQ(big.route, with_blas ? ops::GemmRoute::kDequant : ops::GemmRoute::kDecode);
+      if (with_blas) {
+        EXPECT_NE(big.describe().find("w4a16::dequant_bf16_int4"), std::string::npos)
+            << big.describe();
+        EXPECT_EQ(big.workspace.a_perm, 0u);  // the dequantization writes W in K's own order
+      }
+      ops::GemmOptions f32;
+      f32.out_f32 = true;
+      EXPECT_EQ(ops::plan(rig.b(), 4096, w, f32).route, ops::GemmRoute::kDecode);
+      rig.b().free(w.codes);
+      rig.b().free(w.scales);
+    }
+  }
 }
 
 // The decode layout's kernels: gemm_decode_packed (every M) and gemm_fused (prefill), as the real

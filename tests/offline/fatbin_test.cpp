@@ -22,6 +22,7 @@
 
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
 #include "kernels/verified_devices.h"
@@ -110,6 +111,25 @@ Published w4a16_published(const std::string& target) {
       {"gemm_decode_packed_blocks_per_sm", kGemmBlocksPerSm},
       {"gemm_tiled_blocks_per_sm", kGemmBlocksPerSm},
       {"gemm_e4m3_blocks_per_sm", kGemmBlocksPerSm},
+      // INT4 in the INT4 decode layout: decode as gemm_decode_packed's grid, the dequantization
+      // and act order's gather of A a thread per 8 elements. No verification yet.
+      {"gemm_decode_int4_n_tile", u32(dl::kTileN)},
+      {"gemm_decode_int4_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_decode_int4_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_decode_int4_blocks_per_sm", kGemmBlocksPerSm},
+      {"gemm_decode_int4_layout", metrale::int4_decode::kLayoutId},
+      {"gemm_decode_int4_max_m", u32(tl::kDecodeMaxM)},
+      {"gemm_decode_int4_a_e4m3", 0},
+      {"gemm_decode_int4_out_f32", 1},
+      {"gemm_decode_int4_int4", 1},
+      {"dequant_bf16_int4_n_tile", kW4a16Threads},
+      {"dequant_bf16_int4_block_threads", kW4a16Threads},
+      {"dequant_bf16_int4_layout", metrale::int4_decode::kLayoutId},
+      {"dequant_bf16_int4_int4", 1},
+      {"permute_a_int4_n_tile", kW4a16Threads},
+      {"permute_a_int4_block_threads", kW4a16Threads},
+      {"permute_a_int4_layout", metrale::int4_decode::kLayoutId},
+      {"permute_a_int4_int4", 1},
   };
   if (wgmma) {
     // gemm_fused: wgmma on sm_90a; elsewhere a placeholder that publishes only that it is absent.
@@ -586,8 +606,8 @@ TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
       }
     }
   }
-  // Five GEMM entries on sm_90a, four (no fused kernel) on sm_80 and sm_89.
-  EXPECT_EQ(checked, 13) << "entries checked; a lost blocks_per_sm must not pass unseen";
+  // Six GEMM entries on sm_90a, five (no fused kernel) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 16) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace

@@ -94,6 +94,15 @@ bool is_bf16_mul(const Instr& i) {
   return false;
 }
 
+// HADD2.BF16_V2 Rd, Ra, -Rb: the INT4 kernels' one subtraction per register of weights.
+bool is_bf16_sub(const Instr& i) {
+  if (i.mnemonic != "HADD2" || i.opcode.find(".BF16") == std::string::npos) return false;
+  const std::size_t comma = i.operands.rfind(',');
+  if (comma == std::string::npos) return false;
+  const std::string b = trim(i.operands.substr(comma + 1));
+  return b.size() > 2 && b[0] == '-' && b[1] == 'R' && b != "-RZ";
+}
+
 }  // namespace
 
 std::vector<Instr> parse_function(const std::string& listing, const std::string& function) {
@@ -219,6 +228,7 @@ void Tally::add(const Instr& i) {
   if (i.mnemonic == "HMMA") ++hmma;
   if (i.mnemonic == "HGMMA") ++hgmma;
   if (is_bf16_mul(i)) ++bf16_mul;
+  if (is_bf16_sub(i)) ++bf16_sub;
   if (integer_pipe(i.mnemonic)) ++integer;
   if (i.mnemonic == "IMAD" || i.mnemonic == "IMUL") ++imad;
   if (i.mnemonic == "ISETP") ++isetp;

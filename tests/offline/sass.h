@@ -52,13 +52,14 @@ bool integer_pipe(const std::string& mnemonic);
 
 // What a run of instructions holds.
 struct Tally {
-  int instrs = 0;      // every instruction, NOPs and branches included: all of them issue
-  int hmma = 0;        // HMMA (mma.sync)
-  int hgmma = 0;       // HGMMA (wgmma)
-  int bf16_mul = 0;    // BF16x2 multiplies: HMUL2.BF16*, or HFMA2.BF16* with a -RZ addend
-  int integer = 0;     // integer_pipe()
-  int imad = 0;        // IMAD* and IMUL (the FMA pipe)
-  int isetp = 0;       // ISETP
+  int instrs = 0;    // every instruction, NOPs and branches included: all of them issue
+  int hmma = 0;      // HMMA (mma.sync)
+  int hgmma = 0;     // HGMMA (wgmma)
+  int bf16_mul = 0;  // BF16x2 multiplies: HMUL2.BF16*, or HFMA2.BF16* with a -RZ addend
+  int bf16_sub = 0;  // BF16x2 subtractions of a register: HADD2.BF16* whose second operand is -R..
+  int integer = 0;   // integer_pipe()
+  int imad = 0;      // IMAD* and IMUL (the FMA pipe)
+  int isetp = 0;     // ISETP
   int predicated = 0;  // guarded by a predicate (@P..)
   int branches = 0;    // BRA, the loop branch included
   int calls = 0;       // CALL: the callee's instructions are not counted

@@ -85,9 +85,13 @@ int registers_of(const std::string& kernel) {
   return reg == std::string::npos ? -1 : std::atoi(r.output.c_str() + reg + 4);
 }
 
+// How a loop's weights per lane are counted: FP4 kernels scale each pair of weights with one BF16
+// multiply; the INT4 kernel subtracts each pair's zero with one BF16 subtraction.
+enum class WeightsBy { kBf16Mul, kBf16Sub };
+
 // The kernel's SASS on kTarget, its registers and its innermost HMMA loops, counted; found is
 // false where the cubin has no such function. Throws std::runtime_error where cuobjdump fails.
-KernelReport analyze(const std::string& kernel) {
+KernelReport analyze(const std::string& kernel, WeightsBy by = WeightsBy::kBf16Mul) {
   KernelReport k;
   const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
   if (r.status != 0) throw std::runtime_error("cuobjdump -sass failed:\n" + r.output);
@@ -103,7 +107,7 @@ KernelReport analyze(const std::string& kernel) {
     lr.body = sass::tally_body(code, l);
     lr.path = sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kSteady));
     lr.shortest = sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kShortest));
-    lr.weights = 2 * lr.path.bf16_mul;
+    lr.weights = 2 * (by == WeightsBy::kBf16Mul ? lr.path.bf16_mul : lr.path.bf16_sub);
     k.loops.push_back(std::move(lr));
   }
   return k;
@@ -153,13 +157,14 @@ void print(const std::string& kernel, const KernelReport& k, double issued = kIs
 // tiles: M <= 8 or M <= 16), and its steady path loads at least the weights' codes (half a
 // byte each), so the counts cover the weight stream.
 void expect_consistent(const LoopReport& l) {
-  EXPECT_GT(l.weights, 0) << fmt::format("loop {:#x}: no BF16 multiply on its path", l.begin);
+  EXPECT_GT(l.weights, 0) << fmt::format("loop {:#x}: no BF16 multiply or subtraction on its path",
+                                         l.begin);
   if (l.weights == 0) return;
   const int product = l.path.hmma * 8;
   EXPECT_TRUE(product == l.weights || product == 2 * l.weights) << fmt::format(
       "loop {:#x}: {} HMMA x 8 = {} is neither 1 nor 2 x the {} weights/lane that "
-      "its {} BF16x2 multiplies scale",
-      l.begin, l.path.hmma, product, l.weights, l.path.bf16_mul);
+      "its {} BF16x2 multiplies or subtractions count",
+      l.begin, l.path.hmma, product, l.weights, l.weights / 2);
   EXPECT_GE(2 * l.path.load_bytes, l.weights) << fmt::format(
       "loop {:#x}: the steady path loads {} B/lane, less than the codes of its {} "
       "weights/lane: it skips the weight loads",
@@ -177,14 +182,9 @@ class SassBudget : public ::testing::Test {
   }
 };
 
-// The decode kernel's steady state stays within the per-weight budget on every MMA loop.
-TEST_F(SassBudget, DecodeLoopsMeetTheBudget) {
-  const char* env = std::getenv("METRALE_SASS_BUDGET_KERNEL");
-  const std::string kernel = env != nullptr && *env != '\0' ? env : kDefaultKernel;
-  const KernelReport k = analyze(kernel);
-  ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << " of "
-                       << METRALE_W4A16_FATBIN << ")";
-  print(kernel, k);
+// Every innermost MMA loop of k within the decode budget on its steady path, consistent, with no
+// call on it; k touches no local memory.
+void expect_within_budget(const std::string& kernel, const KernelReport& k) {
   EXPECT_EQ(k.whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
   ASSERT_FALSE(k.loops.empty()) << kernel << " has no loop that runs HMMAs";
   for (const auto& l : k.loops) {
@@ -198,6 +198,17 @@ TEST_F(SassBudget, DecodeLoopsMeetTheBudget) {
                        l.weights, integer_mix(l.path));
     EXPECT_EQ(l.path.calls, 0) << "a call on the steady path: its instructions are not counted";
   }
+}
+
+// The decode kernel's steady state stays within the per-weight budget on every MMA loop.
+TEST_F(SassBudget, DecodeLoopsMeetTheBudget) {
+  const char* env = std::getenv("METRALE_SASS_BUDGET_KERNEL");
+  const std::string kernel = env != nullptr && *env != '\0' ? env : kDefaultKernel;
+  const KernelReport k = analyze(kernel);
+  ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << " of "
+                       << METRALE_W4A16_FATBIN << ")";
+  print(kernel, k);
+  expect_within_budget(kernel, k);
 }
 
 // The reader sees today's decode kernel as it is: four MMA loops (M <= 8 and M <= 16, row-major
@@ -215,6 +226,22 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
     expect_consistent(l);
     EXPECT_TRUE(l.over_budget());
   }
+}
+
+// ---- gemm_decode_int4 ----
+
+// The INT4 decode kernel (decode_int4.cuh) within the decode budget on each of its 8 MMA loops
+// (M <= 8 and M <= 16, FP16 and BF16 scales, a scale per K block or per 32-K span): every weight
+// pair passes through exactly one BF16 subtraction of its zero pair (HADD2.BF16 Rd, Ra, -Rb), so
+// a loop's weights per lane are 2 x those, and its HMMAs must agree (8 weights per lane per HMMA
+// and n8 tile). It touches no local memory.
+TEST_F(SassBudget, Int4DecodeLoopsMeetTheBudget) {
+  const std::string kernel = "gemm_decode_int4";
+  const KernelReport k = analyze(kernel, WeightsBy::kBf16Sub);
+  ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << ")";
+  print(kernel, k);
+  EXPECT_EQ(k.loops.size(), 8u) << "2 M variants x 2 scale formats x 2 scale spans";
+  expect_within_budget(kernel, k);
 }
 
 // ---- gemm_fused: wgmma with the weights as the register operand ----

@@ -25,6 +25,7 @@
 #include "metrale/ops/gemm.h"
 #include "metrale/quant.h"
 #include "ops/gemm_reference.h"
+#include "ops/int4_cases.h"
 
 namespace metrale::testing::gemm {
 namespace {
@@ -38,45 +39,6 @@ using ops::GemmRoute;
     EXPECT_EQ(e_.code(), (want)) << e_.what();                                    \
     EXPECT_NE(std::string(e_.what()).find(text), std::string::npos) << e_.what(); \
   } while (0)
-
-struct Int4Case {
-  std::int64_t m = 1, n = 1, k = 32, group = 32;
-  bool zero_points = false, fp16 = false, act_order = false, bias = false, out_f32 = false;
-  GemmRoute route = GemmRoute::kAuto;
-
-  std::string str() const {
-    return fmt::format("M={} N={} K={} group {}{}{}{}{}{} route {}", m, n, k, group,
-                       zero_points ? " zero points" : " symmetric",
-                       fp16 ? " fp16 scales" : " bf16 scales", act_order ? " act order" : "",
-                       bias ? " bias" : "", out_f32 ? " fp32 C" : "", ops::to_string(route));
-  }
-};
-
-// Weights for c: normal values whose groups are shifted by up to their own spread (so that the
-// asymmetric zero points spread over 0..15, not only around 8), quantized in c's groups; with act
-// order, the groups are then a random assignment of K's columns (`group` each).
-HostQuantWeights random_int4(std::mt19937_64& gen, const Int4Case& c) {
-  std::vector<float> values = random_weight_values(gen, c.n, c.k);
-  std::uniform_real_distribution<float> shift(-1.0f, 1.0f);
-  for (std::int64_t r = 0; r < c.n; ++r) {
-    for (std::int64_t g0 = 0; g0 < c.k; g0 += c.group) {
-      float spread = 0.0f;
-      for (std::int64_t j = g0; j < g0 + c.group; ++j) {
-        spread = std::max(spread, std::fabs(values[static_cast<std::size_t>(r * c.k + j)]));
-      }
-      const float s = shift(gen) * spread;
-      for (std::int64_t j = g0; j < g0 + c.group; ++j)
-        values[static_cast<std::size_t>(r * c.k + j)] += s;
-    }
-  }
-  HostQuantWeights w = quantize_int4(values, c.n, c.k, c.group, c.zero_points, c.fp16);
-  if (!c.act_order) return w;
-  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(c.k));
-  for (std::int64_t k = 0; k < c.k; ++k)
-    g_idx[static_cast<std::size_t>(k)] = static_cast<std::int32_t>(k / c.group);
-  std::shuffle(g_idx.begin(), g_idx.end(), gen);
-  return with_act_order(w, g_idx);
-}
 
 // Ks for a group: below one 128-step, whole steps, and steps with a tail of whole groups.
 std::vector<std::int64_t> ks_of(std::int64_t group) {
@@ -94,55 +56,19 @@ std::vector<std::int64_t> ks_of(std::int64_t group) {
   }
 }
 
-class GemmInt4 : public GemmBackendTest {
+class GemmInt4 : public Int4GemmTest {
  protected:
   void SetUp() override {
-    GemmBackendTest::SetUp();
+    Int4GemmTest::SetUp();
     if (IsSkipped()) return;
     if (!b().op_cache().kernel(b(), "w4a16", "gemm_decode").meta.int4) {
-      GTEST_SKIP() << b().name() << "'s w4a16 kernels do not read INT4 weights yet (no "
-                   << "gemm_decode_int4)";
+      GTEST_SKIP() << b().name() << "'s w4a16 kernels do not read INT4 weights in their source "
+                   << "layout (no gemm_decode_int4 flag)";
     }
   }
 
-  // Runs one case on fresh data and checks it; returns the route the op took.
-  GemmRoute run(const Int4Case& c) {
-    SCOPED_TRACE(c.str());
-    const HostQuantWeights host = random_int4(gen(), c);
-    const ops::QuantWeights w = upload_weights(host);
-    const std::vector<std::uint16_t> a =
-        random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
-    const std::vector<std::uint16_t> bias =
-        c.bias ? random_bias(gen(), c.n) : std::vector<std::uint16_t>{};
-    const auto mn = static_cast<std::size_t>(c.m * c.n);
-    const std::size_t elem = c.out_f32 ? 4 : 2;
-    const DevicePtr dc = poisoned((mn + kTailElems) * elem);
-    ops::GemmOptions options;
-    options.route = c.route;
-    options.bias = c.bias ? upload(bias) : DevicePtr{};
-    options.out_f32 = c.out_f32;
-    const GemmRoute taken = ops::choose_route(b(), c.m, w, options);
-    ops::w4a16_gemm(b(), stream(), upload(a), c.m, w, dc, options);
-    const std::vector<std::uint8_t> bytes = read<std::uint8_t>(dc, (mn + kTailElems) * elem);
-    EXPECT_TRUE(std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(mn * elem), bytes.end(),
-                            [](std::uint8_t x) { return x == kPoisonByte; }))
-        << "wrote past C";
-    const Reference ref = reference(a, c.m, host, bias, AMode::kBf16);
-    if (c.out_f32) {
-      std::vector<float> out(mn);
-      std::memcpy(out.data(), bytes.data(), mn * 4);
-      const Comparison cmp = toolkit::compare_f32(out, ref);
-      EXPECT_EQ(cmp.unwritten, 0) << cmp.str();
-      EXPECT_LE(cmp.worst, 1.0) << cmp.str();
-      EXPECT_LE(cmp.normalized, kNormTol) << cmp.str();
-    } else {
-      std::vector<std::uint16_t> out(mn);
-      std::memcpy(out.data(), bytes.data(), mn * 2);
-      expect_close(compare(out, ref), kNormTol, "against the float64 reference");
-    }
-    free_all();
-    return taken;
-  }
+  // One case in the source layout.
+  GemmRoute run(const Int4Case& c) { return run_case(c, ops::UploadLayout::kSource); }
 };
 
 TEST_P(GemmInt4, EveryGroupZeroPointScaleTypeAndActOrderMatchesFloat64) {
@@ -298,12 +224,14 @@ TEST_P(GemmInt4, RoutesWithoutAnInt4KernelAreRefusedByName) {
     ops::GemmOptions dequant;
     dequant.route = GemmRoute::kDequant;
     EXPECT_ERROR(ops::plan(b(), 64, w, dequant), ErrorCode::kUnavailable,
-                 "publishes no dequant_bf16_int4");
+                 "publishes no dequant_bf16_int4); dequant_bf16_int4 reads them in the int4 "
+                 "decode layout");
   }
 }
 
-// Weights the INT4 kernels cannot take are refused by name: a decode or panel upload, a group
-// they do not take, side buffers of the wrong size, a plan for other INT4 weights.
+// Weights the INT4 kernels cannot take are refused by name: a panel upload, a decode upload in a
+// group the int4 decode layout does not take, a group no kernel takes, side buffers of the wrong
+// size, a plan for other INT4 weights.
 TEST_P(GemmInt4, BadWeightsAndMismatchedPlansAreRefused) {
   Int4Case c;
   c.n = 8;
@@ -311,8 +239,13 @@ TEST_P(GemmInt4, BadWeightsAndMismatchedPlansAreRefused) {
   c.group = 64;
   c.zero_points = true;
   const HostQuantWeights host = random_int4(gen(), c);
-  EXPECT_ERROR(ops::upload_weights(b(), host, ops::UploadLayout::kDecode),
-               ErrorCode::kInvalidArgument, "int4 weights have no decode layout");
+  // The int4 decode layout takes groups of 32, 64 and multiples of 128 only.
+  Int4Case odd = c;
+  odd.k = odd.group = 96;
+  EXPECT_ERROR(ops::upload_weights(b(), random_int4(gen(), odd), ops::UploadLayout::kDecode),
+               ErrorCode::kInvalidArgument,
+               "int4 weights in groups of 96 (K = 96) have no decode "
+               "layout");
   EXPECT_ERROR(ops::upload_weights(b(), host, ops::UploadLayout::kPanels),
                ErrorCode::kInvalidArgument, "int4 weights have no panel layout");
   const ops::QuantWeights w = upload_weights(host);
@@ -321,7 +254,8 @@ TEST_P(GemmInt4, BadWeightsAndMismatchedPlansAreRefused) {
   EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "int4 group 48 for K = 256");
   bad = w;
   bad.zero_points = false;  // the buffer holds them: its size says otherwise
-  EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "kernels/int4_layout.h");
+  EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument,
+               "in the source layout needs 1024 and 64");
   bad = w;
   bad.tensor_scale = 2.0f;
   EXPECT_ERROR(ops::plan(b(), 1, bad), ErrorCode::kInvalidArgument, "no tensor scale");

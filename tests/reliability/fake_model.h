@@ -13,6 +13,7 @@
 
 #include "cpu/kernels/decode_packed_cpu.h"
 #include "cpu/kernels/dequant_bf16_cpu.h"
+#include "cpu/kernels/int4_packed_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cuda/backend.h"
 #include "cuda/fake_driver.h"
@@ -21,7 +22,10 @@
 #include "cuda/rig.h"
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
+#include "kernels/dequant_int4.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_decode_layout.h"
+#include "kernels/int4_permute.h"
 #include "kernels/manifest.h"
 #include "metrale/kernel_args.h"
 
@@ -113,6 +117,17 @@ inline fake::ModuleSpec w4a16_module() {
   f["dequant_bf16"] = tiled_entry<GemmParams>(
       kDequantBf16Tile, k::dequant_bf16,
       [](const GemmParams& p) { return metrale::dequant::unit_count(p.n, p.k); });
+  // INT4 in the INT4 decode layout, computed as the CPU module's twins compute it.
+  f["gemm_decode_int4"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_int4, cols);
+  f["dequant_bf16_int4"] = tiled_entry<GemmParams>(
+      kDequantBf16Tile, k::dequant_bf16_int4,
+      [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
+  f["permute_a_int4"] = tiled_entry<GemmParams>(
+      kDequantBf16Tile,
+      [](const GemmParams& p, std::int64_t a, std::int64_t b) {
+        for (std::int64_t u = a; u < b; ++u) metrale::int4_permute::unit(p, u);
+      },
+      [](const GemmParams& p) { return metrale::int4_permute::unit_count(p.m, p.k); });
   f["gemm_split_reduce"] = tiled_entry<GemmParams>(kReduceTile, k::split_reduce,
                                                    [](const GemmParams& p) { return p.m * p.n; });
   m.fake.publish_u32("gemm_decode_n_tile", kDecodeTile)
@@ -137,7 +152,20 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_decode_a_e4m3", 0)
       .publish_u32("gemm_decode_packed_a_e4m3", 0)
       .publish_u32("gemm_tiled_a_e4m3", 0)
-      .publish_u32("gemm_e4m3_a_e4m3", 1);
+      .publish_u32("gemm_e4m3_a_e4m3", 1)
+      // The INT4 decode layout's entries as the real module publishes them: a largest M, no
+      // verification, so uploads follow the backend's preference into the source layout.
+      .publish_u32("gemm_decode_int4_n_tile", kDecodeTile)
+      .publish_u32("gemm_decode_int4_max_m", kDecodeMaxM)
+      .publish_u32("gemm_decode_int4_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("gemm_decode_int4_int4", 1)
+      .publish_u32("gemm_decode_int4_out_f32", 1)
+      .publish_u32("dequant_bf16_int4_n_tile", kDequantBf16Tile)
+      .publish_u32("dequant_bf16_int4_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("dequant_bf16_int4_int4", 1)
+      .publish_u32("permute_a_int4_n_tile", kDequantBf16Tile)
+      .publish_u32("permute_a_int4_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("permute_a_int4_int4", 1);
   // Every entry of the manifest, each with the block size it publishes.
   m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
                    metrale::manifest::kW4a16Entries.end());

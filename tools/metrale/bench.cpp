@@ -187,8 +187,8 @@ DenseLayer read_plain_layer(const SafetensorsFile& file, const std::string& laye
 // then holds), the FP4 ones (copied), the BF16/F32 ones (copied as BF16; load_weights decides
 // what runs them) and the embedding tables (named), and notes the quantized-looking ones it
 // cannot read. Returns whether an FP8 layer views `file` itself.
-bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
-                 std::list<SafetensorsFile>& keep) {
+bool load_layers(const SafetensorsFile& file, LoadedWeights& out, std::list<SafetensorsFile>& keep,
+                 GptqZeros gptq_zeros) {
   bool viewed = false;
   const std::vector<std::string> fp8 = fp8_linear_layers(file);
   for (const std::string& name : fp8) {
@@ -219,7 +219,7 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out,
       if (dtype == "F32") out.plain_f32.push_back(name);
       continue;
     }
-    Nvfp4Linear l = load_nvfp4_linear(file, name);
+    Nvfp4Linear l = load_nvfp4_linear(file, name, gptq_zeros);
     out.shape.layers.push_back({name, l.w.n, l.w.k});
     out.host.push_back(std::move(l.w));
     out.by_source[l.source].push_back(name);
@@ -252,25 +252,40 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
                            std::string& path) {
   path = resolve_checkpoint_path(weights);
   LoadedWeights out;
+  // The folder's config, when it declares a quantization: GPTQ's zero-point convention comes
+  // from it (checkpoint_format), and the tensors are held to it below.
+  out.declared = read_declared_quantization(std::filesystem::path(path).parent_path().string());
+  const GptqZeros gptq_zeros =
+      out.declared && out.declared->gptq_v2 ? GptqZeros::kAsStored : GptqZeros::kMinusOne;
   if (is_checkpoint_index(path)) {
     const ShardedCheckpoint ckpt = ShardedCheckpoint::open(path);
     for (const std::string& prefix : tensor_prefixes(ckpt)) {
       const auto view = files.insert(files.end(), gather_layer(ckpt, prefix));
-      if (!load_layers(*view, out, files)) files.erase(view);  // nothing views it
+      if (!load_layers(*view, out, files, gptq_zeros)) files.erase(view);  // nothing views it
     }
   } else {
     files.push_back(SafetensorsFile::open(path));
     const SafetensorsFile& file = files.back();
-    load_layers(file, out, files);
+    load_layers(file, out, files, gptq_zeros);
     // A file of FP8 layers alone has no 4-bit layer to load, which is no error; a file of
     // neither is, naming each candidate and why.
     if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
       (void)require_linear_layers(file);
     }
   }
+  // GPTQ's zero-point convention is the folder config's checkpoint_format; without one a file is
+  // read as GPTQ's own default, and a gptq_v2 file would read each zero point one off: say so.
+  const bool gptq = std::any_of(out.by_source.begin(), out.by_source.end(),
+                                [](const auto& s) { return s.first.starts_with("GPTQ"); });
+  if (!out.declared && gptq) {
+    fmt::print(stderr,
+               "metrale: [bench] warning: {} holds GPTQ layers but no config.json beside it "
+               "declares the quantization: zero points read as checkpoint_format \"gptq\" "
+               "(stored minus one); a \"gptq_v2\" file needs its config.json\n",
+               path);
+  }
   // The folder's config, when it declares a quantization, must agree with the tensors: its
   // format in every quantized layer, and no Linear its quantizer targets left in plain floats.
-  out.declared = read_declared_quantization(std::filesystem::path(path).parent_path().string());
   if (out.declared && out.unread.empty()) {
     std::vector<std::string> plain;
     for (const DenseLayer& l : out.plain) plain.push_back(l.name);

@@ -200,7 +200,7 @@ class Checker {
   // An INT4 case (groups of `group`, zero points or not, act order or not) as gemm() runs one; a
   // backend whose kernels do not read INT4 skips it, with its reason.
   std::string gemm_int4(ops::GemmRoute route, std::int64_t group, bool zero_points, bool act_order,
-                        bool bias) {
+                        bool bias, ops::UploadLayout upload = ops::UploadLayout::kSource) {
     std::uniform_int_distribution<std::int64_t> pick_m(1,
                                                        route == ops::GemmRoute::kDecode ? 16 : 96),
         pick_n(1, 300), pick_g(1, 1024 / group);
@@ -217,7 +217,7 @@ class Checker {
       std::shuffle(g_idx.begin(), g_idx.end(), rng_);
       hw = with_act_order(hw, g_idx);
     }
-    return gemm_on(route, hw, m, bias, ops::UploadLayout::kSource, false, true);
+    return gemm_on(route, hw, m, bias, upload, false, true);
   }
 
   // hw (row-major host weights) times M random rows on route, against the float64 reference;
@@ -469,7 +469,7 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
     }
     // INT4 weights (GPTQ, AWQ, compressed-tensors pack-quantized): groups of 32, 64 and 128,
     // symmetric and with zero points, K in its own order and act-ordered, on the routes with INT4
-    // kernels; skipped with the reason where the backend has none (CUDA, for now).
+    // kernels on the source layout; skipped with the reason where the backend has none (CUDA).
     struct Int4Row {
       std::int64_t group;
       bool zero_points, act_order, bias;
@@ -481,6 +481,21 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
                           r.zero_points ? " asym" : "", r.act_order ? " act-order" : "",
                           r.bias ? " +bias" : ""),
               [&] { return c.gemm_int4(route, r.group, r.zero_points, r.act_order, r.bias); });
+      }
+    }
+    // The same weights in the int4 decode layout (gemm_decode_int4, permute_a_int4 under act
+    // order, dequant_bf16_int4 → dense BF16): run by name, verified on a device or not; skipped
+    // with the reason where the backend has no such kernels or no dense GEMM.
+    for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kDequant}) {
+      for (const Int4Row r : {Int4Row{32, false, false, false}, Int4Row{128, true, false, true},
+                              Int4Row{64, false, true, false}, Int4Row{128, true, true, true}}) {
+        c.run(fmt::format("w4a16 {} int4-dl g{}{}{}{}", ops::to_string(route), r.group,
+                          r.zero_points ? " asym" : "", r.act_order ? " act-order" : "",
+                          r.bias ? " +bias" : ""),
+              [&] {
+                return c.gemm_int4(route, r.group, r.zero_points, r.act_order, r.bias,
+                                   ops::UploadLayout::kDecode);
+              });
       }
     }
     // FP32 output on every route: run where the route's kernel publishes out_f32, else skipped

@@ -73,13 +73,14 @@ struct GemmWorkspaceBytes {
   std::uint64_t w_e4m3 = 0;   // the e4m3 route's E4M3 weights [N, K]
   std::uint64_t w_bf16 = 0;   // the dequant route's BF16 weights [N, K]
   std::uint64_t dense = 0;    // the dequant route's dense GEMM workspace (its plan's)
+  std::uint64_t a_perm = 0;   // act-ordered INT4 decode: A [M, K] BF16 in the stored K order
   // All parts laid end to end in one buffer, each on a 256-byte boundary (GemmWorkspace::carve).
   std::uint64_t total() const noexcept;
 };
 
 // The scratch buffers of one run; each at least the planned bytes (null where 0 are planned).
 struct GemmWorkspace {
-  DevicePtr split_k, a_e4m3, w_e4m3, w_bf16, dense;
+  DevicePtr split_k, a_e4m3, w_e4m3, w_bf16, dense, a_perm;
   // The parts of one buffer of at least bytes.total() bytes, in the order total() lays them out.
   static GemmWorkspace carve(DevicePtr base, const GemmWorkspaceBytes& bytes);
 };

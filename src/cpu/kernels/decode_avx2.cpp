@@ -30,6 +30,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/kernels/step_avx2.h"
 #include "cpu/kernels/w4a16_shared.h"
 
 // See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
@@ -41,42 +42,17 @@
 namespace metrale::cpu::w4a16::detail {
 namespace {
 
-constexpr std::int64_t kStep = 64;  // weights per step: 32 code bytes
-// Prefetch distances in code bytes (one column's codes run on into the next's): a line into L1
-// a little ahead and one into L2 far ahead, as decode_bf16.cpp (Note [L2 read-ahead distance]).
-constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
+using avx2_step::decode_half;
+using avx2_step::Half;
+using avx2_step::kOrder;
+using avx2_step::kPrefetchL1;
+using avx2_step::kPrefetchL2;
+using avx2_step::kStep;
 
-// Where A's element k of a step goes in the staged step: position 8v + l (see the layout above).
-struct StepOrder {
-  std::uint8_t k[kStep];
-};
-constexpr StepOrder kOrder = [] {
-  StepOrder o{};
-  for (int v = 0; v < 8; ++v) {
-    const int x = v / 4, h = (v / 2) % 2, e = v % 2;
-    for (int l = 0; l < 8; ++l) {
-      const int j = 16 * (l / 4) + 8 * h + 2 * (l % 4) + e;
-      o.k[8 * v + l] = static_cast<std::uint8_t>(2 * j + x);
-    }
-  }
-  return o;
-}();
-
-// The low and high bytes of E2M1 code c as BF16, in both 128-bit halves (vpshufb looks up within
-// each half).
-struct ByteTables {
-  alignas(32) std::uint8_t low[32], high[32];
-};
-const ByteTables& byte_tables() {
-  static const ByteTables t = [] {
-    ByteTables x{};
-    for (int i = 0; i < 32; ++i) {
-      const std::uint16_t b = tables().e2m1_bf16[i];  // E2M1 value i & 15 as BF16
-      x.low[i] = static_cast<std::uint8_t>(b & 0xFF);
-      x.high[i] = static_cast<std::uint8_t>(b >> 8);
-    }
-    return x;
-  }();
+// The low and high bytes of E2M1 code c as BF16 (avx2_step::ByteTables).
+const avx2_step::ByteTables& byte_tables() {
+  static const avx2_step::ByteTables t =
+      avx2_step::byte_tables_of([](int c) { return tables().e2m1_bf16[c]; });
   return t;
 }
 
@@ -130,21 +106,6 @@ template <bool Mx>
   bool any = _mm256_movemask_epi8(nan) != 0;
   for (; i < count; ++i) any = any || (s[i] & 0x7F) == 0x7F;
   return any;
-}
-
-// Half x (0: low nibbles, 1: high) of a step's 64 weights as FP32: vectors 4x + 0..3.
-struct Half {
-  __m256 f[4];
-};
-[[METRALE_TARGET_AVX2F, gnu::always_inline]] inline Half decode_half(__m256i nibbles, __m256i low,
-                                                                     __m256i high) {
-  const __m256i lo = _mm256_shuffle_epi8(low, nibbles), hi = _mm256_shuffle_epi8(high, nibbles);
-  const __m256i wa = _mm256_unpacklo_epi8(lo, hi), wb = _mm256_unpackhi_epi8(lo, hi);
-  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(wa, 16)),
-          _mm256_castsi256_ps(_mm256_and_si256(wa, top)),
-          _mm256_castsi256_ps(_mm256_slli_epi32(wb, 16)),
-          _mm256_castsi256_ps(_mm256_and_si256(wb, top))};
 }
 
 template <bool Mx, int MB>

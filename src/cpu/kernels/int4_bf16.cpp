@@ -53,15 +53,15 @@ constexpr std::int64_t kPrefetchL1 = 2048, kPrefetchL2 = 16384;
 }
 
 // A as BF16 in step-major order, as decode_bf16.cpp stages it (step c of row m at
-// (c * MB + m) * 128; vector r of a step holds A[4i + r]), read through the act order's
-// permutation; rows past M are zero. With `sums`, also each group's Σa over the staged steps
+// (c * MB + m) * 128; vector r of a step holds A[4i + r]; in the stored order already under act
+// order); rows past M are zero. With `sums`, also each group's Σa over the staged steps
 // (row m's group g at m * padded + g, `padded` the groups rounded up to 16, zero beyond).
 template <int MB>
 [[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage_a(const GemmParams& p,
                                                            const Int4Weights& w, std::int64_t steps,
                                                            bool sums, std::int64_t padded,
                                                            const float** group_sums) {
-  thread_local std::vector<std::uint16_t> staged, row;
+  thread_local std::vector<std::uint16_t> staged;
   thread_local std::vector<float> sum;
   staged.assign(static_cast<std::size_t>(steps * MB * kStep), 0);
   if (sums) sum.assign(static_cast<std::size_t>(MB * padded), 0.0f);
@@ -70,11 +70,6 @@ template <int MB>
   every4th_indices(every4th);
   for (std::int64_t m = 0; m < std::min<std::int64_t>(MB, p.m); ++m) {
     const std::uint16_t* src = a16 + m * p.k;
-    if (w.k_perm != nullptr) {
-      row.resize(static_cast<std::size_t>(steps * kStep));
-      for (std::int64_t j = 0; j < steps * kStep; ++j) row[j] = src[w.k_perm[j]];
-      src = row.data();
-    }
     for (std::int64_t c = 0; c < steps; ++c) {
       const std::uint16_t* s = src + c * kStep;
       std::uint16_t* dst = &staged[static_cast<std::size_t>((c * MB + m) * kStep)];
@@ -206,8 +201,7 @@ template <int MB>
       // or the end of a per-row group), exactly as the portable kernel takes them.
       for (std::int64_t j = kv; j < p.k; ++j) {
         const std::int64_t g = j / w.group;
-        sum += a_at(p, m, w.a_col(j)) * static_cast<float>(w.code(n, j) - w.zero(n, g)) *
-               w.scale(n, g);
+        sum += a_at(p, m, j) * static_cast<float>(w.code(n, j) - w.zero(n, g)) * w.scale(n, g);
       }
       store(p, m, n, sum);
     }

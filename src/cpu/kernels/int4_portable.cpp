@@ -15,7 +15,7 @@ void int4_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   thread_local std::vector<float> a;
   a.resize(static_cast<std::size_t>(p.m * p.k));
   for (std::int64_t m = 0; m < p.m; ++m) {
-    for (std::int64_t j = 0; j < p.k; ++j) a[m * p.k + j] = a_at(p, m, w.a_col(j));
+    for (std::int64_t j = 0; j < p.k; ++j) a[m * p.k + j] = a_at(p, m, j);
   }
   for (std::int64_t n = n0; n < n1; ++n) {
     for (std::int64_t m = 0; m < p.m; ++m) {
@@ -36,31 +36,57 @@ void int4_portable(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
 
 }  // namespace detail
 
-void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
-  if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
-  // Slices of up to 16 rows, each streaming the block's weights again (from cache: a tiled block
-  // is 64 columns).
-  constexpr std::int64_t kRows = 16;
+namespace {
+
+// p's rows in slices of up to kRows, each a call of rows(q, n0, n1, slice rows) on the slice.
+template <std::int64_t kRows, class Rows>
+void in_slices(const GemmParams& p, std::int64_t n0, std::int64_t n1, Rows rows) {
   for (std::int64_t m0 = 0; m0 < p.m; m0 += kRows) {
     GemmParams q = p;
     q.a += static_cast<std::uint64_t>(m0 * p.k * 2);
     q.out += static_cast<std::uint64_t>(m0 * p.n * ((p.flags & kGemmOutF32) ? 4 : 2));
     q.m = std::min(kRows, p.m - m0);
-    if (q.m <= 1) {
-      detail::int4_rows_bf16<1>(q, n0, n1);
-    } else if (q.m <= 2) {
-      detail::int4_rows_bf16<2>(q, n0, n1);
-    } else if (q.m <= 4) {
-      detail::int4_rows_bf16<4>(q, n0, n1);
-    } else if (q.m <= 8) {
-      detail::int4_rows_bf16<8>(q, n0, n1);
-    } else {
-      detail::int4_rows_bf16<16>(q, n0, n1);
-    }
+    rows(q, n0, n1);
   }
 }
 
+// AVX2: slices of up to 4 rows, each streaming the block's weights again.
+void int4_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+  in_slices<4>(p, n0, n1, [](const GemmParams& q, std::int64_t a, std::int64_t b) {
+    if (q.m <= 1) {
+      detail::int4_rows_avx2<1>(q, a, b);
+    } else if (q.m <= 2) {
+      detail::int4_rows_avx2<2>(q, a, b);
+    } else {
+      detail::int4_rows_avx2<4>(q, a, b);
+    }
+  });
+}
+
+}  // namespace
+
+void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return int4_avx2(p, n0, n1);
+  if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
+  // Slices of up to 16 rows, each streaming the block's weights again (from cache: a tiled block
+  // is 64 columns).
+  in_slices<16>(p, n0, n1, [](const GemmParams& q, std::int64_t a, std::int64_t b) {
+    if (q.m <= 1) {
+      detail::int4_rows_bf16<1>(q, a, b);
+    } else if (q.m <= 2) {
+      detail::int4_rows_bf16<2>(q, a, b);
+    } else if (q.m <= 4) {
+      detail::int4_rows_bf16<4>(q, a, b);
+    } else if (q.m <= 8) {
+      detail::int4_rows_bf16<8>(q, a, b);
+    } else {
+      detail::int4_rows_bf16<16>(q, a, b);
+    }
+  });
+}
+
 void int4_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return int4_avx2(p, n0, n1);
   if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
   detail::int4_tiled_bf16(p, n0, n1);
 }

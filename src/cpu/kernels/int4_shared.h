@@ -1,5 +1,6 @@
 // What the CPU kernels for INT4 weights share (Note [INT4 weights]): typed access to the codes
-// and the side buffer (kernels/int4_layout.h), and A read through the act order's permutation.
+// and the side buffer (kernels/int4_layout.h). Under act order A arrives in the weights' stored
+// order (the op gathers it first: permute_a_int4), so no kernel reads the permutation.
 // Internal to src/cpu/kernels.
 #pragma once
 
@@ -15,7 +16,6 @@ struct Int4Weights {
   const std::uint8_t* codes;
   const std::uint8_t* scales;  // [N, groups] x 2 bytes
   const std::uint8_t* zeros;   // [N, groups], or null: every zero point is 8
-  const std::int32_t* k_perm;  // [K], or null: A in its own order
   std::int64_t n, k, group, groups;
   bool fp16;
 
@@ -23,7 +23,6 @@ struct Int4Weights {
       : codes(reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(p.codes))),
         scales(reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(p.scales))),
         zeros(nullptr),
-        k_perm(nullptr),
         n(p.n),
         k(p.k),
         group(p.group),
@@ -32,7 +31,6 @@ struct Int4Weights {
     const auto side = int4_layout::side_of(p.n, p.k, p.group, (p.flags & kGemmZeroPoints) != 0,
                                            (p.flags & kGemmActOrder) != 0);
     if (p.flags & kGemmZeroPoints) zeros = scales + side.zeros;
-    if (p.flags & kGemmActOrder) k_perm = reinterpret_cast<const std::int32_t*>(scales + side.perm);
   }
 
   // The code at stored column j of row.
@@ -49,8 +47,6 @@ struct Int4Weights {
   int zero(std::int64_t row, std::int64_t g) const {
     return zeros != nullptr ? zeros[row * groups + g] : 8;
   }
-  // The column of A that stored column j multiplies.
-  std::int64_t a_col(std::int64_t j) const { return k_perm != nullptr ? k_perm[j] : j; }
 };
 
 // BF16 bits of (i & 15) − 8 for i < 32: the INT4 kernels' lookup of code − 8 by vpermw, which

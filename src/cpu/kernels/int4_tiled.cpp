@@ -149,24 +149,15 @@ constexpr void (*kTiles[])(const std::uint16_t*, std::int64_t, const std::uint32
                            float*, std::int64_t, const float*, const float*, const float*) = {
     tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 
-// A's rows over stored K [k0, k0 + kc), through the act order's permutation where there is one
-// (else A itself), and each row's Σa over them (for the zero points' term).
-[[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage(const GemmParams& p, const Int4Weights& w,
-                                                         std::int64_t k0, std::int64_t kc,
-                                                         bool sums, std::int64_t& lda,
-                                                         std::vector<std::uint16_t>& staged,
+// A's rows over stored K [k0, k0 + kc), read where they are (in the stored order already under act
+// order: permute_a_int4), and with `sums` each row's Σa over them (for the zero points' term).
+[[METRALE_TARGET_AVX512BF16]] const std::uint16_t* stage(const GemmParams& p, std::int64_t k0,
+                                                         std::int64_t kc, bool sums,
+                                                         std::int64_t& lda,
                                                          std::vector<float>& row_sums) {
   const auto* a = at<const std::uint16_t>(p.a);
   const std::uint16_t* out = a + k0;
   lda = p.k;
-  if (w.k_perm != nullptr) {
-    staged.resize(static_cast<std::size_t>(p.m * kc));
-    for (std::int64_t m = 0; m < p.m; ++m) {
-      for (std::int64_t j = 0; j < kc; ++j) staged[m * kc + j] = a[m * p.k + w.k_perm[k0 + j]];
-    }
-    out = staged.data();
-    lda = kc;
-  }
   if (sums) {
     row_sums.resize(static_cast<std::size_t>(p.m + kRows));
     for (std::int64_t m = 0; m < p.m; ++m) {
@@ -194,7 +185,6 @@ void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   const std::int64_t ldc = (n1 - n0 + kPanelCols - 1) / kPanelCols * kPanelCols;
   thread_local std::vector<float> acc, row_sums, scales, offsets;
   thread_local std::vector<std::uint32_t> panel;
-  thread_local std::vector<std::uint16_t> staged;
   acc.assign(static_cast<std::size_t>(p.m * ldc), 0.0f);
   panel.resize(static_cast<std::size_t>(kPanelK / 2 * kPanelCols));
   scales.resize(static_cast<std::size_t>(w.groups * ldc));
@@ -203,7 +193,7 @@ void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   for (std::int64_t k0 = 0; k0 < p.k; k0 += panel_k) {
     const std::int64_t kc = std::min(panel_k, p.k - k0), g = k0 / w.group;
     std::int64_t lda = 0;
-    const std::uint16_t* a = stage(p, w, k0, kc, zp, lda, staged, row_sums);
+    const std::uint16_t* a = stage(p, k0, kc, zp, lda, row_sums);
     for (std::int64_t n = n0; n < n1; n += kPanelCols) {
       const std::int64_t nc = std::min<std::int64_t>(kPanelCols, n1 - n);
       pack_codes(w, n, nc, k0, kc, panel.data());

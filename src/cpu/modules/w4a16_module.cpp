@@ -11,11 +11,15 @@
 
 #include "cpu/kernels/decode_packed_cpu.h"
 #include "cpu/kernels/dequant_bf16_cpu.h"
+#include "cpu/kernels/int4_packed_cpu.h"
 #include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
 #include "kernels/decode_layout.h"
 #include "kernels/dequant_bf16.h"
+#include "kernels/dequant_int4.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_decode_layout.h"
+#include "kernels/int4_permute.h"
 #include "kernels/verified_devices.h"
 #include "metrale/error.h"
 #include "metrale/kernel_args.h"
@@ -36,6 +40,7 @@ constexpr std::uint32_t kCastTile = 1 << 16;      // elements
 constexpr std::uint32_t kDequantTile = 16;        // rows
 constexpr std::uint32_t kDequantBf16Tile = 4096;  // units of 32 weights (kernels/dequant_bf16.h)
 constexpr std::uint32_t kReduceTile = 1 << 14;    // outputs of M x N
+constexpr std::uint32_t kDequantInt4Tile = 4096;  // units of 8 weights (kernels/dequant_int4.h)
 // The block size every entry publishes: the CPU runs a block as one host call, so this is only
 // the shape the launch checks see, kept equal to the GPU module's.
 constexpr std::uint32_t kBlockThreads = 256;
@@ -117,14 +122,39 @@ void dequant_bf16(const HostBlock& b) {
   if (u0 < u1) w4a16::dequant_bf16(p, u0, u1);
 }
 
+void gemm_decode_int4(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
+  if (n0 < n1) w4a16::gemm_decode_int4(p, n0, n1);
+}
+
+void dequant_bf16_int4(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [u0, u1] = span_of<kDequantInt4Tile>(b, dequant_int4::unit_count(p.n, p.k));
+  if (u0 < u1) w4a16::dequant_bf16_int4(p, u0, u1);
+}
+
+void permute_a_int4(const HostBlock& b) {
+  const auto p = read_param<GemmParams>(b.params, 0);
+  const auto [u0, u1] = span_of<kDequantInt4Tile>(b, int4_permute::unit_count(p.m, p.k));
+  for (std::int64_t u = u0; u < u1; ++u) int4_permute::unit(p, u);
+}
+
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
-    {"bf16_to_fp8", kCastTile},          {"dequant_e4m3", kDequantTile},
-    {"dequant_bf16", kDequantBf16Tile},  {"gemm_decode", kDecodeTile},
-    {"gemm_decode_packed", kDecodeTile}, {"gemm_split_reduce", kReduceTile},
-    {"gemm_tiled", kTiledTile},          {"gemm_e4m3", kE4m3Tile},
+    {"bf16_to_fp8", kCastTile},
+    {"dequant_e4m3", kDequantTile},
+    {"dequant_bf16", kDequantBf16Tile},
+    {"gemm_decode", kDecodeTile},
+    {"gemm_decode_packed", kDecodeTile},
+    {"gemm_split_reduce", kReduceTile},
+    {"gemm_tiled", kTiledTile},
+    {"gemm_e4m3", kE4m3Tile},
     {"gemm_fused", kDecodeTile},
+    {"gemm_decode_int4", kDecodeTile},
+    {"dequant_bf16_int4", kDequantInt4Tile},
+    {"permute_a_int4", kDequantInt4Tile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -149,6 +179,12 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode_packed" || entry == "gemm_fused") {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
+  // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
+  // backend's preference keep INT4 in the source layout, which the fast kernels read).
+  if (entry == "gemm_decode_int4" || entry == "dequant_bf16_int4" || entry == "permute_a_int4") {
+    m.publish_u32(e + "_layout", int4_decode::kLayoutId);
+    m.publish(e + "_int4", {std::byte{1}});
+  }
   // The decode and tiled entries read the panel layout too; they publish it where they read it
   // fast (AVX-512 BF16), so that uploads following the backend's preference take it there.
   if ((entry == "gemm_decode" || entry == "gemm_tiled") &&
@@ -163,7 +199,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode" || entry == "gemm_tiled") m.publish(e + "_int4", {std::byte{1}});
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
-      entry == "gemm_tiled" || entry == "gemm_e4m3" || entry == "gemm_split_reduce") {
+      entry == "gemm_decode_int4" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
+      entry == "gemm_split_reduce") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

@@ -101,6 +101,25 @@ __device__ __forceinline__ void mul_wide_u32(std::uint32_t w, std::uint32_t& lo,
       : "r"(w), "n"(kC));
 }
 
+// (x & kMask) | kOr as one LOP3: written as C, ptxas splits it into two (a LOP3 takes one
+// immediate), so the PTX names both constants and ptxas keeps one in a register.
+template <std::uint32_t kMask, std::uint32_t kOr>
+__device__ __forceinline__ std::uint32_t and_or(std::uint32_t x) {
+  std::uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(kMask), "n"(kOr));
+  return r;
+}
+
+// The bytes of (kB : x) that `select` picks (prmt.b32, default mode): selector nibble i names the
+// source byte of result byte i, 0-3 from x and 4-7 from the constant kB. A selector known after
+// unrolling becomes the instruction's immediate.
+template <std::uint32_t kB>
+__device__ __forceinline__ std::uint32_t prmt(std::uint32_t x, std::uint32_t select) {
+  std::uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "n"(kB), "r"(select));
+  return r;
+}
+
 // D += A · B for one m16n8k16 tile: A row-major BF16 (4 registers), B column-major BF16
 // (2 registers), D FP32 (4 registers).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4],

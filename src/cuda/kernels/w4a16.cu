@@ -13,12 +13,16 @@
 #include <cstdint>
 
 #include "decode.cuh"
+#include "decode_int4.cuh"
 #include "decode_packed.cuh"
 #include "dequant_bf16.cuh"
 #include "e4m3_sm90.cuh"
 #include "fused_sm90.cuh"
+#include "kernels/dequant_int4.h"
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
+#include "kernels/int4_decode_layout.h"
+#include "kernels/int4_permute.h"
 #include "kernels/tile_math.h"
 #include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
@@ -47,7 +51,7 @@ constexpr unsigned kReducePerBlock = kThreads;
 // split-K reduction are flat launches over their element counts that no occupancy sizes: they
 // publish none.
 constexpr unsigned kDecodeBlocksPerSm = 1, kDecodePackedBlocksPerSm = 1, kTiledBlocksPerSm = 1,
-                   kE4m3BlocksPerSm = 1, kFusedBlocksPerSm = 1;
+                   kE4m3BlocksPerSm = 1, kFusedBlocksPerSm = 1, kDecodeInt4BlocksPerSm = 1;
 
 #if defined(METRALE_HAVE_WGMMA)
 constexpr std::uint32_t kTiledN = tl::kTiledNTile, kTiledM = tl::kTiledMTile,
@@ -139,6 +143,29 @@ __device__ std::uint32_t gemm_decode_blocks_per_sm = kDecodeBlocksPerSm;
 __device__ std::uint32_t gemm_decode_packed_blocks_per_sm = kDecodePackedBlocksPerSm;
 __device__ std::uint32_t gemm_tiled_blocks_per_sm = kTiledBlocksPerSm;
 __device__ std::uint32_t gemm_e4m3_blocks_per_sm = kE4m3BlocksPerSm;
+
+// INT4 in the INT4 decode layout (kernels/int4_decode_layout.h): the decode kernel, with
+// gemm_decode_packed's grid, split-K and largest M, and the dequant route's dequantization, a
+// thread per unit of 8 weights, and act order's gather of A. None has run on a device: no
+// METRALE_VERIFIED line, so they run only for weights a caller uploads in that layout
+// (UploadLayout::kDecode), never by preference.
+__device__ std::uint32_t gemm_decode_int4_n_tile = metrale::decode_layout::kTileN;
+__device__ std::uint32_t gemm_decode_int4_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_decode_int4_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_decode_int4_blocks_per_sm = kDecodeInt4BlocksPerSm;
+__device__ std::uint32_t gemm_decode_int4_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t gemm_decode_int4_max_m = tl::kDecodeMaxM;
+__device__ std::uint32_t gemm_decode_int4_a_e4m3 = 0;
+__device__ std::uint32_t gemm_decode_int4_out_f32 = 1;
+__device__ std::uint32_t gemm_decode_int4_int4 = 1;
+__device__ std::uint32_t dequant_bf16_int4_n_tile = kThreads;  // units of 8 weights
+__device__ std::uint32_t dequant_bf16_int4_block_threads = kThreads;
+__device__ std::uint32_t dequant_bf16_int4_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t dequant_bf16_int4_int4 = 1;
+__device__ std::uint32_t permute_a_int4_n_tile = kThreads;  // units of 8 elements of A
+__device__ std::uint32_t permute_a_int4_block_threads = kThreads;
+__device__ std::uint32_t permute_a_int4_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t permute_a_int4_int4 = 1;
 
 // What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
 // (docs/GPU.md) ran the first six entries' sm_90a code, through the probe, the numerics suite on
@@ -236,6 +263,23 @@ __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_decode(GemmParams p) 
 __global__ void __launch_bounds__(tl::kDecodeThreads, kDecodePackedBlocksPerSm)
     gemm_decode_packed(GemmParams p) {
   k::decode_packed_block(p);
+}
+
+__global__ void __launch_bounds__(tl::kDecodeThreads, kDecodeInt4BlocksPerSm)
+    gemm_decode_int4(GemmParams p) {
+  k::decode_int4_block(p);
+}
+
+// BF16 W [N, K] of INT4 weights in the INT4 decode layout into p.out: a thread per unit of 8
+// weights (kernels/dequant_int4.h).
+__global__ void __launch_bounds__(kThreads) dequant_bf16_int4(GemmParams p) {
+  metrale::dequant_int4::unit(p, static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x);
+}
+
+// A [M, K] gathered into the stored order of act-ordered INT4 weights into p.out: a thread per
+// unit of 8 elements (kernels/int4_permute.h).
+__global__ void __launch_bounds__(kThreads) permute_a_int4(GemmParams p) {
+  metrale::int4_permute::unit(p, static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x);
 }
 
 __global__ void __launch_bounds__(kThreads) gemm_split_reduce(GemmParams p) {

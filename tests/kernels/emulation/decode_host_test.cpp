@@ -20,6 +20,8 @@
 
 #include <gtest/gtest.h>
 
+#include "host_data.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,16 +42,15 @@ namespace metrale {
 namespace {
 
 namespace emu = metrale::emulation;
+using emu::address;
+using emu::kPoisonC;
+using emu::kPoisonTail;
+using emu::kTail;
+using emu::random_bf16;
+using emu::seeded_rng;
 
-constexpr std::uint16_t kPoisonC = 0x7FC1;       // a BF16 NaN: an unwritten element fails
-constexpr std::uint16_t kPoisonTail = 0x5A5A;    // past C: must stay
-constexpr std::size_t kTail = 64;                // poisoned elements past C and the workspace
 const float kPoisonC32 = std::nanf("0x7FC003");  // FP32 C: an unwritten element fails
 constexpr float kPoisonTail32 = -4321.0f;        // past FP32 C: must stay
-
-std::uint64_t address(const void* p) {
-  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
-}
 
 // Random weights with codes of every value and scale codes of a few binades (NVFP4: E4M3
 // 0x28..0x50, about 2^-2..2^3; MXFP4: E8M0 2^-8..2^8, all exact in the decode layout), NaN
@@ -68,13 +69,6 @@ HostQuantWeights random_weights(WeightFormat format, std::int64_t n, std::int64_
   for (auto& s : w.scales) s = static_cast<std::uint8_t>(mx ? e8(rng) : nv(rng));
   w.tensor_scale = 0.375f;
   return w;
-}
-
-std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<std::uint16_t> v(count);
-  for (auto& x : v) x = num::f32_to_bf16(u(rng));
-  return v;
 }
 
 // C = A · W^T (+ bias) in float64 from the source weights, and each element's sum of |terms|
@@ -255,16 +249,6 @@ std::string shape_name(const testing::TestParamInfo<Shape>& info) {
          (info.param.layout == WeightLayout::kTransposed ? "Transposed" : "") + "M" +
          std::to_string(info.param.m) +
          (info.param.k != 0 ? "K" + std::to_string(info.param.k) : "");
-}
-
-// A fresh seed each run, printed; METRALE_EMULATION_SEED replays one.
-std::mt19937_64 seeded_rng() {
-  std::random_device rd;
-  std::uint64_t seed = (std::uint64_t{rd()} << 32) | rd();
-  if (const char* fixed = std::getenv("METRALE_EMULATION_SEED"))
-    seed = std::strtoull(fixed, nullptr, 10);
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
 }
 
 // N = 72: two whole tiles and one of 8 rows. NVFP4 K = 5200 (128 x 40.625; lane 2's last 32 K

@@ -42,6 +42,24 @@ inline void mul_wide_u32(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) 
   hi = static_cast<std::uint32_t>(t >> 32);
 }
 
+// lop3 (a & b) | c.
+template <std::uint32_t kMask, std::uint32_t kOr>
+inline std::uint32_t and_or(std::uint32_t x) {
+  return (x & kMask) | kOr;
+}
+
+// prmt.b32 (default mode): result byte i is byte (select >> 4 i) & 7 of {kB : x}.
+template <std::uint32_t kB>
+inline std::uint32_t prmt(std::uint32_t x, std::uint32_t select) {
+  const std::uint64_t both = (std::uint64_t{kB} << 32) | x;
+  std::uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned src = (select >> (4 * i)) & 7u;
+    r |= static_cast<std::uint32_t>((both >> (8 * src)) & 0xFFu) << (8 * i);
+  }
+  return r;
+}
+
 // The warp-collective m16n8k16 BF16 MMA (cuda_host.h).
 inline void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                            std::uint32_t b1) {
