@@ -166,9 +166,18 @@ void check_int4_weights(std::string_view api, const QuantWeights& w) {
                               "to 2^40",
                               w.n, w.k));
     }
-    const int4_decode::Sizes s = int4_decode::sizes_of(w.n, w.k, w.group, w.act_order);
-    codes = static_cast<std::uint64_t>(s.codes);
-    side = static_cast<std::uint64_t>(s.side);
+    // Counted in 64 unsigned bits, checked: sizes_of's signed products of the padded sizes wrap
+    // (2^32 rows of 2^32 - 96 K padded to 0 bytes of codes), as check_packed_weights says.
+    const auto pn = static_cast<std::uint64_t>(decode_layout::padded_n(w.n));
+    const auto pk = static_cast<std::uint64_t>(decode_layout::padded_k(w.k));
+    codes = bytes_of(api, "the packed int4 weights", pn, pk, 1) / 2;
+    side = bytes_of(
+        api, "the packed int4 side buffer", pn / decode_layout::kTileN, pk / decode_layout::kBlockK,
+        static_cast<std::uint64_t>(int4_decode::side_block_bytes(int4_decode::entries(w.group))));
+    if (w.act_order && __builtin_add_overflow(side, 4 * uk, &side)) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  "the packed int4 side buffer would be more bytes than 64 bits can count");
+    }
   } else {
     side = int4_layout::side_of(w.n, w.k, w.group, w.zero_points, w.act_order).bytes;
   }
@@ -675,7 +684,8 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
     params.flags &= ~kGemmActOrder;
   }
   if (plan.route == GemmRoute::kE4m3) {
-    const CastParams cast{a.address(), workspace.a_e4m3.address(), plan.m * w.k, 0, 0};
+    // params.a: A as the GEMM reads it (the gathered A where act order gathered it first).
+    const CastParams cast{params.a, workspace.a_e4m3.address(), plan.m * w.k, 0, 0};
     const PlannedLaunch& lc = plan.launches[i++];
     backend.launch_typed(lc.kernel, lc.grid, lc.block, lc.smem_bytes, stream,
                          std::array{KernelArg::value(cast)});
