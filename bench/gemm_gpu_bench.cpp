@@ -134,8 +134,8 @@ void add_timing(nlohmann::json& row, double s, double bytes, double flops, doubl
 }
 
 // INT4 (GPTQ/AWQ-style: groups of 128, zero points, FP16 scales; and with act order) in the
-// int4 decode layout, uploaded by name (its kernels are not verified yet): gemm_decode_int4 at
-// the decode sizes and dequant_bf16_int4 → cuBLASLt above, on the 8B layers and the 70B down
+// int4 decode layout, uploaded by name (its kernels are not verified yet): gemm_int4_decode at
+// the decode sizes and dequant_int4_bf16 → cuBLASLt above, on the 8B layers and the 70B down
 // layer (issue 37's 8192 x 28672), checked on sampled outputs and timed as the FP4 rows. The
 // bytes are the INT4 weights' own: half a byte per weight and 3 bytes per group.
 bool run_int4(Backend& b, StreamHandle stream, const Args& args, double copy_bw,

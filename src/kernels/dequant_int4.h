@@ -1,5 +1,5 @@
 // The dequantization of the dequant route for INT4 weights in the INT4 decode layout
-// (dequant_bf16_int4): one code path for the GPU kernel (w4a16.cu), its CPU twin and the host
+// (dequant_int4_bf16): one code path for the GPU kernel (w4a16.cu), its CPU twin and the host
 // tests. A weight is bf16((q - z) x scale): q - z is a 5-bit integer and the scale has at most 11
 // significant bits (FP16), so the FP32 product is exact and rounds once, to nearest even. That
 // rounding (half a BF16 unit: 2^-9 of the weight) is the route's own error beside the dense

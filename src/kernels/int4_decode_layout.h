@@ -1,5 +1,5 @@
 // The INT4 decode layout: INT4 weights (Note [INT4 weights]) rearranged at upload
-// (ops/int4_pack.h) into the order gemm_decode_int4 reads them. The codes keep the tile grid of
+// (ops/int4_pack.h) into the order gemm_int4_decode reads them. The codes keep the tile grid of
 // the FP4 decode layout (kernels/decode_layout.h: 32 rows by 128 K per warp step, a lane's four
 // 16-byte chunks per K block, each 32-bit word one m16n8k16 A fragment), with K arranged so that
 // the two MMA steps of a chunk cover one 32-K span: a group of 32 or more never splits a span,

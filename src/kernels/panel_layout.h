@@ -1,7 +1,8 @@
-// The panel layout: NVFP4 and MXFP4 weights rearranged at upload (ops/panel_pack.h) for the CPU
-// kernels with AVX-512 BF16, so that one 64-byte load decodes into four vectors of BF16 pairs,
-// 16 columns each, with no transpose (see Note [CPU panel layout] in docs/NOTES.md). The packer,
-// the kernels and the tests share this one definition.
+// The panel layout: NVFP4, MXFP4 and INT4 weights rearranged at upload (ops/panel_pack.h) for the
+// CPU kernels with AVX-512 BF16, so that one 64-byte load decodes into four vectors of BF16
+// pairs, 16 columns each, with no transpose (see Note [CPU panel layout] in docs/NOTES.md). INT4
+// weights move their codes only: their scales, zero points and permutation stay in the side
+// buffer of kernels/int4_layout.h. The packer, the kernels and the tests share this definition.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +17,14 @@ inline constexpr int kGroupCols = 16;  // columns (rows of W) per group: one vec
 inline constexpr int kLineK = 8;       // K per 64-byte line of a group
 inline constexpr int kLineBytes = 64;
 // N is padded to whole pairs of groups (a tiled panel's 32 columns) with code 0 and scale code
-// 0, which add exact zeros in both formats.
+// 0, which add exact zeros in both FP4 formats; INT4 pads with code 8 (weight 0 whatever the
+// scale, and the kernels give padding columns scale 0).
 inline constexpr int kPadCols = 2 * kGroupCols;
+
+// INT4 weights take the layout when K is a multiple of this: their kernels scale a block's sum
+// per 32, 64 or 128 K (the largest of them dividing the group), so every block lies in one group.
+inline constexpr std::int64_t kInt4BlockK = 32;
+inline constexpr std::uint8_t kInt4PadByte = 0x88;
 
 inline std::int64_t padded_n(std::int64_t n) {
   return (n + kPadCols - 1) / kPadCols * kPadCols;

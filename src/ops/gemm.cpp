@@ -76,8 +76,8 @@ constexpr const char* kFusedEntry = "gemm_fused";
 constexpr const char* kDequantEntry = "dequant_bf16";
 // INT4 weights in the INT4 decode layout: the decode route's kernel, the dequant route's
 // dequantization, and act order's gather of A before the decode kernel.
-constexpr const char* kInt4DecodeEntry = "gemm_decode_int4";
-constexpr const char* kInt4DequantEntry = "dequant_bf16_int4";
+constexpr const char* kInt4DecodeEntry = "gemm_int4_decode";
+constexpr const char* kInt4DequantEntry = "dequant_int4_bf16";
 constexpr const char* kInt4PermuteEntry = "permute_a_int4";
 
 // a × b × c bytes; Error(kInvalidArgument) when that does not fit 64 bits. No buffer holds that
@@ -140,15 +140,23 @@ void check_panel_weights(std::string_view api, const QuantWeights& w) {
   check_layout_bytes(api, w, "panel", codes, scales);
 }
 
-// INT4 weights: row-major, in their source layout or the INT4 decode layout, a group the
-// kernels take, and the buffer sizes that layout gives (kernels/int4_layout.h for the source's
-// side buffer, kernels/int4_decode_layout.h for the decode layout's).
+// INT4 weights: row-major, in their source layout, the INT4 decode layout or the panel layout, a
+// group the kernels take, and the buffer sizes that layout gives (kernels/int4_layout.h for the
+// source's and the panel layout's side buffer, kernels/int4_decode_layout.h for the decode
+// layout's).
 void check_int4_weights(std::string_view api, const QuantWeights& w) {
   const bool packed = w.packing == WeightPacking::kDecode;
-  if ((w.packing != WeightPacking::kSource && !packed) || w.layout != WeightLayout::kRowMajor) {
+  const bool panels = w.packing == WeightPacking::kPanels;
+  if (w.layout != WeightLayout::kRowMajor) {
     throw Error(ErrorCode::kInvalidArgument, api,
-                "int4 weights are row-major in their source layout or the int4 decode layout "
-                "only (upload them with UploadLayout::kSource, kDecode or kBackendPreferred)");
+                "int4 weights are row-major only (in their source layout, the int4 decode layout "
+                "or the panel layout)");
+  }
+  if (panels && w.k % panel_layout::kInt4BlockK != 0) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("int4 weights in the panel layout with K = {}: the layout takes K a "
+                            "multiple of {}",
+                            w.k, panel_layout::kInt4BlockK));
   }
   if (w.k % 2 != 0 || !int4_group_ok(w.group, w.k) || (packed && !int4_decode::group_ok(w.group))) {
     throw Error(ErrorCode::kInvalidArgument, api,
@@ -180,6 +188,12 @@ void check_int4_weights(std::string_view api, const QuantWeights& w) {
     }
   } else {
     side = int4_layout::side_of(w.n, w.k, w.group, w.zero_points, w.act_order).bytes;
+    // The panel layout pads N to 32 (kernels/panel_layout.h), counted as check_panel_weights.
+    if (panels) {
+      codes = bytes_of(api, "the panel-layout int4 weights",
+                       static_cast<std::uint64_t>(panel_layout::padded_n(w.n)), uk, 1) /
+              2;
+    }
   }
   if (w.codes_bytes != codes || w.scales_bytes != side) {
     throw Error(
@@ -188,7 +202,10 @@ void check_int4_weights(std::string_view api, const QuantWeights& w) {
                     "{}{}{} in the {} layout needs {} and {}",
                     w.codes_bytes, w.scales_bytes, w.n, w.k, w.group,
                     w.zero_points ? " with zero points" : "", w.act_order ? " and act order" : "",
-                    packed ? "int4 decode" : "source", codes, side));
+                    packed   ? "int4 decode"
+                    : panels ? "panel"
+                             : "source",
+                    codes, side));
   }
 }
 
@@ -334,8 +351,8 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
   return GemmRoute::kTiled;
 }
 
-// The kernel of INT4 weights in the INT4 decode layout for `route`: gemm_decode_int4 (decode) or
-// dequant_bf16_int4 (dequant, with the backend's dense BF16 GEMM), each publishing that layout
+// The kernel of INT4 weights in the INT4 decode layout for `route`: gemm_int4_decode (decode) or
+// dequant_int4_bf16 (dequant, with the backend's dense BF16 GEMM), each publishing that layout
 // and int4; every other route reads another layout.
 const ResolvedKernel& check_int4_packed_route(std::string_view api, Backend& backend,
                                               GemmRoute route) {
@@ -391,6 +408,11 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                               "publishes no {}_panels)",
                               backend.kernel_name(gemm), entry_of(route)));
     }
+    if (w.format == WeightFormat::kInt4 && !gemm.meta.int4) {
+      throw Error(ErrorCode::kNotFound, api,
+                  fmt::format("route {}: {} does not read int4 weights (it publishes no {}_int4)",
+                              to_string(route), backend.kernel_name(gemm), entry_of(route)));
+    }
     return gemm;
   }
   const bool packed = w.packing == WeightPacking::kDecode;
@@ -411,7 +433,7 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
     if (w.format == WeightFormat::kInt4 && !dq.meta.int4) {
       throw Error(ErrorCode::kUnavailable, api,
                   fmt::format("route dequant: {} does not read int4 weights in their source "
-                              "layout (it publishes no dequant_bf16_int4); dequant_bf16_int4 "
+                              "layout (it publishes no dequant_int4_bf16); dequant_int4_bf16 "
                               "reads them in the int4 decode layout (UploadLayout::kDecode)",
                               backend.kernel_name(dq)));
     }

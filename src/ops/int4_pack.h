@@ -1,5 +1,5 @@
 // The repack of INT4 host weights into the INT4 decode layout (kernels/int4_decode_layout.h) that
-// gemm_decode_int4 and dequant_bf16_int4 read, run once per upload. Padding (N to 32 rows, K to
+// gemm_int4_decode and dequant_int4_bf16 read, run once per upload. Padding (N to 32 rows, K to
 // 128) holds code 0 under scale 0, so it adds exact zeros whatever its zero point.
 #pragma once
 

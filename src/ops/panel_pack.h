@@ -1,7 +1,7 @@
-// The repack of NVFP4 and MXFP4 host weights into the panel layout (kernels/panel_layout.h) that
-// the CPU's AVX-512 BF16 kernels read, run once per upload. Codes and scale codes are moved,
+// The repack of NVFP4, MXFP4 and INT4 host weights into the panel layout (kernels/panel_layout.h)
+// that the CPU's AVX-512 BF16 kernels read, run once per upload. Codes and scale codes are moved,
 // never changed: the layout keeps every weight exactly as the source has it. Padding (N to 32)
-// holds code 0 and scale code 0, which add exact zeros.
+// holds code 0 and scale code 0 (FP4) or code 8 (INT4), which add exact zeros.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +23,10 @@ struct PackedPanelWeights {
 // w (either format, either layout) in the panel layout. Throws Error(kInvalidArgument,
 // "pack_for_panels") naming the bad value for a bad shape or buffer size.
 PackedPanelWeights pack_for_panels(const HostQuantWeights& w);
+
+// The codes of INT4 weights w in the panel layout (their side buffer is the source layout's,
+// kernels/int4_layout.h). Throws Error(kInvalidArgument) naming the bad value for weights
+// int4::check_weights refuses or a K the layout does not take.
+std::vector<std::uint8_t> pack_int4_codes_for_panels(const HostQuantWeights& w);
 
 }  // namespace metrale::ops

@@ -14,6 +14,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/int4_decode_layout.h"
 #include "kernels/int4_layout.h"
+#include "kernels/panel_layout.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"
@@ -122,10 +123,20 @@ bool reads_decode_layout(Backend& backend) {
 
 namespace {
 
-// Whether the backend has the INT4 decode layout's kernels: gemm_decode_int4 and
-// dequant_bf16_int4 publishing that layout and int4 (kernels/int4_decode_layout.h).
+// Whether the backend's decode and tiled kernels read INT4 weights in the panel layout: they read
+// the panel layout and INT4.
+bool reads_int4_panels(Backend& backend) {
+  if (!reads_panel_layout(backend)) return false;
+  for (const std::string_view entry : {"gemm_decode", "gemm_tiled"}) {
+    if (!backend.op_cache().kernel(backend, "w4a16", entry).meta.int4) return false;
+  }
+  return true;
+}
+
+// Whether the backend has the INT4 decode layout's kernels: gemm_int4_decode and
+// dequant_int4_bf16 publishing that layout and int4 (kernels/int4_decode_layout.h).
 bool reads_int4_decode_layout(Backend& backend) {
-  for (const std::string_view entry : {"gemm_decode_int4", "dequant_bf16_int4"}) {
+  for (const std::string_view entry : {"gemm_int4_decode", "dequant_int4_bf16"}) {
     if (!backend.has_kernel("w4a16", entry)) return false;
     const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", entry).meta;
     if (meta.absent || !meta.int4 || meta.layout != int4_decode::kLayoutId) return false;
@@ -133,31 +144,41 @@ bool reads_int4_decode_layout(Backend& backend) {
   return true;
 }
 
-// Where INT4 weights go: the source layout, or the INT4 decode layout when asked for by name or,
-// by preference, where its decode kernel publishes a largest M (it is the backend's best decode,
-// not a reference) and a device run verified it (core/published.h). No panel layout.
-WeightPacking int4_packing(Backend& backend, UploadLayout upload, std::int64_t group) {
-  if (upload == UploadLayout::kPanels) {
-    throw Error(ErrorCode::kInvalidArgument, "WeightsResource",
-                "int4 weights have no panel layout; upload them with UploadLayout::kSource, "
-                "kDecode or kBackendPreferred");
-  }
+// Where INT4 weights go: the INT4 decode layout when asked for by name or, by preference, where
+// its decode kernel publishes a largest M (it is the backend's best decode, not a reference) and a
+// device run verified it (core/published.h); else the panel layout when asked for, or by
+// preference where the backend reads it (the CPU with AVX-512 BF16) and K is a multiple of 32;
+// else the source layout.
+WeightPacking int4_packing(Backend& backend, UploadLayout upload, std::int64_t group,
+                           std::int64_t k) {
   if (upload == UploadLayout::kSource) return WeightPacking::kSource;
+  if (upload == UploadLayout::kPanels) {
+    if (!int4_panels_ok(k)) {
+      throw Error(ErrorCode::kInvalidArgument, "WeightsResource",
+                  fmt::format("int4 weights with K = {} have no panel layout: it takes K a "
+                              "multiple of {}; upload them with UploadLayout::kSource or "
+                              "kBackendPreferred",
+                              k, panel_layout::kInt4BlockK));
+    }
+    return WeightPacking::kPanels;
+  }
   const bool readable = reads_int4_decode_layout(backend);
   if (upload == UploadLayout::kDecode) {
     if (!readable) {
       throw Error(ErrorCode::kUnavailable, "WeightsResource",
                   fmt::format("{} has no kernels that read int4 weights in the int4 decode layout "
-                              "(gemm_decode_int4 and dequant_bf16_int4 publishing layout {} and "
+                              "(gemm_int4_decode and dequant_int4_bf16 publishing layout {} and "
                               "int4); upload with UploadLayout::kSource or kBackendPreferred",
                               backend.name(), int4_decode::kLayoutId));
     }
     return WeightPacking::kDecode;
   }
-  if (!readable || !int4_decode_layout_ok(group)) return WeightPacking::kSource;
-  const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", "gemm_decode_int4").meta;
-  return meta.max_m != 0 && automatic_choice_allowed(meta) ? WeightPacking::kDecode
-                                                           : WeightPacking::kSource;
+  if (readable && int4_decode_layout_ok(group)) {
+    const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", "gemm_int4_decode").meta;
+    if (meta.max_m != 0 && automatic_choice_allowed(meta)) return WeightPacking::kDecode;
+  }
+  return int4_panels_ok(k) && reads_int4_panels(backend) ? WeightPacking::kPanels
+                                                         : WeightPacking::kSource;
 }
 
 }  // namespace
@@ -168,23 +189,27 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
   const bool int4 = host.format == WeightFormat::kInt4;
   const WeightPacking packing =
-      int4 ? int4_packing(backend, upload, host.group) : upload_packing(backend, upload);
-  if (packing == WeightPacking::kPanels && !reads_panel_layout(backend)) {
+      int4 ? int4_packing(backend, upload, host.group, host.k) : upload_packing(backend, upload);
+  if (packing == WeightPacking::kPanels &&
+      !(int4 ? reads_int4_panels(backend) : reads_panel_layout(backend))) {
     throw Error(ErrorCode::kUnavailable, "WeightsResource",
-                fmt::format("{} has no w4a16 decode and tiled kernels that read the panel layout "
-                            "(they publish no gemm_decode_panels and gemm_tiled_panels); upload "
-                            "with UploadLayout::kSource or kBackendPreferred",
-                            backend.name()));
+                fmt::format("{} has no w4a16 decode and tiled kernels that read {}weights in the "
+                            "panel layout (they publish no gemm_decode_panels and "
+                            "gemm_tiled_panels{}); upload with UploadLayout::kSource or "
+                            "kBackendPreferred",
+                            backend.name(), int4 ? "int4 " : "", int4 ? " with _int4" : ""));
   }
   std::optional<PackedDecodeWeights> packed;
   std::optional<PackedPanelWeights> panels;
   std::optional<PackedInt4Weights> int4_packed;
   std::optional<std::vector<std::uint8_t>> side;
   const auto start = std::chrono::steady_clock::now();
+  std::optional<std::vector<std::uint8_t>> int4_panels;
   if (int4 && packing == WeightPacking::kDecode) {
     int4_packed = pack_int4_for_decode(host, "WeightsResource");
   } else if (int4) {
     side = int4_side_buffer(host);
+    if (packing == WeightPacking::kPanels) int4_panels = pack_int4_codes_for_panels(host);
   } else if (packing == WeightPacking::kDecode) {
     packed = pack_for_decode(host);
   } else if (packing == WeightPacking::kPanels) {
@@ -196,6 +221,7 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   const std::vector<std::uint8_t>& hcodes = packed        ? packed->codes
                                             : panels      ? panels->codes
                                             : int4_packed ? int4_packed->codes
+                                            : int4_panels ? *int4_panels
                                                           : host.codes;
   const std::vector<std::uint8_t>& hscales = packed        ? packed->scales
                                              : panels      ? panels->scales

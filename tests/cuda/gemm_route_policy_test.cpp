@@ -121,13 +121,13 @@ TEST(GemmRoutePolicy, AnUnverifiedDequantKernelRunsOnlyWhenAskedFor) {
   rig.b().free(w.scales);
 }
 
-// INT4 weights in the int4 decode layout: the module's gemm_decode_int4 up to the largest M it
-// publishes, dequant_bf16_int4 → dense BF16 above it where the backend has a dense GEMM (the
-// caller chose these unverified kernels by the upload), gemm_decode_int4 for every M without one
+// INT4 weights in the int4 decode layout: the module's gemm_int4_decode up to the largest M it
+// publishes, dequant_int4_bf16 → dense BF16 above it where the backend has a dense GEMM (the
+// caller chose these unverified kernels by the upload), gemm_int4_decode for every M without one
 // or for FP32 C; act order adds permute_a_int4 before the decode kernel. Read from plans alone.
 ModuleSpec int4_layout_module() {
   ModuleSpec m = route_module(0);
-  for (const char* e : {"gemm_decode_int4", "dequant_bf16_int4", "permute_a_int4"}) {
+  for (const char* e : {"gemm_int4_decode", "dequant_int4_bf16", "permute_a_int4"}) {
     FakeFunction f;
     f.param_sizes = {sizeof(GemmParams)};
     m.fake.functions[e] = f;
@@ -137,8 +137,8 @@ ModuleSpec int4_layout_module() {
         .publish_u32(std::string(e) + "_int4", 1);
     m.entries.emplace_back(e);
   }
-  m.fake.publish_u32("gemm_decode_int4_max_m", kDecodeMaxM)
-      .publish_u32("gemm_decode_int4_out_f32", 1);
+  m.fake.publish_u32("gemm_int4_decode_max_m", kDecodeMaxM)
+      .publish_u32("gemm_int4_decode_out_f32", 1);
   return m;
 }
 
@@ -172,13 +172,13 @@ TEST(GemmRoutePolicy, Int4DecodeLayoutDecodesThenDequantizesWhereADenseGemmExist
       const ops::GemmPlan one = ops::plan(rig.b(), 1, w);
       EXPECT_EQ(one.route, ops::GemmRoute::kDecode);
       EXPECT_EQ(one.launches.size(), act ? 2u : 1u) << one.describe();
-      EXPECT_NE(one.describe().find("w4a16::gemm_decode_int4"), std::string::npos);
+      EXPECT_NE(one.describe().find("w4a16::gemm_int4_decode"), std::string::npos);
       EXPECT_EQ(one.describe().find("permute_a_int4") != std::string::npos, act);
       EXPECT_EQ(ops::plan(rig.b(), kDecodeMaxM, w).route, ops::GemmRoute::kDecode);
       const ops::GemmPlan big = ops::plan(rig.b(), 4096, w);
       EXPECT_EQ(big.route, with_blas ? ops::GemmRoute::kDequant : ops::GemmRoute::kDecode);
       if (with_blas) {
-        EXPECT_NE(big.describe().find("w4a16::dequant_bf16_int4"), std::string::npos)
+        EXPECT_NE(big.describe().find("w4a16::dequant_int4_bf16"), std::string::npos)
             << big.describe();
         EXPECT_EQ(big.workspace.a_perm, 0u);  // the dequantization writes W in K's own order
       }

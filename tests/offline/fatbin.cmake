@@ -69,7 +69,7 @@ add_test(NAME cuda.fatbin_offline.sass_reader COMMAND sass_budget_test
 # gemm_fused's wgmma takes the weights from registers, unserialized; its counts per weight.
 add_test(NAME cuda.fatbin_offline.sass_fused COMMAND sass_budget_test
   --gtest_filter=SassBudget.Fused*)
-# gemm_decode_int4 within the same decode budget, its weights counted by its zero subtractions.
+# gemm_int4_decode within the same decode budget, its weights counted by its zero subtractions.
 add_test(NAME cuda.fatbin_offline.sass_int4 COMMAND sass_budget_test
   --gtest_filter=SassBudget.Int4DecodeLoopsMeetTheBudget)
 set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader

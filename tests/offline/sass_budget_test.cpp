@@ -228,7 +228,7 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
   }
 }
 
-// ---- gemm_decode_int4 ----
+// ---- gemm_int4_decode ----
 
 // The INT4 decode kernel (decode_int4.cuh) within the decode budget on each of its 8 MMA loops
 // (M <= 8 and M <= 16, FP16 and BF16 scales, a scale per K block or per 32-K span): every weight
@@ -236,7 +236,7 @@ TEST_F(SassBudget, TodaysDecodeIsOverBudget) {
 // a loop's weights per lane are 2 x those, and its HMMAs must agree (8 weights per lane per HMMA
 // and n8 tile). It touches no local memory.
 TEST_F(SassBudget, Int4DecodeLoopsMeetTheBudget) {
-  const std::string kernel = "gemm_decode_int4";
+  const std::string kernel = "gemm_int4_decode";
   const KernelReport k = analyze(kernel, WeightsBy::kBf16Sub);
   ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << ")";
   print(kernel, k);

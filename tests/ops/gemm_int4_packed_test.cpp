@@ -1,6 +1,6 @@
 // w4a16_gemm on INT4 weights uploaded in the int4 decode layout (kernels/int4_decode_layout.h;
-// UploadLayout::kDecode): the decode route (gemm_decode_int4, after permute_a_int4 under act
-// order) and the dequant route (dequant_bf16_int4 → dense BF16), every group the layout takes
+// UploadLayout::kDecode): the decode route (gemm_int4_decode, after permute_a_int4 under act
+// order) and the dequant route (dequant_int4_bf16 → dense BF16), every group the layout takes
 // (32, 64, 128, 256 and per channel), symmetric and asymmetric, BF16 and FP16 scales, act order,
 // bias, BF16 and FP32 C, against the float64 reference with each route's own tolerance
 // (toolkit/gemm_tolerance.h). Outputs are poisoned and the bytes past C must stay poisoned. On
@@ -33,7 +33,7 @@ class GemmInt4Packed : public Int4GemmTest {
   void SetUp() override {
     Int4GemmTest::SetUp();
     if (IsSkipped()) return;
-    for (const char* e : {"gemm_decode_int4", "dequant_bf16_int4", "permute_a_int4"}) {
+    for (const char* e : {"gemm_int4_decode", "dequant_int4_bf16", "permute_a_int4"}) {
       const bool reads =
           module_provides(b(), e) &&
           b().op_cache().kernel(b(), "w4a16", e).meta.layout == int4_decode::kLayoutId;

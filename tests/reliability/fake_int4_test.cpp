@@ -3,8 +3,8 @@
 // <entry>_int4), and the INT4 decode layout's kernels are not verified on a device, so uploads
 // that follow the backend's preference keep the source layout and every route is refused by name
 // before anything is launched, the automatic one included. Uploaded in the int4 decode layout by
-// name, the weights run on gemm_decode_int4 (after permute_a_int4 under act order) and, above its
-// largest M, dequant_bf16_int4 with the dense GEMM where the backend has one (this fake process
+// name, the weights run on gemm_int4_decode (after permute_a_int4 under act order) and, above its
+// largest M, dequant_int4_bf16 with the dense GEMM where the backend has one (this fake process
 // has none): the fake's kernels are the CPU twins, so C matches the CPU backend's on the same route
 // bit for bit. Nothing is left on the ledger.
 #include <gtest/gtest.h>
@@ -103,8 +103,8 @@ TEST(FakeInt4, TheDecodeLayoutRunsItsKernelsByNameOnly) {
       const auto ran = [&](const char* e) {
         return std::find(names.begin(), names.end(), e) != names.end();
       };
-      EXPECT_EQ(ran("gemm_decode_int4"), !dequant);
-      EXPECT_EQ(ran("dequant_bf16_int4"), dequant);
+      EXPECT_EQ(ran("gemm_int4_decode"), !dequant);
+      EXPECT_EQ(ran("dequant_int4_bf16"), dequant);
       EXPECT_EQ(ran("permute_a_int4"), !dequant && !host->k_perm.empty());
       // The CPU backend on the same route (its decode twin takes every M).
       ops::GemmOptions same;

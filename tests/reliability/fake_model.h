@@ -118,9 +118,9 @@ inline fake::ModuleSpec w4a16_module() {
       kDequantBf16Tile, k::dequant_bf16,
       [](const GemmParams& p) { return metrale::dequant::unit_count(p.n, p.k); });
   // INT4 in the INT4 decode layout, computed as the CPU module's twins compute it.
-  f["gemm_decode_int4"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_decode_int4, cols);
-  f["dequant_bf16_int4"] = tiled_entry<GemmParams>(
-      kDequantBf16Tile, k::dequant_bf16_int4,
+  f["gemm_int4_decode"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_int4_decode, cols);
+  f["dequant_int4_bf16"] = tiled_entry<GemmParams>(
+      kDequantBf16Tile, k::dequant_int4_bf16,
       [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
   f["permute_a_int4"] = tiled_entry<GemmParams>(
       kDequantBf16Tile,
@@ -155,14 +155,14 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_e4m3_a_e4m3", 1)
       // The INT4 decode layout's entries as the real module publishes them: a largest M, no
       // verification, so uploads follow the backend's preference into the source layout.
-      .publish_u32("gemm_decode_int4_n_tile", kDecodeTile)
-      .publish_u32("gemm_decode_int4_max_m", kDecodeMaxM)
-      .publish_u32("gemm_decode_int4_layout", metrale::int4_decode::kLayoutId)
-      .publish_u32("gemm_decode_int4_int4", 1)
-      .publish_u32("gemm_decode_int4_out_f32", 1)
-      .publish_u32("dequant_bf16_int4_n_tile", kDequantBf16Tile)
-      .publish_u32("dequant_bf16_int4_layout", metrale::int4_decode::kLayoutId)
-      .publish_u32("dequant_bf16_int4_int4", 1)
+      .publish_u32("gemm_int4_decode_n_tile", kDecodeTile)
+      .publish_u32("gemm_int4_decode_max_m", kDecodeMaxM)
+      .publish_u32("gemm_int4_decode_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("gemm_int4_decode_int4", 1)
+      .publish_u32("gemm_int4_decode_out_f32", 1)
+      .publish_u32("dequant_int4_bf16_n_tile", kDequantBf16Tile)
+      .publish_u32("dequant_int4_bf16_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("dequant_int4_bf16_int4", 1)
       .publish_u32("permute_a_int4_n_tile", kDequantBf16Tile)
       .publish_u32("permute_a_int4_layout", metrale::int4_decode::kLayoutId)
       .publish_u32("permute_a_int4_int4", 1);

@@ -458,7 +458,7 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   const bool compare = bench.compare_routes.value_or(gpu);
   // (The fused route reads the decode layout too: the comparison needs it at any M.)
   const bool any_q4 = !shape.layers.empty();
-  // INT4 weights are read in their source layout only (ops/quant_weights.h).
+  // INT4 weights have no FP4 decode layout; on the CPU they take the panel layout as FP4 does.
   const bool int4 = std::any_of(host.begin(), host.end(), [](const HostQuantWeights& h) {
     return h.format == WeightFormat::kInt4;
   });
@@ -495,9 +495,14 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
     return rot;
   };
   // The panel layout where the backend prefers it (the CPU with AVX-512 BF16): its decode and
-  // tiled routes read it, the routes compared with --compare-routes do not.
+  // tiled routes read it, the routes compared with --compare-routes do not. INT4 layers take it
+  // where every K is a multiple of 32 (ops::int4_panels_ok); else the whole block stays in the
+  // source layout, so that its layers compare alike.
+  const bool panels_fit = std::all_of(host.begin(), host.end(), [](const HostQuantWeights& h) {
+    return h.format != WeightFormat::kInt4 || ops::int4_panels_ok(h.k);
+  });
   const bool panels_wanted =
-      source_wanted && !compare && !bench.source_layout && !int4 &&
+      source_wanted && !compare && !bench.source_layout && panels_fit &&
       ops::upload_packing(b, ops::UploadLayout::kBackendPreferred) == ops::WeightPacking::kPanels;
   const auto rotation_source =
       source_wanted ? panels_wanted ? upload_rotation(ops::UploadLayout::kPanels, " (panel layout)")

@@ -483,8 +483,22 @@ int run_check(const CommonOptions& options, const CheckOptions& check) {
               [&] { return c.gemm_int4(route, r.group, r.zero_points, r.act_order, r.bias); });
       }
     }
-    // The same weights in the int4 decode layout (gemm_decode_int4, permute_a_int4 under act
-    // order, dequant_bf16_int4 → dense BF16): run by name, verified on a device or not; skipped
+    // The same weights in the panel layout (the CPU's int4_panels.cpp and, on the tiled route
+    // past 16 rows, int4_tiled.cpp's panels filled from the lines); skipped with the reason where
+    // the backend does not read it.
+    for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kTiled}) {
+      for (const Int4Row r : {Int4Row{32, false, false, false}, Int4Row{128, true, true, true}}) {
+        c.run(fmt::format("w4a16 {}-panels int4 g{}{}{}{}", ops::to_string(route), r.group,
+                          r.zero_points ? " asym" : "", r.act_order ? " act-order" : "",
+                          r.bias ? " +bias" : ""),
+              [&] {
+                return c.gemm_int4(route, r.group, r.zero_points, r.act_order, r.bias,
+                                   ops::UploadLayout::kPanels);
+              });
+      }
+    }
+    // The same weights in the int4 decode layout (gemm_int4_decode, permute_a_int4 under act
+    // order, dequant_int4_bf16 → dense BF16): run by name, verified on a device or not; skipped
     // with the reason where the backend has no such kernels or no dense GEMM.
     for (const auto route : {ops::GemmRoute::kDecode, ops::GemmRoute::kDequant}) {
       for (const Int4Row r : {Int4Row{32, false, false, false}, Int4Row{128, true, false, true},

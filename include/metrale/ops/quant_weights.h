@@ -20,15 +20,16 @@ namespace metrale::ops {
 // (src/kernels/panel_layout.h), which the CPU's decode and tiled routes read.
 enum class WeightPacking { kSource, kDecode, kPanels };
 
-// Which layout an upload stores (INT4 weights: their source layout only, with kSource or
-// kBackendPreferred). kSource: the host's own. kDecode: the decode layout on every
-// backend (the CPU runs it too, as a reference). kPanels: the panel layout, on a backend whose
-// decode and tiled kernels publish that they read it (the CPU module), else refused.
-// kBackendPreferred: the decode layout where the backend's module publishes a decode kernel for
-// it with a largest M (gemm_decode_packed_max_m: the CUDA module) that a device run verified
-// (gemm_decode_packed_verified_on, src/kernels/published.def); else the panel layout where
-// the decode and tiled kernels publish it (the CPU module on processors with AVX-512 BF16); else
-// the host's own.
+// Which layout an upload stores. kSource: the host's own. kDecode: the decode layout on every
+// backend (the CPU runs it too, as a reference); for INT4 weights the int4 decode layout
+// (src/kernels/int4_decode_layout.h), on a backend whose kernels read it. kPanels: the panel
+// layout, on a backend whose decode and tiled kernels publish that they read it (the CPU
+// module), else refused; INT4 weights take it with K a multiple of 32. kBackendPreferred: the
+// decode layout where the backend's module publishes a decode kernel for it with a largest M
+// (gemm_decode_packed_max_m, gemm_int4_decode_max_m: the CUDA module) that a device run verified
+// (<entry>_verified_on, src/kernels/published.def); else the panel layout where the decode and
+// tiled kernels publish it (the CPU module on processors with AVX-512 BF16) and the weights fit
+// it; else the host's own.
 enum class UploadLayout { kSource, kDecode, kBackendPreferred, kPanels };
 
 // Device-resident quantized weights W[N, K] (formats and layouts in quant.h).
@@ -93,8 +94,8 @@ std::unique_ptr<WeightsResource> make_weights_resource(
     UploadLayout upload = UploadLayout::kSource,
     std::source_location loc = std::source_location::current());
 
-// The packing an upload with `upload` stores on backend (kPanels asked of a backend that does
-// not read it is refused at upload, not here).
+// The packing an upload of NVFP4 or MXFP4 weights with `upload` stores on backend (kPanels asked
+// of a backend that does not read it is refused at upload, not here).
 WeightPacking upload_packing(Backend& backend, UploadLayout upload);
 
 // Whether an upload with `upload` stores the decode layout on backend.
@@ -105,6 +106,8 @@ bool reads_decode_layout(Backend& backend);
 
 // Whether backend's decode and tiled kernels read the panel layout (they publish `panels`).
 bool reads_panel_layout(Backend& backend);
+// Whether INT4 weights with this K can take the panel layout (K a multiple of 32).
+bool int4_panels_ok(std::int64_t k) noexcept;
 
 // Uploads host weights as WeightsResource does and hands the buffers to the caller (freed with
 // free_weights): for code that owns the weights outside a ModelScope.

@@ -9,7 +9,7 @@
 
 namespace metrale::cpu::w4a16 {
 
-void gemm_decode_int4(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
+void gemm_int4_decode(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   using detail::at;
   namespace i4 = int4_decode;
   const auto* codes = at<const std::uint8_t>(p.codes);
@@ -39,7 +39,7 @@ void gemm_decode_int4(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   }
 }
 
-void dequant_bf16_int4(const GemmParams& p, std::int64_t u0, std::int64_t u1) {
+void dequant_int4_bf16(const GemmParams& p, std::int64_t u0, std::int64_t u1) {
   for (std::int64_t u = u0; u < u1; ++u) dequant_int4::unit(p, u);
 }
 

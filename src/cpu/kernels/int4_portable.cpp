@@ -65,7 +65,18 @@ void int4_avx2(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
 
 }  // namespace
 
+// Rows of a tiled block up to which the panel layout's tiled route runs int4_panels.cpp (6-row
+// tiles that decode the lines themselves); past it int4_tiled.cpp's panels, decoded once per
+// block for 8-row tiles. On 8B gate_up (one run, twice each), the decoded panels' time over the
+// tiles' was 1.11 at M = 5, 1.00 at 8, 1.03-1.07 at 12, 1.00-1.01 at 16, 0.94-0.99 at 24, 0.91 at
+// 32 and 0.93-0.95 at 48 (docs/PERF.md, "INT4 in the panel layout").
+constexpr std::int64_t kInt4PanelsTiledMaxM = 16;
+
 void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (p.flags & kGemmPanels) {
+    return isa == Isa::kAvx512Bf16 ? detail::int4_panels_bf16(p, n0, n1)
+                                   : detail::int4_portable(p, n0, n1);
+  }
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return int4_avx2(p, n0, n1);
   if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
   // Slices of up to 16 rows, each streaming the block's weights again (from cache: a tiled block
@@ -86,6 +97,11 @@ void int4_gemm(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
 }
 
 void int4_tiled(const GemmParams& p, std::int64_t n0, std::int64_t n1, Isa isa) {
+  if (p.flags & kGemmPanels) {
+    if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
+    return p.m <= kInt4PanelsTiledMaxM ? detail::int4_panels_bf16(p, n0, n1)
+                                       : detail::int4_tiled_bf16(p, n0, n1);
+  }
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return int4_avx2(p, n0, n1);
   if (isa != Isa::kAvx512Bf16) return detail::int4_portable(p, n0, n1);
   detail::int4_tiled_bf16(p, n0, n1);

@@ -1,13 +1,14 @@
 // What the CPU kernels for INT4 weights share (Note [INT4 weights]): typed access to the codes
-// and the side buffer (kernels/int4_layout.h). Under act order A arrives in the weights' stored
-// order (the op gathers it first: permute_a_int4), so no kernel reads the permutation.
-// Internal to src/cpu/kernels.
+// (row-major, or in the panel layout) and the side buffer (kernels/int4_layout.h). Under act order
+// A arrives in the weights' stored order (the op gathers it first: permute_a_int4), so no kernel
+// reads the permutation. Internal to src/cpu/kernels.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/gemm_params.h"
 #include "kernels/int4_layout.h"
+#include "kernels/panel_layout.h"
 #include "metrale/numerics.h"
 
 namespace metrale::cpu::w4a16::detail {
@@ -18,6 +19,7 @@ struct Int4Weights {
   const std::uint8_t* zeros;   // [N, groups], or null: every zero point is 8
   std::int64_t n, k, group, groups;
   bool fp16;
+  bool panels;  // codes in the panel layout (kernels/panel_layout.h), else row-major
 
   explicit Int4Weights(const GemmParams& p)
       : codes(reinterpret_cast<const std::uint8_t*>(static_cast<std::uintptr_t>(p.codes))),
@@ -27,7 +29,8 @@ struct Int4Weights {
         k(p.k),
         group(p.group),
         groups(p.k / p.group),
-        fp16((p.flags & kGemmFp16Scales) != 0) {
+        fp16((p.flags & kGemmFp16Scales) != 0),
+        panels((p.flags & kGemmPanels) != 0) {
     const auto side = int4_layout::side_of(p.n, p.k, p.group, (p.flags & kGemmZeroPoints) != 0,
                                            (p.flags & kGemmActOrder) != 0);
     if (p.flags & kGemmZeroPoints) zeros = scales + side.zeros;
@@ -35,6 +38,7 @@ struct Int4Weights {
 
   // The code at stored column j of row.
   std::uint8_t code(std::int64_t row, std::int64_t j) const {
+    if (panels) return panel_layout::code_at(codes, k, row, j);
     const std::uint8_t byte = codes[row * (k / 2) + (j >> 1)];
     return (j & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
   }

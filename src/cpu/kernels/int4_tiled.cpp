@@ -4,18 +4,21 @@
 // as one dword at p * 32 + c), then register tiles of 8 rows × 32 columns over every row of the
 // block. A tile's panel sums are FP32 and untouched by the scale; at the panel's end they are
 // multiplied by the 32 columns' group scales and added to C's FP32 sums, with the zero points'
-// term (8 − zero)·s·Σa of each row (Σa over the panel's K, staged with A).
+// term (8 − zero)·s·Σa of each row (Σa over the panel's K, staged with A). Weights in the panel
+// layout (kernels/panel_layout.h) fill the same panels from their lines, with no transpose.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "cpu/kernels/int4_cpu.h"
+#include "cpu/kernels/int4_scales_avx512.h"
 #include "cpu/kernels/int4_shared.h"
 #include "cpu/kernels/pairs_bf16.h"
 #include "cpu/kernels/tiled_panels.h"
 #include "cpu/kernels/transpose_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
+#include "kernels/panel_layout.h"
 
 // See w4a16_cpu.cpp: the vector helpers are always inlined into functions with the same target.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -81,6 +84,32 @@ std::int64_t panel_k_of(const Int4Weights& w) {
   }
 }
 
+// The same panel from weights in the panel layout (kernels/panel_layout.h; n0 a multiple of 32):
+// each line's words shifted by 0, 4, 8 and 12 look up four of the panel's pair vectors, with no
+// transpose (Note [CPU panel layout]).
+[[METRALE_TARGET_AVX512BF16]] void pack_lines(const Int4Weights& w, std::int64_t n0, std::int64_t,
+                                              std::int64_t k0, std::int64_t kc,
+                                              std::uint32_t* panel) {
+  namespace pl = panel_layout;
+  const __m512i lut = _mm512_load_si512(int4_bf16_lut().words);
+  for (int i = 0; i < 2; ++i) {
+    const std::uint8_t* line =
+        w.codes + pl::line_offset(w.k, n0 / pl::kGroupCols + i, k0 / pl::kLineK);
+    for (std::int64_t t = 0; t < kc / pl::kLineK; ++t) {
+      const __m512i v = _mm512_loadu_si512(line + t * pl::kLineBytes);
+      // The next panel's line, as an integer: past the last panel it lies past the buffer.
+      const auto ahead = reinterpret_cast<std::uintptr_t>(line + t * pl::kLineBytes);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + kc / pl::kLineK * pl::kLineBytes),
+                   _MM_HINT_T0);
+      for (int s = 0; s < 4; ++s) {
+        const __m512i index = s == 0 ? v : _mm512_srli_epi16(v, pl::nibble_shift(s));
+        _mm512_storeu_si512(panel + (4 * t + s) * kPanelCols + i * pl::kGroupCols,
+                            _mm512_permutexvar_epi16(index, lut));
+      }
+    }
+  }
+}
+
 // acc[MR rows, 32] += scale · (A[MR rows, kc] · panel) + Σa[row] · offset, per column.
 template <int MR>
 [[METRALE_TARGET_AVX512BF16]] void tile(const std::uint16_t* a, std::int64_t lda,
@@ -101,47 +130,6 @@ template <int MR>
     }
     _mm512_storeu_ps(acc + r * ldc, t0);
     _mm512_storeu_ps(acc + r * ldc + 16, t1);
-  }
-}
-
-// Every group's scale and zero-point offset (8 − zero)·s of columns [n0, n0 + nc), decoded once per
-// block: scales[g * ld + c] and offsets alike, 16 columns' 16 groups at a time transposed so that a
-// vector holds one group of 16 columns (decoding 32 columns one by one per panel cost as much as
-// the tiles' products at M = 16). Columns past nc are 0.
-[[METRALE_TARGET_AVX512BF16]] void block_scales(const Int4Weights& w, std::int64_t n0,
-                                                std::int64_t nc, std::int64_t ld, float* scales,
-                                                float* offsets) {
-  for (std::int64_t c0 = 0; c0 < ld; c0 += 16) {
-    const std::int64_t live = std::clamp<std::int64_t>(nc - c0, 0, 16);
-    for (std::int64_t g0 = 0; g0 < w.groups; g0 += 16) {
-      const std::int64_t count = std::min<std::int64_t>(16, w.groups - g0);
-      const auto groups = static_cast<__mmask16>(count >= 16 ? 0xFFFF : (1u << count) - 1);
-      __m512i s[16], o[16];
-      for (int j = 0; j < 16; ++j) {
-        if (j >= live) {
-          s[j] = o[j] = _mm512_setzero_si512();
-          continue;
-        }
-        const std::int64_t row = (n0 + c0 + j) * w.groups + g0;
-        const __m256i raw = _mm256_maskz_loadu_epi16(groups, w.scales + 2 * row);
-        const __m512 v =
-            w.fp16 ? _mm512_cvtph_ps(raw)
-                   : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-        s[j] = _mm512_castps_si512(v);
-        __m512 off = _mm512_setzero_ps();
-        if (w.zeros != nullptr) {
-          const __m512i z = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(groups, w.zeros + row));
-          off = _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(8.0f), _mm512_cvtepi32_ps(z)), v);
-        }
-        o[j] = _mm512_castps_si512(off);
-      }
-      transpose16(s);
-      transpose16(o);
-      for (std::int64_t g = 0; g < count; ++g) {
-        _mm512_storeu_ps(scales + (g0 + g) * ld + c0, _mm512_castsi512_ps(s[g]));
-        _mm512_storeu_ps(offsets + (g0 + g) * ld + c0, _mm512_castsi512_ps(o[g]));
-      }
-    }
   }
 }
 
@@ -180,7 +168,7 @@ constexpr void (*kTiles[])(const std::uint16_t*, std::int64_t, const std::uint32
 
 void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
   const Int4Weights w(p);
-  const bool zp = w.zeros != nullptr;
+  const bool zp = w.zeros != nullptr, lines = (p.flags & kGemmPanels) != 0;
   const std::int64_t panel_k = panel_k_of(w);
   const std::int64_t ldc = (n1 - n0 + kPanelCols - 1) / kPanelCols * kPanelCols;
   thread_local std::vector<float> acc, row_sums, scales, offsets;
@@ -196,7 +184,11 @@ void int4_tiled_bf16(const GemmParams& p, std::int64_t n0, std::int64_t n1) {
     const std::uint16_t* a = stage(p, k0, kc, zp, lda, row_sums);
     for (std::int64_t n = n0; n < n1; n += kPanelCols) {
       const std::int64_t nc = std::min<std::int64_t>(kPanelCols, n1 - n);
-      pack_codes(w, n, nc, k0, kc, panel.data());
+      if (lines) {
+        pack_lines(w, n, nc, k0, kc, panel.data());
+      } else {
+        pack_codes(w, n, nc, k0, kc, panel.data());
+      }
       const float* scale = scales.data() + g * ldc + (n - n0);
       const float* offset = zp ? offsets.data() + g * ldc + (n - n0) : nullptr;
       for (std::int64_t m = 0; m < p.m; m += kRows) {

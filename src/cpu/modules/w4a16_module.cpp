@@ -122,16 +122,16 @@ void dequant_bf16(const HostBlock& b) {
   if (u0 < u1) w4a16::dequant_bf16(p, u0, u1);
 }
 
-void gemm_decode_int4(const HostBlock& b) {
+void gemm_int4_decode(const HostBlock& b) {
   const auto p = read_param<GemmParams>(b.params, 0);
   const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
-  if (n0 < n1) w4a16::gemm_decode_int4(p, n0, n1);
+  if (n0 < n1) w4a16::gemm_int4_decode(p, n0, n1);
 }
 
-void dequant_bf16_int4(const HostBlock& b) {
+void dequant_int4_bf16(const HostBlock& b) {
   const auto p = read_param<GemmParams>(b.params, 0);
   const auto [u0, u1] = span_of<kDequantInt4Tile>(b, dequant_int4::unit_count(p.n, p.k));
-  if (u0 < u1) w4a16::dequant_bf16_int4(p, u0, u1);
+  if (u0 < u1) w4a16::dequant_int4_bf16(p, u0, u1);
 }
 
 void permute_a_int4(const HostBlock& b) {
@@ -152,8 +152,8 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_tiled", kTiledTile},
     {"gemm_e4m3", kE4m3Tile},
     {"gemm_fused", kDecodeTile},
-    {"gemm_decode_int4", kDecodeTile},
-    {"dequant_bf16_int4", kDequantInt4Tile},
+    {"gemm_int4_decode", kDecodeTile},
+    {"dequant_int4_bf16", kDequantInt4Tile},
     {"permute_a_int4", kDequantInt4Tile},
 };
 
@@ -181,7 +181,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   }
   // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
   // backend's preference keep INT4 in the source layout, which the fast kernels read).
-  if (entry == "gemm_decode_int4" || entry == "dequant_bf16_int4" || entry == "permute_a_int4") {
+  if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4") {
     m.publish_u32(e + "_layout", int4_decode::kLayoutId);
     m.publish(e + "_int4", {std::byte{1}});
   }
@@ -199,7 +199,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode" || entry == "gemm_tiled") m.publish(e + "_int4", {std::byte{1}});
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
-      entry == "gemm_decode_int4" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
+      entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
       entry == "gemm_split_reduce") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }

@@ -149,19 +149,19 @@ __device__ std::uint32_t gemm_e4m3_blocks_per_sm = kE4m3BlocksPerSm;
 // thread per unit of 8 weights, and act order's gather of A. None has run on a device: no
 // METRALE_VERIFIED line, so they run only for weights a caller uploads in that layout
 // (UploadLayout::kDecode), never by preference.
-__device__ std::uint32_t gemm_decode_int4_n_tile = metrale::decode_layout::kTileN;
-__device__ std::uint32_t gemm_decode_int4_split_k = tl::kDecodeSplitUnit;
-__device__ std::uint32_t gemm_decode_int4_block_threads = tl::kDecodeThreads;
-__device__ std::uint32_t gemm_decode_int4_blocks_per_sm = kDecodeInt4BlocksPerSm;
-__device__ std::uint32_t gemm_decode_int4_layout = metrale::int4_decode::kLayoutId;
-__device__ std::uint32_t gemm_decode_int4_max_m = tl::kDecodeMaxM;
-__device__ std::uint32_t gemm_decode_int4_a_e4m3 = 0;
-__device__ std::uint32_t gemm_decode_int4_out_f32 = 1;
-__device__ std::uint32_t gemm_decode_int4_int4 = 1;
-__device__ std::uint32_t dequant_bf16_int4_n_tile = kThreads;  // units of 8 weights
-__device__ std::uint32_t dequant_bf16_int4_block_threads = kThreads;
-__device__ std::uint32_t dequant_bf16_int4_layout = metrale::int4_decode::kLayoutId;
-__device__ std::uint32_t dequant_bf16_int4_int4 = 1;
+__device__ std::uint32_t gemm_int4_decode_n_tile = metrale::decode_layout::kTileN;
+__device__ std::uint32_t gemm_int4_decode_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_int4_decode_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_int4_decode_blocks_per_sm = kDecodeInt4BlocksPerSm;
+__device__ std::uint32_t gemm_int4_decode_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t gemm_int4_decode_max_m = tl::kDecodeMaxM;
+__device__ std::uint32_t gemm_int4_decode_a_e4m3 = 0;
+__device__ std::uint32_t gemm_int4_decode_out_f32 = 1;
+__device__ std::uint32_t gemm_int4_decode_int4 = 1;
+__device__ std::uint32_t dequant_int4_bf16_n_tile = kThreads;  // units of 8 weights
+__device__ std::uint32_t dequant_int4_bf16_block_threads = kThreads;
+__device__ std::uint32_t dequant_int4_bf16_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t dequant_int4_bf16_int4 = 1;
 __device__ std::uint32_t permute_a_int4_n_tile = kThreads;  // units of 8 elements of A
 __device__ std::uint32_t permute_a_int4_block_threads = kThreads;
 __device__ std::uint32_t permute_a_int4_layout = metrale::int4_decode::kLayoutId;
@@ -266,13 +266,13 @@ __global__ void __launch_bounds__(tl::kDecodeThreads, kDecodePackedBlocksPerSm)
 }
 
 __global__ void __launch_bounds__(tl::kDecodeThreads, kDecodeInt4BlocksPerSm)
-    gemm_decode_int4(GemmParams p) {
+    gemm_int4_decode(GemmParams p) {
   k::decode_int4_block(p);
 }
 
 // BF16 W [N, K] of INT4 weights in the INT4 decode layout into p.out: a thread per unit of 8
 // weights (kernels/dequant_int4.h).
-__global__ void __launch_bounds__(kThreads) dequant_bf16_int4(GemmParams p) {
+__global__ void __launch_bounds__(kThreads) dequant_int4_bf16(GemmParams p) {
   metrale::dequant_int4::unit(p, static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x);
 }
 

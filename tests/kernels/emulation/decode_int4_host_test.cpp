@@ -104,7 +104,7 @@ struct KernelRun {
   std::int64_t splits = 1;
 };
 
-// permute_a_int4 (act order only), then gemm_decode_int4 and, when split, gemm_split_reduce, as
+// permute_a_int4 (act order only), then gemm_int4_decode and, when split, gemm_split_reduce, as
 // ops/gemm.cpp launches them for a device of `sm_count` SMs (0: no split).
 KernelRun run_kernel(const ops::PackedInt4Weights& pk, const std::vector<std::uint16_t>& a,
                      std::int64_t m, int sm_count) {

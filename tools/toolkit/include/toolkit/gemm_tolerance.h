@@ -91,7 +91,7 @@
 //    magnitude_rows); for symmetric weights (zero 8) it is Σ|a·w| itself. A wrong scale, zero
 //    point or nibble is still off by O(|a|·s) per product, far above it. The normalized bound is
 //    unchanged: on random data it is the BF16 output rounding as for the FP4 formats. On the
-//    dequant route (dequant_bf16_int4, kernels/dequant_int4.h) each weight is rounded once to
+//    dequant route (dequant_int4_bf16, kernels/dequant_int4.h) each weight is rounded once to
 //    BF16, |δ| ≤ 2^-9 < kDequantWeightUnit, so the route's entry covers INT4 as it stands.
 //  - Underflow: every relative figure above holds in the normal range only. A rounding whose
 //    result lies in a format's subnormal range errs by up to half its smallest subnormal, an
