@@ -548,6 +548,24 @@ bool permutes_a(const GemmPlan& plan) {
          (plan.flags & kGemmActOrder) != 0;
 }
 
+// Whether the plan's K slices are the ones a kernel takes (tile_math.h, split_k_range): one
+// slice of all of K, or `splits` slices of k_per_split, a multiple of the split unit the GEMM's
+// kernel publishes, none empty and the last reaching K. An edited k_per_split would leave part of
+// K unsummed, or start slices off the kernels' K blocks.
+bool k_slices_fit(const GemmPlan& plan) {
+  if (plan.splits == 1) return plan.k_per_split == plan.k;
+  if (plan.splits < 2 || plan.k_per_split < 1) return false;
+  std::int64_t covered = 0;
+  if (__builtin_mul_overflow(plan.splits, plan.k_per_split, &covered) || covered < plan.k ||
+      covered - plan.k_per_split >= plan.k) {
+    return false;
+  }
+  return std::any_of(plan.launches.begin(), plan.launches.end(), [&](const PlannedLaunch& l) {
+    return l.grid.z == static_cast<std::uint64_t>(plan.splits) && l.kernel.meta.split_k != 0 &&
+           plan.k_per_split % l.kernel.meta.split_k == 0;
+  });
+}
+
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
 // fit its own route, M, N, K and split, or whose kernel flags do not say its own weights (so no
 // kernel runs on a grid, buffer or layout meant for another).
@@ -582,12 +600,12 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
                     plan.flags, to_string(plan.format), layout_name(plan.layout),
                     packing_name(plan.packing), plan.bias ? ", bias" : "", flags));
   }
-  if (plan.launches.size() != launches || !sizes) {
+  if (plan.launches.size() != launches || !sizes || !k_slices_fit(plan)) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("the plan does not fit itself ({} launch(es) for route {} with {} "
-                            "split(s); M={} N={} K={}): make it with plan()",
-                            plan.launches.size(), to_string(plan.route), plan.splits, plan.m,
-                            plan.n, plan.k));
+                            "split(s) of {} K; M={} N={} K={}): make it with plan()",
+                            plan.launches.size(), to_string(plan.route), plan.splits,
+                            plan.k_per_split, plan.m, plan.n, plan.k));
   }
 }
 

@@ -196,6 +196,52 @@ TEST(GemmLaunch, SplitKSlicesKOverGridZAndTheReductionSumsThem) {
   EXPECT_EQ(rig.b().live_bytes(), 0u);
 }
 
+// A split plan whose K slices were edited is refused at run(), before any launch: slices that
+// leave K's end unsummed, one that starts past K, slices off the kernel's 64-K unit, none, and a
+// one-slice plan that is not all of K.
+TEST(GemmLaunch, EditedKSlicesAreRefusedBeforeAnyLaunch) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
+  CudaBackend& b = rig.b();
+  const Case c{3, 64, 1024};
+  const HostQuantWeights hw =
+      ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, c.n, c.k), c.n, c.k);
+  ops::QuantWeights w = ops::upload_weights(b, hw);
+  const DevicePtr da = b.alloc(static_cast<std::size_t>(c.m * c.k) * 2);
+  const DevicePtr dc = b.alloc(static_cast<std::size_t>(c.m * c.n) * 2);
+  const ops::GemmPlan p = ops::plan(b, c.m, w);
+  ASSERT_EQ(p.splits, 16);
+  ASSERT_EQ(p.k_per_split, 64);
+  const DevicePtr ws = b.alloc(p.workspace.total());
+  const ops::GemmWorkspace parts = ops::GemmWorkspace::carve(ws, p.workspace);
+  struct Edit {
+    std::int64_t splits, k_per_split;
+  };
+  // 11 slices of 96 cover K with none empty, but start off the 64-K unit (the grid edited too).
+  for (const Edit e :
+       {Edit{16, 32}, Edit{16, 128}, Edit{11, 96}, Edit{16, 0}, Edit{16, -64}, Edit{1, 64}}) {
+    SCOPED_TRACE(fmt::format("{} split(s) of {}", e.splits, e.k_per_split));
+    ops::GemmPlan edited = p;
+    edited.splits = e.splits;
+    edited.k_per_split = e.k_per_split;
+    if (e.splits > 1) edited.launches[0].grid.z = static_cast<std::uint32_t>(e.splits);
+    const std::size_t before = rig.fd.launches().size();
+    const Error err = expect_error([&] { ops::run(edited, b.default_stream(), da, w, dc, parts); });
+    EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
+    EXPECT_THAT(err.what(), ::testing::HasSubstr("the plan does not fit itself"));
+    EXPECT_EQ(rig.fd.launches().size(), before);
+  }
+  // The plan as made runs.
+  ops::run(p, b.default_stream(), da, w, dc, parts);
+  b.synchronize(b.default_stream());
+  b.free(ws);
+  b.free(dc);
+  b.free(da);
+  ops::free_weights(b, w);
+}
+
 TEST(GemmLaunch, EnoughColumnBlocksMeanNoSplitAndNoWorkspace) {
   const std::uint64_t seed = ref::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));

@@ -136,9 +136,11 @@ GemmPlan plan(Backend& backend, std::int64_t m, const QuantWeights& w,
 // Queues the planned GEMM on stream: checks that the weights match the plan, that A, C, the
 // weights and the bias lie inside the backend's allocations (alignment, overlap, sizes), and
 // that each workspace part lies inside one of the backend's own allocations, clear of every
-// other buffer; then launches. No lookup, no lock of the op layer and no formatting when it
-// succeeds. A workspace must not be in use by work on another stream (scratch_workspace keeps
-// one set per stream).
+// other buffer, and that the plan still fits itself (its launches, workspace, flags and K slices
+// are those plan() makes for its route and shape: an edited plan is refused with
+// Error(kInvalidArgument)); then launches. No lookup, no lock of the op layer and no formatting
+// when it succeeds. A workspace must not be in use by work on another stream (scratch_workspace
+// keeps one set per stream).
 void run(const GemmPlan& plan, StreamHandle stream, DevicePtr a, const QuantWeights& w, DevicePtr c,
          const GemmWorkspace& workspace, DevicePtr bias = {});
 
