@@ -312,8 +312,8 @@ GemmRoute route_of(std::string_view api, Backend& backend, std::int64_t m, const
                          backend.dense_gemm_unavailable(DenseKind::kBf16).empty();
     return max_m == 0 || m <= max_m || !dequant ? GemmRoute::kDecode : GemmRoute::kDequant;
   }
-  // INT4 in its source layout: decode up to its largest M, else tiled; check_route refuses a
-  // kernel that does not read INT4.
+  // INT4 in its source or the panel layout: decode up to its largest M, else tiled; check_route
+  // refuses a kernel that does not read INT4 (or not in the panel layout).
   if (w.format == WeightFormat::kInt4) {
     return m <= decode_max_m_as(api, backend) ? GemmRoute::kDecode : GemmRoute::kTiled;
   }
@@ -409,7 +409,7 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
                               backend.kernel_name(gemm), entry_of(route)));
     }
     if (w.format == WeightFormat::kInt4 && !gemm.meta.int4) {
-      throw Error(ErrorCode::kNotFound, api,
+      throw Error(ErrorCode::kUnavailable, api,
                   fmt::format("route {}: {} does not read int4 weights (it publishes no {}_int4)",
                               to_string(route), backend.kernel_name(gemm), entry_of(route)));
     }
@@ -433,7 +433,7 @@ const ResolvedKernel& check_route(std::string_view api, Backend& backend, GemmRo
     if (w.format == WeightFormat::kInt4 && !dq.meta.int4) {
       throw Error(ErrorCode::kUnavailable, api,
                   fmt::format("route dequant: {} does not read int4 weights in their source "
-                              "layout (it publishes no dequant_int4_bf16); dequant_int4_bf16 "
+                              "layout (dequant_bf16 publishes no int4 flag); dequant_int4_bf16 "
                               "reads them in the int4 decode layout (UploadLayout::kDecode)",
                               backend.kernel_name(dq)));
     }

@@ -121,17 +121,15 @@ bool reads_decode_layout(Backend& backend) {
   return meta.layout == decode_layout::kLayoutId && meta.max_m != 0;
 }
 
-namespace {
-
-// Whether the backend's decode and tiled kernels read INT4 weights in the panel layout: they read
-// the panel layout and INT4.
-bool reads_int4_panels(Backend& backend) {
+bool reads_int4_panel_layout(Backend& backend) {
   if (!reads_panel_layout(backend)) return false;
   for (const std::string_view entry : {"gemm_decode", "gemm_tiled"}) {
     if (!backend.op_cache().kernel(backend, "w4a16", entry).meta.int4) return false;
   }
   return true;
 }
+
+namespace {
 
 // Whether the backend has the INT4 decode layout's kernels: gemm_int4_decode and
 // dequant_int4_bf16 publishing that layout and int4 (kernels/int4_decode_layout.h).
@@ -177,8 +175,8 @@ WeightPacking int4_packing(Backend& backend, UploadLayout upload, std::int64_t g
     const KernelMeta& meta = backend.op_cache().kernel(backend, "w4a16", "gemm_int4_decode").meta;
     if (meta.max_m != 0 && automatic_choice_allowed(meta)) return WeightPacking::kDecode;
   }
-  return int4_panels_ok(k) && reads_int4_panels(backend) ? WeightPacking::kPanels
-                                                         : WeightPacking::kSource;
+  return int4_panels_ok(k) && reads_int4_panel_layout(backend) ? WeightPacking::kPanels
+                                                               : WeightPacking::kSource;
 }
 
 }  // namespace
@@ -191,7 +189,7 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   const WeightPacking packing =
       int4 ? int4_packing(backend, upload, host.group, host.k) : upload_packing(backend, upload);
   if (packing == WeightPacking::kPanels &&
-      !(int4 ? reads_int4_panels(backend) : reads_panel_layout(backend))) {
+      !(int4 ? reads_int4_panel_layout(backend) : reads_panel_layout(backend))) {
     throw Error(ErrorCode::kUnavailable, "WeightsResource",
                 fmt::format("{} has no w4a16 decode and tiled kernels that read {}weights in the "
                             "panel layout (they publish no gemm_decode_panels and "

@@ -3,8 +3,9 @@
 // layout's side buffer, against the float64 reference of the source weights: the decode and tiled
 // entries (AVX-512 BF16: the tiles that decode the lines themselves, and on the tiled entry past 16
 // rows the panels decoded once per block; below it the portable kernel, which no upload reaches
-// since the module publishes the layout only with AVX-512 BF16), groups of 32, 128 and one scale
-// per row, with and without zero points, ragged N, the output poisoned first with a poisoned tail.
+// since the module publishes the layout only with AVX-512 BF16), groups of 32, 64, 128, 256 and
+// one scale per row, with and without zero points, ragged N, the output poisoned first with a
+// poisoned tail.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -56,7 +57,9 @@ TEST(Int4PanelKernels, BothEntriesAtEveryLevelMatchTheFloat64Reference) {
   struct Shape {
     std::int64_t n, k, group;
   };
-  for (const Shape& s : {Shape{45, 288, 32}, Shape{70, 384, 128}, Shape{33, 96, 96}}) {
+  // Blocks of 32, 64 and 128 K; a group spanning two 128-K blocks; one scale per row of 96 K.
+  for (const Shape& s : {Shape{45, 288, 32}, Shape{40, 448, 64}, Shape{70, 384, 128},
+                         Shape{36, 768, 256}, Shape{33, 96, 96}}) {
     for (const bool zp : {false, true}) {
       testing::gemm::Int4Case c;
       c.n = s.n;

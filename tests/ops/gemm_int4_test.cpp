@@ -63,7 +63,7 @@ class GemmInt4 : public Int4GemmTest {
     if (IsSkipped()) return;
     if (!b().op_cache().kernel(b(), "w4a16", "gemm_decode").meta.int4) {
       GTEST_SKIP() << b().name() << "'s w4a16 kernels do not read INT4 weights in their source "
-                   << "layout (no gemm_int4_decode flag)";
+                   << "layout (gemm_decode publishes no int4 flag)";
     }
   }
 
@@ -224,8 +224,8 @@ TEST_P(GemmInt4, RoutesWithoutAnInt4KernelAreRefusedByName) {
     ops::GemmOptions dequant;
     dequant.route = GemmRoute::kDequant;
     EXPECT_ERROR(ops::plan(b(), 64, w, dequant), ErrorCode::kUnavailable,
-                 "publishes no dequant_int4_bf16); dequant_int4_bf16 reads them in the int4 "
-                 "decode layout");
+                 "(dequant_bf16 publishes no int4 flag); dequant_int4_bf16 reads them in the "
+                 "int4 decode layout");
   }
 }
 

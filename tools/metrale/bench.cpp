@@ -498,9 +498,10 @@ int run_bench(const CommonOptions& options, const BenchOptions& bench) {
   // tiled routes read it, the routes compared with --compare-routes do not. INT4 layers take it
   // where every K is a multiple of 32 (ops::int4_panels_ok); else the whole block stays in the
   // source layout, so that its layers compare alike.
-  const bool panels_fit = std::all_of(host.begin(), host.end(), [](const HostQuantWeights& h) {
-    return h.format != WeightFormat::kInt4 || ops::int4_panels_ok(h.k);
-  });
+  const bool panels_fit = (!int4 || ops::reads_int4_panel_layout(b)) &&
+                          std::all_of(host.begin(), host.end(), [](const HostQuantWeights& h) {
+                            return h.format != WeightFormat::kInt4 || ops::int4_panels_ok(h.k);
+                          });
   const bool panels_wanted =
       source_wanted && !compare && !bench.source_layout && panels_fit &&
       ops::upload_packing(b, ops::UploadLayout::kBackendPreferred) == ops::WeightPacking::kPanels;

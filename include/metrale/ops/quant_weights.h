@@ -108,6 +108,9 @@ bool reads_decode_layout(Backend& backend);
 bool reads_panel_layout(Backend& backend);
 // Whether INT4 weights with this K can take the panel layout (K a multiple of 32).
 bool int4_panels_ok(std::int64_t k) noexcept;
+// Whether backend's decode and tiled kernels read INT4 weights in the panel layout (they publish
+// `panels` and `int4`).
+bool reads_int4_panel_layout(Backend& backend);
 
 // Uploads host weights as WeightsResource does and hands the buffers to the caller (freed with
 // free_weights): for code that owns the weights outside a ModelScope.

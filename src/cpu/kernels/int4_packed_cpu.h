@@ -1,7 +1,7 @@
 // The CPU twins of the CUDA kernels gemm_int4_decode and dequant_int4_bf16: the same results from
 // weights in the INT4 decode layout (kernels/int4_decode_layout.h, packed by ops/int4_pack.h),
 // each weight read by the layout's own functions. The CPU's reference for that layout, not its
-// fast path (its INT4 kernels read the source layout: int4_cpu.h).
+// fast path (its INT4 kernels read the source and the panel layout: int4_cpu.h).
 #pragma once
 
 #include <cstdint>

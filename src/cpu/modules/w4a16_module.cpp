@@ -180,7 +180,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
   // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
-  // backend's preference keep INT4 in the source layout, which the fast kernels read).
+  // backend's preference keep INT4 in the source or the panel layout, which the fast kernels
+  // read).
   if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4") {
     m.publish_u32(e + "_layout", int4_decode::kLayoutId);
     m.publish(e + "_int4", {std::byte{1}});
