@@ -31,3 +31,11 @@ Error expect_error(F&& f, std::source_location loc = std::source_location::curre
 }
 
 }  // namespace metrale::testing
+
+// expr must throw metrale::Error with `code` and a message containing `text`.
+#define EXPECT_ERROR(expr, want, text)                                                   \
+  do {                                                                                   \
+    const ::metrale::Error e_ = ::metrale::testing::expect_error([&] { (void)(expr); }); \
+    EXPECT_EQ(e_.code(), (want)) << e_.what();                                           \
+    EXPECT_NE(std::string(e_.what()).find(text), std::string::npos) << e_.what();        \
+  } while (0)

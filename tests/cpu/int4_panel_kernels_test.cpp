@@ -20,24 +20,14 @@
 #include "ops/gemm_reference.h"
 #include "ops/int4_cases.h"
 #include "ops/panel_pack.h"
+#include "support/cpu_levels.h"
 #include "support/random.h"
 
 namespace metrale::cpu::w4a16 {
 namespace {
 
 using testing::address;
-
-// The levels this processor can run (a vector level it lacks would fault).
-std::vector<Isa> runnable_levels() {
-  std::vector<Isa> out{Isa::kPortable};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(Isa::kAvx2);
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    out.push_back(Isa::kAvx512);
-    if (__builtin_cpu_supports("avx512bf16")) out.push_back(Isa::kAvx512Bf16);
-  }
-  return out;
-}
+using testing::runnable_levels;
 
 // The side buffer an upload writes (kernels/int4_layout.h): scales, then zero points.
 std::vector<std::uint8_t> side_buffer(const HostQuantWeights& w) {

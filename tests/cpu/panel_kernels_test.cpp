@@ -17,6 +17,7 @@
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 #include "ops/panel_pack.h"
+#include "support/cpu_levels.h"
 #include "support/random.h"
 #include "toolkit/gemm_reference.h"
 #include "toolkit/random_weights.h"
@@ -27,18 +28,7 @@ namespace {
 using testing::address;
 using testing::random_bf16;
 using testing::rng;
-
-// The levels this processor can run (a vector level it lacks would fault).
-std::vector<Isa> runnable_levels() {
-  std::vector<Isa> out{Isa::kPortable};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(Isa::kAvx2);
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-    out.push_back(Isa::kAvx512);
-    if (__builtin_cpu_supports("avx512bf16")) out.push_back(Isa::kAvx512Bf16);
-  }
-  return out;
-}
+using testing::runnable_levels;
 
 TEST(PanelKernels, BothEntriesAtEveryLevelMatchTheFloat64Reference) {
   constexpr std::size_t kTail = 24;  // BF16 elements after C that must stay poisoned

@@ -25,14 +25,6 @@ namespace {
 
 using ops::GemmRoute;
 
-// expr must throw metrale::Error with `code` and a message containing `text`.
-#define EXPECT_ERROR(expr, want, text)                                            \
-  do {                                                                            \
-    const Error e_ = expect_error([&] { (void)(expr); });                         \
-    EXPECT_EQ(e_.code(), (want)) << e_.what();                                    \
-    EXPECT_NE(std::string(e_.what()).find(text), std::string::npos) << e_.what(); \
-  } while (0)
-
 // Ks the layout takes (multiples of 32) for a group: one block, several, and a last 256-K chunk
 // that is short.
 std::vector<std::int64_t> ks_of(std::int64_t group) {
