@@ -44,8 +44,11 @@ struct Fixture {
 void BM_W4a16(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   // fmt: 0 NVFP4, 1 MXFP4, 2 INT4 (groups of 128, FP16 scales, zero points: GPTQ's and AWQ's
-  // usual form), 3 the same with act order.
+  // usual form), 3 the same with act order, 4 and 5 rank 0's K slice of those act-ordered weights
+  // split along K over 2 and 4 ranks (slice_columns: each group's run padded to 32-K blocks), 6
+  // INT4 in groups of 32 (what such a slice's kernels run).
   const auto fmt_id = state.range(3);
+  const std::int64_t ranks = fmt_id == 4 ? 2 : fmt_id == 5 ? 4 : 1;
   const auto format = fmt_id == 0   ? metrale::WeightFormat::kNvfp4
                       : fmt_id == 1 ? metrale::WeightFormat::kMxfp4
                                     : metrale::WeightFormat::kInt4;
@@ -53,15 +56,18 @@ void BM_W4a16(benchmark::State& state) {
                                      : metrale::ops::UploadLayout::kSource;
   Fixture fx;
   std::mt19937_64 rng(1234);
-  const metrale::HostQuantWeights hq =
+  metrale::HostQuantWeights hq =
       format == metrale::WeightFormat::kInt4
-          ? metrale::toolkit::random_int4_weights(n, k, 128, fmt_id == 3, rng)
+          ? metrale::toolkit::random_int4_weights(n, k, fmt_id == 6 ? 32 : 128,
+                                                  fmt_id >= 3 && fmt_id <= 5, rng)
           : metrale::toolkit::random_weights(format, n, k, rng);
+  if (ranks > 1) hq = metrale::slice_columns(hq, 0, k / ranks);
+  const std::int64_t a_k = metrale::a_columns(hq);
   const std::size_t copies = metrale::toolkit::rotation_copies(hq.codes.size() + hq.scales.size());
   for (std::size_t i = 0; i < copies; ++i) {
     fx.copies.push_back(metrale::ops::upload_weights(fx.backend, hq, layout));
   }
-  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k), 0x3F80);  // 1.0 in BF16
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * a_k), 0x3F80);  // 1.0 in BF16
   fx.a = fx.backend.alloc(a.size() * 2);
   fx.c = fx.backend.alloc(static_cast<std::size_t>(m * n) * 2);
   fx.backend.copy_h2d(fx.a, a.data(), a.size() * 2);
@@ -74,9 +80,11 @@ void BM_W4a16(benchmark::State& state) {
   }
   const metrale::ops::QuantWeights& w0 = fx.copies.front();
   const double bytes = static_cast<double>(w0.codes_bytes + w0.scales_bytes) +
-                       static_cast<double>(m * k * 2 + m * n * 2);
+                       static_cast<double>(m * a_k * 2 + m * n * 2);
   state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+  if (ranks > 1) state.counters["stored_K"] = static_cast<double>(hq.k);
+  // FLOPs of W's own columns (a padded slice's zeros are work, not output).
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * a_k),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 
   // A share of a roof by paired rounds: one pass over every copy (at least 512 MiB of weights),
@@ -111,7 +119,7 @@ void BM_W4a16(benchmark::State& state) {
   std::string of;
   static const bool has_compute_roof = metrale::toolkit::measure_cpu_compute(&of) > 0;
   if (m >= 16 && has_compute_roof) {
-    const double share = paired(kComputeRounds, 2.0 * static_cast<double>(m * n * k), [&] {
+    const double share = paired(kComputeRounds, 2.0 * static_cast<double>(m * n * a_k), [&] {
                            return metrale::toolkit::measure_cpu_compute(&of);
                          }).first;
     state.counters["pct_dot_roof"] = 100.0 * share;
@@ -126,7 +134,8 @@ void BM_W4a16(benchmark::State& state) {
 }
 
 // Llama-3 8B and 70B linear layers at decode (M = 1, 16) and batches of 64 and 256; NVFP4 (fmt 0),
-// MXFP4 (fmt 1) and INT4 (fmt 2; fmt 3 with act order); the source layout (panels 0) or the
+// MXFP4 (fmt 1) and INT4 (fmt 2; fmt 3 with act order; 4 and 5 a K slice of that over 2 and 4
+// ranks, against fmt 2 at K / ranks; 6 groups of 32); the source layout (panels 0) or the
 // backend's preferred one (panels 1). The
 // CPU run is a subset of the M list (docs/CONTRACT.md, GEMM goals): M = 4096 would
 // take minutes per case.
@@ -165,6 +174,13 @@ BENCHMARK(BM_W4a16)
     ->Args({64, 28672, 4096, 2, 1})
     ->Args({64, 28672, 4096, 3, 1})
     ->Args({256, 4096, 4096, 2, 1})
+    ->Args({1, 4096, 7168, 2, 1})
+    ->Args({1, 4096, 7168, 6, 1})
+    ->Args({1, 4096, 14336, 4, 1})
+    ->Args({1, 4096, 3584, 2, 1})
+    ->Args({1, 4096, 14336, 5, 1})
+    ->Args({16, 4096, 7168, 2, 1})
+    ->Args({16, 4096, 14336, 4, 1})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -52,6 +52,10 @@ struct HostQuantWeights {
   // Act order (GPTQ's desc_act, compressed-tensors' weight_g_idx): the codes, scales and zero
   // points are stored with K permuted so that each group's columns are contiguous, and stored
   // column j holds W[:, k_perm[j]]. Empty: K in its own order. So C = A[:, k_perm] . Wsᵀ.
+  // A K slice of such weights (slice_columns) pads each group's columns to whole 32-K blocks:
+  // there k_perm[j] = -1 (a padding column: A reads 0 there, its codes are the zero point), and
+  // the other entries are a permutation of [0, a_columns). K then counts the padding; W and A
+  // have a_columns columns (Note [Act order across ranks]).
   std::vector<std::int32_t> k_perm;
 
   // The E2M1 (INT4: unsigned) code of W[n, k] (whatever the layout; k in W's own order).
@@ -62,11 +66,15 @@ struct HostQuantWeights {
   float weight(std::int64_t row, std::int64_t col) const;
   // W[n, k] in float64, unrounded: e2m1 x block scale x tensor scale is exact in a double.
   double exact_weight(std::int64_t row, std::int64_t col) const;
-  // Rows [row0, row0 + rows) of W in float64 (exact_weight of each), row-major into out (rows·K
-  // values): the weights are checked once, not per element. Throws Error(kInvalidArgument) for
-  // rows outside W, an out of another size, or inconsistent weights.
+  // Rows [row0, row0 + rows) of W in float64 (exact_weight of each), row-major into out
+  // (rows·a_columns values): the weights are checked once, not per element. Throws
+  // Error(kInvalidArgument) for rows outside W, an out of another size, or inconsistent weights.
   void exact_rows(std::int64_t row0, std::int64_t rows, std::span<double> out) const;
 };
+
+// W's columns, which A's rows hold: K, but for INT4 weights whose k_perm pads a K slice, its
+// entries other than -1 (Note [Act order across ranks]).
+std::int64_t a_columns(const HostQuantWeights& w) noexcept;
 
 // Quantizes FP32 W[n, k] (row-major, k a multiple of 16) to NVFP4: tensor scale =
 // absmax / (6 × 448) (1 when W is all zero); each block of 16 gets the E4M3 scale nearest to
@@ -95,7 +103,7 @@ HostQuantWeights quantize_int4(std::span<const float> w, std::int64_t n, std::in
 // columns.
 HostQuantWeights with_act_order(const HostQuantWeights& w, std::span<const std::int32_t> g_idx);
 
-// The dequantized weights, row-major [n, k].
+// The dequantized weights, row-major [n, a_columns(w)].
 std::vector<float> dequantize(const HostQuantWeights& w);
 
 // The same weights in the other layout (codes and scales rearranged; values unchanged).
@@ -106,8 +114,11 @@ HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout);
 HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
 // Columns [begin, end) of row-major W, both at multiples of the format's group (INT4 with one
-// scale per row: of 2): a row-parallel rank's shard. Throws Error(kInvalidArgument) for a range
-// outside W, off the group, the transposed layout, or act-ordered INT4 (not built).
+// scale per row: of 2): a row-parallel rank's shard, A's columns [begin, end) its input. Act-
+// ordered INT4: the slice's columns in their stored order, each group's run padded to whole
+// blocks of 32 K in groups of 32 (Note [Act order across ranks]). Throws
+// Error(kInvalidArgument) for a range outside W, off the group, the transposed layout, or weights
+// that are a slice already (padded k_perm).
 HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
 }  // namespace metrale

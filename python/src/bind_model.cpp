@@ -20,7 +20,9 @@ namespace metrale::py {
 void bind_model(nb::module_& m) {
   nb::class_<Weights>(m, "Weights", "4-bit weights on a model's device (released at teardown).")
       .def_prop_ro("n", [](const Weights& w) { return w.q.n; })
-      .def_prop_ro("k", [](const Weights& w) { return w.q.k; })
+      .def_prop_ro(
+          "k", [](const Weights& w) { return ops::a_columns(w.q); },
+          "K: A's columns (a padded act-order K slice stores more: docs/NOTES.md).")
       .def_prop_ro("format", [](const Weights& w) { return std::string(to_string(w.q.format)); })
       .def_prop_ro("packing",
                    [](const Weights& w) {
@@ -40,7 +42,7 @@ void bind_model(nb::module_& m) {
               "Seconds the decode- or panel-layout repack took.")
       .def("__repr__", [](const Weights& w) {
         return fmt::format("Weights('{}', {} {} x {})", w.label, to_string(w.q.format), w.q.n,
-                           w.q.k);
+                           ops::a_columns(w.q));
       });
 
   nb::class_<DenseWeights>(m, "DenseWeights",

@@ -189,7 +189,7 @@ void Model::gemm(nb::handle a, bool a_bits, const Weights& w, nb::handle out, bo
   Backend& b = open("gemm");
   check_owner("gemm", w.model, w.label);
   const Operands args =
-      check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, w.q.k);
+      check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.q.n, ops::a_columns(w.q));
   ops::GemmOptions options = gemm_options("gemm", route, allow_e4m3);
   if (args.bias) options.bias = args.bias->ptr;
   run_planned(b, args, w.q, options, stream);
@@ -257,7 +257,8 @@ void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int6
                 fmt::format("x: a CPU tensor given to a model on {}", name_));
   }
   const auto n = fp8 ? static_cast<const Fp8Weights*>(w)->q.n : static_cast<const Weights*>(w)->q.n;
-  const auto k = fp8 ? static_cast<const Fp8Weights*>(w)->q.k : static_cast<const Weights*>(w)->q.k;
+  const auto k = fp8 ? static_cast<const Fp8Weights*>(w)->q.k
+                     : ops::a_columns(static_cast<const Weights*>(w)->q);
   const auto arg = [&](const void* p, std::int64_t r, std::int64_t cols, std::string_view name) {
     const auto address = reinterpret_cast<std::uintptr_t>(p);
     if (address % 16 != 0) {

@@ -293,12 +293,13 @@ void bind_host_weights(nb::module_& m) {
       .def(
           "dequantize",
           [](const HostQuantWeights& w, bool exact) -> nb::object {
+            const std::int64_t cols = a_columns(w);
             if (exact) {
-              std::vector<double> out(static_cast<std::size_t>(w.n * w.k));
+              std::vector<double> out(static_cast<std::size_t>(w.n * cols));
               w.exact_rows(0, w.n, out);
-              return nb::cast(to_numpy(std::move(out), w.n, w.k));
+              return nb::cast(to_numpy(std::move(out), w.n, cols));
             }
-            return nb::cast(to_numpy(dequantize(w), w.n, w.k));
+            return nb::cast(to_numpy(dequantize(w), w.n, cols));
           },
           nb::arg("exact") = false,
           "W as a NumPy array [N, K]: float32, or with exact=True float64 with no rounding "

@@ -137,9 +137,10 @@ float weight_at(const HostQuantWeights& w, std::int64_t row, std::int64_t col) {
 
 void check_index(std::string_view api, const HostQuantWeights& w, std::int64_t row,
                  std::int64_t col) {
-  if (row < 0 || row >= w.n || col < 0 || col >= w.k) {
-    throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("({}, {}) is outside the {} x {} weights", row, col, w.n, w.k));
+  if (row < 0 || row >= w.n || col < 0 || col >= a_columns(w)) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("({}, {}) is outside the {} x {} weights", row, col, w.n, a_columns(w)));
   }
   check_weights(api, w);
 }
@@ -204,18 +205,19 @@ void HostQuantWeights::exact_rows(std::int64_t row0, std::int64_t rows,
         ErrorCode::kInvalidArgument, kApi,
         fmt::format("rows [{}, {}) are outside the {} rows of the weights", row0, row0 + rows, n));
   }
-  if (out.size() != static_cast<std::size_t>(rows * k)) {
-    throw Error(
-        ErrorCode::kInvalidArgument, kApi,
-        fmt::format("out has {} values; {} rows of K = {} need {}", out.size(), rows, k, rows * k));
+  const std::int64_t cols = a_columns(*this);
+  if (out.size() != static_cast<std::size_t>(rows * cols)) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("out has {} values; {} rows of K = {} need {}", out.size(), rows, cols,
+                            rows * cols));
   }
   if (rows == 0) return;
   check_weights(kApi, *this);
   if (format == WeightFormat::kInt4) {
     const std::vector<std::int64_t> stored = int4::stored_columns(*this);
     for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t c = 0; c < k; ++c) {
-        out[static_cast<std::size_t>(r * k + c)] =
+      for (std::int64_t c = 0; c < cols; ++c) {
+        out[static_cast<std::size_t>(r * cols + c)] =
             int4::stored_weight(*this, row0 + r, stored[static_cast<std::size_t>(c)]);
       }
     }
@@ -304,7 +306,7 @@ HostQuantWeights quantize_mxfp4(std::span<const float> w, std::int64_t n, std::i
 
 std::vector<float> dequantize(const HostQuantWeights& w) {
   check_weights("dequantize", w);
-  std::vector<float> out(static_cast<std::size_t>(w.n * w.k));
+  std::vector<float> out(static_cast<std::size_t>(w.n * a_columns(w)));
   if (w.format == WeightFormat::kInt4) {
     std::vector<double> exact(out.size());
     w.exact_rows(0, w.n, exact);

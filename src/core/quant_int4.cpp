@@ -17,6 +17,12 @@ bool int4_group_ok(std::int64_t group, std::int64_t k) noexcept {
   return group == 32 || group == 64 || group % 128 == 0 || group == k;
 }
 
+std::int64_t a_columns(const HostQuantWeights& w) noexcept {
+  if (w.format != WeightFormat::kInt4 || w.k_perm.empty()) return w.k;
+  return static_cast<std::int64_t>(
+      std::count_if(w.k_perm.begin(), w.k_perm.end(), [](std::int32_t v) { return v != -1; }));
+}
+
 namespace int4 {
 namespace {
 
@@ -41,6 +47,69 @@ void set_code(std::vector<std::uint8_t>& codes, std::int64_t k, std::int64_t row
   std::uint8_t& byte = codes[static_cast<std::size_t>(row * (k / 2) + (col >> 1))];
   byte = (col & 1) ? static_cast<std::uint8_t>((byte & 0x0Fu) | (code << 4))
                    : static_cast<std::uint8_t>((byte & 0xF0u) | (code & 0x0Fu));
+}
+
+// W's columns [begin, end) of act-ordered weights (Note [Act order across ranks]): the stored
+// columns whose k_perm falls in the range, in their stored order (so each group's stay together),
+// each group's run padded with columns of its zero point to whole blocks of 32 K; groups of 32,
+// each block the scale and zero point of its group; k_perm the range's own columns, -1 on the
+// padding.
+HostQuantWeights slice_act_ordered(const HostQuantWeights& w, std::int64_t begin,
+                                   std::int64_t end) {
+  constexpr std::int64_t kBlock = 32;
+  if (a_columns(w) != w.k) {
+    throw Error(ErrorCode::kInvalidArgument, "slice_columns",
+                fmt::format("these int4 weights are a K slice already ({} columns of W padded to "
+                            "K = {}); slice the whole layer's weights",
+                            a_columns(w), w.k));
+  }
+  // from[i]: the stored column of w that output column i holds, -1 for padding.
+  std::vector<std::int64_t> from;
+  std::int64_t run_group = -1;
+  const auto pad_run = [&] {
+    while (from.size() % kBlock != 0) from.push_back(-1);
+  };
+  for (std::int64_t j = 0; j < w.k; ++j) {
+    const std::int32_t v = w.k_perm[static_cast<std::size_t>(j)];
+    if (v < begin || v >= end) continue;
+    if (j / w.group != run_group) {
+      pad_run();
+      run_group = j / w.group;
+    }
+    from.push_back(j);
+  }
+  pad_run();
+  HostQuantWeights out = w;
+  out.k = static_cast<std::int64_t>(from.size());
+  out.group = kBlock;
+  const std::int64_t blocks = out.k / kBlock;
+  out.codes.assign(static_cast<std::size_t>(w.n * (out.k / 2)), 0);
+  out.scales.assign(static_cast<std::size_t>(2 * w.n * blocks), 0);
+  if (!w.zeros.empty()) out.zeros.assign(static_cast<std::size_t>(w.n * blocks), 0);
+  out.k_perm.assign(from.size(), -1);
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    if (from[i] >= 0) {
+      out.k_perm[i] =
+          static_cast<std::int32_t>(w.k_perm[static_cast<std::size_t>(from[i])] - begin);
+    }
+  }
+  for (std::int64_t row = 0; row < w.n; ++row) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      // A block's first column is its group's (runs start on a block).
+      const std::int64_t j0 = from[static_cast<std::size_t>(b * kBlock)];
+      const auto src = static_cast<std::size_t>(row * groups_of(w) + j0 / w.group),
+                 dst = static_cast<std::size_t>(row * blocks + b);
+      out.scales[2 * dst] = w.scales[2 * src];
+      out.scales[2 * dst + 1] = w.scales[2 * src + 1];
+      if (!w.zeros.empty()) out.zeros[dst] = w.zeros[src];
+      const auto zero = static_cast<std::uint8_t>(stored_zero(w, row, j0));
+      for (std::int64_t i = b * kBlock; i < (b + 1) * kBlock; ++i) {
+        const std::int64_t j = from[static_cast<std::size_t>(i)];
+        set_code(out.codes, out.k, row, i, j < 0 ? zero : stored_code(w, row, j));
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -90,15 +159,23 @@ void check_weights(std::string_view api, const HostQuantWeights& w) {
       throw Error(ErrorCode::kInvalidArgument, api,
                   fmt::format("k_perm has {} entries; K = {}", w.k_perm.size(), w.k));
     }
+    // The entries other than -1 (a K slice's padding) are a permutation of [0, a).
+    const std::int64_t a = a_columns(w);
     std::vector<bool> seen(static_cast<std::size_t>(w.k));
     for (std::size_t j = 0; j < w.k_perm.size(); ++j) {
       const std::int32_t v = w.k_perm[j];
-      if (v < 0 || v >= w.k || seen[static_cast<std::size_t>(v)]) {
+      if (v == -1) continue;
+      if (v < 0 || v >= a || seen[static_cast<std::size_t>(v)]) {
         throw Error(ErrorCode::kInvalidArgument, api,
-                    fmt::format("k_perm[{}] = {} is {}; k_perm must be a permutation of [0, {})", j,
-                                v, v < 0 || v >= w.k ? "outside K" : "repeated", w.k));
+                    fmt::format("k_perm[{}] = {} is {}; k_perm must be a permutation of [0, {}) "
+                                "with -1 for padding columns",
+                                j, v, v < 0 || v >= a ? "outside A's columns" : "repeated", a));
       }
       seen[static_cast<std::size_t>(v)] = true;
+    }
+    if (a == 0) {
+      throw Error(ErrorCode::kInvalidArgument, api,
+                  "k_perm is -1 throughout: the weights have no column of W");
     }
   }
   if (w.tensor_scale != 1.0f) {
@@ -114,12 +191,13 @@ std::int64_t stored_column(const HostQuantWeights& w, std::int64_t k) {
 }
 
 std::vector<std::int64_t> stored_columns(const HostQuantWeights& w) {
-  std::vector<std::int64_t> out(static_cast<std::size_t>(w.k));
+  std::vector<std::int64_t> out(static_cast<std::size_t>(a_columns(w)));
   if (w.k_perm.empty()) {
     std::iota(out.begin(), out.end(), std::int64_t{0});
   } else {
     for (std::size_t j = 0; j < w.k_perm.size(); ++j) {
-      out[static_cast<std::size_t>(w.k_perm[j])] = static_cast<std::int64_t>(j);
+      if (w.k_perm[j] >= 0)
+        out[static_cast<std::size_t>(w.k_perm[j])] = static_cast<std::int64_t>(j);
     }
   }
   return out;
@@ -158,11 +236,7 @@ HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::
 }
 
 HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end) {
-  if (!w.k_perm.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, "slice_columns",
-                "these int4 weights are act-ordered (k_perm): their stored columns are not W's, "
-                "and splitting K across ranks under act order is not built");
-  }
+  if (!w.k_perm.empty()) return slice_act_ordered(w, begin, end);
   // One scale per row: every slice keeps it.
   const bool per_row = w.group == w.k;
   const std::int64_t groups = groups_of(w), g0 = per_row ? 0 : begin / w.group,

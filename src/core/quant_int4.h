@@ -12,13 +12,14 @@ namespace metrale::int4 {
 
 // Throws Error(kInvalidArgument, api) unless w is consistent INT4 weights: row-major, a group
 // int4_group_ok allows, codes [N, K/2], scales [N, K/group] x 2 bytes, zeros empty or [N, K/group]
-// each at most 15, k_perm empty or a permutation of [0, K), tensor scale 1.
+// each at most 15, k_perm empty or of K entries that are -1 (padding) or a permutation of
+// [0, a_columns), tensor scale 1.
 void check_weights(std::string_view api, const HostQuantWeights& w);
 
 // Where W's column k is stored: its position in k_perm (k itself without act order). For
-// k_perm's inverse over all of K, stored_columns.
+// k_perm's inverse over all of W's columns, stored_columns.
 std::int64_t stored_column(const HostQuantWeights& w, std::int64_t k);
-// stored_column of every k of [0, K).
+// stored_column of every k of [0, a_columns(w)).
 std::vector<std::int64_t> stored_columns(const HostQuantWeights& w);
 
 // The code at stored column j of row.
@@ -32,8 +33,9 @@ double stored_weight(const HostQuantWeights& w, std::int64_t row, std::int64_t j
 
 // Rows [begin, end) of checked weights (slice_rows' INT4 case): k_perm kept.
 HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
-// Columns [begin, end) at multiples of the group (slice_columns' INT4 case);
-// Error(kInvalidArgument) for act-ordered weights, whose stored columns are not W's.
+// Columns [begin, end) at multiples of the group (slice_columns' INT4 case); of act-ordered
+// weights, padded to blocks of 32 per group (metrale/quant.h, slice_columns), and
+// Error(kInvalidArgument) for weights that are a slice already.
 HostQuantWeights slice_columns(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
 }  // namespace metrale::int4

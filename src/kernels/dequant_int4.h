@@ -24,9 +24,9 @@ METRALE_HD std::int64_t unit_count(std::int64_t n, std::int64_t k) {
   return n * (k / kUnitWeights);
 }
 
-// Unit u of p (INT4 weights in the decode layout): BF16 W[n, k] for its 8 stored columns into
-// p.out [N, K] row-major, at column k_perm[j] (clamped into K) under act order. Units past N x K/8
-// do nothing.
+// Unit u of p (INT4 weights in the decode layout): BF16 W for its 8 stored columns into p.out
+// [N, K] row-major, in the stored order (under act order the GEMM gathers A into that order
+// first: permute_a_int4). Units past N x K/8 do nothing.
 METRALE_HD void unit(const GemmParams& p, std::int64_t u) {
   namespace dl = metrale::decode_layout;
   namespace i4 = metrale::int4_decode;
@@ -52,17 +52,7 @@ METRALE_HD void unit(const GemmParams& p, std::int64_t u) {
     const int q = static_cast<int>((words[i / 4] >> (4 * nibble)) & 0xFu);
     out[i] = num::f32_to_bf16(static_cast<float>(q - z) * scale);
   }
-  auto* w = reinterpret_cast<std::uint16_t*>(p.out) + n * p.k;
-  if ((p.flags & kGemmActOrder) == 0) {
-    std::memcpy(w + j0, out, sizeof(out));
-    return;
-  }
-  const auto* perm =
-      reinterpret_cast<const std::int32_t*>(side + i4::sizes_of(p.n, p.k, p.group, true).perm);
-  for (int i = 0; i < kUnitWeights; ++i) {
-    const auto c = static_cast<std::uint32_t>(perm[j0 + i]);
-    w[c < static_cast<std::uint64_t>(p.k) ? c : p.k - 1] = out[i];
-  }
+  std::memcpy(reinterpret_cast<std::uint16_t*>(p.out) + n * p.k + j0, out, sizeof(out));
 }
 
 }  // namespace metrale::dequant_int4

@@ -46,6 +46,9 @@ struct GemmParams {
   std::int64_t splits = 1;
   std::int64_t k_per_split = 0;
   std::int64_t group = 0;  // kGemmInt4: K elements per scale
+  // kGemmActOrder: A's columns, which k_perm indexes (K, or fewer for a padded K slice: its -1
+  // entries read 0; metrale/quant.h, k_perm). 0: K.
+  std::int64_t a_k = 0;
 };
 
 // Arguments of bf16_to_fp8 (docs/CONTRACT.md, E4M3 cast) and dequant_e4m3.

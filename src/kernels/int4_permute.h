@@ -29,24 +29,26 @@ METRALE_HD std::uint64_t perm_offset(const GemmParams& p) {
   return int4_layout::side_of(p.n, p.k, p.group, (p.flags & kGemmZeroPoints) != 0, true).perm;
 }
 
-// Unit u: p.out[m, j .. j + 8) = p.a[m, k_perm[j + i]], the permutation read from p.scales (the
-// side buffer of the INT4 decode layout under kGemmDecodePacked, else of the source layout) and
-// each index clamped into K (weights built by hand may
-// hold any permutation; the upload checks those it packs). Units past M x K/8 do nothing.
+// Unit u: p.out[m, j .. j + 8) = p.a[m, k_perm[j + i]] for A [M, a_k] (p.a_k, or K where it is
+// 0), the permutation read from p.scales (the side buffer of the INT4 decode layout under
+// kGemmDecodePacked, else of the source layout). An index outside A's columns reads 0: the -1 of
+// a K slice's padding (metrale/quant.h, k_perm), and whatever weights built by hand hold (the
+// upload checks those it packs). Units past M x K/8 do nothing.
 METRALE_HD void unit(const GemmParams& p, std::int64_t u) {
   const std::int64_t per_row = (p.k + kUnitElements - 1) / kUnitElements;
   if (u < 0 || u >= p.m * per_row) return;
   const std::int64_t m = u / per_row, j0 = (u % per_row) * kUnitElements;
+  const std::int64_t a_k = p.a_k > 0 ? p.a_k : p.k;
   const auto* perm = reinterpret_cast<const std::int32_t*>(
       reinterpret_cast<const std::uint8_t*>(p.scales) + perm_offset(p));
-  const auto* a = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k;
+  const auto* a = reinterpret_cast<const std::uint16_t*>(p.a) + m * a_k;
   auto* out = reinterpret_cast<std::uint16_t*>(p.out) + m * p.k + j0;
   // A loop of constant length with a guard, not one of `count`: an array indexed past unrolling
   // would live in local memory on the device.
   for (int i = 0; i < kUnitElements; ++i) {
     if (j0 + i >= p.k) break;
     const auto c = static_cast<std::uint32_t>(perm[j0 + i]);
-    out[i] = a[c < static_cast<std::uint64_t>(p.k) ? c : p.k - 1];
+    out[i] = c < static_cast<std::uint64_t>(a_k) ? a[c] : std::uint16_t{0};
   }
 }
 

@@ -214,6 +214,11 @@ void check_weights(std::string_view api, const QuantWeights& w) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("weights are {}x{}; N and K must be at least 1", w.n, w.k));
   }
+  if (w.act_order && (w.a_k < 0 || w.a_k > w.k)) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("the weights' a_k (A's columns) is {}; it is 0 (K) or 1 to K = {}",
+                            w.a_k, w.k));
+  }
   if (w.format == WeightFormat::kInt4) {
     check_pointer(api, "weight codes", w.codes);
     check_pointer(api, "weight scales", w.scales);
@@ -540,12 +545,13 @@ std::uint32_t int4_flags(const QuantWeights& w) {
 }
 
 // Whether the plan gathers A into the stored K order first (permute_a_int4): act-ordered INT4
-// weights on every route but dequant (whose dequantization writes W in K's own order). Once per
-// call: a kernel that gathered A itself did it once per block of columns, which on the CPU's tiled
-// route took 1.7-1.9x the time of the same weights without act order (docs/PERF.md).
+// weights, every route (the dequant route's W then stays in the stored order, written in whole
+// rows rather than scattered, and a padded K slice's columns need A's zeros: Note [Act order
+// across ranks]). Once per call: a kernel that gathered A itself did it once per block of
+// columns, which on the CPU's tiled route took 1.7-1.9x the time of the same weights without act
+// order (docs/PERF.md).
 bool permutes_a(const GemmPlan& plan) {
-  return plan.format == WeightFormat::kInt4 && plan.route != GemmRoute::kDequant &&
-         (plan.flags & kGemmActOrder) != 0;
+  return plan.format == WeightFormat::kInt4 && (plan.flags & kGemmActOrder) != 0;
 }
 
 // Whether the plan's K slices are the ones a kernel takes (tile_math.h, split_k_range): one
@@ -684,8 +690,8 @@ CallRanges check_buffers(std::string_view api, Backend& backend, std::int64_t m,
                          const QuantWeights& w, DevicePtr a, DevicePtr c, DevicePtr bias,
                          bool out_f32) {
   const auto um = static_cast<std::uint64_t>(m), un = static_cast<std::uint64_t>(w.n),
-             uk = static_cast<std::uint64_t>(w.k);
-  return check_call_buffers(api, backend, a, bytes_of(api, "A", um, uk, 2), c,
+             ua = static_cast<std::uint64_t>(a_columns(w));
+  return check_call_buffers(api, backend, a, bytes_of(api, "A", um, ua, 2), c,
                             bytes_of(api, "C", um, un, out_f32 ? 4 : 2), w.codes, w.codes_bytes,
                             w.scales, w.scales_bytes, bias, un * 2);
 }
@@ -709,6 +715,7 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
   params.splits = plan.splits;
   params.k_per_split = plan.k_per_split;
   params.group = w.group;
+  params.a_k = a_columns(w);
   params.workspace = workspace.split_k.address();
 
   std::size_t i = 0;
@@ -741,11 +748,11 @@ void launch_planned(const GemmPlan& plan, StreamHandle stream, DevicePtr a, cons
     // its output is W), then C = A · Wᵀ + bias by the backend's dense GEMM.
     GemmParams deq = params;
     deq.out = workspace.w_bf16.address();
-    const PlannedLaunch& ld = plan.launches[0];
+    const PlannedLaunch& ld = plan.launches[i];
     backend.launch_typed(ld.kernel, ld.grid, ld.block, ld.smem_bytes, stream,
                          std::array{KernelArg::value(deq)});
     DenseGemmArgs args;
-    args.a = a;
+    args.a = permutes_a(plan) ? workspace.a_perm : a;
     args.b = workspace.w_bf16;
     args.c = c;
     args.bias = bias;
@@ -829,6 +836,12 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
   OpCache& cache = backend.op_cache();
   const ResolvedKernel& gemm = check_route(api, backend, p.route, w, options);
 
+  if (permutes_a(p)) {
+    p.launches.push_back(flat_launch(api, backend,
+                                     cache.kernel(backend, kModule, kInt4PermuteEntry),
+                                     int4_permute::unit_count(m, w.k)));
+    p.workspace.a_perm = bytes_of(api, "the permuted A", um, uk, 2);
+  }
   if (p.route == GemmRoute::kDequant) {
     // One dequant_bf16 thread per unit of 32 weights; the dense GEMM planned (and memoized) by the
     // backend for this shape. Workspace: W in BF16, and whatever the GEMM library asks for.
@@ -843,12 +856,6 @@ GemmPlan plan_checked(std::string_view api, Backend& backend, std::int64_t m, co
     return finish_plan(api, backend, p);
   }
 
-  if (permutes_a(p)) {
-    p.launches.push_back(flat_launch(api, backend,
-                                     cache.kernel(backend, kModule, kInt4PermuteEntry),
-                                     int4_permute::unit_count(m, w.k)));
-    p.workspace.a_perm = bytes_of(api, "the permuted A", um, uk, 2);
-  }
   if (p.route == GemmRoute::kE4m3) {
     p.launches.push_back(
         flat_launch(api, backend, cache.kernel(backend, kModule, "bf16_to_fp8"), m * w.k));

@@ -52,6 +52,7 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
     d.fp16_scales = w.fp16_scales;
     d.zero_points = !w.zeros.empty();
     d.act_order = !w.k_perm.empty();
+    if (d.act_order) d.a_k = a_columns(w);
     d.scales_bytes = int4_layout::side_of(w.n, w.k, w.group, d.zero_points, d.act_order).bytes;
   }
   return d;

@@ -4,6 +4,7 @@
 // and its teardown must leave 0 bytes on every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -338,6 +339,88 @@ TEST_F(RanksTest, RowParallelIsOneRanksResultWithinTheBound) {
         const float single = num::bf16_to_f32(want[i * n + j]);
         ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
         // Each side: FP32 sums of K (+ ranks, + bias, + tensor scale) terms, then one rounding.
+        const double roundings = 2.0 * static_cast<double>(k) + size() + 4;
+        worst = std::max(worst, toolkit::row_parallel_ratio(tp, single, magnitude, roundings));
+        ASSERT_LE(toolkit::row_parallel_exact_ratio(tp, exact, magnitude, roundings), 1.0)
+            << "M=" << m << " N=" << n << " K=" << k << " element " << i * n + j;
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "M=" << m << " N=" << n << " K=" << k << " (" << to_string(p.route)
+                          << " route)";
+  }
+}
+
+// Row-parallel INT4 under act order (Note [Act order across ranks]): each rank holds W's columns
+// of its slice of A, in its stored order with each group's run padded to 32-K blocks, and gets
+// A's slice as every other format's rank does. The ranks' result, every rank's the same bits,
+// against the single-rank GEMM and the float64 product as above, S taken as INT4's
+// (toolkit/gemm_tolerance.h, "INT4": Σ|a|·(|code − 8| + |8 − zero|)·s), K and the group order
+// drawn from the shared seed.
+TEST_F(RanksTest, RowParallelActOrderedInt4IsOneRanksResultWithinTheBound) {
+  const std::uint64_t seed = shared_seed();
+  constexpr std::int64_t kGroup = 128;
+  const std::int64_t n = 8 * static_cast<std::int64_t>(1 + seed % 8);
+  const std::int64_t k = size() * 2 * kGroup * static_cast<std::int64_t>(1 + (seed >> 8) % 3);
+  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < k; ++i)
+    g_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i / kGroup);
+  std::mt19937_64 order(seed ^ 0x1234);
+  std::shuffle(g_idx.begin(), g_idx.end(), order);
+  const HostQuantWeights full = with_act_order(
+      quantize_int4(values(seed, 310, static_cast<std::size_t>(n * k)), n, k, kGroup, true, true),
+      g_idx);
+  const TensorSlice cols = shard_slice(1, k, kGroup, rank(), size());
+  const HostQuantWeights mine = slice_columns(full, cols.begin, cols.end);
+  ASSERT_EQ(a_columns(mine), cols.end - cols.begin);
+  const ops::QuantWeights& w_full =
+      scope_.add(ops::make_weights_resource(backend(), full, "full W")).weights();
+  const ops::QuantWeights& w_mine =
+      scope_.add(ops::make_weights_resource(backend(), mine, "shard of W")).weights();
+  // W in float64 and each weight's share of S, (|q − 8| + |8 − zero|)·s, read from the stored
+  // columns once (the element accessors check the weights on every call).
+  std::vector<double> w_exact(static_cast<std::size_t>(n * k)), w_magnitude(w_exact.size());
+  full.exact_rows(0, n, w_exact);
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t stored = 0; stored < k; ++stored) {
+      const auto g = static_cast<std::size_t>(j * (k / kGroup) + stored / kGroup);
+      const std::uint8_t byte = full.codes[static_cast<std::size_t>(j * (k / 2) + stored / 2)];
+      const int q = (stored & 1) ? byte >> 4 : byte & 0xF, zero = full.zeros[g];
+      const double sc = num::f16_to_f32(
+          static_cast<std::uint16_t>(full.scales[2 * g] | (full.scales[2 * g + 1] << 8)));
+      const std::int32_t kk = full.k_perm[static_cast<std::size_t>(stored)];
+      w_magnitude[static_cast<std::size_t>(j * k + kk)] =
+          (std::abs(q - 8) + std::abs(8 - zero)) * sc;
+    }
+  }
+  const StreamHandle s = backend().default_stream();
+  for (const std::int64_t m : {1, 5, 24}) {
+    const std::vector<std::uint16_t> a =
+        bf16_values(seed, 410 + static_cast<int>(m), static_cast<std::size_t>(m * k));
+    const DevicePtr a_dev = upload(a), a_mine_dev = upload(columns_of(a, m, k, cols));
+    const std::vector<std::uint16_t> poison(static_cast<std::size_t>(m * n), 0x7FC1);
+    const DevicePtr c = upload(poison), c_again = upload(poison), c_one = upload(poison);
+    ops::GemmOptions o;
+    o.out_f32 = true;
+    const ops::GemmPlan p = ops::plan(backend(), m, w_mine, o);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c);
+    ops::row_parallel_gemm(comm(), p, s, a_mine_dev, w_mine, c_again);
+    const ops::GemmPlan one = ops::plan(backend(), m, w_full);
+    ops::run(one, s, a_dev, w_full, c_one, ops::scratch_workspace(one, s));
+    const auto got = agreed_output(c, c_again, poison.size(), m);
+    const auto want = download<std::uint16_t>(c_one, poison.size());
+    double worst = 0;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double exact = 0, magnitude = 0;
+        for (std::int64_t kk = 0; kk < k; ++kk) {
+          const auto at = static_cast<std::size_t>(j * k + kk);
+          const double x = num::bf16_to_f32(a[static_cast<std::size_t>(i * k + kk)]);
+          exact += x * w_exact[at];
+          magnitude += std::fabs(x) * w_magnitude[at];
+        }
+        const float tp = num::bf16_to_f32(got[static_cast<std::size_t>(i * n + j)]);
+        const float single = num::bf16_to_f32(want[static_cast<std::size_t>(i * n + j)]);
+        ASSERT_FALSE(std::isnan(tp)) << "M=" << m << " element " << i * n + j << " unwritten";
         const double roundings = 2.0 * static_cast<double>(k) + size() + 4;
         worst = std::max(worst, toolkit::row_parallel_ratio(tp, single, magnitude, roundings));
         ASSERT_LE(toolkit::row_parallel_exact_ratio(tp, exact, magnitude, roundings), 1.0)

@@ -165,9 +165,58 @@ TEST(Int4Weights, SlicesKeepTheirPartOfW) {
   for (std::int64_t i = 0; i < k; ++i)
     g_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((k - 1 - i) / 64);
   act = with_act_order(act, g_idx);
-  EXPECT_THAT(testing::expect_error([&] { (void)slice_columns(act, 0, 64); }).what(),
-              HasSubstr("act-ordered"));
   EXPECT_EQ(slice_rows(act, 1, 2).k_perm, act.k_perm);
+}
+
+// A K slice of act-ordered weights (Note [Act order across ranks]): W's columns [c0, c1) and
+// nothing else, in groups of 32 whose padding columns hold the zero point, A's columns those of
+// the slice; every split of K into 2 and 4 ranks, groups of 32, 64 and 128, with and without
+// zero points, g_idx a fresh random assignment.
+TEST(Int4Weights, ActOrderedKSlicesHoldTheirColumnsInPaddedGroupsOf32) {
+  std::mt19937_64 gen = fresh();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t n = 5, k = 512;
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  for (float& x : w) x = normal(gen);
+  for (const std::int64_t group : {32, 64, 128}) {
+    for (const bool zeros : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "group " << group << (zeros ? ", zero points" : ""));
+      std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+      for (std::int64_t i = 0; i < k; ++i)
+        g_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i / group);
+      std::shuffle(g_idx.begin(), g_idx.end(), gen);
+      const HostQuantWeights act =
+          with_act_order(quantize_int4(w, n, k, group, zeros, true), g_idx);
+      for (const std::int64_t ranks : {2, 4}) {
+        for (std::int64_t r = 0; r < ranks; ++r) {
+          const std::int64_t c0 = r * k / ranks, c1 = (r + 1) * k / ranks;
+          const HostQuantWeights s = slice_columns(act, c0, c1);
+          ASSERT_EQ(a_columns(s), c1 - c0);
+          EXPECT_EQ(s.group, 32);
+          EXPECT_EQ(s.k % 32, 0);
+          EXPECT_GE(s.k, c1 - c0);
+          EXPECT_EQ(s.zeros.empty(), !zeros);
+          for (std::int64_t row = 0; row < n; ++row) {
+            for (std::int64_t c = c0; c < c1; ++c)
+              ASSERT_EQ(s.exact_weight(row, c - c0), act.exact_weight(row, c)) << row << ", " << c;
+          }
+          // The padding: -1 in k_perm, and weights of exactly 0 there.
+          std::vector<double> stored(static_cast<std::size_t>(s.k));
+          std::int64_t padding = 0;
+          for (std::int64_t j = 0; j < s.k; ++j) {
+            if (s.k_perm[static_cast<std::size_t>(j)] != -1) continue;
+            ++padding;
+            const int zero = zeros ? s.zeros[static_cast<std::size_t>(j / 32)] : 8;
+            const std::uint8_t byte = s.codes[static_cast<std::size_t>(j / 2)];
+            EXPECT_EQ((j & 1) ? byte >> 4 : byte & 0xF, zero) << j;
+          }
+          EXPECT_EQ(padding, s.k - (c1 - c0));
+          EXPECT_THAT(testing::expect_error([&] { (void)slice_columns(s, 0, 32); }).what(),
+                      HasSubstr("a K slice already"));
+        }
+      }
+    }
+  }
 }
 
 TEST(Int4Weights, InconsistentFieldsAreRefusedByName) {
@@ -188,6 +237,17 @@ TEST(Int4Weights, InconsistentFieldsAreRefusedByName) {
   w = good;
   w.k_perm.assign(128, 0);
   EXPECT_THAT(refusal(w), HasSubstr("k_perm[1] = 0 is repeated"));
+  // -1 marks padding; the other entries must then be a permutation of [0, their count).
+  std::iota(w.k_perm.begin(), w.k_perm.end(), 0);
+  w.k_perm[5] = -1;
+  EXPECT_THAT(refusal(w), HasSubstr("k_perm[127] = 127 is outside A's columns"));
+  w.k_perm[127] = 5;
+  EXPECT_EQ(a_columns(w), 127);
+  EXPECT_EQ(dequantize(w).size(), 4u * 127u);
+  w.k_perm[7] = -2;
+  EXPECT_THAT(refusal(w), HasSubstr("k_perm[7] = -2 is outside A's columns"));
+  w.k_perm.assign(128, -1);
+  EXPECT_THAT(refusal(w), HasSubstr("no column of W"));
   w = good;
   w.scales.pop_back();
   EXPECT_THAT(refusal(w), HasSubstr("need 256 code bytes and 32 scale bytes"));

@@ -136,7 +136,8 @@ TEST(Int4DecodeLayout, PackedWeightsReadBackAsTheSource) {
       std::memcpy(&v, p.side.data() + sz.perm + 4 * j, 4);
       ASSERT_EQ(v, w.k_perm[static_cast<std::size_t>(j)]);
     }
-    // The dequant route's units: each weight once, bf16((q - z) x s), at its column of K.
+    // The dequant route's units: each weight once, bf16((q - z) x s), at its stored column (the
+    // act-order flag changes nothing: the GEMM gathers A into that order).
     std::vector<std::uint16_t> out(static_cast<std::size_t>(c.n * c.k), 0x7FC1);
     GemmParams g;
     g.codes = reinterpret_cast<std::uintptr_t>(p.codes.data());
@@ -148,11 +149,9 @@ TEST(Int4DecodeLayout, PackedWeightsReadBackAsTheSource) {
     g.flags = kGemmInt4 | kGemmDecodePacked | (c.fp16 ? kGemmFp16Scales : 0u) |
               (c.act_order ? kGemmActOrder : 0u);
     for (std::int64_t u = 0; u < dequant_int4::unit_count(c.n, c.k); ++u) dequant_int4::unit(g, u);
-    const std::vector<std::int64_t> where = int4::stored_columns(w);
     for (std::int64_t r = 0; r < c.n; ++r) {
       for (std::int64_t col = 0; col < c.k; ++col) {
-        const auto want =
-            num::f32_to_bf16(static_cast<float>(int4::stored_weight(w, r, where[col])));
+        const auto want = num::f32_to_bf16(static_cast<float>(int4::stored_weight(w, r, col)));
         ASSERT_EQ(out[static_cast<std::size_t>(r * c.k + col)], want) << r << ", " << col;
       }
     }

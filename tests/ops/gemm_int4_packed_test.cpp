@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/expect_error.h"
@@ -124,6 +125,36 @@ TEST_P(GemmInt4Packed, ActOrderPlansTheGatherOfA) {
   const Error f = expect_error(
       [&] { ops::run(short_ws, stream(), a, w, out, ops::scratch_workspace(p, stream())); });
   EXPECT_NE(std::string(f.what()).find("does not fit itself"), std::string::npos) << f.what();
+}
+
+// A rank's K slice of act-ordered weights (slice_columns: each group's run padded to blocks of 32,
+// A's columns the slice's own; Note [Act order across ranks]) on the decode route and the dequant
+// route, both gathering A with zeros for the padding, against the slice's float64 reference.
+TEST_P(GemmInt4Packed, ActOrderedKSlicesOnBothRoutes) {
+  for (const std::int64_t group : {64, 128}) {
+    Int4Case c;
+    c.n = 72;
+    c.k = 1024;
+    c.group = group;
+    c.zero_points = group == 128;
+    c.act_order = true;
+    const HostQuantWeights whole = random_int4(gen(), c);
+    for (const auto& [k0, k1] : {std::pair<std::int64_t, std::int64_t>{0, 512}, {768, 1024}}) {
+      const HostQuantWeights mine = slice_columns(whole, k0, k1);
+      ASSERT_GT(mine.k, k1 - k0) << "a random group order leaves runs off the 32-K blocks";
+      Int4Case s = c;
+      s.k = mine.k;
+      s.group = mine.group;
+      for (const GemmRoute route : {GemmRoute::kDecode, GemmRoute::kDequant}) {
+        if (route == GemmRoute::kDequant && !has_dense()) continue;
+        s.route = route;
+        s.m = route == GemmRoute::kDecode ? 3 : 24;
+        s.bias = route == GemmRoute::kDequant;
+        EXPECT_EQ(run_weights(mine, s, ops::UploadLayout::kDecode), route);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
 }
 
 // Routes that read other layouts are refused by name for weights in the int4 decode layout.

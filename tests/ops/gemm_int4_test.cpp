@@ -151,16 +151,24 @@ TEST_P(GemmInt4, CancellingZeroPointsStayWithinTheInt4Bound) {
 
 // Tensor-parallel shards (ops/parallel_linear.h) of INT4 weights in one process: column shards
 // (slice_rows) give C's columns, row shards (slice_columns, at the group's edges; any even split
-// with one scale per row) give FP32 partials whose sum is C, each held to the float64 reference
-// of the whole layer.
+// with one scale per row; act-ordered weights padded per group: Note [Act order across ranks])
+// give FP32 partials whose sum is C, each held to the float64 reference of the whole layer. Act
+// order at M = 5 and 40: the decode route and the routes past it (dequant where the backend has a
+// dense GEMM).
 TEST_P(GemmInt4, ShardsAlongNAndKComposeTheWholeLayer) {
-  for (const std::int64_t group : {std::int64_t{64}, std::int64_t{0}}) {
+  struct Shape {
+    std::int64_t group, m;
+    bool act_order;
+  };
+  for (const Shape shape :
+       {Shape{64, 5, false}, Shape{0, 5, false}, Shape{128, 5, true}, Shape{64, 40, true}}) {
     Int4Case c;
-    c.m = 5;
+    c.m = shape.m;
     c.n = 96;
     c.k = 512;
-    c.group = group == 0 ? c.k : group;
+    c.group = shape.group == 0 ? c.k : shape.group;
     c.zero_points = true;
+    c.act_order = shape.act_order;
     SCOPED_TRACE(c.str());
     const HostQuantWeights host = random_int4(gen(), c);
     const std::vector<std::uint16_t> a =
@@ -184,7 +192,10 @@ TEST_P(GemmInt4, ShardsAlongNAndKComposeTheWholeLayer) {
     std::vector<float> sum(static_cast<std::size_t>(c.m * c.n), 0.0f);
     for (int r = 0; r < kRanks; ++r) {
       const std::int64_t k0 = r * c.k / kRanks, k1 = (r + 1) * c.k / kRanks;
-      const ops::QuantWeights w = upload_weights(slice_columns(host, k0, k1));
+      const HostQuantWeights mine = slice_columns(host, k0, k1);
+      EXPECT_EQ(a_columns(mine), k1 - k0);
+      EXPECT_EQ(mine.k > k1 - k0, c.act_order) << "act order pads each group's run";
+      const ops::QuantWeights w = upload_weights(mine);
       std::vector<std::uint16_t> a_local(static_cast<std::size_t>(c.m * (k1 - k0)));
       for (std::int64_t i = 0; i < c.m; ++i) {
         std::copy_n(a.begin() + i * c.k + k0, k1 - k0, a_local.begin() + i * (k1 - k0));

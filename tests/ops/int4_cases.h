@@ -66,11 +66,16 @@ class Int4GemmTest : public GemmBackendTest {
  protected:
   // Runs c and checks it; returns the route the op took.
   ops::GemmRoute run_case(const Int4Case& c, ops::UploadLayout layout) {
+    return run_weights(random_int4(gen(), c), c, layout);
+  }
+
+  // The same for given weights (c's M, bias, route and output; A has a_columns(host) columns).
+  ops::GemmRoute run_weights(const HostQuantWeights& host, const Int4Case& c,
+                             ops::UploadLayout layout) {
     SCOPED_TRACE(c.str());
-    const HostQuantWeights host = random_int4(gen(), c);
     const ops::QuantWeights w = upload_weights(host, layout);
     const std::vector<std::uint16_t> a =
-        random_activations(gen(), static_cast<std::size_t>(c.m * c.k));
+        random_activations(gen(), static_cast<std::size_t>(c.m * a_columns(host)));
     const std::vector<std::uint16_t> bias =
         c.bias ? random_bias(gen(), c.n) : std::vector<std::uint16_t>{};
     const auto mn = static_cast<std::size_t>(c.m * c.n);

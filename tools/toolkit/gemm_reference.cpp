@@ -24,11 +24,12 @@ void magnitude_rows(const HostQuantWeights& w, std::int64_t row0, std::int64_t r
     return;
   }
   const std::vector<std::int64_t> stored = int4::stored_columns(w);
+  const std::int64_t cols = a_columns(w);
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < w.k; ++c) {
+    for (std::int64_t c = 0; c < cols; ++c) {
       const std::int64_t j = stored[static_cast<std::size_t>(c)];
       const int zero = int4::stored_zero(w, row0 + r, j);
-      out[static_cast<std::size_t>(r * w.k + c)] =
+      out[static_cast<std::size_t>(r * cols + c)] =
           (std::abs(int4::stored_code(w, row0 + r, j) - 8) + std::abs(8 - zero)) *
           std::fabs(static_cast<double>(int4::stored_scale(w, row0 + r, j)));
     }
@@ -44,7 +45,8 @@ double activation(std::uint16_t a, AMode mode) {
 
 Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const HostQuantWeights& w,
                     std::span<const std::uint16_t> bias, AMode mode) {
-  const std::int64_t n = w.n, k = w.k;
+  // k: A's columns (a padded act-order K slice stores more: metrale/quant.h, k_perm).
+  const std::int64_t n = w.n, k = a_columns(w);
   // The weights and activations as doubles once: weight() decodes a scale per call.
   std::vector<double> wd(static_cast<std::size_t>(n * k)), md(wd.size());
   w.exact_rows(0, n, wd);
@@ -58,7 +60,7 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
   ref.mode = mode;
   ref.m = m;
   ref.n = n;
-  ref.k = k;
+  ref.k = w.k;  // the terms the kernels sum, a padded slice's zeros included
   ref.value.resize(static_cast<std::size_t>(m * n));
   ref.abs_sum.resize(ref.value.size());
   ref.cast_gap.assign(ref.value.size(), 0.0);
@@ -110,10 +112,10 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
 ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
                                    std::int64_t col, AMode mode) {
   ReferenceElement e;
-  std::vector<double> wd(static_cast<std::size_t>(w.k)), md(wd.size());
+  std::vector<double> wd(static_cast<std::size_t>(a_columns(w))), md(wd.size());
   w.exact_rows(col, 1, wd);
   magnitude_rows(w, col, 1, wd, md);
-  for (std::int64_t c = 0; c < w.k; ++c) {
+  for (std::int64_t c = 0; c < a_columns(w); ++c) {
     const double a = activation(a_row[static_cast<std::size_t>(c)], mode);
     e.value += a * wd[static_cast<std::size_t>(c)];
     e.abs_sum += std::fabs(a) * md[static_cast<std::size_t>(c)];

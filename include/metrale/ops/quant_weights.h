@@ -48,7 +48,16 @@ struct QuantWeights {
   // (kernels/int4_layout.h: zero points, the act order's K permutation).
   std::int64_t group = 0;
   bool fp16_scales = false, zero_points = false, act_order = false;
+  // Act order only: A's columns (metrale/quant.h, a_columns), fewer than K for a padded K slice;
+  // 0 also means K. Read it through a_columns.
+  std::int64_t a_k = 0;
 };
+
+// A's columns for weights w (the K of A [M, K] that a GEMM on them takes): K, or a padded K
+// slice's own under act order (a_k).
+inline std::int64_t a_columns(const QuantWeights& w) noexcept {
+  return w.act_order && w.a_k > 0 ? w.a_k : w.k;
+}
 
 // The device description of host weights: format, layout, shape, tensor scale and buffer sizes,
 // with no buffers yet.
