@@ -246,7 +246,12 @@ void bind_host_weights(nb::module_& m) {
             return std::string(w.layout == WeightLayout::kRowMajor ? "row_major" : "transposed");
           })
       .def_ro("n", &HostQuantWeights::n, "Output features (rows of W).")
-      .def_ro("k", &HostQuantWeights::k, "Input features (columns of W).")
+      .def_ro("k", &HostQuantWeights::k,
+              "Stored columns of W: the input features, but for a padded act-order K slice, "
+              "whose input features are a_columns.")
+      .def_prop_ro(
+          "a_columns", [](const HostQuantWeights& w) { return a_columns(w); },
+          "Input features (columns of A and of dequantize()'s W).")
       .def_ro("tensor_scale", &HostQuantWeights::tensor_scale)
       .def_prop_ro(
           "codes", [](const HostQuantWeights& w) { return bytes_view(w, w.codes, w.k / 2); },

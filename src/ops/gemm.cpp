@@ -579,7 +579,7 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
   const bool e4m3 = plan.route == GemmRoute::kE4m3;
   const bool dequant = plan.route == GemmRoute::kDequant;
   // The dequant route: its dequant_bf16 launch, then the dense GEMM, which never splits K. Act-
-  // ordered INT4 weights in the decode layout: permute_a_int4 before the decode kernel.
+  // ordered INT4 weights: permute_a_int4 first, on every route.
   const bool permute = permutes_a(plan);
   const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u) + (permute ? 1u : 0u);
   const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(plan.n),

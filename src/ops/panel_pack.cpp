@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/quant_int4.h"
+#include "kernels/int4_layout.h"
 #include "kernels/panel_layout.h"
 #include "metrale/error.h"
 #include "metrale/ops/quant_weights.h"
@@ -113,6 +114,37 @@ std::vector<std::uint8_t> pack_int4_codes_for_panels(const HostQuantWeights& w) 
     }
   });
   return codes;
+}
+
+std::vector<std::uint8_t> pack_int4_side(const HostQuantWeights& w, bool panel_order) {
+  int4::check_weights("pack_int4_side", w);
+  const auto side = int4_layout::side_of(w.n, w.k, w.group, !w.zeros.empty(), !w.k_perm.empty());
+  std::vector<std::uint8_t> out(side.bytes, 0);
+  if (panel_order) {
+    const std::int64_t groups = w.k / w.group;
+    for (std::int64_t row = 0; row < w.n; ++row) {
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const auto from = static_cast<std::size_t>(row * groups + g);
+        const auto to = static_cast<std::size_t>(int4_layout::panel_entry(w.n, groups, row, g));
+        out[side.scales + 2 * to] = w.scales[2 * from];
+        out[side.scales + 2 * to + 1] = w.scales[2 * from + 1];
+        if (!w.zeros.empty()) out[side.zeros + to] = w.zeros[from];
+      }
+    }
+  } else {
+    std::copy(w.scales.begin(), w.scales.end(),
+              out.begin() + static_cast<std::ptrdiff_t>(side.scales));
+    std::copy(w.zeros.begin(), w.zeros.end(),
+              out.begin() + static_cast<std::ptrdiff_t>(side.zeros));
+  }
+  for (std::size_t j = 0; j < w.k_perm.size(); ++j) {
+    const auto v = static_cast<std::uint32_t>(w.k_perm[j]);
+    for (int b = 0; b < 4; ++b) {
+      out[side.perm + 4 * j + static_cast<std::size_t>(b)] =
+          static_cast<std::uint8_t>(v >> (8 * b));
+    }
+  }
+  return out;
 }
 
 }  // namespace metrale::ops

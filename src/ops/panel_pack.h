@@ -24,9 +24,14 @@ struct PackedPanelWeights {
 // "pack_for_panels") naming the bad value for a bad shape or buffer size.
 PackedPanelWeights pack_for_panels(const HostQuantWeights& w);
 
-// The codes of INT4 weights w in the panel layout (their side buffer is the source layout's,
-// kernels/int4_layout.h). Throws Error(kInvalidArgument) naming the bad value for weights
-// int4::check_weights refuses or a K the layout does not take.
+// The codes of INT4 weights w in the panel layout (their side buffer: pack_int4_side). Throws
+// Error(kInvalidArgument) naming the bad value for weights int4::check_weights refuses or a K the
+// layout does not take.
 std::vector<std::uint8_t> pack_int4_codes_for_panels(const HostQuantWeights& w);
+
+// INT4's side buffer (kernels/int4_layout.h) of w: scales and zero points row-major, or in panel
+// order (int4_layout::panel_entry) for the panel layout, then the K permutation where w has one,
+// zero bytes between. Throws Error(kInvalidArgument) for weights int4::check_weights refuses.
+std::vector<std::uint8_t> pack_int4_side(const HostQuantWeights& w, bool panel_order);
 
 }  // namespace metrale::ops

@@ -58,28 +58,7 @@ QuantWeights describe_weights(const HostQuantWeights& w) {
   return d;
 }
 
-namespace {
-
-// INT4's side buffer (kernels/int4_layout.h) from checked host weights: scales, zero points and
-// the K permutation where the weights have them, zero bytes between.
-std::vector<std::uint8_t> int4_side_buffer(const HostQuantWeights& w) {
-  int4::check_weights("WeightsResource", w);
-  const auto side = int4_layout::side_of(w.n, w.k, w.group, !w.zeros.empty(), !w.k_perm.empty());
-  std::vector<std::uint8_t> out(side.bytes, 0);
-  std::copy(w.scales.begin(), w.scales.end(),
-            out.begin() + static_cast<std::ptrdiff_t>(side.scales));
-  std::copy(w.zeros.begin(), w.zeros.end(), out.begin() + static_cast<std::ptrdiff_t>(side.zeros));
-  for (std::size_t j = 0; j < w.k_perm.size(); ++j) {
-    const auto v = static_cast<std::uint32_t>(w.k_perm[j]);
-    for (int b = 0; b < 4; ++b) {
-      out[side.perm + 4 * j + static_cast<std::size_t>(b)] =
-          static_cast<std::uint8_t>(v >> (8 * b));
-    }
-  }
-  return out;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 bool uploads_decode_layout(Backend& backend, UploadLayout upload) {
   return upload_packing(backend, upload) == WeightPacking::kDecode;
@@ -207,7 +186,7 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
   if (int4 && packing == WeightPacking::kDecode) {
     int4_packed = pack_int4_for_decode(host, "WeightsResource");
   } else if (int4) {
-    side = int4_side_buffer(host);
+    side = pack_int4_side(host, packing == WeightPacking::kPanels);
     if (packing == WeightPacking::kPanels) int4_panels = pack_int4_codes_for_panels(host);
   } else if (packing == WeightPacking::kDecode) {
     packed = pack_for_decode(host);

@@ -29,16 +29,6 @@ namespace {
 using testing::address;
 using testing::runnable_levels;
 
-// The side buffer an upload writes (kernels/int4_layout.h): scales, then zero points.
-std::vector<std::uint8_t> side_buffer(const HostQuantWeights& w) {
-  const auto side = int4_layout::side_of(w.n, w.k, w.group, !w.zeros.empty(), false);
-  std::vector<std::uint8_t> out(side.bytes, 0);
-  std::copy(w.scales.begin(), w.scales.end(),
-            out.begin() + static_cast<std::ptrdiff_t>(side.scales));
-  std::copy(w.zeros.begin(), w.zeros.end(), out.begin() + static_cast<std::ptrdiff_t>(side.zeros));
-  return out;
-}
-
 TEST(Int4PanelKernels, BothEntriesAtEveryLevelMatchTheFloat64Reference) {
   constexpr std::size_t kTail = 24;  // BF16 elements after C that must stay poisoned
   const std::uint64_t seed = testing::gemm::fresh_seed();
@@ -59,7 +49,7 @@ TEST(Int4PanelKernels, BothEntriesAtEveryLevelMatchTheFloat64Reference) {
       c.fp16 = zp;
       const HostQuantWeights w = testing::gemm::random_int4(gen, c);
       const std::vector<std::uint8_t> codes = ops::pack_int4_codes_for_panels(w);
-      const std::vector<std::uint8_t> side = side_buffer(w);
+      const std::vector<std::uint8_t> side = ops::pack_int4_side(w, true);
       for (const Isa isa : runnable_levels()) {
         for (const bool tiled : {false, true}) {
           for (const std::int64_t m : {1, 5, 16, 100}) {

@@ -112,10 +112,11 @@ Reference reference(std::span<const std::uint16_t> a, std::int64_t m, const Host
 ReferenceElement reference_element(std::span<const std::uint16_t> a_row, const HostQuantWeights& w,
                                    std::int64_t col, AMode mode) {
   ReferenceElement e;
-  std::vector<double> wd(static_cast<std::size_t>(a_columns(w))), md(wd.size());
+  const std::int64_t cols = a_columns(w);  // counts k_perm: once, not per column
+  std::vector<double> wd(static_cast<std::size_t>(cols)), md(wd.size());
   w.exact_rows(col, 1, wd);
   magnitude_rows(w, col, 1, wd, md);
-  for (std::int64_t c = 0; c < a_columns(w); ++c) {
+  for (std::int64_t c = 0; c < cols; ++c) {
     const double a = activation(a_row[static_cast<std::size_t>(c)], mode);
     e.value += a * wd[static_cast<std::size_t>(c)];
     e.abs_sum += std::fabs(a) * md[static_cast<std::size_t>(c)];

@@ -24,11 +24,13 @@ double bound_ratio(double d, double bound) noexcept {
 SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std::uint16_t> c,
                            const HostQuantWeights& w, std::int64_t m, ops::GemmRoute route,
                            std::mt19937_64& rng, int samples) {
-  if (m < 1 || samples < 1 || a.size() < static_cast<std::size_t>(m * w.k) ||
+  // A's columns (a padded act-order K slice stores more; w.k counts the terms summed).
+  const std::int64_t cols = a_columns(w);
+  if (m < 1 || samples < 1 || a.size() < static_cast<std::size_t>(m * cols) ||
       c.size() < static_cast<std::size_t>(m * w.n)) {
     throw Error(ErrorCode::kInvalidArgument, "sampled_check",
                 fmt::format("M = {}, {} samples, {} activations and {} outputs for N = {}, K = {}",
-                            m, samples, a.size(), c.size(), w.n, w.k));
+                            m, samples, a.size(), c.size(), w.n, cols));
   }
   const GemmTolerance tol = gemm_tolerance(route, w.format);
   std::uniform_int_distribution<std::int64_t> pick_m(0, m - 1), pick_n(0, w.n - 1);
@@ -39,7 +41,7 @@ SampledCheck sampled_check(std::span<const std::uint16_t> a, std::span<const std
   for (int s = 0; s < samples; ++s) {
     const std::int64_t i = pick_m(rng), j = pick_n(rng);
     const ReferenceElement ref = reference_element(
-        a.subspan(static_cast<std::size_t>(i * w.k), static_cast<std::size_t>(w.k)), w, j,
+        a.subspan(static_cast<std::size_t>(i * cols), static_cast<std::size_t>(cols)), w, j,
         tol.reference);
     const double got = num::bf16_to_f32(c[static_cast<std::size_t>(i * w.n + j)]);
     const double d = got - ref.value;

@@ -73,7 +73,7 @@ struct GemmWorkspaceBytes {
   std::uint64_t w_e4m3 = 0;   // the e4m3 route's E4M3 weights [N, K]
   std::uint64_t w_bf16 = 0;   // the dequant route's BF16 weights [N, K]
   std::uint64_t dense = 0;    // the dequant route's dense GEMM workspace (its plan's)
-  std::uint64_t a_perm = 0;   // act-ordered INT4 decode: A [M, K] BF16 in the stored K order
+  std::uint64_t a_perm = 0;   // act-ordered INT4, every route: A [M, K] BF16 in the stored order
   // All parts laid end to end in one buffer, each on a 256-byte boundary (GemmWorkspace::carve).
   std::uint64_t total() const noexcept;
 };
@@ -116,7 +116,8 @@ struct GemmPlan {
   std::string describe() const;
 };
 
-// Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend: checks M and the weights' shape and
+// Plans C[M, N] = A[M, K] · dequant(W)ᵀ (+ bias) on backend (K: a_columns(w), fewer than w.k for a
+// padded act-order K slice): checks M and the weights' shape and
 // sizes, chooses the route, resolves the kernels and sizes every launch from their published
 // metadata. kAuto on weights in the decode layout: decode up to the M gemm_decode publishes as
 // its largest, fused above it where the module has gemm_fused. kAuto takes gemm_fused, gemm_e4m3
@@ -158,8 +159,8 @@ GemmRoute choose_route(Backend& backend, std::int64_t m, const QuantWeights& w,
 // publishes (<fn>_max_m).
 std::int64_t decode_max_m(Backend& backend);
 
-// C[M, N] (BF16, row-major) = A[M, K] (BF16, row-major) · dequant(W)ᵀ (+ bias), queued on
-// stream: run(plan(...)) with the workspace from the OpCache under gemm_scratch_tag. A, C and
+// C[M, N] (BF16, row-major) = A[M, a_columns(w)] (BF16, row-major) · dequant(W)ᵀ (+ bias), queued
+// on stream: run(plan(...)) with the workspace from the OpCache under gemm_scratch_tag. A, C and
 // the weight buffers 16-byte aligned; C overlaps no input.
 void w4a16_gemm(Backend& backend, StreamHandle stream, DevicePtr a, std::int64_t m,
                 const QuantWeights& w, DevicePtr c, const GemmOptions& options = {});

@@ -20,13 +20,54 @@
 
 namespace metrale::cpu::w4a16::detail {
 
+// block_scales for weights in the panel layout, whose entries are in panel order
+// (int4_layout::panel_entry), n0 a multiple of 16: one group's 16 columns are one load.
+[[METRALE_TARGET_AVX512BF16]] inline void panel_block_scales(const Int4Weights& w, std::int64_t n0,
+                                                             std::int64_t nc, std::int64_t ld,
+                                                             float* scales, float* offsets) {
+  for (std::int64_t c0 = 0; c0 < ld; c0 += 16) {
+    const std::int64_t live = std::clamp<std::int64_t>(nc - c0, 0, 16);
+    const auto lanes = static_cast<__mmask16>(live >= 16 ? 0xFFFF : (1u << live) - 1);
+    for (std::int64_t g = 0; g < w.groups; ++g) {
+      // Lanes past nc load 0: a scale of 0 and an offset of 0.
+      const auto at = static_cast<std::int64_t>(
+          live == 0 ? 0 : int4_layout::panel_entry(w.n, w.groups, n0 + c0, g));
+      const __m256i raw = _mm256_maskz_loadu_epi16(lanes, w.scales + 2 * at);
+      const __m512 v = w.fp16
+                           ? _mm512_cvtph_ps(raw)
+                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      _mm512_storeu_ps(scales + g * ld + c0, v);
+      if (w.zeros == nullptr) continue;
+      const __m512i z = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, w.zeros + at));
+      _mm512_storeu_ps(
+          offsets + g * ld + c0,
+          _mm512_mul_ps(_mm512_sub_ps(_mm512_set1_ps(8.0f), _mm512_cvtepi32_ps(z)), v));
+    }
+  }
+}
+
 // Every group's scale and zero-point offset (8 − zero)·s of columns [n0, n0 + nc), decoded once per
-// block: scales[g * ld + c] and offsets alike, 16 columns' 16 groups at a time transposed so that a
-// vector holds one group of 16 columns (decoding 32 columns one by one per panel cost as much as
-// the tiles' products at M = 16). Columns past nc are 0. Symmetric weights write no offsets.
+// block: scales[g * ld + c] and offsets alike. Row-major entries: 16 columns' 16 groups at a time
+// transposed so that a vector holds one group of 16 columns (decoding 32 columns one by one per
+// panel cost as much as the tiles' products at M = 16); in panel order (the panel layout, n0 a
+// multiple of 16), panel_block_scales. Columns past nc are 0. Symmetric weights write no offsets.
 [[METRALE_TARGET_AVX512BF16]] inline void block_scales(const Int4Weights& w, std::int64_t n0,
                                                        std::int64_t nc, std::int64_t ld,
                                                        float* scales, float* offsets) {
+  if (w.panels && n0 % 16 == 0) return panel_block_scales(w, n0, nc, ld, scales, offsets);
+  if (w.panels) {
+    for (std::int64_t c = 0; c < ld; ++c) {
+      for (std::int64_t g = 0; g < w.groups; ++g) {
+        const bool live = c < nc;
+        const float s = live ? w.scale(n0 + c, g) : 0.0f;
+        scales[g * ld + c] = s;
+        if (w.zeros != nullptr) {
+          offsets[g * ld + c] = live ? static_cast<float>(8 - w.zero(n0 + c, g)) * s : 0.0f;
+        }
+      }
+    }
+    return;
+  }
   for (std::int64_t c0 = 0; c0 < ld; c0 += 16) {
     const std::int64_t live = std::clamp<std::int64_t>(nc - c0, 0, 16);
     for (std::int64_t g0 = 0; g0 < w.groups; g0 += 16) {
@@ -39,12 +80,6 @@ namespace metrale::cpu::w4a16::detail {
           continue;
         }
         const std::int64_t row = (n0 + c0 + j) * w.groups + g0;
-        // The next panel's rows (32 columns on), the same groups: 32 rows of scales read a few
-        // bytes at a time are 32 streams, more than the hardware prefetcher follows.
-        const std::int64_t ahead = row + 2 * 16 * w.groups;
-        _mm_prefetch(reinterpret_cast<const char*>(w.scales + 2 * ahead), _MM_HINT_T0);
-        if (w.zeros != nullptr)
-          _mm_prefetch(reinterpret_cast<const char*>(w.zeros + ahead), _MM_HINT_T0);
         const __m256i raw = _mm256_maskz_loadu_epi16(groups, w.scales + 2 * row);
         const __m512 v =
             w.fp16 ? _mm512_cvtph_ps(raw)

@@ -15,8 +15,8 @@ namespace metrale::cpu::w4a16::detail {
 
 struct Int4Weights {
   const std::uint8_t* codes;
-  const std::uint8_t* scales;  // [N, groups] x 2 bytes
-  const std::uint8_t* zeros;   // [N, groups], or null: every zero point is 8
+  const std::uint8_t* scales;  // [N, groups] x 2 bytes (in panel order with `panels`)
+  const std::uint8_t* zeros;   // [N, groups] alike, or null: every zero point is 8
   std::int64_t n, k, group, groups;
   bool fp16;
   bool panels;  // codes in the panel layout (kernels/panel_layout.h), else row-major
@@ -42,14 +42,20 @@ struct Int4Weights {
     const std::uint8_t byte = codes[row * (k / 2) + (j >> 1)];
     return (j & 1) ? static_cast<std::uint8_t>(byte >> 4) : static_cast<std::uint8_t>(byte & 0xF);
   }
+  // Where entry [row, g] of the scales and zero points lies: row-major, or in the panel order
+  // (int4_layout::panel_entry) with the codes in the panel layout.
+  std::int64_t entry(std::int64_t row, std::int64_t g) const {
+    return panels ? static_cast<std::int64_t>(int4_layout::panel_entry(n, groups, row, g))
+                  : row * groups + g;
+  }
   // The scale of group g of row, as float (exact).
   float scale(std::int64_t row, std::int64_t g) const {
-    const std::uint8_t* s = scales + 2 * (row * groups + g);
+    const std::uint8_t* s = scales + 2 * entry(row, g);
     const auto bits = static_cast<std::uint16_t>(s[0] | (s[1] << 8));
     return fp16 ? num::f16_to_f32(bits) : num::bf16_to_f32(bits);
   }
   int zero(std::int64_t row, std::int64_t g) const {
-    return zeros != nullptr ? zeros[row * groups + g] : 8;
+    return zeros != nullptr ? zeros[entry(row, g)] : 8;
   }
 };
 
