@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/log.h"
 #include "core/nvtx.h"
@@ -572,6 +573,36 @@ bool k_slices_fit(const GemmPlan& plan) {
   });
 }
 
+// Whether each planned launch is the kernel its place needs (its count checked apart): the
+// gather first under act order, the E4M3 casts next on the e4m3 route, the split-K reduce last
+// when K is split, and in between a kernel that is none of those. A plan whose launches were
+// reordered would otherwise run a kernel on another's buffers (dequant into the gathered A's
+// workspace, the reduce before the partials). Looked up in the OpCache, where plan() resolved
+// them (hits).
+bool launch_roles_fit(const GemmPlan& plan, bool permute, bool e4m3) {
+  Backend& backend = *plan.backend;
+  OpCache& cache = backend.op_cache();
+  std::vector<KernelHandle> before, others;
+  if (permute) before.push_back(cache.kernel(backend, kModule, kInt4PermuteEntry).handle);
+  if (e4m3) {
+    before.push_back(cache.kernel(backend, kModule, "bf16_to_fp8").handle);
+    before.push_back(cache.kernel(backend, kModule, "dequant_e4m3").handle);
+  }
+  const bool reduce = plan.splits > 1;
+  const KernelHandle reducer =
+      reduce ? cache.kernel(backend, kModule, "gemm_split_reduce").handle : KernelHandle{};
+  if (plan.launches.size() != before.size() + 1 + (reduce ? 1u : 0u)) return false;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (plan.launches[i].kernel.handle != before[i]) return false;
+  }
+  const KernelHandle main = plan.launches[before.size()].kernel.handle;
+  if (std::find(before.begin(), before.end(), main) != before.end() ||
+      (reduce && main == reducer)) {
+    return false;
+  }
+  return !reduce || plan.launches.back().kernel.handle == reducer;
+}
+
 // A plan is plain data a caller can edit: run() refuses one whose launches or workspace do not
 // fit its own route, M, N, K and split, or whose kernel flags do not say its own weights (so no
 // kernel runs on a grid, buffer or layout meant for another).
@@ -606,7 +637,8 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
                     plan.flags, to_string(plan.format), layout_name(plan.layout),
                     packing_name(plan.packing), plan.bias ? ", bias" : "", flags));
   }
-  if (plan.launches.size() != launches || !sizes || !k_slices_fit(plan)) {
+  if (plan.launches.size() != launches || !sizes || !k_slices_fit(plan) ||
+      !launch_roles_fit(plan, permute, e4m3)) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("the plan does not fit itself ({} launch(es) for route {} with {} "
                             "split(s) of {} K; M={} N={} K={}): make it with plan()",

@@ -125,6 +125,21 @@ TEST_P(GemmInt4Packed, ActOrderPlansTheGatherOfA) {
   const Error f = expect_error(
       [&] { ops::run(short_ws, stream(), a, w, out, ops::scratch_workspace(p, stream())); });
   EXPECT_NE(std::string(f.what()).find("does not fit itself"), std::string::npos) << f.what();
+  // Launches in another order (the GEMM before the gather; on the dequant route the dequantization
+  // before it, which would write W into the gathered A's workspace) are refused, nothing run.
+  std::vector<ops::GemmPlan> swapped{p};
+  if (has_dense()) {
+    ops::GemmOptions dequant;
+    dequant.route = GemmRoute::kDequant;
+    swapped.push_back(ops::plan(b(), 3, w, dequant));
+  }
+  for (ops::GemmPlan& s : swapped) {
+    ASSERT_EQ(s.launches.size(), 2u) << s.describe();
+    const ops::GemmWorkspace ws = ops::scratch_workspace(s, stream());
+    std::swap(s.launches[0], s.launches[1]);
+    const Error g = expect_error([&] { ops::run(s, stream(), a, w, out, ws); });
+    EXPECT_NE(std::string(g.what()).find("does not fit itself"), std::string::npos) << g.what();
+  }
 }
 
 // A rank's K slice of act-ordered weights (slice_columns: each group's run padded to blocks of 32,
