@@ -573,29 +573,30 @@ bool k_slices_fit(const GemmPlan& plan) {
   });
 }
 
-// Whether each planned launch is the kernel its place needs (its count checked apart): the
-// gather first under act order, the E4M3 casts next on the e4m3 route, the split-K reduce last
-// when K is split, and in between a kernel that is none of those. A plan whose launches were
-// reordered would otherwise run a kernel on another's buffers (dequant into the gathered A's
-// workspace, the reduce before the partials). Looked up in the OpCache, where plan() resolved
-// them (hits).
+// Whether the planned launches are the kernels their places need: the gather first under act
+// order, the E4M3 casts next on the e4m3 route, the split-K reduce last when K is split, and in
+// between one kernel that is none of those. A plan whose launches were reordered would otherwise
+// run a kernel on another's buffers (dequant into the gathered A's workspace, the reduce before
+// the partials). The count is checked first; the kernels are then looked up in the OpCache, where
+// plan() resolved them (hits).
 bool launch_roles_fit(const GemmPlan& plan, bool permute, bool e4m3) {
+  const bool reduce = plan.splits > 1;
+  const std::size_t first = (permute ? 1u : 0u) + (e4m3 ? 2u : 0u);
+  if (plan.launches.size() != first + 1 + (reduce ? 1u : 0u)) return false;
   Backend& backend = *plan.backend;
   OpCache& cache = backend.op_cache();
-  std::vector<KernelHandle> before, others;
+  std::vector<KernelHandle> before;
   if (permute) before.push_back(cache.kernel(backend, kModule, kInt4PermuteEntry).handle);
   if (e4m3) {
     before.push_back(cache.kernel(backend, kModule, "bf16_to_fp8").handle);
     before.push_back(cache.kernel(backend, kModule, "dequant_e4m3").handle);
   }
-  const bool reduce = plan.splits > 1;
   const KernelHandle reducer =
       reduce ? cache.kernel(backend, kModule, "gemm_split_reduce").handle : KernelHandle{};
-  if (plan.launches.size() != before.size() + 1 + (reduce ? 1u : 0u)) return false;
-  for (std::size_t i = 0; i < before.size(); ++i) {
+  for (std::size_t i = 0; i < first; ++i) {
     if (plan.launches[i].kernel.handle != before[i]) return false;
   }
-  const KernelHandle main = plan.launches[before.size()].kernel.handle;
+  const KernelHandle main = plan.launches[first].kernel.handle;
   if (std::find(before.begin(), before.end(), main) != before.end() ||
       (reduce && main == reducer)) {
     return false;
@@ -612,7 +613,6 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
   // The dequant route: its dequant_bf16 launch, then the dense GEMM, which never splits K. Act-
   // ordered INT4 weights: permute_a_int4 first, on every route.
   const bool permute = permutes_a(plan);
-  const std::size_t launches = (e4m3 ? 3u : 1u) + (plan.splits > 1 ? 1u : 0u) + (permute ? 1u : 0u);
   const auto um = static_cast<std::uint64_t>(plan.m), un = static_cast<std::uint64_t>(plan.n),
              uk = static_cast<std::uint64_t>(plan.k);
   const DenseGemmShape dense_shape{DenseKind::kBf16, plan.m, plan.n, plan.k, plan.bias};
@@ -637,8 +637,7 @@ void check_plan(std::string_view api, const GemmPlan& plan) {
                     plan.flags, to_string(plan.format), layout_name(plan.layout),
                     packing_name(plan.packing), plan.bias ? ", bias" : "", flags));
   }
-  if (plan.launches.size() != launches || !sizes || !k_slices_fit(plan) ||
-      !launch_roles_fit(plan, permute, e4m3)) {
+  if (!sizes || !k_slices_fit(plan) || !launch_roles_fit(plan, permute, e4m3)) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("the plan does not fit itself ({} launch(es) for route {} with {} "
                             "split(s) of {} K; M={} N={} K={}): make it with plan()",

@@ -21,7 +21,8 @@
 namespace metrale::cpu::w4a16::detail {
 
 // block_scales for weights in the panel layout, whose entries are in panel order
-// (int4_layout::panel_entry), n0 a multiple of 16: one group's 16 columns are one load.
+// (int4_layout::panel_entry): one group's 16 columns are one load. n0 is a multiple of 16, as
+// everywhere the panel kernels run (their lines hold 16 columns: panel_layout::line_offset).
 [[METRALE_TARGET_AVX512BF16]] inline void panel_block_scales(const Int4Weights& w, std::int64_t n0,
                                                              std::int64_t nc, std::int64_t ld,
                                                              float* scales, float* offsets) {
@@ -49,25 +50,12 @@ namespace metrale::cpu::w4a16::detail {
 // Every group's scale and zero-point offset (8 − zero)·s of columns [n0, n0 + nc), decoded once per
 // block: scales[g * ld + c] and offsets alike. Row-major entries: 16 columns' 16 groups at a time
 // transposed so that a vector holds one group of 16 columns (decoding 32 columns one by one per
-// panel cost as much as the tiles' products at M = 16); in panel order (the panel layout, n0 a
-// multiple of 16), panel_block_scales. Columns past nc are 0. Symmetric weights write no offsets.
+// panel cost as much as the tiles' products at M = 16); in panel order (the panel layout),
+// panel_block_scales. Columns past nc are 0. Symmetric weights write no offsets.
 [[METRALE_TARGET_AVX512BF16]] inline void block_scales(const Int4Weights& w, std::int64_t n0,
                                                        std::int64_t nc, std::int64_t ld,
                                                        float* scales, float* offsets) {
-  if (w.panels && n0 % 16 == 0) return panel_block_scales(w, n0, nc, ld, scales, offsets);
-  if (w.panels) {
-    for (std::int64_t c = 0; c < ld; ++c) {
-      for (std::int64_t g = 0; g < w.groups; ++g) {
-        const bool live = c < nc;
-        const float s = live ? w.scale(n0 + c, g) : 0.0f;
-        scales[g * ld + c] = s;
-        if (w.zeros != nullptr) {
-          offsets[g * ld + c] = live ? static_cast<float>(8 - w.zero(n0 + c, g)) * s : 0.0f;
-        }
-      }
-    }
-    return;
-  }
+  if (w.panels) return panel_block_scales(w, n0, nc, ld, scales, offsets);
   for (std::int64_t c0 = 0; c0 < ld; c0 += 16) {
     const std::int64_t live = std::clamp<std::int64_t>(nc - c0, 0, 16);
     for (std::int64_t g0 = 0; g0 < w.groups; g0 += 16) {
