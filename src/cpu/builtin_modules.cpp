@@ -11,6 +11,7 @@ std::vector<HostModule> builtin_host_modules() {
   out.push_back(cpu::make_w4a16_module());
   out.push_back(cpu::make_blas_module());
   out.push_back(cpu::make_fp8_module());
+  out.push_back(cpu::make_moe_module());
   return out;
 }
 

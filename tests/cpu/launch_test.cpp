@@ -307,7 +307,8 @@ TEST(CpuLaunch, HandlesNotResolvedByThisBackendAreRejected) {
 
 TEST(CpuLookup, UnknownModulesAndFunctionsListWhatExists) {
   CpuBackend b(options(1, /*with_core=*/true));
-  EXPECT_EQ(b.module_names(), (std::vector<std::string>{"core", "w4a16", "blas", "fp8", "test"}));
+  EXPECT_EQ(b.module_names(),
+            (std::vector<std::string>{"core", "w4a16", "blas", "fp8", "moe", "test"}));
   EXPECT_TRUE(b.has_module("test"));
   EXPECT_FALSE(b.has_module("nope"));
   ASSERT_NE(b.module("test"), nullptr);
@@ -318,7 +319,7 @@ TEST(CpuLookup, UnknownModulesAndFunctionsListWhatExists) {
   EXPECT_EQ(mod.code(), ErrorCode::kNotFound);
   EXPECT_THAT(mod.what(),
               HasSubstr("[kernel] module 'nope' is not loaded on the cpu backend "
-                        "(loaded: core, w4a16, blas, fp8, test); asked for nope::count from "
+                        "(loaded: core, w4a16, blas, fp8, moe, test); asked for nope::count from "
                         "launch_test.cpp:"));
   const Error fn = expect_error([&] { (void)b.kernel("test", "zzz"); });
   EXPECT_EQ(fn.code(), ErrorCode::kNotFound);

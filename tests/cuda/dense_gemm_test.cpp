@@ -20,10 +20,13 @@
 #include "metrale/error.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
+#include "support/read_back.h"
 #include "support/trace_file.h"
 
 namespace metrale::cuda::testing {
 namespace {
+
+using metrale::testing::upload;
 
 using metrale::testing::expect_error;
 using num::bf16_to_f32;
@@ -48,14 +51,6 @@ struct BlasRig {
   FakeBlas fb;
   Rig rig;
 };
-
-// An upload of v into a new allocation of backend.
-template <class T>
-DevicePtr upload(Backend& b, const std::vector<T>& v) {
-  const DevicePtr p = b.alloc(v.size() * sizeof(T));
-  b.copy_h2d(p, v.data(), v.size() * sizeof(T));
-  return p;
-}
 
 std::uint64_t next(std::uint64_t& x) {
   x ^= x << 13;

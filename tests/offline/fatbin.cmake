@@ -37,7 +37,8 @@ target_compile_definitions(fatbin_offline_test PRIVATE
   METRALE_NVDISASM="${fatbin_offline_nvdisasm}"
   METRALE_CORE_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/core.fatbin"
   METRALE_W4A16_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/w4a16.fatbin"
-  METRALE_FP8_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/fp8.fatbin")
+  METRALE_FP8_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/fp8.fatbin"
+  METRALE_MOE_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/moe.fatbin")
 metrale_warnings(fatbin_offline_test)
 add_dependencies(fatbin_offline_test metrale)
 

@@ -18,4 +18,8 @@ HostModule make_blas_module();
 // Module "fp8": the W8A8 op's activation cast to E4M3 with block scales (cast_e4m3_block128).
 HostModule make_fp8_module();
 
+// Module "moe": a mixture-of-experts layer's routing, permutation into expert order and combination
+// back (src/ops/moe.cpp runs them).
+HostModule make_moe_module();
+
 }  // namespace metrale::cpu

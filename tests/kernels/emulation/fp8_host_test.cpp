@@ -15,22 +15,9 @@
 #include <vector>
 
 // What fp8.cu uses beyond cuda_host.h: __launch_bounds__ (a hint only) and a warp's XOR
-// shuffle: every lane leaves its value, the warp meets, each reads its partner's, and the warp
-// meets again before the slots are reused.
+// shuffle (warp_host.h).
 #define __launch_bounds__(...)
-namespace {
-float shfl_slots[metrale::emulation::kMaxWarps][32];
-}  // namespace
-inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
-  namespace emu = metrale::emulation;
-  const int tid = emu::current_fiber(), warp = tid / 32, lane = tid % 32;
-  emu::WarpState& w = emu::grid_state().warps[warp];
-  shfl_slots[warp][lane] = v;
-  emu::wait_at(w.sync);
-  const float r = shfl_slots[warp][lane ^ lane_mask];
-  emu::wait_at(w.sync);
-  return r;
-}
+#include "warp_host.h"
 
 #include "cuda/kernels/fp8.cu"
 
