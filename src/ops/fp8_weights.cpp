@@ -10,22 +10,9 @@
 #include "metrale/error.h"
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/weights.h"
+#include "ops/free_quietly.h"
 
 namespace metrale::ops {
-namespace {
-
-void free_quietly(Backend& backend, DevicePtr p) noexcept {
-  if (!p) return;
-  try {
-    backend.free(p);
-  } catch (const std::exception& e) {
-    log::warn("{}: freeing 0x{:x} after an error failed too: {}", backend.name(), p.address(),
-              e.what());
-  }
-}
-
-}  // namespace
-
 Fp8Weights describe_fp8_weights(std::string_view api, std::int64_t n, std::int64_t k) {
   if (n < 1 || k < 1) {
     throw Error(ErrorCode::kInvalidArgument, api,

@@ -19,24 +19,12 @@
 #include "metrale/op_cache.h"
 #include "metrale/weights.h"
 #include "ops/decode_pack.h"
+#include "ops/free_quietly.h"
 #include "ops/int4_pack.h"
 #include "ops/panel_pack.h"
+#include "ops/weights_pack.h"
 
 namespace metrale::ops {
-
-namespace {
-// Frees p on an error path: a failure is logged, never thrown, so the error being handled is the
-// one the caller sees.
-void free_quietly(Backend& backend, DevicePtr p) noexcept {
-  if (!p) return;
-  try {
-    backend.free(p);
-  } catch (const std::exception& e) {
-    log::warn("{}: freeing 0x{:x} after an error failed too: {}", backend.name(), p.address(),
-              e.what());
-  }
-}
-}  // namespace
 
 QuantWeights describe_weights(const HostQuantWeights& w) {
   QuantWeights d;
@@ -161,14 +149,12 @@ WeightPacking int4_packing(Backend& backend, UploadLayout upload, std::int64_t g
 
 }  // namespace
 
-WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,
-                                 UploadLayout upload, std::source_location loc)
-    : label_(std::move(label)) {
-  // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
+HostPacked pack_host_weights(Backend& backend, const HostQuantWeights& host, UploadLayout upload) {
   const bool int4 = host.format == WeightFormat::kInt4;
-  const WeightPacking packing =
+  HostPacked out;
+  out.packing =
       int4 ? int4_packing(backend, upload, host.group, host.k) : upload_packing(backend, upload);
-  if (packing == WeightPacking::kPanels &&
+  if (out.packing == WeightPacking::kPanels &&
       !(int4 ? reads_int4_panel_layout(backend) : reads_panel_layout(backend))) {
     throw Error(ErrorCode::kUnavailable, "WeightsResource",
                 fmt::format("{} has no w4a16 decode and tiled kernels that read {}weights in the "
@@ -177,55 +163,60 @@ WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host,
                             "kBackendPreferred",
                             backend.name(), int4 ? "int4 " : "", int4 ? " with _int4" : ""));
   }
-  std::optional<PackedDecodeWeights> packed;
-  std::optional<PackedPanelWeights> panels;
-  std::optional<PackedInt4Weights> int4_packed;
-  std::optional<std::vector<std::uint8_t>> side;
   const auto start = std::chrono::steady_clock::now();
-  std::optional<std::vector<std::uint8_t>> int4_panels;
-  if (int4 && packing == WeightPacking::kDecode) {
-    int4_packed = pack_int4_for_decode(host, "WeightsResource");
+  if (int4 && out.packing == WeightPacking::kDecode) {
+    PackedInt4Weights packed = pack_int4_for_decode(host, "WeightsResource");
+    out.owned_codes = std::move(packed.codes);
+    out.owned_scales = std::move(packed.side);
   } else if (int4) {
-    side = pack_int4_side(host, packing == WeightPacking::kPanels);
-    if (packing == WeightPacking::kPanels) int4_panels = pack_int4_codes_for_panels(host);
-  } else if (packing == WeightPacking::kDecode) {
-    packed = pack_for_decode(host);
-  } else if (packing == WeightPacking::kPanels) {
-    panels = pack_for_panels(host);
+    out.owned_scales = pack_int4_side(host, out.packing == WeightPacking::kPanels);
+    if (out.packing == WeightPacking::kPanels) out.owned_codes = pack_int4_codes_for_panels(host);
+  } else if (out.packing == WeightPacking::kDecode) {
+    PackedDecodeWeights packed = pack_for_decode(host);
+    out.owned_codes = std::move(packed.codes);
+    out.owned_scales = std::move(packed.scales);
+    out.fold = packed.fold;
+  } else if (out.packing == WeightPacking::kPanels) {
+    PackedPanelWeights packed = pack_for_panels(host);
+    out.owned_codes = std::move(packed.codes);
+    out.owned_scales = std::move(packed.scales);
   }
-  if (packing != WeightPacking::kSource) {
-    pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (out.packing != WeightPacking::kSource) {
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  const std::vector<std::uint8_t>& hcodes = packed        ? packed->codes
-                                            : panels      ? panels->codes
-                                            : int4_packed ? int4_packed->codes
-                                            : int4_panels ? *int4_panels
-                                                          : host.codes;
-  const std::vector<std::uint8_t>& hscales = packed        ? packed->scales
-                                             : panels      ? panels->scales
-                                             : int4_packed ? int4_packed->side
-                                             : side        ? *side
-                                                           : host.scales;
+  out.codes = out.owned_codes ? std::span<const std::uint8_t>(*out.owned_codes)
+                              : std::span<const std::uint8_t>(host.codes);
+  out.scales = out.owned_scales ? std::span<const std::uint8_t>(*out.owned_scales)
+                                : std::span<const std::uint8_t>(host.scales);
+  return out;
+}
+
+WeightsResource::WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label,
+                                 UploadLayout upload, std::source_location loc)
+    : label_(std::move(label)) {
+  // Rearranged first (it checks the weights), so nothing is allocated for weights it refuses.
+  const HostPacked packed = pack_host_weights(backend, host, upload);
+  pack_seconds_ = packed.seconds;
   // The buffers live in locals until everything succeeded. The catch block must not read them
   // from a half-built object: GCC 12 at -O2 dropped such an object's member initializers on the
   // path that throws, and the fault sweep (tests/reliability) caught a catch block freeing stack
   // garbage.
-  const DevicePtr codes = alloc_weights(backend, hcodes.size(), loc);
+  const DevicePtr codes = alloc_weights(backend, packed.codes.size(), loc);
   DevicePtr scales;
   try {
-    scales = alloc_weights(backend, hscales.size(), loc);
-    backend.copy_h2d(codes, hcodes.data(), hcodes.size());
-    backend.copy_h2d(scales, hscales.data(), hscales.size());
+    scales = alloc_weights(backend, packed.scales.size(), loc);
+    backend.copy_h2d(codes, packed.codes.data(), packed.codes.size());
+    backend.copy_h2d(scales, packed.scales.data(), packed.scales.size());
   } catch (...) {
     free_quietly(backend, codes);
     free_quietly(backend, scales);
     throw;
   }
   w_ = describe_weights(host);
-  w_.packing = packing;
-  w_.codes_bytes = hcodes.size();
-  w_.scales_bytes = hscales.size();
-  if (packed) w_.fold = packed->fold;
+  w_.packing = packed.packing;
+  w_.codes_bytes = packed.codes.size();
+  w_.scales_bytes = packed.scales.size();
+  w_.fold = packed.fold;
   w_.codes = codes;
   w_.scales = scales;
 }

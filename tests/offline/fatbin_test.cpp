@@ -130,6 +130,19 @@ Published w4a16_published(const std::string& target) {
       {"permute_a_int4_block_threads", kW4a16Threads},
       {"permute_a_int4_layout", metrale::int4_decode::kLayoutId},
       {"permute_a_int4_int4", 1},
+      // The grouped GEMMs: the decode kernels' grids per expert (grid y). No verification yet.
+      {"gemm_grouped_n_tile", u32(tl::kDecodeNTile)},
+      {"gemm_grouped_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_grouped_out_f32", 1},
+      {"gemm_grouped_packed_n_tile", u32(dl::kTileN)},
+      {"gemm_grouped_packed_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_grouped_packed_layout", dl::kLayoutId},
+      {"gemm_grouped_packed_out_f32", 1},
+      {"gemm_grouped_int4_decode_n_tile", u32(dl::kTileN)},
+      {"gemm_grouped_int4_decode_block_threads", u32(tl::kDecodeThreads)},
+      {"gemm_grouped_int4_decode_layout", metrale::int4_decode::kLayoutId},
+      {"gemm_grouped_int4_decode_out_f32", 1},
+      {"gemm_grouped_int4_decode_int4", 1},
   };
   if (wgmma) {
     // gemm_fused: wgmma on sm_90a; elsewhere a placeholder that publishes only that it is absent.

@@ -244,6 +244,44 @@ TEST_F(SassBudget, Int4DecodeLoopsMeetTheBudget) {
   expect_within_budget(kernel, k);
 }
 
+// ---- the grouped GEMMs ----
+
+// Each grouped kernel (grouped.cuh: the expert's arguments in shared memory, then the decode
+// kernel of its layout) has its dense kernel's MMA loops. The two on the decode layouts, the fast
+// path on Hopper (what kBackendPreferred uploads once verified), are within the decode budget and
+// within 1% of their dense kernels' steady paths (measured: packed equal, int4 918 against 914).
+// gemm_grouped on the source layout issues 1.10x gemm_decode's on its two longest loops (1875 and
+// 2093 against 1710 and 1893 at sm_90a; gemm_decode is itself over budget): recorded here at
+// 1.12x so that a change which makes it worse fails, not folded into the budget.
+TEST_F(SassBudget, GroupedLoopsAreTheirDenseKernels) {
+  const struct {
+    const char *grouped, *dense;
+    WeightsBy by;
+    double allowed;  // grouped / dense issued instructions on a loop's steady path
+    bool budget;
+  } pairs[] = {{"gemm_grouped_packed", "gemm_decode_packed", WeightsBy::kBf16Mul, 1.01, true},
+               {"gemm_grouped_int4_decode", "gemm_int4_decode", WeightsBy::kBf16Sub, 1.01, true},
+               {"gemm_grouped", "gemm_decode", WeightsBy::kBf16Mul, 1.12, false}};
+  for (const auto& pair : pairs) {
+    SCOPED_TRACE(pair.grouped);
+    const KernelReport g = analyze(pair.grouped, pair.by), d = analyze(pair.dense, pair.by);
+    ASSERT_TRUE(g.found && d.found);
+    print(pair.grouped, g);
+    ASSERT_EQ(g.loops.size(), d.loops.size());
+    std::vector<std::size_t> gi, di;
+    for (const auto& l : g.loops) gi.push_back(l.path.instrs);
+    for (const auto& l : d.loops) di.push_back(l.path.instrs);
+    std::sort(gi.begin(), gi.end());
+    std::sort(di.begin(), di.end());
+    for (std::size_t i = 0; i < gi.size(); ++i) {
+      EXPECT_LE(static_cast<double>(gi[i]), pair.allowed * static_cast<double>(di[i]))
+          << "loop " << i << " (by length): " << gi[i] << " issued against the dense " << di[i];
+    }
+    EXPECT_EQ(g.whole.local, 0) << pair.grouped << " reads or writes local memory";
+    if (pair.budget) expect_within_budget(pair.grouped, g);
+  }
+}
+
 // ---- gemm_fused: wgmma with the weights as the register operand ----
 
 // gemm_fused's budgets (the arithmetic: docs/PERF.md, "gemm_fused's issue budget"). It is

@@ -24,6 +24,7 @@
 #include "kernels/dequant_bf16.h"
 #include "kernels/dequant_int4.h"
 #include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
 #include "kernels/int4_decode_layout.h"
 #include "kernels/int4_permute.h"
 #include "kernels/manifest.h"
@@ -88,6 +89,26 @@ inline fake::FakeFunction persistent_fused_entry() {
   return fn;
 }
 
+// A grouped GEMM (kernels/grouped_params.h): block (x, y) runs f on expert y's GEMM over columns
+// [x·tile, x·tile + tile), where the expert has rows.
+template <class F>
+fake::FakeFunction grouped_entry(std::uint32_t tile, F f) {
+  fake::FakeFunction fn;
+  fn.param_sizes = {sizeof(GroupedGemmParams)};
+  fn.body = [tile, f](const fake::FakeLaunch& l) {
+    const auto g = read_param<GroupedGemmParams>(l.params, 0);
+    for (std::int64_t by = 0; by < l.grid[1]; ++by) {
+      GemmParams p;
+      if (!grouped::expert_params(g, by, &p)) continue;
+      for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
+        const std::int64_t begin = bx * tile, end = std::min<std::int64_t>(p.n, begin + tile);
+        if (begin < end) f(p, begin, end);
+      }
+    }
+  };
+  return fn;
+}
+
 // "w4a16" with the entries, tiles and _a_e4m3 flags the ops expect.
 inline fake::ModuleSpec w4a16_module() {
   namespace k = metrale::cpu::w4a16;
@@ -119,6 +140,13 @@ inline fake::ModuleSpec w4a16_module() {
       [](const GemmParams& p) { return metrale::dequant::unit_count(p.n, p.k); });
   // INT4 in the INT4 decode layout, computed as the CPU module's twins compute it.
   f["gemm_int4_decode"] = tiled_entry<GemmParams>(kDecodeTile, k::gemm_int4_decode, cols);
+  // The grouped GEMMs: the decode kernels per expert, unverified as the real module's.
+  f["gemm_grouped"] =
+      grouped_entry(kDecodeTile, [](const GemmParams& p, std::int64_t a, std::int64_t b) {
+        k::gemm_decode(p, a, b, k::best_isa());
+      });
+  f["gemm_grouped_packed"] = grouped_entry(kDecodeTile, k::gemm_decode_packed);
+  f["gemm_grouped_int4_decode"] = grouped_entry(kDecodeTile, k::gemm_int4_decode);
   f["dequant_int4_bf16"] = tiled_entry<GemmParams>(
       kDequantBf16Tile, k::dequant_int4_bf16,
       [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
@@ -165,7 +193,13 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("dequant_int4_bf16_int4", 1)
       .publish_u32("permute_a_int4_n_tile", kDequantBf16Tile)
       .publish_u32("permute_a_int4_layout", metrale::int4_decode::kLayoutId)
-      .publish_u32("permute_a_int4_int4", 1);
+      .publish_u32("permute_a_int4_int4", 1)
+      .publish_u32("gemm_grouped_n_tile", kDecodeTile)
+      .publish_u32("gemm_grouped_packed_n_tile", kDecodeTile)
+      .publish_u32("gemm_grouped_packed_layout", metrale::decode_layout::kLayoutId)
+      .publish_u32("gemm_grouped_int4_decode_n_tile", kDecodeTile)
+      .publish_u32("gemm_grouped_int4_decode_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("gemm_grouped_int4_decode_int4", 1);
   // Every entry of the manifest, each with the block size it publishes.
   m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
                    metrale::manifest::kW4a16Entries.end());

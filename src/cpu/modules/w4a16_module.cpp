@@ -18,6 +18,7 @@
 #include "kernels/dequant_bf16.h"
 #include "kernels/dequant_int4.h"
 #include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
 #include "kernels/int4_decode_layout.h"
 #include "kernels/int4_permute.h"
 #include "kernels/verified_devices.h"
@@ -140,6 +141,38 @@ void permute_a_int4(const HostBlock& b) {
   for (std::int64_t u = u0; u < u1; ++u) int4_permute::unit(p, u);
 }
 
+// The grouped GEMMs: block (x, y) the columns of tile x of expert y. gemm_grouped takes the decode
+// route's kernel up to its largest M and the tiled one above, per expert (both read the source
+// and the panel layout); the packed twins the reference kernel of their layout at every M.
+void gemm_grouped(const HostBlock& b) {
+  const auto g = read_param<GroupedGemmParams>(b.params, 0);
+  GemmParams p;
+  if (!grouped::expert_params(g, b.block_idx.y, &p)) return;
+  const auto [n0, n1] = span_of<kTiledTile>(b, p.n);
+  if (n0 >= n1) return;
+  if (p.m <= decode_max_m()) {
+    w4a16::gemm_decode(p, n0, n1, w4a16::best_isa());
+  } else {
+    w4a16::gemm_tiled(p, n0, n1, 0, p.m, w4a16::best_isa());
+  }
+}
+
+void gemm_grouped_packed(const HostBlock& b) {
+  const auto g = read_param<GroupedGemmParams>(b.params, 0);
+  GemmParams p;
+  if (!grouped::expert_params(g, b.block_idx.y, &p)) return;
+  const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
+  if (n0 < n1) w4a16::gemm_decode_packed(p, n0, n1);
+}
+
+void gemm_grouped_int4_decode(const HostBlock& b) {
+  const auto g = read_param<GroupedGemmParams>(b.params, 0);
+  GemmParams p;
+  if (!grouped::expert_params(g, b.block_idx.y, &p)) return;
+  const auto [n0, n1] = span_of<kDecodeTile>(b, p.n);
+  if (n0 < n1) w4a16::gemm_int4_decode(p, n0, n1);
+}
+
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
@@ -155,6 +188,9 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_int4_decode", kDecodeTile},
     {"dequant_int4_bf16", kDequantInt4Tile},
     {"permute_a_int4", kDequantInt4Tile},
+    {"gemm_grouped", kTiledTile},
+    {"gemm_grouped_packed", kDecodeTile},
+    {"gemm_grouped_int4_decode", kDecodeTile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -176,19 +212,20 @@ void publish_meta(HostModule& m, std::string_view entry) {
   // No gemm_e4m3_min_m: kAuto never takes the e4m3 route here. Side by side on this VM it ran
   // 30x slower than the exact tiled route at M = 64 and 256 (docs/PERF.md, routes side by side),
   // so allowing E4M3 activations must not choose it.
-  if (entry == "gemm_decode_packed" || entry == "gemm_fused") {
+  if (entry == "gemm_decode_packed" || entry == "gemm_fused" || entry == "gemm_grouped_packed") {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
   // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
   // backend's preference keep INT4 in the source or the panel layout, which the fast kernels
   // read).
-  if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4") {
+  if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4" ||
+      entry == "gemm_grouped_int4_decode") {
     m.publish_u32(e + "_layout", int4_decode::kLayoutId);
     m.publish(e + "_int4", {std::byte{1}});
   }
   // The decode and tiled entries read the panel layout too; they publish it where they read it
   // fast (AVX-512 BF16), so that uploads following the backend's preference take it there.
-  if ((entry == "gemm_decode" || entry == "gemm_tiled") &&
+  if ((entry == "gemm_decode" || entry == "gemm_tiled" || entry == "gemm_grouped") &&
       w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
     m.publish(e + "_panels", {std::byte{1}});
   }
@@ -197,11 +234,14 @@ void publish_meta(HostModule& m, std::string_view entry) {
   // on device runs leave the CPU's unchanged.
   m.publish_u32(e + "_verified_on", verified::kHostReference);
   // The decode and tiled entries read INT4 weights (cpu/kernels/int4_cpu.h).
-  if (entry == "gemm_decode" || entry == "gemm_tiled") m.publish(e + "_int4", {std::byte{1}});
+  if (entry == "gemm_decode" || entry == "gemm_tiled" || entry == "gemm_grouped") {
+    m.publish(e + "_int4", {std::byte{1}});
+  }
   // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
-      entry == "gemm_split_reduce") {
+      entry == "gemm_split_reduce" || entry == "gemm_grouped" || entry == "gemm_grouped_packed" ||
+      entry == "gemm_grouped_int4_decode") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

@@ -18,9 +18,11 @@
 #include "dequant_bf16.cuh"
 #include "e4m3_sm90.cuh"
 #include "fused_sm90.cuh"
+#include "grouped.cuh"
 #include "kernels/dequant_int4.h"
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
 #include "kernels/int4_decode_layout.h"
 #include "kernels/int4_permute.h"
 #include "kernels/tile_math.h"
@@ -38,6 +40,7 @@ namespace num = metrale::num;
 namespace k = metrale::kernels;
 using metrale::CastParams;
 using metrale::GemmParams;
+using metrale::GroupedGemmParams;
 
 constexpr unsigned kThreads = 256;
 constexpr unsigned kCastPerThread = 16;       // two 16-byte loads of BF16
@@ -166,6 +169,23 @@ __device__ std::uint32_t permute_a_int4_n_tile = kThreads;  // units of 8 elemen
 __device__ std::uint32_t permute_a_int4_block_threads = kThreads;
 __device__ std::uint32_t permute_a_int4_layout = metrale::int4_decode::kLayoutId;
 __device__ std::uint32_t permute_a_int4_int4 = 1;
+
+// The grouped GEMMs (kernels/grouped_params.h): grid y the expert, each block the decode kernel of
+// its layout on its expert's rows and weights (M beyond 16 repeats the weights once per 16 rows,
+// as the decode route does). No split-K. None has run on a device: no METRALE_VERIFIED line, so
+// ops/grouped_gemm.h runs them only for a caller that opts in.
+__device__ std::uint32_t gemm_grouped_n_tile = tl::kDecodeNTile;
+__device__ std::uint32_t gemm_grouped_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_grouped_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_packed_n_tile = metrale::decode_layout::kTileN;
+__device__ std::uint32_t gemm_grouped_packed_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_grouped_packed_layout = metrale::decode_layout::kLayoutId;
+__device__ std::uint32_t gemm_grouped_packed_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_int4_decode_n_tile = metrale::decode_layout::kTileN;
+__device__ std::uint32_t gemm_grouped_int4_decode_block_threads = tl::kDecodeThreads;
+__device__ std::uint32_t gemm_grouped_int4_decode_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t gemm_grouped_int4_decode_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_int4_decode_int4 = 1;
 
 // What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
 // (docs/GPU.md) ran the first six entries' sm_90a code, through the probe, the numerics suite on
@@ -313,6 +333,20 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm) gemm_fused(G
   (void)p;
   __trap();
 #endif
+}
+
+// The grouped GEMMs (grouped.cuh): expert blockIdx.y's GEMM, or nothing where it has no rows.
+__global__ void __launch_bounds__(tl::kDecodeThreads) gemm_grouped(GroupedGemmParams g) {
+  k::grouped_block(g, [](const GemmParams& p) { k::decode_block(p); });
+}
+
+__global__ void __launch_bounds__(tl::kDecodeThreads) gemm_grouped_packed(GroupedGemmParams g) {
+  k::grouped_block(g, [](const GemmParams& p) { k::decode_packed_block(p); });
+}
+
+__global__ void __launch_bounds__(tl::kDecodeThreads)
+    gemm_grouped_int4_decode(GroupedGemmParams g) {
+  k::grouped_block(g, [](const GemmParams& p) { k::decode_int4_block(p); });
 }
 
 }  // extern "C"

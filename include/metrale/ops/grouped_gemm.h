@@ -1,0 +1,102 @@
+// The grouped quantized GEMM of a mixture-of-experts layer: every expert's GEMM over the rows
+// routed to it, in one launch (plan → run, as ops/gemm.h). A holds the tokens permuted into expert
+// order (ops/moe.h, moe_gather); expert e's rows are [offsets[e], offsets[e] + counts[e]), read on
+// the device, so the plan depends on the row capacity and the weights alone, never on the routing
+// (contiguous and masked layouts alike; CUDA-graph capturable). C has A's rows: each expert's
+// rows hold its output; rows of no expert are left as they are.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "metrale/backend.h"
+#include "metrale/model_scope.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/ops/quant_weights.h"
+#include "metrale/quant.h"
+
+namespace metrale::ops {
+
+// E experts' weights of one format and shape, each tensor in one buffer with the experts laid end
+// to end (expert e's codes at codes + e · codes_stride, its scales likewise).
+struct GroupedWeights {
+  // Every expert's description (format, layout, packing, N, K, INT4 fields), with expert 0's
+  // buffers, tensor scale and fold.
+  QuantWeights expert;
+  std::int32_t experts = 0;
+  std::uint64_t codes_stride = 0, scales_stride = 0;  // bytes, multiples of 256
+  DevicePtr table;                   // FP32 tensor scales [experts], then int32 folds [experts]
+  std::vector<float> tensor_scales;  // host copies of the table
+  std::vector<std::int32_t> folds;
+  // Expert e as weights of its own, for ops/gemm.h (buffers inside this one's).
+  QuantWeights view(std::int32_t e) const;
+};
+
+// Host weights of E experts uploaded as GroupedWeights, owned as a model resource: three
+// allocations (codes, scales, the table), each expert rearranged as WeightsResource would
+// (UploadLayout) and copied into its place.
+class GroupedWeightsResource final : public ModelResource {
+ public:
+  // Checks that every expert has expert 0's format, shape, layout and INT4 fields (an act order
+  // is refused: each expert would gather A in its own order), then allocates and fills; on any
+  // failure frees what it allocated and throws (Error(kInvalidArgument) naming the expert).
+  GroupedWeightsResource(Backend& backend, std::span<const HostQuantWeights> experts,
+                         std::string label = "experts", UploadLayout upload = UploadLayout::kSource,
+                         std::source_location loc = std::source_location::current());
+  std::string label() const override { return label_; }
+  // Frees the three buffers (each even when another fails); a second call does nothing.
+  void release(Backend& backend) override;
+  const GroupedWeights& weights() const noexcept { return w_; }
+
+ private:
+  std::string label_;
+  GroupedWeights w_;
+};
+
+struct GroupedGemmOptions {
+  bool bias = false;     // run() takes a BF16 bias [experts, N]
+  bool out_f32 = false;  // C as FP32 (GemmOptions::out_f32)
+  // Run a kernel no device run has verified (the CUDA module's, today); without it such a kernel
+  // is Error(kUnavailable).
+  bool allow_unverified = false;
+};
+
+// Everything decided before a grouped GEMM runs; reusable for any routing of its row capacity on
+// any stream. Its fields are for reading.
+struct GroupedGemmPlan {
+  Backend* backend = nullptr;
+  std::int64_t rows = 0, n = 0, k = 0;  // rows: of A and C, the row capacity
+  std::int32_t experts = 0;
+  WeightFormat format = WeightFormat::kNvfp4;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  WeightPacking packing = WeightPacking::kSource;
+  std::int64_t group = 0;
+  bool bias = false, out_f32 = false;
+  std::uint32_t flags = 0;  // the kernels' GemmFlags
+  PlannedLaunch launch;     // grid (N tiles, experts)
+  // One line, e.g. "grouped rows=512 N=2880 K=2880 x 32 experts: w4a16::gemm_grouped 45x32x1".
+  std::string describe() const;
+};
+
+// Plans C[rows, N] = expert-wise A · dequant(W_e)ᵀ (+ bias_e): checks the row capacity and the
+// weights (as plan() does for one expert), picks the module's grouped kernel for their packing and
+// sizes the launch from what it publishes. Throws Error(kInvalidArgument) for bad shapes or
+// weights, Error(kUnavailable) for weights the backend's grouped kernel does not read or a kernel
+// no device verified without allow_unverified, Error(kNotFound) for a missing kernel. Launches
+// nothing.
+GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedWeights& w,
+                             const GroupedGemmOptions& options = {});
+
+// Queues the planned GEMM on stream: A BF16 [rows, K], C [rows, N] (BF16, FP32 with out_f32),
+// counts int32 [experts], offsets int32 [experts + 1] (moe_align's), bias BF16 [experts, N]
+// when planned; all inside the backend's allocations, C overlapping no input, weights those the
+// plan was made for. An expert whose rows a caller's counts and offsets put outside [0, rows) is
+// skipped by the kernel, never read or written outside A and C.
+void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
+                 const GroupedWeights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
+                 DevicePtr bias = {});
+
+}  // namespace metrale::ops

@@ -1,0 +1,195 @@
+#include "metrale/ops/grouped_gemm.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+
+#include "core/nvtx.h"
+#include "core/published.h"
+#include "kernels/grouped_params.h"
+#include "metrale/error.h"
+#include "metrale/op_cache.h"
+#include "ops/buffer_checks.h"
+#include "ops/published_block.h"
+
+namespace metrale::ops {
+namespace {
+
+constexpr std::string_view kPlanApi = "plan_grouped";
+constexpr std::string_view kRunApi = "run_grouped";
+constexpr std::int32_t kMaxExperts = 1024;
+
+[[noreturn]] void bad(std::string_view api, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, api, what);
+}
+
+// The module's grouped kernel for weights of this packing (and format).
+const char* entry_for(const QuantWeights& w) {
+  if (w.packing == WeightPacking::kDecode) {
+    return w.format == WeightFormat::kInt4 ? "gemm_grouped_int4_decode" : "gemm_grouped_packed";
+  }
+  return "gemm_grouped";
+}
+
+// a × b, refused past 64 bits (no buffer holds that much; a wrapped size would pass the checks).
+std::uint64_t product(std::string_view what, std::uint64_t a, std::uint64_t b) {
+  if (b != 0 && a > std::numeric_limits<std::uint64_t>::max() / b) {
+    bad(kRunApi, fmt::format("{} ({} x {}) does not fit 64 bits", what, a, b));
+  }
+  return a * b;
+}
+
+void check_grouped_weights(const GroupedWeights& w) {
+  if (w.experts < 1 || w.experts > kMaxExperts) {
+    bad(kPlanApi, fmt::format("experts = {} is outside [1, {}]", w.experts, kMaxExperts));
+  }
+  if (w.tensor_scales.size() != static_cast<std::size_t>(w.experts) ||
+      w.folds.size() != static_cast<std::size_t>(w.experts)) {
+    bad(kPlanApi, fmt::format("the weights hold {} tensor scales and {} folds for {} experts",
+                              w.tensor_scales.size(), w.folds.size(), w.experts));
+  }
+  if (w.codes_stride < w.expert.codes_bytes || w.scales_stride < w.expert.scales_bytes ||
+      w.codes_stride % kWorkspaceAlign != 0 || w.scales_stride % kWorkspaceAlign != 0) {
+    bad(kPlanApi, fmt::format("strides {} and {} do not hold an expert's {} code and {} scale "
+                              "bytes on {}-byte boundaries",
+                              w.codes_stride, w.scales_stride, w.expert.codes_bytes,
+                              w.expert.scales_bytes, kWorkspaceAlign));
+  }
+  if (w.expert.act_order) {
+    bad(kPlanApi, "act-ordered INT4 experts are not grouped (each would gather A in its order)");
+  }
+}
+
+}  // namespace
+
+std::string GroupedGemmPlan::describe() const {
+  return fmt::format("grouped rows={} N={} K={} x {} experts: {} {}x{}x{} x {} threads", rows, n, k,
+                     experts, backend->kernel_name(launch.kernel), launch.grid.x, launch.grid.y,
+                     launch.grid.z, launch.block.x);
+}
+
+GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedWeights& w,
+                             const GroupedGemmOptions& options) {
+  const nvtx::Range range("metrale::ops::plan_grouped");
+  if (rows < 1 || rows > std::numeric_limits<std::int32_t>::max()) {
+    bad(kPlanApi, fmt::format("rows = {} is outside [1, 2^31 - 1]", rows));
+  }
+  check_grouped_weights(w);
+  // One expert's weights through the dense planner on the decode route: every check plan() makes
+  // of weights, and the kernels' flags for them (format, layout, packing, INT4, bias, FP32 C).
+  GemmOptions dense;
+  dense.route = GemmRoute::kDecode;
+  dense.out_f32 = options.out_f32;
+  const QuantWeights first = w.view(0);
+  const GemmPlan one = plan(backend, 1, first, dense);
+  const char* entry = entry_for(first);
+  if (!backend.has_kernel("w4a16", entry)) {
+    throw Error(ErrorCode::kNotFound, kPlanApi,
+                fmt::format("{} has no grouped GEMM w4a16::{}", backend.name(), entry));
+  }
+  const ResolvedKernel& k = backend.op_cache().kernel(backend, "w4a16", entry);
+  const bool int4 = first.format == WeightFormat::kInt4;
+  if ((int4 && !k.meta.int4) || (first.packing == WeightPacking::kPanels && !k.meta.panels) ||
+      (options.out_f32 && !k.meta.out_f32)) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} does not read {} weights in the {} packing{} (it publishes no "
+                            "{})",
+                            backend.kernel_name(k), to_string(first.format),
+                            static_cast<int>(first.packing), options.out_f32 ? " into FP32 C" : "",
+                            int4 ? "_int4" : (options.out_f32 ? "_out_f32" : "_panels")));
+  }
+  if (!options.allow_unverified && !automatic_choice_allowed(k.meta)) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} is {}; set GroupedGemmOptions::allow_unverified to run it before "
+                            "a device run verifies it",
+                            backend.kernel_name(k), verification_text(k.meta)));
+  }
+  const std::uint64_t tile = backend.kernel_n_tile(k);
+  GroupedGemmPlan p;
+  p.backend = &backend;
+  p.rows = rows;
+  p.n = first.n;
+  p.k = first.k;
+  p.experts = w.experts;
+  p.format = first.format;
+  p.layout = first.layout;
+  p.packing = first.packing;
+  p.group = first.group;
+  p.bias = options.bias;
+  p.out_f32 = options.out_f32;
+  p.flags = (one.flags & ~kGemmBias) | (options.bias ? kGemmBias : 0u);
+  p.launch = PlannedLaunch{
+      k,
+      Dim3{static_cast<std::uint32_t>((static_cast<std::uint64_t>(first.n) + tile - 1) / tile),
+           static_cast<std::uint32_t>(w.experts), 1},
+      published_block(kPlanApi, backend, k), 0};
+  return p;
+}
+
+void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
+                 const GroupedWeights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
+                 DevicePtr bias) {
+  const nvtx::Range range("metrale::ops::run_grouped");
+  if (plan.backend == nullptr) bad(kRunApi, "the plan was made by no backend (plan_grouped)");
+  Backend& backend = *plan.backend;
+  check_grouped_weights(w);
+  if (w.experts != plan.experts || w.expert.n != plan.n || w.expert.k != plan.k ||
+      w.expert.format != plan.format || w.expert.packing != plan.packing ||
+      w.expert.layout != plan.layout || w.expert.group != plan.group) {
+    bad(kRunApi, fmt::format("the weights ({} experts of {} x {}, {} packing {}) are not the "
+                             "plan's ({} experts of {} x {}, {} packing {})",
+                             w.experts, w.expert.n, w.expert.k, to_string(w.expert.format),
+                             static_cast<int>(w.expert.packing), plan.experts, plan.n, plan.k,
+                             to_string(plan.format), static_cast<int>(plan.packing)));
+  }
+  if (plan.bias != static_cast<bool>(bias)) {
+    bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"
+                           : "a bias was given to a plan made without one");
+  }
+  const auto experts = static_cast<std::uint64_t>(plan.experts);
+  const auto rows = static_cast<std::uint64_t>(plan.rows);
+  const std::uint64_t a_bytes = product("A's bytes", rows, product("a row", plan.k, 2));
+  const std::uint64_t c_bytes =
+      product("C's bytes", rows, product("a row", plan.n, plan.out_f32 ? 4 : 2));
+  const std::uint64_t codes_bytes = product("the codes", experts, w.codes_stride);
+  const std::uint64_t scales_bytes = product("the scales", experts, w.scales_stride);
+  const std::uint64_t bias_bytes = product("the bias", experts, product("a row", plan.n, 2));
+  const CallRanges r =
+      check_call_buffers(kRunApi, backend, a, a_bytes, c, c_bytes, w.expert.codes, codes_bytes,
+                         w.expert.scales, scales_bytes, bias, bias_bytes);
+  for (const auto& [name, p, bytes] : {std::tuple{"counts", counts, 4 * experts},
+                                       {"offsets", offsets, 4 * experts + 4},
+                                       {"expert table", w.table, 8 * experts}}) {
+    if (!p) bad(kRunApi, fmt::format("{} is null", name));
+    if (p.address() % 4 != 0) {
+      bad(kRunApi, fmt::format("{} = 0x{:x} is not 4-byte aligned", name, p.address()));
+    }
+    backend.check_range(kRunApi, name, p, bytes);
+    check_no_overlap(kRunApi, r.c, {Range{name, p.address(), bytes}});
+  }
+  GroupedGemmParams g;
+  g.gemm.a = a.address();
+  g.gemm.codes = w.expert.codes.address();
+  g.gemm.scales = w.expert.scales.address();
+  g.gemm.out = c.address();
+  g.gemm.bias = bias.address();
+  g.gemm.m = plan.rows;
+  g.gemm.n = plan.n;
+  g.gemm.k = plan.k;
+  g.gemm.flags = plan.flags;
+  g.gemm.k_per_split = plan.k;
+  g.gemm.group = w.expert.group;
+  g.gemm.a_k = plan.k;
+  g.counts = counts.address();
+  g.offsets = offsets.address();
+  g.expert_table = w.table.address();
+  g.codes_stride = w.codes_stride;
+  g.scales_stride = w.scales_stride;
+  g.experts = plan.experts;
+  backend.launch_typed(plan.launch.kernel, plan.launch.grid, plan.launch.block,
+                       plan.launch.smem_bytes, stream, std::array{KernelArg::value(g)});
+}
+
+}  // namespace metrale::ops

@@ -1,0 +1,142 @@
+// GroupedWeights and their upload (ops/grouped_gemm.h): each expert rearranged as WeightsResource
+// would, copied into its place in one buffer per tensor.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "core/log.h"
+#include "metrale/error.h"
+#include "metrale/ops/grouped_gemm.h"
+#include "metrale/weights.h"
+#include "ops/buffer_checks.h"
+#include "ops/free_quietly.h"
+#include "ops/weights_pack.h"
+
+namespace metrale::ops {
+namespace {
+
+constexpr std::string_view kApi = "GroupedWeightsResource";
+
+// Whether expert x can share expert 0's (first's) kernels and launch: format, layout, shape and
+// the INT4 side buffer's contents.
+void check_like_first(const HostQuantWeights& first, const HostQuantWeights& x, std::size_t e) {
+  const auto differs = [&](const char* what, auto a, auto b) {
+    if (a != b) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("expert {} has {} {} where expert 0 has {}", e, what, b, a));
+    }
+  };
+  differs("format", static_cast<int>(first.format), static_cast<int>(x.format));
+  differs("layout", static_cast<int>(first.layout), static_cast<int>(x.layout));
+  differs("N", first.n, x.n);
+  differs("K", first.k, x.k);
+  differs("group", first.group, x.group);
+  differs("fp16 scales", first.fp16_scales, x.fp16_scales);
+  differs("zero points", !first.zeros.empty(), !x.zeros.empty());
+  if (!x.k_perm.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("expert {} has an act order (k_perm): grouped experts would each "
+                            "gather A in their own order, which no grouped kernel does",
+                            e));
+  }
+}
+
+}  // namespace
+
+QuantWeights GroupedWeights::view(std::int32_t e) const {
+  if (e < 0 || e >= experts) {
+    throw Error(ErrorCode::kInvalidArgument, "GroupedWeights::view",
+                fmt::format("expert {} is outside [0, {})", e, experts));
+  }
+  QuantWeights v = expert;
+  v.codes = expert.codes.offset(static_cast<std::uint64_t>(e) * codes_stride);
+  v.scales = expert.scales.offset(static_cast<std::uint64_t>(e) * scales_stride);
+  v.tensor_scale = tensor_scales[static_cast<std::size_t>(e)];
+  v.fold = folds[static_cast<std::size_t>(e)];
+  return v;
+}
+
+GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
+                                               std::span<const HostQuantWeights> experts,
+                                               std::string label, UploadLayout upload,
+                                               std::source_location loc)
+    : label_(std::move(label)) {
+  if (experts.empty() || experts.size() > 1024) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                fmt::format("{} experts is outside [1, 1024]", experts.size()));
+  }
+  for (std::size_t e = 0; e < experts.size(); ++e) check_like_first(experts[0], experts[e], e);
+  // Expert 0 packed first: its sizes give the strides (every expert of one shape packs to the
+  // same sizes; checked as each is packed).
+  HostPacked first = pack_host_weights(backend, experts[0], upload);
+  const std::size_t codes0 = first.codes.size(), scales0 = first.scales.size();
+  const WeightPacking packing0 = first.packing;
+  const std::uint64_t codes_stride = align_up(first.codes.size());
+  const std::uint64_t scales_stride = align_up(first.scales.size());
+  const auto count = static_cast<std::uint64_t>(experts.size());
+  DevicePtr codes, scales, table;
+  GroupedWeights w;
+  try {
+    codes = alloc_weights(backend, codes_stride * count, loc);
+    scales = alloc_weights(backend, scales_stride * count, loc);
+    table = alloc_weights(backend, 8 * count, loc);
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      HostPacked p = e == 0 ? std::move(first) : pack_host_weights(backend, experts[e], upload);
+      if (p.codes.size() != codes0 || p.scales.size() != scales0 || p.packing != packing0) {
+        throw Error(ErrorCode::kInvalidArgument, kApi,
+                    fmt::format("expert {} packs to {} code and {} scale bytes in packing {}, "
+                                "expert 0 to {} and {} in packing {}",
+                                e, p.codes.size(), p.scales.size(), static_cast<int>(p.packing),
+                                codes0, scales0, static_cast<int>(packing0)));
+      }
+      backend.copy_h2d(codes.offset(e * codes_stride), p.codes.data(), p.codes.size());
+      backend.copy_h2d(scales.offset(e * scales_stride), p.scales.data(), p.scales.size());
+      if (e == 0) {
+        w.expert = describe_weights(experts[0]);
+        w.expert.packing = p.packing;
+        w.expert.codes_bytes = p.codes.size();
+        w.expert.scales_bytes = p.scales.size();
+        w.expert.fold = p.fold;
+      }
+      w.tensor_scales.push_back(experts[e].tensor_scale);
+      w.folds.push_back(p.fold);
+    }
+    std::vector<std::uint8_t> bytes(8 * count);
+    std::memcpy(bytes.data(), w.tensor_scales.data(), 4 * count);
+    std::memcpy(bytes.data() + 4 * count, w.folds.data(), 4 * count);
+    backend.copy_h2d(table, bytes.data(), bytes.size());
+  } catch (...) {
+    free_quietly(backend, codes);
+    free_quietly(backend, scales);
+    free_quietly(backend, table);
+    throw;
+  }
+  w.expert.codes = codes;
+  w.expert.scales = scales;
+  w.expert.tensor_scale = w.tensor_scales[0];
+  w.experts = static_cast<std::int32_t>(experts.size());
+  w.codes_stride = codes_stride;
+  w.scales_stride = scales_stride;
+  w.table = table;
+  w_ = std::move(w);
+}
+
+void GroupedWeightsResource::release(Backend& backend) {
+  const DevicePtr ptrs[] = {w_.expert.codes, w_.expert.scales, w_.table};
+  w_.expert.codes = w_.expert.scales = w_.table = DevicePtr{};
+  std::exception_ptr first;
+  for (const DevicePtr p : ptrs) {
+    if (!p) continue;
+    try {
+      backend.free(p);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace metrale::ops

@@ -1,0 +1,140 @@
+// The grouped GEMM (ops/grouped_gemm.h) on the CUDA backend over the fake driver: a fake w4a16
+// module whose gemm_grouped computes only the blocks it is launched with (block x its N tile of
+// the published width, block y its expert, the expert's rows and weights found by
+// grouped::expert_params from the device's counts and offsets) from the source layout's bytes.
+// Checked: no device run has verified it, so the plan refuses it unless the caller opts in; opted
+// in, the launch is (ceil(N / tile), experts) and every expert's rows match the float64 reference
+// of its own weights and tensor scale, rows of no expert untouched.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "cuda/fake_gemm.h"
+#include "cuda/rig.h"
+#include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
+#include "metrale/numerics.h"
+#include "metrale/ops/grouped_gemm.h"
+#include "ops/gemm_reference.h"
+#include "support/read_back.h"
+
+namespace metrale::cuda::testing {
+namespace {
+
+namespace ref = metrale::testing::gemm;
+using metrale::testing::read;
+using metrale::testing::upload;
+
+constexpr std::uint32_t kTile = 24;          // unlike the real kernel's 32
+constexpr std::uint32_t kBlockThreads = 96;  // unlike the real kernels' 256
+
+// NVFP4 W[n, k] in the source layout, row-major, from the buffers p points at.
+float nvfp4_weight(const GemmParams& p, std::int64_t n, std::int64_t k) {
+  const std::uint8_t byte = at<const std::uint8_t>(p.codes)[n * (p.k / 2) + k / 2];
+  const auto code = static_cast<std::uint8_t>((k & 1) ? byte >> 4 : byte & 0xF);
+  const std::uint8_t s = at<const std::uint8_t>(p.scales)[n * (p.k / 16) + k / 16];
+  return num::e2m1_to_f32(code) * num::e4m3_to_f32(s);
+}
+
+ModuleSpec grouped_module(std::vector<FakeLaunch>* launches) {
+  ModuleSpec m;
+  m.name = "w4a16";
+  m.fake.functions["gemm_decode"] = fake_split_decode(kTile, nvfp4_weight);
+  FakeFunction g;
+  g.param_sizes = {sizeof(GroupedGemmParams)};
+  g.body = [launches](const FakeLaunch& l) {
+    FakeLaunch copy = l;
+    copy.params = nullptr;
+    launches->push_back(copy);
+    const auto gp = read_param<GroupedGemmParams>(l.params, 0);
+    for (std::int64_t by = 0; by < l.grid[1]; ++by) {
+      GemmParams p;
+      if (!grouped::expert_params(gp, by, &p)) continue;
+      for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
+        for (std::int64_t n = bx * kTile; n < (bx + 1) * kTile && n < p.n; ++n) {
+          for (std::int64_t row = 0; row < p.m; ++row) {
+            float sum = 0.0f;
+            for (std::int64_t k = 0; k < p.k; ++k) {
+              sum += num::bf16_to_f32(at<const std::uint16_t>(p.a)[row * p.k + k]) *
+                     nvfp4_weight(p, n, k);
+            }
+            store_c(p, row, n, sum);
+          }
+        }
+      }
+    }
+  };
+  m.fake.functions["gemm_grouped"] = g;
+  m.fake.publish_u32("gemm_decode_n_tile", kTile).publish_u32("gemm_decode_max_m", 16);
+  m.fake.publish_u32("gemm_grouped_n_tile", kTile);
+  m.entries = {"gemm_decode", "gemm_grouped"};
+  for (const std::string& e : m.entries) m.fake.publish_u32(e + "_block_threads", kBlockThreads);
+  return m;
+}
+
+struct GroupedRig {
+  GroupedRig() : rig(options(&launches)) {}
+  static RigOptions options(std::vector<FakeLaunch>* launches) {
+    RigOptions o;
+    o.modules = {core_module(), grouped_module(launches)};
+    return o;
+  }
+  std::vector<FakeLaunch> launches;
+  Rig rig;
+};
+
+TEST(GroupedLaunch, RefusedUnlessOptedInThenOneLaunchOverEveryExpert) {
+  std::mt19937_64 gen{std::random_device{}()};
+  GroupedRig r;
+  CudaBackend& b = r.rig.b();
+  constexpr std::int64_t kN = 56, kK = 64, kRows = 12;
+  const std::vector<std::int32_t> counts = {3, 0, 6, 1}, offsets = {0, 3, 3, 9, 10};
+  std::vector<HostQuantWeights> host;
+  for (int e = 0; e < 4; ++e) {
+    host.push_back(
+        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, kN, kK), kN, kK));
+    host.back().tensor_scale = 0.5f * static_cast<float>(e + 1);
+  }
+  ops::GroupedWeightsResource res(b, host);
+  EXPECT_ERROR(ops::plan_grouped(b, kRows, res.weights()), ErrorCode::kUnavailable,
+               "not yet run on a GPU; set GroupedGemmOptions::allow_unverified");
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = true;
+  const ops::GroupedGemmPlan plan = ops::plan_grouped(b, kRows, res.weights(), opt);
+  const auto a = ref::random_activations(gen, kRows * kK);
+  const DevicePtr da = upload(b, a), dc = b.alloc(kRows * kN * 2);
+  b.memset(dc, ref::kPoisonByte, kRows * kN * 2);
+  const DevicePtr dcounts = upload(b, counts), doffsets = upload(b, offsets);
+  ops::run_grouped(plan, b.default_stream(), da, res.weights(), dcounts, doffsets, dc);
+  b.synchronize(b.default_stream());
+  ASSERT_EQ(r.launches.size(), 1u);
+  EXPECT_EQ(r.launches[0].grid[0], (kN + kTile - 1) / kTile);
+  EXPECT_EQ(r.launches[0].grid[1], 4u);
+  EXPECT_EQ(r.launches[0].block[0], kBlockThreads);
+  const auto c = read<std::uint16_t>(b, dc, kRows * kN);
+  for (int e = 0; e < 4; ++e) {
+    if (counts[e] == 0) continue;
+    SCOPED_TRACE(fmt::format("expert {}", e));
+    const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
+                                             static_cast<std::size_t>(counts[e] * kK));
+    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, WeightFormat::kNvfp4);
+    const auto reference = toolkit::reference(a_e, counts[e], host[e], {}, tol);
+    ref::expect_close(
+        toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
+                                                        static_cast<std::size_t>(counts[e] * kN)),
+                         reference),
+        tol.normalized, "against float64");
+  }
+  for (std::size_t i = 10 * kN; i < c.size(); ++i) {
+    ASSERT_EQ(c[i], ref::kPoisonBf16) << "row " << i / kN << " of no expert was written";
+  }
+  for (DevicePtr p : {da, dc, dcounts, doffsets}) b.free(p);
+  res.release(b);
+}
+
+}  // namespace
+}  // namespace metrale::cuda::testing

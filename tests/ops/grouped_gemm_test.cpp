@@ -1,0 +1,287 @@
+// The grouped GEMM (ops/grouped_gemm.h) on every backend, in a MoE layer's own sequence: random
+// routings aligned and gathered on the device (ops/moe.h), one run_grouped over every expert,
+// each expert's rows of C against the float64 reference of its own weights and bias with the
+// decode/tiled tolerance (toolkit/gemm_tolerance.h). Formats NVFP4, MXFP4 and INT4, uploads in
+// the source, preferred and decode layouts, contiguous and masked rows, empty experts and one
+// expert taking every token; C poisoned first, rows of no expert checked untouched. On the CPU
+// each expert's rows must also be the bytes of a dense GEMM on that expert alone (the same
+// kernels per M). On CUDA the kernels run opted in: the device check's verification of them.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "metrale/ops/gemm.h"
+#include "metrale/ops/grouped_gemm.h"
+#include "metrale/ops/moe.h"
+#include "metrale/quant.h"
+#include "ops/gemm_reference.h"
+#include "ops/int4_cases.h"
+
+namespace metrale::testing::gemm {
+namespace {
+
+struct Case {
+  WeightFormat format = WeightFormat::kNvfp4;
+  ops::UploadLayout upload = ops::UploadLayout::kSource;
+  std::int64_t tokens = 1;
+  std::int32_t experts = 1, top_k = 1;
+  std::int64_t n = 64, k = 256;
+  bool masked = false, bias = false, out_f32 = false;
+  double skew = 0.0;  // expert e drawn with weight (e + 1)^-skew
+  std::int64_t group = 128;
+
+  std::string str() const {
+    return fmt::format("{} upload {} T={} E={} k={} N={} K={} {}{}{} skew {}", to_string(format),
+                       static_cast<int>(upload), tokens, experts, top_k, n, k,
+                       masked ? "masked" : "contiguous", bias ? " bias" : "",
+                       out_f32 ? " fp32 C" : "", skew);
+  }
+};
+
+HostQuantWeights random_expert(std::mt19937_64& gen, const Case& c) {
+  if (c.format == WeightFormat::kInt4) {
+    Int4Case i;
+    i.n = c.n;
+    i.k = c.k;
+    i.group = c.group;
+    i.zero_points = true;
+    i.fp16 = c.group == 32;
+    return random_int4(gen, i);
+  }
+  const std::vector<float> v = random_weight_values(gen, c.n, c.k);
+  HostQuantWeights w = quantize(c.format, v, c.n, c.k);
+  if (c.format == WeightFormat::kNvfp4) w.tensor_scale = std::ldexp(1.0f, -int(gen() % 5));
+  return w;
+}
+
+std::vector<std::int32_t> random_ids(std::mt19937_64& gen, const Case& c) {
+  std::vector<double> weight(static_cast<std::size_t>(c.experts));
+  for (int e = 0; e < c.experts; ++e) weight[e] = std::pow(e + 1.0, -c.skew);
+  std::vector<std::int32_t> ids;
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    std::vector<double> w = weight;
+    for (int j = 0; j < c.top_k; ++j) {
+      std::discrete_distribution<int> d(w.begin(), w.end());
+      const int e = d(gen);
+      ids.push_back(e);
+      w[e] = 0.0;
+    }
+  }
+  return ids;
+}
+
+class GroupedGemm : public GemmBackendTest {
+ protected:
+  bool cuda() const { return GetParam() == "cuda"; }
+
+  void run_case(const Case& c) {
+    SCOPED_TRACE(c.str());
+    Backend& bk = b();
+    std::vector<HostQuantWeights> host;
+    for (int e = 0; e < c.experts; ++e) host.push_back(random_expert(gen(), c));
+    ops::GroupedWeightsResource res(bk, host, "experts", c.upload);
+    const ops::GroupedWeights& w = res.weights();
+    const ops::MoeShape shape{c.tokens, c.experts, c.top_k, c.masked ? c.tokens : 0};
+    const auto rows = static_cast<std::size_t>(shape.row_capacity());
+    const auto e_n = static_cast<std::size_t>(c.experts);
+    const ops::MoeOptions moe_opt{cuda()};
+
+    const std::vector<std::int32_t> ids = random_ids(gen(), c);
+    const std::vector<std::uint16_t> x =
+        random_activations(gen(), static_cast<std::size_t>(c.tokens * c.k));
+    const ops::MoeRows r{alloc(e_n * 4), alloc(e_n * 4 + 4), alloc(ids.size() * 4)};
+    ops::moe_align(bk, stream(), upload(ids), shape, r, moe_opt);
+    const DevicePtr a = alloc(rows * static_cast<std::size_t>(c.k) * 2);
+    bk.memset(a, 0, rows * static_cast<std::size_t>(c.k) * 2);
+    ops::moe_gather(bk, stream(), upload(x), shape, c.k, r.rows, a, moe_opt);
+
+    std::vector<std::uint16_t> bias;
+    if (c.bias) bias = random_bias(gen(), c.n * c.experts);
+    const std::size_t elem = c.out_f32 ? 4 : 2;
+    const DevicePtr out = poisoned(rows * static_cast<std::size_t>(c.n) * elem);
+    ops::GroupedGemmOptions opt;
+    opt.bias = c.bias;
+    opt.out_f32 = c.out_f32;
+    opt.allow_unverified = cuda();
+    const ops::GroupedGemmPlan plan = ops::plan_grouped(bk, shape.row_capacity(), w, opt);
+    EXPECT_EQ(plan.launch.grid.y, static_cast<std::uint32_t>(c.experts)) << plan.describe();
+    ops::run_grouped(plan, stream(), a, w, r.counts, r.offsets, out,
+                     c.bias ? upload(bias) : DevicePtr{});
+
+    const auto counts = read<std::int32_t>(r.counts, e_n);
+    const auto offsets = read<std::int32_t>(r.offsets, e_n + 1);
+    const auto a_host = read<std::uint16_t>(a, rows * static_cast<std::size_t>(c.k));
+    const auto bytes = read<std::uint8_t>(out, rows * static_cast<std::size_t>(c.n) * elem);
+    const std::size_t row_bytes = static_cast<std::size_t>(c.n) * elem;
+    std::vector<bool> used(rows, false);
+    int checked = 0;
+    for (int e = 0; e < c.experts; ++e) {
+      const std::int64_t m = counts[e];
+      if (m == 0) continue;
+      ++checked;
+      SCOPED_TRACE(fmt::format("expert {}: rows [{}, {})", e, offsets[e], offsets[e] + m));
+      for (std::int64_t i = 0; i < m; ++i) used[static_cast<std::size_t>(offsets[e] + i)] = true;
+      const std::span<const std::uint16_t> a_e(a_host.data() + offsets[e] * c.k,
+                                               static_cast<std::size_t>(m * c.k));
+      const std::span<const std::uint16_t> bias_e =
+          c.bias
+              ? std::span<const std::uint16_t>(bias.data() + e * c.n, static_cast<std::size_t>(c.n))
+              : std::span<const std::uint16_t>{};
+      const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, c.format);
+      const toolkit::Reference ref = toolkit::reference(a_e, m, host[e], bias_e, tol);
+      const std::uint8_t* got = bytes.data() + static_cast<std::size_t>(offsets[e]) * row_bytes;
+      if (c.out_f32) {
+        std::vector<float> o(static_cast<std::size_t>(m * c.n));
+        std::memcpy(o.data(), got, o.size() * 4);
+        const toolkit::Comparison cmp = toolkit::compare_f32(o, ref);
+        EXPECT_EQ(cmp.unwritten, 0) << cmp.str();
+        EXPECT_LE(cmp.worst, 1.0) << cmp.str();
+      } else {
+        std::vector<std::uint16_t> o(static_cast<std::size_t>(m * c.n));
+        std::memcpy(o.data(), got, o.size() * 2);
+        expect_close(toolkit::compare(o, ref), tol.normalized, "against float64");
+      }
+      if (!cuda()) expect_dense_bytes(w.view(e), offsets[e], m, c, a, bias_e, got);
+    }
+    EXPECT_GT(checked, 0);
+    for (std::size_t row = 0; row < rows; ++row) {
+      if (used[row]) continue;
+      const auto* p = bytes.data() + row * row_bytes;
+      ASSERT_TRUE(std::all_of(p, p + row_bytes, [](std::uint8_t v) { return v == kPoisonByte; }))
+          << "row " << row << " of no expert was written";
+    }
+    res.release(bk);
+    free_all();
+  }
+
+  // The dense GEMM of one expert on its rows of A gives the grouped GEMM's bytes (the CPU runs the
+  // same kernels per M for both).
+  void expect_dense_bytes(const ops::QuantWeights& we, std::int64_t first, std::int64_t m,
+                          const Case& c, DevicePtr a, std::span<const std::uint16_t> bias_e,
+                          const std::uint8_t* got) {
+    const std::size_t elem = c.out_f32 ? 4 : 2;
+    const std::size_t bytes = static_cast<std::size_t>(m * c.n) * elem;
+    const DevicePtr dc = poisoned(bytes);
+    ops::GemmOptions o;
+    o.out_f32 = c.out_f32;
+    if (c.bias) o.bias = upload(std::vector<std::uint16_t>(bias_e.begin(), bias_e.end()));
+    ops::w4a16_gemm(b(), stream(), a.offset(static_cast<std::uint64_t>(first * c.k * 2)), m, we, dc,
+                    o);
+    const auto dense = read<std::uint8_t>(dc, bytes);
+    EXPECT_EQ(std::memcmp(dense.data(), got, bytes), 0) << "not the dense GEMM's bytes";
+  }
+};
+INSTANTIATE_TEST_SUITE_P(, GroupedGemm, ::testing::Values("cpu", "cuda"), backend_name);
+
+TEST_P(GroupedGemm, EachFormatAndUploadAgainstFloat64) {
+  using U = ops::UploadLayout;
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    for (const U u : {U::kSource, U::kBackendPreferred, U::kDecode}) {
+      run_case({f, u, 13, 8, 2, 96, 256, false, false, false, 1.0});
+      run_case({f, u, 40, 6, 4, 64, 512, true, true, false, 0.5});
+    }
+  }
+  for (const U u : {U::kSource, U::kBackendPreferred, U::kDecode}) {
+    if (cuda() && u == U::kSource) continue;  // CUDA reads INT4 in the int4 decode layout only
+    Case c{WeightFormat::kInt4, u, 21, 8, 2, 64, 256, false, true, false, 1.0};
+    run_case(c);
+    c.group = 32;
+    c.masked = true;
+    run_case(c);
+  }
+}
+
+TEST_P(GroupedGemm, EmptyExpertsOneExpertTakingAllAndFp32C) {
+  // Skewed routings leave experts empty; with E = 4 and skew 12 nearly every token picks expert 0.
+  run_case({WeightFormat::kNvfp4, ops::UploadLayout::kBackendPreferred, 33, 16, 1, 64, 256, false,
+            false, false, 3.0});
+  run_case({WeightFormat::kMxfp4, ops::UploadLayout::kSource, 50, 4, 1, 32, 128, true, true, false,
+            12.0});
+  run_case(
+      {WeightFormat::kNvfp4, ops::UploadLayout::kSource, 9, 3, 2, 64, 256, false, true, true, 0.0});
+  run_case({WeightFormat::kNvfp4, ops::UploadLayout::kSource, 1, 64, 8, 64, 256, false, false,
+            false, 0.0});
+}
+
+TEST_P(GroupedGemm, RowsOutsideTheBuffersAreSkipped) {
+  // A caller's own counts and offsets that put an expert's rows past the row capacity: that
+  // expert is skipped (its rows would lie outside A and C), the others run.
+  Backend& bk = b();
+  std::vector<HostQuantWeights> host;
+  const Case c{WeightFormat::kNvfp4, ops::UploadLayout::kSource, 8, 3, 1, 64, 128};
+  for (int e = 0; e < 3; ++e) host.push_back(random_expert(gen(), c));
+  ops::GroupedWeightsResource res(bk, host);
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = cuda();
+  const ops::GroupedGemmPlan plan = ops::plan_grouped(bk, 8, res.weights(), opt);
+  const std::vector<std::int32_t> counts = {3, 4, 2}, offsets = {0, 6, -1, 8};
+  const DevicePtr a = upload(random_activations(gen(), 8 * 128));
+  const DevicePtr out = poisoned(8 * 64 * 2);
+  ops::run_grouped(plan, stream(), a, res.weights(), upload(counts), upload(offsets), out);
+  const auto got = read<std::uint16_t>(out, 8 * 64);
+  for (int row = 0; row < 8; ++row) {
+    const bool written = row < 3;  // expert 0 only: expert 1 ends at 10, expert 2 starts at -1
+    EXPECT_EQ(std::count(got.begin() + row * 64, got.begin() + row * 64 + 64, toolkit::kPoisonBf16),
+              written ? 0 : 64)
+        << "row " << row;
+  }
+  res.release(bk);
+}
+
+TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
+  Backend& bk = b();
+  const Case c{WeightFormat::kNvfp4, ops::UploadLayout::kSource, 4, 2, 1, 64, 128};
+  std::vector<HostQuantWeights> host = {random_expert(gen(), c), random_expert(gen(), c)};
+  HostQuantWeights wide = random_expert(
+      gen(), Case{WeightFormat::kNvfp4, ops::UploadLayout::kSource, 4, 2, 1, 96, 128});
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], wide}),
+               ErrorCode::kInvalidArgument, "expert 1 has N 96 where expert 0 has 64");
+  Int4Case ic;
+  ic.n = 64;
+  ic.k = 128;
+  ic.act_order = true;
+  EXPECT_ERROR(
+      ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{random_int4(gen(), ic)}),
+      ErrorCode::kInvalidArgument, "act order");
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::span<const HostQuantWeights>{}),
+               ErrorCode::kInvalidArgument, "0 experts");
+  ops::GroupedWeightsResource res(bk, host);
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = cuda();
+  EXPECT_ERROR(ops::plan_grouped(bk, 0, res.weights(), opt), ErrorCode::kInvalidArgument,
+               "rows = 0");
+  const ops::GroupedGemmPlan plan = ops::plan_grouped(bk, 4, res.weights(), opt);
+  const DevicePtr a = upload(random_activations(gen(), 4 * 128));
+  const DevicePtr counts = upload(std::vector<std::int32_t>{2, 2});
+  const DevicePtr offsets = upload(std::vector<std::int32_t>{0, 2, 4});
+  const DevicePtr out = poisoned(4 * 64 * 2);
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, a),
+               ErrorCode::kInvalidArgument, "overlaps");
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), DevicePtr{}, offsets, out),
+               ErrorCode::kInvalidArgument, "counts is null");
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, out, a),
+               ErrorCode::kInvalidArgument, "a bias was given to a plan made without one");
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, counts, out),
+               ErrorCode::kInvalidArgument, "offsets");
+  ops::GroupedWeights other = res.weights();
+  other.experts = 1;
+  other.tensor_scales.resize(1);
+  other.folds.resize(1);
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, other, counts, offsets, out),
+               ErrorCode::kInvalidArgument, "not the plan's");
+  EXPECT_ERROR(res.weights().view(2), ErrorCode::kInvalidArgument, "expert 2");
+  res.release(bk);
+  const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);
+  EXPECT_EQ(std::count(untouched.begin(), untouched.end(), toolkit::kPoisonBf16), 4 * 64);
+}
+
+}  // namespace
+}  // namespace metrale::testing::gemm
