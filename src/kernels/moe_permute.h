@@ -7,6 +7,7 @@
 // __host__ __device__ rules only.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "metrale/numerics.h"
@@ -80,7 +81,9 @@ METRALE_HD std::uint16_t combine_element(const MoePermuteParams& p, std::int64_t
   const auto* y = reinterpret_cast<const std::uint16_t*>(p.in);
   float sum = 0.0f;
   for (std::int32_t j = 0; j < p.top_k; ++j) {
-    if (has_row(p, rows[j])) sum += w[j] * num::bf16_to_f32(y[rows[j] * p.width + c]);
+    // fmaf spelled out: nvcc contracts a * b + c into an FMA and the host compiler does not,
+    // so each would round differently.
+    if (has_row(p, rows[j])) sum = fmaf(w[j], num::bf16_to_f32(y[rows[j] * p.width + c]), sum);
   }
   return num::f32_to_bf16(sum);
 }

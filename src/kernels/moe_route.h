@@ -46,7 +46,8 @@ inline constexpr std::int32_t kMaxGroups = 64;
 
 // Whether candidate (value v, index i) ranks before (w, j): the larger value, and on a tie the
 // lower index. NaN ranks after every number (among NaNs, the lower index first), so the order is
-// total and every backend, whichever way it searches, chooses the same experts.
+// total and every backend, whichever way it searches, chooses the same experts from the same
+// values (the sigmoid's values come from each backend's expf: Note [MoE routing]).
 METRALE_HD bool ranks_before(float v, std::int32_t i, float w, std::int32_t j) {
   const bool v_nan = v != v, w_nan = w != w;
   if (v_nan || w_nan) return v_nan && w_nan ? i < j : w_nan;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -60,6 +61,31 @@ void check_grouped_weights(const GroupedWeights& w) {
   if (w.expert.act_order) {
     bad(kPlanApi, "act-ordered INT4 experts are not grouped (each would gather A in its order)");
   }
+  // Every expert's tensor scale and fold as plan() checks one expert's (the table is read as
+  // given: a NaN scale would make that expert's C NaN).
+  const bool int4 = w.expert.format == WeightFormat::kInt4;
+  for (std::int32_t e = 0; e < w.experts; ++e) {
+    const float s = w.tensor_scales[static_cast<std::size_t>(e)];
+    if (!(s > 0.0f) || !std::isfinite(s) || (int4 && s != 1.0f)) {
+      bad(kPlanApi, fmt::format("expert {}'s tensor scale {} is not {}", e, s,
+                                int4 ? "1 (int4 weights have none)" : "a positive finite number"));
+    }
+    const std::int32_t fold = w.folds[static_cast<std::size_t>(e)];
+    if (fold < -128 || fold > 127 || (w.expert.packing != WeightPacking::kDecode && fold != 0)) {
+      bad(kPlanApi, fmt::format("expert {}'s fold {} is outside [-128, 127] or set on weights "
+                                "outside the decode layout",
+                                e, fold));
+    }
+  }
+}
+
+// Whether two descriptions are of weights one plan serves: every field but the buffers, the
+// tensor scale and the fold (per expert, in the table).
+bool same_weights(const QuantWeights& a, const QuantWeights& b) {
+  return a.format == b.format && a.layout == b.layout && a.packing == b.packing && a.n == b.n &&
+         a.k == b.k && a.codes_bytes == b.codes_bytes && a.scales_bytes == b.scales_bytes &&
+         a.group == b.group && a.fp16_scales == b.fp16_scales && a.zero_points == b.zero_points &&
+         a.act_order == b.act_order && a.a_k == b.a_k;
 }
 
 }  // namespace
@@ -93,12 +119,15 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   const bool int4 = first.format == WeightFormat::kInt4;
   if ((int4 && !k.meta.int4) || (first.packing == WeightPacking::kPanels && !k.meta.panels) ||
       (options.out_f32 && !k.meta.out_f32)) {
+    const char* missing = int4 && !k.meta.int4                                        ? "_int4"
+                          : first.packing == WeightPacking::kPanels && !k.meta.panels ? "_panels"
+                                                                                      : "_out_f32";
     throw Error(ErrorCode::kUnavailable, kPlanApi,
                 fmt::format("{} does not read {} weights in the {} packing{} (it publishes no "
                             "{})",
                             backend.kernel_name(k), to_string(first.format),
                             static_cast<int>(first.packing), options.out_f32 ? " into FP32 C" : "",
-                            int4 ? "_int4" : (options.out_f32 ? "_out_f32" : "_panels")));
+                            missing));
   }
   if (!options.allow_unverified && !automatic_choice_allowed(k.meta)) {
     throw Error(ErrorCode::kUnavailable, kPlanApi,
@@ -117,6 +146,8 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   p.layout = first.layout;
   p.packing = first.packing;
   p.group = first.group;
+  p.expert = first;
+  p.expert.codes = p.expert.scales = DevicePtr{};
   p.bias = options.bias;
   p.out_f32 = options.out_f32;
   p.flags = (one.flags & ~kGemmBias) | (options.bias ? kGemmBias : 0u);
@@ -135,14 +166,18 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   if (plan.backend == nullptr) bad(kRunApi, "the plan was made by no backend (plan_grouped)");
   Backend& backend = *plan.backend;
   check_grouped_weights(w);
-  if (w.experts != plan.experts || w.expert.n != plan.n || w.expert.k != plan.k ||
-      w.expert.format != plan.format || w.expert.packing != plan.packing ||
-      w.expert.layout != plan.layout || w.expert.group != plan.group) {
-    bad(kRunApi, fmt::format("the weights ({} experts of {} x {}, {} packing {}) are not the "
-                             "plan's ({} experts of {} x {}, {} packing {})",
-                             w.experts, w.expert.n, w.expert.k, to_string(w.expert.format),
-                             static_cast<int>(w.expert.packing), plan.experts, plan.n, plan.k,
-                             to_string(plan.format), static_cast<int>(plan.packing)));
+  if (w.experts != plan.experts || !same_weights(w.expert, plan.expert)) {
+    bad(kRunApi,
+        fmt::format("the weights ({} experts of {} x {}, {} packing {}, {} code and {} scale "
+                    "bytes{}{}) are not the plan's ({} experts of {} x {}, {} packing {}, {} and "
+                    "{} bytes{}{})",
+                    w.experts, w.expert.n, w.expert.k, to_string(w.expert.format),
+                    static_cast<int>(w.expert.packing), w.expert.codes_bytes, w.expert.scales_bytes,
+                    w.expert.zero_points ? ", zero points" : "",
+                    w.expert.fp16_scales ? ", fp16 scales" : "", plan.experts, plan.n, plan.k,
+                    to_string(plan.format), static_cast<int>(plan.packing), plan.expert.codes_bytes,
+                    plan.expert.scales_bytes, plan.expert.zero_points ? ", zero points" : "",
+                    plan.expert.fp16_scales ? ", fp16 scales" : ""));
   }
   if (plan.bias != static_cast<bool>(bias)) {
     bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"

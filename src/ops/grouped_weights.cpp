@@ -47,9 +47,12 @@ void check_like_first(const HostQuantWeights& first, const HostQuantWeights& x, 
 }  // namespace
 
 QuantWeights GroupedWeights::view(std::int32_t e) const {
-  if (e < 0 || e >= experts) {
+  if (e < 0 || e >= experts || tensor_scales.size() != static_cast<std::size_t>(experts) ||
+      folds.size() != static_cast<std::size_t>(experts)) {
     throw Error(ErrorCode::kInvalidArgument, "GroupedWeights::view",
-                fmt::format("expert {} is outside [0, {})", e, experts));
+                fmt::format("expert {} is outside [0, {}) or the table holds {} scales and {} "
+                            "folds",
+                            e, experts, tensor_scales.size(), folds.size()));
   }
   QuantWeights v = expert;
   v.codes = expert.codes.offset(static_cast<std::uint64_t>(e) * codes_stride);

@@ -53,9 +53,13 @@ void check_shape(std::string_view api, const MoeShape& s) {
                          "(masked: a smaller capacity could drop tokens)",
                          s.capacity, s.tokens));
   }
-  if (s.row_capacity() > std::int64_t{1} << 31) {
-    bad(api, fmt::format("{} rows ({} experts x capacity {}) do not fit int32 row indices",
-                         s.row_capacity(), s.experts, s.capacity));
+  // Rows are int32 indices and offsets[E] is one past the last: fewer than 2^31 rows, checked
+  // before the product that counts them could overflow.
+  constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
+  if (s.capacity > kMaxRows / s.experts || s.tokens * s.top_k > kMaxRows) {
+    bad(api, fmt::format("{} experts x capacity {} or {} tokens x top_k {} rows do not fit int32 "
+                         "row indices",
+                         s.experts, s.capacity, s.tokens, s.top_k));
   }
 }
 

@@ -73,6 +73,10 @@ add_test(NAME cuda.fatbin_offline.sass_fused COMMAND sass_budget_test
 # gemm_int4_decode within the same decode budget, its weights counted by its zero subtractions.
 add_test(NAME cuda.fatbin_offline.sass_int4 COMMAND sass_budget_test
   --gtest_filter=SassBudget.Int4DecodeLoopsMeetTheBudget)
+# The grouped GEMMs' loops against their dense kernels'.
+add_test(NAME cuda.fatbin_offline.sass_grouped COMMAND sass_budget_test
+  --gtest_filter=SassBudget.GroupedLoopsAreTheirDenseKernels)
 set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader
-  cuda.fatbin_offline.sass_fused cuda.fatbin_offline.sass_int4 PROPERTIES
+  cuda.fatbin_offline.sass_fused cuda.fatbin_offline.sass_int4 cuda.fatbin_offline.sass_grouped
+  PROPERTIES
   LABELS cuda TIMEOUT 120)

@@ -37,6 +37,10 @@ struct Case {
   bool masked = false, bias = false, out_f32 = false;
   double skew = 0.0;  // expert e drawn with weight (e + 1)^-skew
   std::int64_t group = 128;
+  // MXFP4: row 70's first scale code set to 1 (2^-126), which sends the CPU's tiled route for
+  // that panel to the decode kernel; the grouped GEMM must take that fallback over the same
+  // columns as the dense one.
+  bool extreme_scale = false;
 
   std::string str() const {
     return fmt::format("{} upload {} T={} E={} k={} N={} K={} {}{}{} skew {}", to_string(format),
@@ -87,6 +91,9 @@ class GroupedGemm : public GemmBackendTest {
     Backend& bk = b();
     std::vector<HostQuantWeights> host;
     for (int e = 0; e < c.experts; ++e) host.push_back(random_expert(gen(), c));
+    if (c.extreme_scale) {
+      for (auto& h : host) h.scales[static_cast<std::size_t>(70 * (c.k / 32))] = 1;
+    }
     ops::GroupedWeightsResource res(bk, host, "experts", c.upload);
     const ops::GroupedWeights& w = res.weights();
     const ops::MoeShape shape{c.tokens, c.experts, c.top_k, c.masked ? c.tokens : 0};
@@ -209,6 +216,10 @@ TEST_P(GroupedGemm, EmptyExpertsOneExpertTakingAllAndFp32C) {
       {WeightFormat::kNvfp4, ops::UploadLayout::kSource, 9, 3, 2, 64, 256, false, true, true, 0.0});
   run_case({WeightFormat::kNvfp4, ops::UploadLayout::kSource, 1, 64, 8, 64, 256, false, false,
             false, 0.0});
+  Case extreme{
+      WeightFormat::kMxfp4, ops::UploadLayout::kSource, 16, 1, 1, 256, 2048, false, false, true};
+  extreme.extreme_scale = true;
+  run_case(extreme);
 }
 
 TEST_P(GroupedGemm, RowsOutsideTheBuffersAreSkipped) {
@@ -278,6 +289,19 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   EXPECT_ERROR(ops::run_grouped(plan, stream(), a, other, counts, offsets, out),
                ErrorCode::kInvalidArgument, "not the plan's");
   EXPECT_ERROR(res.weights().view(2), ErrorCode::kInvalidArgument, "expert 2");
+  // Every expert's tensor scale is checked, not expert 0's alone.
+  ops::GroupedWeights nan_scale = res.weights();
+  nan_scale.tensor_scales[1] = std::nanf("");
+  EXPECT_ERROR(ops::plan_grouped(bk, 4, nan_scale, opt), ErrorCode::kInvalidArgument,
+               "expert 1's tensor scale nan");
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, nan_scale, counts, offsets, out),
+               ErrorCode::kInvalidArgument, "expert 1's tensor scale nan");
+  // Weights described with fewer scale bytes than the plan's (a side buffer without the zero
+  // points the plan reads, say) are refused, not read past their end.
+  ops::GroupedWeights short_scales = res.weights();
+  short_scales.expert.scales_bytes /= 2;
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, short_scales, counts, offsets, out),
+               ErrorCode::kInvalidArgument, "not the plan's");
   res.release(bk);
   const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);
   EXPECT_EQ(std::count(untouched.begin(), untouched.end(), toolkit::kPoisonBf16), 4 * 64);

@@ -2,7 +2,7 @@
 // code (moe_reference.h): routing by each family's rule on fresh random logits, the alignment of
 // random routings (invalid ids, empty experts, one expert taking every token, the masked
 // layout), the gather and the weighted combine. Outputs are poisoned first, so an element no
-// kernel writes fails; argument checks launch nothing.
+// kernel writes fails; bad arguments are refused with an error naming them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -170,6 +170,30 @@ TEST_P(MoeOps, MoeRouteTiesGoToTheLowerExpert) {
   b.synchronize(s);
   EXPECT_EQ(testing::read<std::int32_t>(b, ids, 4), (std::vector<std::int32_t>{0, 1, 2, 3}));
   EXPECT_EQ(testing::read<float>(b, w, 4), std::vector<float>(4, 1.0f / 16));
+  for (DevicePtr p : {d, ids, w}) b.free(p);
+}
+
+TEST_P(MoeOps, MoeRouteNanLogitsRankLast) {
+  Backend& b = this->b();
+  const StreamHandle s = stream();
+  // Token 0: expert 1 NaN, chosen by kTopkSoftmax after every number; token 1: every logit NaN,
+  // the lowest experts in order.
+  std::vector<float> logits = {0.5f, std::nanf(""), 2.0f, -1.0f};
+  logits.insert(logits.end(), 4, std::nanf(""));
+  const DevicePtr d = to_device(b, logits);
+  const DevicePtr ids = poison_buffer(b, 24), w = poison_buffer(b, 24);
+  ops::MoeRouting r;
+  r.scoring = MoeScoring::kTopkSoftmax;
+  r.top_k = 3;
+  ops::moe_route(b, s, d, {2, 4, 3, 0}, r, ids, w, opt());
+  b.synchronize(s);
+  EXPECT_EQ(testing::read<std::int32_t>(b, ids, 6), (std::vector<std::int32_t>{2, 0, 3, 0, 1, 2}));
+  const auto got = testing::read<float>(b, w, 6);
+  const double z = std::exp(0.0) + std::exp(-1.5) + std::exp(-3.0);
+  EXPECT_NEAR(got[0], 1.0 / z, 1e-6);
+  EXPECT_NEAR(got[1], std::exp(-1.5) / z, 1e-6);
+  EXPECT_NEAR(got[2], std::exp(-3.0) / z, 1e-6);
+  for (int j = 3; j < 6; ++j) EXPECT_TRUE(std::isnan(got[j])) << "slot " << j;
   for (DevicePtr p : {d, ids, w}) b.free(p);
 }
 
@@ -343,6 +367,11 @@ TEST_P(MoeOps, BadArgumentsAreRefusedBeforeAnyLaunch) {
                ErrorCode::kInvalidArgument, "experts = 2000");
   EXPECT_ERROR(ops::moe_route(b, s, buf, {4, 8, 9, 0}, r, other, other.offset(64)),
                ErrorCode::kInvalidArgument, "top_k = 9");
+  // A capacity whose rows (experts x capacity) would overflow before they are counted.
+  EXPECT_ERROR(ops::moe_align(b, s, buf, {1, 3, 2, 0x5555555555555556}, {other, other, other}),
+               ErrorCode::kInvalidArgument, "do not fit int32 row indices");
+  EXPECT_ERROR(ops::moe_align(b, s, buf, {1 << 26, 32, 32, 1 << 26}, {other, other, other}),
+               ErrorCode::kInvalidArgument, "do not fit int32 row indices");
   EXPECT_ERROR(ops::moe_route(b, s, buf, {4, 8, 2, 3}, r, other, other.offset(64)),
                ErrorCode::kInvalidArgument, "capacity = 3");
   ops::MoeRouting g = r;

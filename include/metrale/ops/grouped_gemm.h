@@ -31,7 +31,8 @@ struct GroupedWeights {
   DevicePtr table;                   // FP32 tensor scales [experts], then int32 folds [experts]
   std::vector<float> tensor_scales;  // host copies of the table
   std::vector<std::int32_t> folds;
-  // Expert e as weights of its own, for ops/gemm.h (buffers inside this one's).
+  // Expert e as weights of its own, for ops/gemm.h (buffers inside this one's); Error
+  // (kInvalidArgument) for e outside [0, experts) or a table of another size.
   QuantWeights view(std::int32_t e) const;
 };
 
@@ -74,10 +75,13 @@ struct GroupedGemmPlan {
   WeightLayout layout = WeightLayout::kRowMajor;
   WeightPacking packing = WeightPacking::kSource;
   std::int64_t group = 0;
+  // Every expert's description as planned (no buffers): run() refuses weights described otherwise.
+  QuantWeights expert;
   bool bias = false, out_f32 = false;
   std::uint32_t flags = 0;  // the kernels' GemmFlags
   PlannedLaunch launch;     // grid (N tiles, experts)
-  // One line, e.g. "grouped rows=512 N=2880 K=2880 x 32 experts: w4a16::gemm_grouped 45x32x1".
+  // One line, e.g. "grouped rows=512 N=2880 K=2880 x 32 experts: w4a16::gemm_grouped 12x32x1 x
+  // 256 threads".
   std::string describe() const;
 };
 

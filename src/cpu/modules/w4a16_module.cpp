@@ -156,8 +156,16 @@ void gemm_grouped(const HostBlock& b) {
   if (n0 >= n1) return;
   if (p.m <= decode_max_m()) {
     w4a16::gemm_decode(p, n0, n1, w4a16::best_isa());
-  } else {
-    w4a16::gemm_tiled(p, n0, n1, 0, p.m, w4a16::best_isa());
+    return;
+  }
+  // The tiled route in the dense launch's tiles (its panels' width, its rows a block): on
+  // Qwen3-30B-A3B's gate_up at 16 rows an expert, one call over the 256 columns took 1.15x the
+  // time of the dense GEMMs per expert.
+  for (std::int64_t c0 = n0; c0 < n1; c0 += kTiledTile) {
+    for (std::int64_t m0 = 0; m0 < p.m; m0 += kTiledMTile) {
+      w4a16::gemm_tiled(p, c0, std::min<std::int64_t>(n1, c0 + kTiledTile), m0,
+                        std::min<std::int64_t>(p.m, m0 + kTiledMTile), w4a16::best_isa());
+    }
   }
 }
 

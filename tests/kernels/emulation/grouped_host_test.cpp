@@ -11,9 +11,10 @@
 #include "cuda/kernels/decode_int4.cuh"
 #include "cuda/kernels/grouped.cuh"
 
-// decode_packed.cuh's block is an external function (not inline): decode_host_test.cpp's
-// translation unit compiles it, and this one calls that definition.
+// decode.cuh's and decode_packed.cuh's blocks are external functions (not inline):
+// decode_host_test.cpp's translation unit compiles them, and this one calls those definitions.
 namespace metrale::kernels {
+void decode_block(const GemmParams& p);
 void decode_packed_block(const GemmParams& p);
 }  // namespace metrale::kernels
 
@@ -57,8 +58,10 @@ HostQuantWeights random_expert(WeightFormat f, std::int64_t n, std::int64_t k) {
   return w;
 }
 
-void run(WeightFormat format) {
-  SCOPED_TRACE(to_string(format));
+// source: NVFP4 or MXFP4 in their source layout (gemm_grouped: decode.cuh's block); else the
+// decode layouts (gemm_grouped_packed, gemm_grouped_int4_decode).
+void run(WeightFormat format, bool source = false) {
+  SCOPED_TRACE(fmt::format("{}{}", to_string(format), source ? " source layout" : ""));
   constexpr std::int64_t kN = 64, kK = 256, kRows = 24;
   const std::vector<std::int32_t> counts = {2, 0, 17, 3}, offsets = {0, 2, 2, 22, 24};
   const auto experts = static_cast<std::int64_t>(counts.size());
@@ -69,8 +72,9 @@ void run(WeightFormat format) {
   std::uint64_t codes_stride = 0, scales_stride = 0;
   for (std::int64_t e = 0; e < experts; ++e) {
     host.push_back(random_expert(format, kN, kK));
-    const ops::HostPacked p = ops::pack_host_weights(cpu, host.back(), ops::UploadLayout::kDecode);
-    ASSERT_EQ(p.packing, ops::WeightPacking::kDecode);
+    const ops::HostPacked p = ops::pack_host_weights(
+        cpu, host.back(), source ? ops::UploadLayout::kSource : ops::UploadLayout::kDecode);
+    ASSERT_EQ(p.packing, source ? ops::WeightPacking::kSource : ops::WeightPacking::kDecode);
     codes_stride = (p.codes.size() + 255) / 256 * 256;
     scales_stride = (p.scales.size() + 255) / 256 * 256;
     codes.resize(static_cast<std::size_t>(codes_stride * (e + 1)));
@@ -97,6 +101,8 @@ void run(WeightFormat format) {
   if (format == WeightFormat::kInt4) {
     g.gemm.flags = kGemmInt4 | kGemmZeroPoints;
     g.gemm.group = 128;
+  } else if (source) {
+    g.gemm.flags = format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u;
   } else {
     g.gemm.flags = kGemmDecodePacked | (format == WeightFormat::kMxfp4 ? kGemmMxfp4 : 0u);
   }
@@ -106,14 +112,16 @@ void run(WeightFormat format) {
   g.codes_stride = codes_stride;
   g.scales_stride = scales_stride;
   g.experts = experts;
-  const dim3 grid(static_cast<unsigned>((kN + decode_layout::kTileN - 1) / decode_layout::kTileN),
-                  static_cast<unsigned>(experts));
+  const std::int64_t tile = source ? metrale::tiles::kDecodeNTile : decode_layout::kTileN;
+  const dim3 grid(static_cast<unsigned>((kN + tile - 1) / tile), static_cast<unsigned>(experts));
   const std::vector<emu::Region> readable = {
       {a.data(), a.size() * 2}, {codes.data(), codes.size()}, {scales.data(), scales.size()}};
-  const std::string error =
-      emu::run_grid(grid, static_cast<int>(metrale::tiles::kDecodeThreads), readable, [&g, format] {
+  const std::string error = emu::run_grid(
+      grid, static_cast<int>(metrale::tiles::kDecodeThreads), readable, [&g, format, source] {
         if (format == WeightFormat::kInt4) {
           kk::grouped_block(g, [](const GemmParams& p) { kk::decode_int4_block(p); });
+        } else if (source) {
+          kk::grouped_block(g, [](const GemmParams& p) { kk::decode_block(p); });
         } else {
           kk::grouped_block(g, [](const GemmParams& p) { kk::decode_packed_block(p); });
         }
@@ -142,10 +150,12 @@ void run(WeightFormat format) {
   }
 }
 
-TEST(GroupedHost, DecodeLayoutsPerExpert) {
+TEST(GroupedHost, EachLayoutPerExpert) {
   run(WeightFormat::kNvfp4);
   run(WeightFormat::kMxfp4);
   run(WeightFormat::kInt4);
+  run(WeightFormat::kNvfp4, true);
+  run(WeightFormat::kMxfp4, true);
 }
 
 }  // namespace

@@ -133,13 +133,20 @@ TEST(MoeHost, AlignGatherAndCombineAreTheCpusBytes) {
                                                                 {37, 4, 16, 0, 24},
                                                                 {300, 8, 64, 0, 16},
                                                                 {40, 2, 8, 40, 64},
-                                                                {129, 8, 1000, 0, 8}}) {
+                                                                {129, 8, 1000, 0, 8},
+                                                                {6, 2, 4, 6, 8}}) {
     SCOPED_TRACE(fmt::format("T={} k={} E={} capacity {} width {}", tokens, top_k, experts,
                              capacity, width));
     const auto n = static_cast<std::size_t>(tokens * top_k);
     std::vector<std::int32_t> ids(n);
     std::uniform_int_distribution<int> pick(-1, experts);  // -1 and E: no row
-    for (std::int64_t t = 0; t < tokens; ++t) {
+    // The last case: every token names expert 2 twice, which overflows its masked capacity
+    // (12 entries for 6 rows): the counts are clamped and the entries past it get no row.
+    const bool overflow = tokens == 6 && capacity == 6;
+    for (std::int64_t t = 0; t < tokens && overflow; ++t) {
+      ids[static_cast<std::size_t>(t * top_k)] = ids[static_cast<std::size_t>(t * top_k + 1)] = 2;
+    }
+    for (std::int64_t t = 0; t < tokens && !overflow; ++t) {
       std::vector<int> seen;
       for (int j = 0; j < top_k; ++j) {
         int e;
