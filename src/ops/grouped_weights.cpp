@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/log.h"
 #include "metrale/error.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/weights.h"

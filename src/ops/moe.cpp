@@ -4,7 +4,6 @@
 
 #include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <string_view>
 
 #include "core/nvtx.h"
@@ -31,10 +30,6 @@ void check_buffer(Backend& backend, std::string_view api, const char* name, Devi
     bad(api, fmt::format("{} = 0x{:x} is not {}-byte aligned", name, p.address(), align));
   }
   backend.check_range(api, name, p, bytes);
-}
-
-void check_outputs_clear(std::string_view api, const Range& out, std::initializer_list<Range> in) {
-  check_no_overlap(api, out, in);
 }
 
 void check_shape(std::string_view api, const MoeShape& s) {
@@ -148,8 +143,8 @@ void moe_route(Backend& backend, StreamHandle stream, DevicePtr logits, const Mo
   const Range in_bias{"bias", r.bias.address(), r.bias ? std::uint64_t{4} * shape.experts : 0};
   const Range out_ids{"ids", ids.address(), entries(shape) * 4};
   const Range out_w{"weights", weights.address(), entries(shape) * 4};
-  check_outputs_clear(kApi, out_ids, {in_logits, in_bias, out_w});
-  check_outputs_clear(kApi, out_w, {in_logits, in_bias});
+  check_no_overlap(kApi, out_ids, {in_logits, in_bias, out_w});
+  check_no_overlap(kApi, out_w, {in_logits, in_bias});
   const ResolvedKernel& k = kernel(backend, kApi, "moe_route", options);
   MoeRouteParams p;
   p.logits = logits.address();
@@ -182,9 +177,9 @@ void moe_align(Backend& backend, StreamHandle stream, DevicePtr ids, const MoeSh
   const Range counts{"counts", rows.counts.address(), e_bytes};
   const Range offsets{"offsets", rows.offsets.address(), e_bytes + 4};
   const Range out{"rows", rows.rows.address(), entries(shape) * 4};
-  check_outputs_clear(kApi, counts, {in, offsets, out});
-  check_outputs_clear(kApi, offsets, {in, out});
-  check_outputs_clear(kApi, out, {in});
+  check_no_overlap(kApi, counts, {in, offsets, out});
+  check_no_overlap(kApi, offsets, {in, out});
+  check_no_overlap(kApi, out, {in});
   const ResolvedKernel& count = kernel(backend, kApi, "moe_count", options);
   const ResolvedKernel& scatter = kernel(backend, kApi, "moe_scatter", options);
   MoeAlignParams p;
@@ -212,7 +207,7 @@ void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeSha
   check_buffer(backend, kApi, "x", x, x_bytes, kAlign);
   check_buffer(backend, kApi, "rows", rows, entries(shape) * 4, 4);
   check_buffer(backend, kApi, "x_perm", x_perm, perm_bytes, kAlign);
-  check_outputs_clear(
+  check_no_overlap(
       kApi, Range{"x_perm", x_perm.address(), perm_bytes},
       {Range{"x", x.address(), x_bytes}, Range{"rows", rows.address(), entries(shape) * 4}});
   const ResolvedKernel& k = kernel(backend, kApi, "moe_gather", options);
@@ -233,7 +228,7 @@ void moe_combine(Backend& backend, StreamHandle stream, DevicePtr y, const MoeSh
   check_buffer(backend, kApi, "rows", rows, entries(shape) * 4, 4);
   check_buffer(backend, kApi, "weights", weights, entries(shape) * 4, 4);
   check_buffer(backend, kApi, "out", out, out_bytes, kAlign);
-  check_outputs_clear(
+  check_no_overlap(
       kApi, Range{"out", out.address(), out_bytes},
       {Range{"y", y.address(), y_bytes}, Range{"rows", rows.address(), entries(shape) * 4},
        Range{"weights", weights.address(), entries(shape) * 4}});

@@ -39,13 +39,6 @@ class MoeOps : public testing::gemm::GemmBackendTest {
 };
 INSTANTIATE_TEST_SUITE_P(, MoeOps, ::testing::Values("cpu", "cuda"), backend_name);
 
-template <class T>
-DevicePtr to_device(Backend& b, const std::vector<T>& v) {
-  const DevicePtr p = b.alloc(std::max<std::size_t>(v.size() * sizeof(T), 16));
-  b.copy_h2d(p, v.data(), v.size() * sizeof(T));
-  return p;
-}
-
 DevicePtr poison_buffer(Backend& b, std::size_t bytes) {
   const DevicePtr p = b.alloc(std::max<std::size_t>(bytes, 16));
   b.memset(p, 0xAB, bytes);
@@ -137,8 +130,8 @@ TEST_P(MoeOps, MoeRouteEachFamilysRuleAgainstFloat64) {
     for (std::int64_t tokens : {1, 3, 70, 257}) {
       SCOPED_TRACE(fmt::format("{}: {} tokens", c.name, tokens));
       const auto logits = random_logits(static_cast<std::size_t>(tokens * c.experts), 4.0f);
-      const DevicePtr d_logits = to_device(b, logits);
-      const DevicePtr d_bias = c.r.bias.empty() ? DevicePtr{} : to_device(b, c.r.bias);
+      const DevicePtr d_logits = testing::upload(b, logits);
+      const DevicePtr d_bias = c.r.bias.empty() ? DevicePtr{} : testing::upload(b, c.r.bias);
       const std::size_t n = static_cast<std::size_t>(tokens * c.r.top_k);
       const DevicePtr ids = poison_buffer(b, n * 4), w = poison_buffer(b, n * 4);
       const ops::MoeShape shape{tokens, c.experts, c.r.top_k, 0};
@@ -162,7 +155,7 @@ TEST_P(MoeOps, MoeRouteTiesGoToTheLowerExpert) {
   const StreamHandle s = stream();
   // Every logit equal: the first k experts, in order, each weight 1/E (1/k renormalized).
   const std::vector<float> logits(16, 0.5f);
-  const DevicePtr d = to_device(b, logits);
+  const DevicePtr d = testing::upload(b, logits);
   const DevicePtr ids = poison_buffer(b, 16), w = poison_buffer(b, 16);
   ops::MoeRouting r;
   r.top_k = 4;
@@ -180,7 +173,7 @@ TEST_P(MoeOps, MoeRouteNanLogitsRankLast) {
   // the lowest experts in order.
   std::vector<float> logits = {0.5f, std::nanf(""), 2.0f, -1.0f};
   logits.insert(logits.end(), 4, std::nanf(""));
-  const DevicePtr d = to_device(b, logits);
+  const DevicePtr d = testing::upload(b, logits);
   const DevicePtr ids = poison_buffer(b, 24), w = poison_buffer(b, 24);
   ops::MoeRouting r;
   r.scoring = MoeScoring::kTopkSoftmax;
@@ -248,7 +241,7 @@ void check_align(Backend& b, StreamHandle s, const std::vector<std::int32_t>& id
   const auto e = static_cast<std::size_t>(shape.experts);
   const ops::MoeRows rows{poison_buffer(b, e * 4), poison_buffer(b, (e + 1) * 4),
                           poison_buffer(b, ids.size() * 4)};
-  const DevicePtr d_ids = to_device(b, ids);
+  const DevicePtr d_ids = testing::upload(b, ids);
   ops::moe_align(b, s, d_ids, shape, rows, opt);
   b.synchronize(s);
   EXPECT_EQ(testing::read<std::int32_t>(b, rows.counts, e), want.counts);
@@ -302,7 +295,7 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
     const Aligned al = align_reference(ids, experts, shape.capacity);
     const auto rows_n = static_cast<std::size_t>(shape.row_capacity());
     const auto x = testing::random_bf16(static_cast<std::size_t>(tokens * width));
-    const DevicePtr d_x = to_device(b, x), d_rows = to_device(b, al.rows);
+    const DevicePtr d_x = testing::upload(b, x), d_rows = testing::upload(b, al.rows);
     const DevicePtr x_perm = poison_buffer(b, rows_n * width * 2);
     ops::moe_gather(b, s, d_x, shape, width, d_rows, x_perm, opt());
     b.synchronize(s);
@@ -327,7 +320,7 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
     std::vector<float> w(ids.size());
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     for (auto& v : w) v = u(rng());
-    const DevicePtr d_y = to_device(b, y), d_w = to_device(b, w);
+    const DevicePtr d_y = testing::upload(b, y), d_w = testing::upload(b, w);
     const DevicePtr out = poison_buffer(b, static_cast<std::size_t>(tokens * width * 2));
     ops::moe_combine(b, s, d_y, shape, width, d_rows, d_w, out, opt());
     b.synchronize(s);
