@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
 #include "core/nvtx.h"
 #include "core/published.h"
+#include "kernels/moe_glu.h"
 #include "kernels/moe_permute.h"
 #include "kernels/moe_route.h"
 #include "metrale/error.h"
@@ -213,6 +215,51 @@ void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeSha
   const ResolvedKernel& k = kernel(backend, kApi, "moe_gather", options);
   const MoePermuteParams p = permute_params(x, x_perm, rows, shape, width);
   launch(backend, kApi, k, static_cast<std::int64_t>(entries(shape)), stream, p);
+}
+
+void moe_glu(Backend& backend, StreamHandle stream, DevicePtr y, const MoeShape& shape,
+             std::int64_t inter, const MoeActivation& activation, const MoeRows& rows,
+             DevicePtr act, const MoeOptions& options) {
+  constexpr std::string_view kApi = "moe_glu";
+  const nvtx::Range range("metrale::ops::moe_glu");
+  check_shape(kApi, shape);
+  if (inter < 8 || inter % 8 != 0 || inter > (std::int64_t{1} << 23)) {
+    bad(kApi, fmt::format("inter = {} is not a multiple of 8 in [8, 2^23]", inter));
+  }
+  const bool clamped = activation.glu == MoeGlu::kClampedSwiglu;
+  if (!clamped && activation.glu != MoeGlu::kSilu) {
+    bad(kApi, fmt::format("activation.glu = {} is not a MoeGlu", static_cast<int>(activation.glu)));
+  }
+  if (clamped && !(std::isfinite(activation.alpha) && activation.limit > 0.0f)) {
+    bad(kApi, fmt::format("alpha = {} and limit = {}: alpha must be finite and limit positive",
+                          activation.alpha, activation.limit));
+  }
+  const auto n = static_cast<std::uint64_t>(shape.row_capacity());
+  const std::uint64_t y_bytes = n * static_cast<std::uint64_t>(inter) * 4;
+  const std::uint64_t act_bytes = n * static_cast<std::uint64_t>(inter) * 2;
+  const std::uint64_t e_bytes = std::uint64_t{4} * shape.experts;
+  check_buffer(backend, kApi, "y", y, y_bytes, kAlign);
+  check_buffer(backend, kApi, "counts", rows.counts, e_bytes, 4);
+  check_buffer(backend, kApi, "offsets", rows.offsets, e_bytes + 4, 4);
+  check_buffer(backend, kApi, "act", act, act_bytes, kAlign);
+  check_no_overlap(
+      kApi, Range{"act", act.address(), act_bytes},
+      {Range{"y", y.address(), y_bytes}, Range{"counts", rows.counts.address(), e_bytes},
+       Range{"offsets", rows.offsets.address(), e_bytes + 4}});
+  const ResolvedKernel& k = kernel(backend, kApi, "moe_glu", options);
+  MoeGluParams p;
+  p.y = y.address();
+  p.act = act.address();
+  p.counts = rows.counts.address();
+  p.offsets = rows.offsets.address();
+  p.row_capacity = shape.row_capacity();
+  p.inter = inter;
+  p.capacity = shape.capacity;
+  p.experts = shape.experts;
+  p.kind = clamped ? kMoeGluClampedSwiglu : kMoeGluSilu;
+  p.alpha = activation.alpha;
+  p.limit = activation.limit;
+  launch(backend, kApi, k, shape.row_capacity(), stream, p);
 }
 
 void moe_combine(Backend& backend, StreamHandle stream, DevicePtr y, const MoeShape& shape,

@@ -15,6 +15,7 @@
 
 #include "core/expect_error.h"
 #include "cuda/rig.h"
+#include "kernels/moe_glu.h"
 #include "kernels/moe_permute.h"
 #include "kernels/moe_route.h"
 #include "metrale/cpu_backend.h"
@@ -116,16 +117,27 @@ ModuleSpec moe_module(std::vector<FakeLaunch>* launches) {
         out[t * p.width + c] = moe::combine_element(p, t, c);
     }
   };
+  FakeFunction glu;
+  glu.param_sizes = {sizeof(MoeGluParams)};
+  glu.body = [record](const FakeLaunch& l) {
+    record(l);
+    const auto p = params<MoeGluParams>(l);
+    auto* act = reinterpret_cast<std::uint16_t*>(p.act);
+    for (std::int64_t r = 0; r < std::min<std::int64_t>(p.row_capacity, l.grid[0]); ++r) {
+      if (!moe::glu_row_used(p, r)) continue;
+      for (std::int64_t i = 0; i < p.inter; ++i) act[r * p.inter + i] = moe::glu_element(p, r, i);
+    }
+  };
   m.fake.functions["moe_route"] = route;
   m.fake.functions["moe_count"] = count;
   m.fake.functions["moe_scatter"] = scatter;
   m.fake.functions["moe_gather"] = gather;
   m.fake.functions["moe_combine"] = combine;
-  const std::pair<const char*, std::uint32_t> tiles[] = {{"moe_route", kWarpTile},
-                                                         {"moe_count", moe::kMaxExperts},
-                                                         {"moe_scatter", 1},
-                                                         {"moe_gather", kWarpTile},
-                                                         {"moe_combine", 1}};
+  m.fake.functions["moe_glu"] = glu;
+  const std::pair<const char*, std::uint32_t> tiles[] = {
+      {"moe_route", kWarpTile}, {"moe_count", moe::kMaxExperts},
+      {"moe_scatter", 1},       {"moe_gather", kWarpTile},
+      {"moe_combine", 1},       {"moe_glu", 1}};
   for (const auto& [e, tile] : tiles) {
     m.fake.publish_u32(std::string(e) + "_n_tile", tile);
     m.fake.publish_u32(std::string(e) + "_block_threads", kThreads);
@@ -168,7 +180,7 @@ TEST(MoeLaunch, OptedInTheWholeGlueMatchesTheCpuBackend) {
        {std::tuple{1, 8, 2, false}, {19, 64, 6, false}, {33, 16, 4, true}}) {
     SCOPED_TRACE(fmt::format("T={} E={} k={} masked {}", tokens, experts, top_k, masked));
     const ops::MoeShape shape{tokens, experts, top_k, masked ? tokens : 0};
-    const std::int64_t width = 24;
+    const std::int64_t width = 32;  // the glu's y: gate and up of inter = 16
     std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
     for (auto& x : logits) x = u(gen);
     std::vector<std::uint16_t> x(static_cast<std::size_t>(tokens * width));
@@ -183,7 +195,7 @@ TEST(MoeLaunch, OptedInTheWholeGlueMatchesTheCpuBackend) {
     struct Out {
       std::vector<std::int32_t> ids, counts, offsets, rows;
       std::vector<float> w;
-      std::vector<std::uint16_t> perm, out;
+      std::vector<std::uint16_t> perm, out, act;
     };
     const auto glue = [&](Backend& b, const ops::MoeOptions& o) {
       const StreamHandle s = b.default_stream();
@@ -192,11 +204,14 @@ TEST(MoeLaunch, OptedInTheWholeGlueMatchesTheCpuBackend) {
       const ops::MoeRows rows{b.alloc(e_n * 4), b.alloc(e_n * 4 + 4), b.alloc(n * 4)};
       const DevicePtr perm = b.alloc(rows_n * width * 2), out = b.alloc(n * width * 2);
       b.memset(perm, 0xAB, rows_n * width * 2);
+      const DevicePtr act = b.alloc(rows_n * width);
       b.memset(out, 0xAB, static_cast<std::size_t>(tokens * width * 2));
+      b.memset(act, 0xAB, rows_n * width);
       ops::moe_route(b, s, dl, shape, routing, ids, w, o);
       ops::moe_align(b, s, ids, shape, rows, o);
       ops::moe_gather(b, s, dx, shape, width, rows.rows, perm, o);
       ops::moe_combine(b, s, perm, shape, width, rows.rows, w, out, o);
+      ops::moe_glu(b, s, perm, shape, width / 2, {}, rows, act, o);
       b.synchronize(s);
       Out r{read<std::int32_t>(b, ids, n),
             read<std::int32_t>(b, rows.counts, e_n),
@@ -204,8 +219,9 @@ TEST(MoeLaunch, OptedInTheWholeGlueMatchesTheCpuBackend) {
             read<std::int32_t>(b, rows.rows, n),
             read<float>(b, w, n),
             read<std::uint16_t>(b, perm, rows_n * width),
-            read<std::uint16_t>(b, out, static_cast<std::size_t>(tokens * width))};
-      for (DevicePtr p : {dl, dx, ids, w, rows.counts, rows.offsets, rows.rows, perm, out}) {
+            read<std::uint16_t>(b, out, static_cast<std::size_t>(tokens * width)),
+            read<std::uint16_t>(b, act, rows_n * width / 2)};
+      for (DevicePtr p : {dl, dx, ids, w, rows.counts, rows.offsets, rows.rows, perm, out, act}) {
         b.free(p);
       }
       return r;
@@ -221,12 +237,14 @@ TEST(MoeLaunch, OptedInTheWholeGlueMatchesTheCpuBackend) {
     EXPECT_EQ(gpu.rows, want.rows);
     EXPECT_EQ(gpu.perm, want.perm);
     EXPECT_EQ(gpu.out, want.out);
+    EXPECT_EQ(gpu.act, want.act);
     // The grids: the published tiles, one block for the count.
-    ASSERT_EQ(r.launches.size(), 5u);
+    ASSERT_EQ(r.launches.size(), 6u);
     const unsigned want_grid[] = {
-        static_cast<unsigned>((tokens + 7) / 8), 1, static_cast<unsigned>(experts),
-        static_cast<unsigned>((n + 7) / 8), static_cast<unsigned>(tokens)};
-    for (std::size_t i = 0; i < 5; ++i) {
+        static_cast<unsigned>((tokens + 7) / 8), 1,
+        static_cast<unsigned>(experts),          static_cast<unsigned>((n + 7) / 8),
+        static_cast<unsigned>(tokens),           static_cast<unsigned>(rows_n)};
+    for (std::size_t i = 0; i < 6; ++i) {
       EXPECT_EQ(r.launches[i].grid[0], want_grid[i]) << r.launches[i].function;
       EXPECT_EQ(r.launches[i].block[0], kThreads) << r.launches[i].function;
     }

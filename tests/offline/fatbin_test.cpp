@@ -185,14 +185,13 @@ Published fp8_published(const std::string& target) {
 }
 
 // Module "moe": a warp per token (route) or entry (gather), 8 warps a block; count one block over
-// up to 1024 experts; scatter a block per expert; combine a block per token. Not yet verified.
+// up to 1024 experts; scatter a block per expert; combine a block per token; glu a block per row.
+// Not yet verified.
 Published moe_published(const std::string& /*target*/) {
-  Published p = {{"moe_route_n_tile", 8},
-                 {"moe_count_n_tile", 1024},
-                 {"moe_scatter_n_tile", 1},
-                 {"moe_gather_n_tile", 8},
-                 {"moe_combine_n_tile", 1}};
-  for (const char* e : {"moe_route", "moe_count", "moe_scatter", "moe_gather", "moe_combine"}) {
+  Published p = {{"moe_route_n_tile", 8},  {"moe_count_n_tile", 1024}, {"moe_scatter_n_tile", 1},
+                 {"moe_gather_n_tile", 8}, {"moe_combine_n_tile", 1},  {"moe_glu_n_tile", 1}};
+  for (const char* e :
+       {"moe_route", "moe_count", "moe_scatter", "moe_gather", "moe_combine", "moe_glu"}) {
     p[std::string(e) + "_block_threads"] = 256;
   }
   return p;
@@ -215,7 +214,7 @@ const std::vector<Module>& modules() {
       {"fp8", METRALE_FP8_FATBIN, {"cast_e4m3_block128"}, fp8_published},
       {"moe",
        METRALE_MOE_FATBIN,
-       {"moe_route", "moe_count", "moe_scatter", "moe_gather", "moe_combine"},
+       {"moe_route", "moe_count", "moe_scatter", "moe_gather", "moe_combine", "moe_glu"},
        moe_published},
   };
   return all;

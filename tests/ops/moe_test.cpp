@@ -347,6 +347,69 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
   }
 }
 
+// The gated activation, float64 as transformers' experts write it: Qwen3's SiLU(gate) · up on
+// [gate | up] rows, gpt-oss's clamped gate · σ(1.702 gate) · (up + 1) on interleaved ones.
+double glu_reference(ops::MoeGlu glu, double g, double u) {
+  if (glu == ops::MoeGlu::kSilu) return g / (1.0 + std::exp(-g)) * u;
+  g = std::min(g, 7.0);
+  u = std::clamp(u, -7.0, 7.0);
+  return g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+}
+
+TEST_P(MoeOps, MoeGluAgainstFloat64) {
+  Backend& b = this->b();
+  const StreamHandle s = stream();
+  for (const auto& [tokens, top_k, experts, inter, masked] :
+       {std::tuple{1, 1, 4, 8, false}, {9, 2, 8, 64, true}, {40, 4, 16, 200, false}}) {
+    for (const ops::MoeGlu glu : {ops::MoeGlu::kSilu, ops::MoeGlu::kClampedSwiglu}) {
+      SCOPED_TRACE(fmt::format("T={} k={} E={} inter {} masked {} glu {}", tokens, top_k, experts,
+                               inter, masked, static_cast<int>(glu)));
+      auto ids = random_ids(tokens, top_k, experts, 1.0);
+      ids[0] = -1;  // one entry without a row: contiguous, the last row holds nothing
+      const ops::MoeShape shape{tokens, experts, top_k, masked ? tokens : 0};
+      const Aligned al = align_reference(ids, experts, shape.capacity);
+      const auto rows_n = static_cast<std::size_t>(shape.row_capacity());
+      const auto in = static_cast<std::size_t>(inter);
+      // Values to ±10, past the clamps at ±7.
+      std::vector<std::uint16_t> y(rows_n * 2 * in);
+      std::uniform_real_distribution<float> u(-10.0f, 10.0f);
+      for (auto& v : y) v = num::f32_to_bf16(u(rng()));
+      const DevicePtr d_y = testing::upload(b, y);
+      const ops::MoeRows rows{testing::upload(b, al.counts), testing::upload(b, al.offsets),
+                              DevicePtr{}};
+      const DevicePtr act = poison_buffer(b, rows_n * in * 2);
+      ops::MoeActivation activation;
+      activation.glu = glu;
+      ops::moe_glu(b, s, d_y, shape, inter, activation, rows, act, opt());
+      b.synchronize(s);
+      const auto got = testing::read<std::uint16_t>(b, act, rows_n * in);
+      std::vector<bool> used(rows_n, false);
+      for (const std::int32_t r : al.rows) {
+        if (r >= 0) used[static_cast<std::size_t>(r)] = true;
+      }
+      for (std::size_t r = 0; r < rows_n; ++r) {
+        for (std::size_t i = 0; i < in; ++i) {
+          const std::uint16_t bits = got[r * in + i];
+          if (!used[r]) {
+            ASSERT_EQ(bits, 0xABAB) << "row " << r << " without an entry was written";
+            continue;
+          }
+          const bool chunked = glu == ops::MoeGlu::kSilu;
+          const double g = num::bf16_to_f32(y[r * 2 * in + (chunked ? i : 2 * i)]);
+          const double v = num::bf16_to_f32(y[r * 2 * in + (chunked ? in + i : 2 * i + 1)]);
+          const double want = glu_reference(glu, g, v);
+          // FP32 arithmetic (expf, a sum, a division, a product: a few 2^-24 of the value), then
+          // one BF16 rounding (2^-8 of it).
+          const double bound = std::abs(want) * (std::ldexp(1.0, -8) + std::ldexp(16.0, -24));
+          ASSERT_LE(std::abs(num::bf16_to_f32(bits) - want), bound + 1e-37)
+              << "row " << r << " col " << i << " g " << g << " u " << v;
+        }
+      }
+      for (DevicePtr p : {d_y, rows.counts, rows.offsets, act}) b.free(p);
+    }
+  }
+}
+
 TEST_P(MoeOps, BadArgumentsAreRefusedBeforeAnyLaunch) {
   Backend& b = this->b();
   const StreamHandle s = stream();
@@ -404,6 +467,18 @@ TEST_P(MoeOps, BadArgumentsAreRefusedBeforeAnyLaunch) {
                ErrorCode::kInvalidArgument, "overlaps");
   EXPECT_ERROR(ops::moe_align(b, s, buf, ok, {other, other, other.offset(256)}),
                ErrorCode::kInvalidArgument, "overlaps");
+  const ops::MoeRows rows{other, other.offset(64), other.offset(128)};
+  EXPECT_ERROR(ops::moe_glu(b, s, buf, ok, 12, {}, rows, buf.offset(4096)),
+               ErrorCode::kInvalidArgument, "inter = 12");
+  ops::MoeActivation clamp;
+  clamp.glu = ops::MoeGlu::kClampedSwiglu;
+  clamp.limit = 0.0f;
+  EXPECT_ERROR(ops::moe_glu(b, s, buf, ok, 16, clamp, rows, buf.offset(4096)),
+               ErrorCode::kInvalidArgument, "limit = 0");
+  EXPECT_ERROR(ops::moe_glu(b, s, buf, ok, 16, {}, rows, buf.offset(256)),
+               ErrorCode::kInvalidArgument, "overlaps");
+  EXPECT_ERROR(ops::moe_glu(b, s, buf, ok, 16, {}, {DevicePtr{}, other, other}, buf.offset(4096)),
+               ErrorCode::kInvalidArgument, "counts is null");
   b.free(buf);
   b.free(other);
 }

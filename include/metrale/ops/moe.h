@@ -70,6 +70,26 @@ struct MoeRows {
 void moe_align(Backend& backend, StreamHandle stream, DevicePtr ids, const MoeShape& shape,
                const MoeRows& rows, const MoeOptions& options = {});
 
+// The gated activation between the grouped gate_up and down GEMMs (Note [MoE routing]).
+enum class MoeGlu {
+  kSilu,           // Qwen3-MoE, Mixtral, DeepSeek: a row [gate | up]; SiLU(gate) · up
+  kClampedSwiglu,  // gpt-oss: gate the even, up the odd columns; gate <= limit, |up| <= limit;
+                   // gate · σ(alpha · gate) · (up + 1)
+};
+
+struct MoeActivation {
+  MoeGlu glu = MoeGlu::kSilu;
+  float alpha = 1.702f, limit = 7.0f;  // kClampedSwiglu: gpt-oss's values
+};
+
+// act[r] from y[r] for every row r that holds an expert's entry (by moe_align's counts and
+// offsets in rows), in FP32 and rounded once to BF16: y BF16 [row_capacity, 2 · inter], act BF16
+// [row_capacity, inter] (rows of no entry left as they are). inter a multiple of 8, y and act
+// 16-byte aligned, not overlapping; alpha finite, limit positive (kClampedSwiglu).
+void moe_glu(Backend& backend, StreamHandle stream, DevicePtr y, const MoeShape& shape,
+             std::int64_t inter, const MoeActivation& activation, const MoeRows& rows,
+             DevicePtr act, const MoeOptions& options = {});
+
 // x_perm[rows[t, j]] = x[t] for every (token, slot) with a row: x BF16 [tokens, width], x_perm BF16
 // [row_capacity, width] (rows without an entry left as they are). width a multiple of 8, x and
 // x_perm 16-byte aligned.

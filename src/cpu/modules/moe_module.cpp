@@ -1,13 +1,15 @@
-// Module "moe" on the CPU: the routing and permutation kernels of a mixture-of-experts layer
-// (src/kernels/moe_route.h, moe_permute.h), with the same entries and published fields as the GPU
-// module (src/cuda/kernels/moe.cu). The CPU's blocks cover more than the GPU's (a block is one
-// host call), so the grids the op sizes from them are small; what a block computes is the same.
+// Module "moe" on the CPU: the routing, permutation and activation kernels of a mixture-of-experts
+// layer (src/kernels/moe_route.h, moe_permute.h, moe_glu.h), with the same entries and published
+// fields as the GPU module (src/cuda/kernels/moe.cu). The CPU's blocks cover more than the GPU's (a
+// block is one host call), so the grids the op sizes from them are small; what a block computes is
+// the same.
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cpu/modules/modules.h"
+#include "kernels/moe_glu.h"
 #include "kernels/moe_permute.h"
 #include "kernels/moe_route.h"
 #include "kernels/verified_devices.h"
@@ -20,6 +22,7 @@ constexpr std::uint32_t kBlockThreads = 256;  // the shape the launch checks see
 constexpr std::uint32_t kRouteTile = 64;      // tokens
 constexpr std::uint32_t kGatherTile = 64;     // entries
 constexpr std::uint32_t kCombineTile = 16;    // tokens
+constexpr std::uint32_t kGluTile = 16;        // rows
 
 template <class T>
 T* at(std::uint64_t address) {
@@ -100,6 +103,16 @@ void moe_combine(const HostBlock& b) {
   }
 }
 
+void moe_glu(const HostBlock& b) {
+  const auto p = read_param<MoeGluParams>(b.params, 0);
+  const auto [r0, r1] = span(b, kGluTile, p.row_capacity);
+  auto* act = at<std::uint16_t>(p.act);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    if (!moe::glu_row_used(p, r)) continue;
+    for (std::int64_t i = 0; i < p.inter; ++i) act[r * p.inter + i] = moe::glu_element(p, r, i);
+  }
+}
+
 void publish(HostModule& m, const std::string& e, std::uint32_t tile) {
   m.publish_u32(e + "_n_tile", tile).publish_u32(e + "_block_threads", kBlockThreads);
   m.publish_u32(e + "_verified_on", verified::kHostReference);  // the reference itself
@@ -114,11 +127,13 @@ HostModule make_moe_module() {
   m.add_kernel("moe_scatter", moe_scatter, {static_cast<std::uint16_t>(sizeof(MoeAlignParams))});
   m.add_kernel("moe_gather", moe_gather, {static_cast<std::uint16_t>(sizeof(MoePermuteParams))});
   m.add_kernel("moe_combine", moe_combine, {static_cast<std::uint16_t>(sizeof(MoePermuteParams))});
+  m.add_kernel("moe_glu", moe_glu, {static_cast<std::uint16_t>(sizeof(MoeGluParams))});
   publish(m, "moe_route", kRouteTile);
   publish(m, "moe_count", moe::kMaxExperts);
   publish(m, "moe_scatter", moe::kMaxExperts);
   publish(m, "moe_gather", kGatherTile);
   publish(m, "moe_combine", kCombineTile);
+  publish(m, "moe_glu", kGluTile);
   return m;
 }
 

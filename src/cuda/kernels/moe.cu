@@ -9,9 +9,11 @@
 // moe_count: one block; a shared histogram, then the offsets by a block scan.
 // moe_scatter: a block per expert, walking the entries in order, 256 at a time: a ballot gives
 // each match its rank, so the rows follow the entries' order as on the CPU.
-// moe_gather: a warp per entry, 16-byte copies. moe_combine: a block per token.
+// moe_gather: a warp per entry, 16-byte copies. moe_combine: a block per token. moe_glu: a block
+// per row.
 #include <cstdint>
 
+#include "kernels/moe_glu.h"
 #include "kernels/moe_permute.h"
 #include "kernels/moe_route.h"
 #include "metrale/numerics.h"
@@ -20,6 +22,7 @@ namespace {
 
 namespace moe = metrale::moe;
 using metrale::MoeAlignParams;
+using metrale::MoeGluParams;
 using metrale::MoePermuteParams;
 using metrale::MoeRouteParams;
 
@@ -83,11 +86,13 @@ __device__ std::uint32_t moe_count_n_tile = moe::kMaxExperts;
 __device__ std::uint32_t moe_scatter_n_tile = 1;
 __device__ std::uint32_t moe_gather_n_tile = kWarps;
 __device__ std::uint32_t moe_combine_n_tile = 1;
+__device__ std::uint32_t moe_glu_n_tile = 1;
 __device__ std::uint32_t moe_route_block_threads = kThreads;
 __device__ std::uint32_t moe_count_block_threads = kThreads;
 __device__ std::uint32_t moe_scatter_block_threads = kThreads;
 __device__ std::uint32_t moe_gather_block_threads = kThreads;
 __device__ std::uint32_t moe_combine_block_threads = kThreads;
+__device__ std::uint32_t moe_glu_block_threads = kThreads;
 
 __global__ void __launch_bounds__(kThreads, 1) moe_route(MoeRouteParams p) {
   const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -263,6 +268,13 @@ __global__ void __launch_bounds__(kThreads) moe_combine(MoePermuteParams p) {
   for (std::int64_t c = threadIdx.x; c < p.width; c += kThreads) {
     out[c] = moe::combine_element(p, t, c);
   }
+}
+
+__global__ void __launch_bounds__(kThreads) moe_glu(MoeGluParams p) {
+  const std::int64_t r = blockIdx.x;
+  if (r >= p.row_capacity || !moe::glu_row_used(p, r)) return;
+  auto* act = reinterpret_cast<std::uint16_t*>(p.act) + r * p.inter;
+  for (std::int64_t i = threadIdx.x; i < p.inter; i += kThreads) act[i] = moe::glu_element(p, r, i);
 }
 
 }  // extern "C"

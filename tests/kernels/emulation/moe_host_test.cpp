@@ -127,7 +127,7 @@ TEST(MoeHost, RouteChoosesTheCpusExpertsWithinTheSumBound) {
   }
 }
 
-TEST(MoeHost, AlignGatherAndCombineAreTheCpusBytes) {
+TEST(MoeHost, AlignGatherCombineAndGluAreTheCpusBytes) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f), uw(0.0f, 1.0f);
   for (const auto& [tokens, top_k, experts, capacity, width] : {std::tuple{1, 1, 1, 0, 8},
                                                                 {37, 4, 16, 0, 24},
@@ -233,6 +233,42 @@ TEST(MoeHost, AlignGatherAndCombineAreTheCpusBytes) {
     std::vector<std::uint16_t> c_out(out.size());
     b.copy_d2h(c_out.data(), dout, c_out.size() * 2);
     EXPECT_EQ(out, c_out);
+
+    // The gated activation of y (as gate_up's C, inter = width / 2), both kinds, values past
+    // gpt-oss's clamps included; rows of no entry stay poisoned on both.
+    const std::int64_t inter = width / 2;
+    std::uniform_real_distribution<float> wide(-10.0f, 10.0f);
+    for (auto& v : y) v = num::f32_to_bf16(wide(gen()));
+    b.copy_h2d(dy, y.data(), y.size() * 2);
+    for (const ops::MoeGlu glu : {ops::MoeGlu::kSilu, ops::MoeGlu::kClampedSwiglu}) {
+      if (inter % 8 != 0) break;
+      std::vector<std::uint16_t> act(rows_n * static_cast<std::size_t>(inter), 0xABAB);
+      MoeGluParams q;
+      q.y = addr(y);
+      q.act = addr(act);
+      q.counts = addr(counts);
+      q.offsets = addr(offsets);
+      q.row_capacity = shape.row_capacity();
+      q.inter = inter;
+      q.capacity = capacity;
+      q.experts = experts;
+      q.kind = glu == ops::MoeGlu::kSilu ? kMoeGluSilu : kMoeGluClampedSwiglu;
+      q.alpha = 1.702f;
+      q.limit = 7.0f;
+      ASSERT_EQ(emu::run_grid(dim3(blocks(shape.row_capacity(), moe_glu_n_tile)),
+                              static_cast<int>(moe_glu_block_threads), {}, [&q] { moe_glu(q); }),
+                "");
+      const DevicePtr da = b.alloc(act.size() * 2);
+      b.memset(da, 0xAB, act.size() * 2);
+      ops::MoeActivation activation;
+      activation.glu = glu;
+      ops::moe_glu(b, s, dy, shape, inter, activation, dr, da);
+      b.synchronize(s);
+      std::vector<std::uint16_t> c_act(act.size());
+      b.copy_d2h(c_act.data(), da, c_act.size() * 2);
+      EXPECT_EQ(act, c_act) << "glu " << static_cast<int>(glu);
+      b.free(da);
+    }
     for (DevicePtr d : {di, dr.counts, dr.offsets, dr.rows, dx, dp, dy, dw, dout}) b.free(d);
   }
 }
