@@ -113,6 +113,12 @@ HostQuantWeights with_layout(const HostQuantWeights& w, WeightLayout layout);
 // layer's). Throws Error(kInvalidArgument) for a range outside W or the transposed layout.
 HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::int64_t end);
 
+// The rows of `parts` one after another: W = [parts[0]; parts[1]; ...] (an MoE expert's gate and
+// up projections as one gate_up, say). Every part row-major, of one format, K, tensor scale and
+// (INT4) group, scale type and zero-point kind, without act order. Throws Error(kInvalidArgument)
+// naming the part and the field that differs, or for no parts.
+HostQuantWeights stack_rows(std::span<const HostQuantWeights> parts);
+
 // Columns [begin, end) of row-major W, both at multiples of the format's group (INT4 with one
 // scale per row: of 2): a row-parallel rank's shard, A's columns [begin, end) its input. Act-
 // ordered INT4: the slice's columns in their stored order, each group's run padded to whole

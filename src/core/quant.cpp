@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -372,6 +373,52 @@ HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::
   out.n = end - begin;
   out.codes.assign(w.codes.begin() + begin * code_row, w.codes.begin() + end * code_row);
   out.scales.assign(w.scales.begin() + begin * scale_row, w.scales.begin() + end * scale_row);
+  return out;
+}
+
+HostQuantWeights stack_rows(std::span<const HostQuantWeights> parts) {
+  constexpr std::string_view kApi = "stack_rows";
+  if (parts.empty()) throw Error(ErrorCode::kInvalidArgument, kApi, "no parts to stack");
+  const HostQuantWeights& first = parts[0];
+  HostQuantWeights out = first;
+  out.n = 0;
+  out.codes.clear();
+  out.scales.clear();
+  out.zeros.clear();
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const HostQuantWeights& w = parts[i];
+    check_weights(kApi, w);
+    const auto differs = [&](std::string_view field, const std::string& got,
+                             const std::string& want) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("parts[{}]: {} {}, but parts[0] has {}", i, field, got, want));
+    };
+    if (w.layout != WeightLayout::kRowMajor) differs("layout", "transposed", "row-major (needed)");
+    if (w.format != first.format) {
+      differs("format", std::string(to_string(w.format)), std::string(to_string(first.format)));
+    }
+    if (w.k != first.k) differs("K", std::to_string(w.k), std::to_string(first.k));
+    // Bitwise: one tensor scale multiplies every row of the stack.
+    if (std::bit_cast<std::uint32_t>(w.tensor_scale) !=
+        std::bit_cast<std::uint32_t>(first.tensor_scale)) {
+      differs("tensor scale", fmt::format("{}", w.tensor_scale),
+              fmt::format("{}", first.tensor_scale));
+    }
+    if (w.group != first.group)
+      differs("group", std::to_string(w.group), std::to_string(first.group));
+    if (w.fp16_scales != first.fp16_scales) {
+      differs("scales", w.fp16_scales ? "FP16" : "BF16", first.fp16_scales ? "FP16" : "BF16");
+    }
+    if (w.zeros.empty() != first.zeros.empty()) {
+      differs("zero points", w.zeros.empty() ? "none" : "stored",
+              first.zeros.empty() ? "none" : "stored");
+    }
+    if (!w.k_perm.empty()) differs("act order", "stored", "none allowed");
+    out.n += w.n;
+    out.codes.insert(out.codes.end(), w.codes.begin(), w.codes.end());
+    out.scales.insert(out.scales.end(), w.scales.begin(), w.scales.end());
+    out.zeros.insert(out.zeros.end(), w.zeros.begin(), w.zeros.end());
+  }
   return out;
 }
 

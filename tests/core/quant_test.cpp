@@ -731,5 +731,47 @@ TEST(QuantSlices, RowsAndColumnsAreTheWholeLayersWeights) {
   }
 }
 
+// stack_rows: the stack's row r is the row of the part that holds it, exactly, for each format
+// (INT4 with zero points and FP16 scales too); parts that cannot share one description are
+// refused by the field that differs.
+TEST(QuantStack, RowsAreThePartsRowsInOrder) {
+  const unsigned seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 gen(seed);
+  const std::int64_t k = 128;
+  const auto make = [&](WeightFormat f, std::int64_t n) {
+    const std::vector<float> w = random_weights(gen, Dist::kGaussian, n * k);
+    if (f == WeightFormat::kNvfp4) return quantize_nvfp4(w, n, k);
+    if (f == WeightFormat::kMxfp4) return quantize_mxfp4(w, n, k);
+    return quantize_int4(w, n, k, 32, true, true);
+  };
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    SCOPED_TRACE(to_string(f));
+    std::vector<HostQuantWeights> parts{make(f, 48), make(f, 16), make(f, 32)};
+    for (auto& p : parts) p.tensor_scale = parts[0].tensor_scale;  // as the producers fuse them
+    const HostQuantWeights s = stack_rows(parts);
+    ASSERT_EQ(s.n, 96);
+    std::int64_t row = 0;
+    for (const auto& p : parts) {
+      for (std::int64_t r = 0; r < p.n; ++r, ++row) {
+        for (std::int64_t c = 0; c < k; ++c) {
+          ASSERT_EQ(s.exact_weight(row, c), p.exact_weight(r, c)) << "row " << row << " col " << c;
+        }
+      }
+    }
+  }
+  std::vector<HostQuantWeights> two{make(WeightFormat::kNvfp4, 16), make(WeightFormat::kNvfp4, 16)};
+  two[1].tensor_scale = two[0].tensor_scale * 2.0f;
+  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: tensor scale");
+  two[1] = make(WeightFormat::kMxfp4, 16);
+  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: format mxfp4");
+  two[1] = with_layout(two[0], WeightLayout::kTransposed);
+  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: layout");
+  std::vector<HostQuantWeights> ints{make(WeightFormat::kInt4, 16), make(WeightFormat::kInt4, 16)};
+  ints[1].zeros.clear();
+  EXPECT_ERROR(stack_rows(ints), ErrorCode::kInvalidArgument, "parts[1]: zero points none");
+  EXPECT_ERROR(stack_rows({}), ErrorCode::kInvalidArgument, "no parts");
+}
+
 }  // namespace
 }  // namespace metrale
