@@ -34,6 +34,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/model_resources.h
   include/metrale/model_scope.h
   include/metrale/modelopt.h
+  include/metrale/moe_checkpoint.h
   include/metrale/numerics.h
   include/metrale/op_cache.h
   include/metrale/ops/elementwise.h

@@ -23,7 +23,8 @@ namespace metrale {
 struct DeclaredQuantization {
   // Where: "<folder>/config.json (quantization_config)" or "<folder>/hf_quant_config.json".
   std::string file;
-  // "compressed-tensors", "modelopt", "fp8" (DeepSeek, Qwen, transformers), "gptq" or "awq"
+  // "compressed-tensors", "modelopt", "fp8" (DeepSeek, Qwen, transformers), "gptq", "awq" or
+  // "mxfp4" (gpt-oss's experts)
   std::string producer;
   std::string format;  // as the file names it: "nvfp4-pack-quantized", "NVFP4", "fp8 [128, 128]"
   // What each quantized layer of the format reads as (Nvfp4Linear::source, fp8_layer_source);

@@ -163,6 +163,19 @@ DeclaredQuantization fp8_block(const json& q, const std::string& where) {
   return d;
 }
 
+// gpt-oss (transformers' Mxfp4Config): quant_method "mxfp4". Only the MoE experts are quantized
+// (transformers' replace_with_mxfp4_linear converts the experts modules alone), each projection
+// packed for every expert (metrale/moe_checkpoint.h); its modules_to_not_convert names the
+// attention, the router, the embeddings and lm_head, all plain.
+DeclaredQuantization mxfp4_experts(const json& q, const std::string& where) {
+  DeclaredQuantization d;
+  d.producer = "mxfp4";
+  d.format = "gpt-oss experts";
+  d.ignore = strings_at(q, "modules_to_not_convert", where);
+  d.layer_sources = {"gpt-oss MXFP4"};
+  return d;
+}
+
 // GPTQ (GPTQModel, AutoGPTQ; transformers' GPTQConfig): quant_method "gptq", bits 4,
 // checkpoint_format "gptq" (zero points minus one, the default) or "gptq_v2". The quantizer
 // replaces every Linear of the decoder blocks; the config names no ignore list of its own
@@ -255,6 +268,7 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
                                : method == "fp8"              ? fp8_block(q, where)
                                : method == "gptq"             ? gptq(q, where)
                                : method == "awq"              ? awq(q, where)
+                               : method == "mxfp4"            ? mxfp4_experts(q, where)
                                                               : DeclaredQuantization{};
       if (d.producer.empty()) d.producer = method.empty() ? "(no quant_method)" : method;
       d.file = where;

@@ -141,6 +141,23 @@ TEST(DeclaredQuantization, Fp8BlockConfigs) {
   EXPECT_THAT(refusal(*per_tensor, {}, {}), HasSubstr("which metrale does not read"));
 }
 
+// gpt-oss (transformers' Mxfp4Config): only the experts are quantized, packed; its
+// modules_to_not_convert is the ignore list, and plain Linears elsewhere are not skipped layers.
+TEST(DeclaredQuantization, GptOssMxfp4Experts) {
+  const auto d = read_declared_quantization(model("gptoss-mxfp4"));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->producer, "mxfp4");
+  EXPECT_THAT(d->layer_sources, ElementsAre("gpt-oss MXFP4"));
+  EXPECT_THAT(d->ignore, ElementsAre("model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                     "model.embed_tokens", "lm_head"));
+  const std::pair<std::string, std::string> experts{"model.layers.0.mlp.experts.gate_up_proj",
+                                                    "gpt-oss MXFP4"};
+  EXPECT_EQ(refusal(*d, {experts}, {"lm_head", "model.layers.0.self_attn.q_proj"}), "");
+  // Planted: an expert projection of another format.
+  EXPECT_THAT(refusal(*d, {{experts.first, "compressed-tensors MXFP4"}}, {}),
+              HasSubstr("these layers hold another format"));
+}
+
 TEST(DeclaredQuantization, TensorsHeldToIt) {
   const auto d = read_declared_quantization(checkpoint("ct-nvfp4a16"));
   ASSERT_TRUE(d.has_value());
