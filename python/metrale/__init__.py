@@ -15,8 +15,8 @@ from typing import Any
 
 from . import _metrale, errors
 from ._array import Array
-from ._metrale import (Checkpoint, DenseWeights, Fp8Weights, HostWeights, Plan, Weights,
-                       backends, load_safetensors)
+from ._metrale import (Checkpoint, DenseWeights, Fp8Weights, GroupedWeights, HostWeights, Plan,
+                       Weights, backends, load_safetensors)
 from .errors import (CaptureError, DeviceFaultError, DriverError, DtypeError, Error,
                      InternalError, InvalidArgumentError, IoError, LeakError, NotFoundError,
                      OutOfMemoryError, StateError, TimedOutError, UnavailableError)
@@ -47,6 +47,13 @@ def quantize_int4(w: Any, group: int = 128, zero_points: bool = False,
     return _metrale.quantize_int4(as_float32("quantize_int4", w), group, zero_points, fp16_scales)
 
 
+def stack_rows(parts: list) -> HostWeights:
+    """HostWeights whose rows are each part's in turn (an MoE expert's gate and up projections as
+    one gate_up [2I, H]): every part of one format, K and tensor scale (INT4: group, scale type
+    and zero-point kind), row-major, without act order."""
+    return _metrale.stack_rows(list(parts))
+
+
 def quantize_e4m3_block128(w: Any) -> tuple:
     """Quantizes W[N, K] (NumPy or torch, any float dtype) to E4M3 codes (uint8 [N, K]) and
     FP32 scales, one per 128 x 128 block ([ceil(N/128), ceil(K/128)]): the W8A8 op's weights."""
@@ -56,8 +63,8 @@ def quantize_e4m3_block128(w: Any) -> tuple:
 __all__ = [
     "Array", "CaptureError", "Checkpoint", "DenseWeights", "DeviceFaultError", "DriverError",
     "DtypeError",
-    "Error", "Fp8Weights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
+    "Error", "Fp8Weights", "GroupedWeights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
     "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
     "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_int4",
-    "quantize_mxfp4", "quantize_nvfp4",
+    "quantize_mxfp4", "quantize_nvfp4", "stack_rows",
 ]

@@ -35,7 +35,8 @@ class Loaded:
     """What load() made of a checkpoint. A context manager: leaving it closes ``model``.
 
     layers: quantized layers on ``model`` (Weights; Fp8Weights, which run the W8A8 op with
-    allow_e4m3=True). sources: what the file held for each. dense: the linear layers the
+    allow_e4m3=True; GroupedWeights for an MoE projection the file packs for every expert, as
+    gpt-oss does, with its bias: Model.moe_experts). sources: what the file held for each. dense: the linear layers the
     checkpoint keeps in floats (lm_head, what its quantizer excluded), not quantized: BF16 ones
     as DenseWeights on ``model`` (Model.gemm runs the backend's dense BF16 GEMM on them), F16 and
     F32 ones as host arrays (the dense GEMM is BF16, and rounding them would change the layer).
@@ -101,11 +102,13 @@ def load(path: str, backend: str = "auto") -> Loaded:
                              "; ".join(f"{r['tensor']}: {r['why']}" for r in unread), IoError)
     fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FOUR_BIT_SOURCES]
     plain = [layer for layer in ckpt.layers if layer not in fp4]
-    if not fp4 and not ckpt.fp8_layers:
+    packed = list(ckpt.experts)
+    if not fp4 and not ckpt.fp8_layers and not packed:
         raise argument_error(api, f"{ckpt.path} holds no quantized layer (its linears are in "
                              "floats); quantize them with metrale.quantize_nvfp4 or "
                              "metrale.torch.swap_linears", IoError)
     sources = {layer: ckpt.source(layer) for layer in fp4 + list(ckpt.fp8_layers)}
+    sources.update({p["projection"]: p["source"] for p in packed})
     # Embedding tables are 2-D float matrices too; the config's ignore list and the plain
     # Linears are told apart by name, as transformers names them.
     dense = [layer for layer in plain if not _is_embedding(layer)]
@@ -118,11 +121,18 @@ def load(path: str, backend: str = "auto") -> Loaded:
             loaded.layers[layer] = model.upload_weights(ckpt.weights(layer), label=layer)
         for layer in ckpt.fp8_layers:
             loaded.layers[layer] = model.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
+        for p in packed:
+            hosts, bias = ckpt.expert_weights(p["projection"])
+            loaded.layers[p["projection"]] = model.upload_grouped_weights(
+                hosts, bias=None if bias is None else bias.view(ml_dtypes.bfloat16),
+                label=p["projection"])
         for layer in dense:
             w = _read_array(ckpt, layer + ".weight")
             loaded.dense[layer] = (model.upload_dense_weights(w, label=layer)
                                    if w.dtype == ml_dtypes.bfloat16 and w.ndim == 2 else w)
-        linear = {t for layer in sources for t in ckpt.tensors if t.startswith(layer + ".")}
+        linear = {t for layer in sources for t in ckpt.tensors
+                  if t.startswith(layer + ".") or (layer in loaded.layers and isinstance(
+                      loaded.layers[layer], _metrale.GroupedWeights) and t.startswith(layer + "_"))}
         linear |= {layer + ".weight" for layer in dense}
         loaded.other = sorted(t for t in ckpt.tensors if t not in linear)
     except BaseException:

@@ -181,6 +181,55 @@ class Model:
                          bias_bits, stream)
         return result
 
+    # ---- mixture of experts ----
+    def upload_grouped_weights(self, experts: list, *, bias: Any = None, layout: str = "auto",
+                               label: str = "experts") -> _metrale.GroupedWeights:
+        """Uploads one MoE projection's experts: a list of HostWeights, one per expert, all of
+        one format and shape [N, K] (NVFP4, MXFP4 or INT4 without act order), as one grouped
+        resource; ``bias`` an optional BF16 array [E, N]. They live until the model closes."""
+        if not isinstance(experts, (list, tuple)):
+            raise argument_error("upload_grouped_weights", f"experts: {type(experts).__name__}, "
+                                 "expected a list of HostWeights", DtypeError)
+        bias_obj, bias_bits = (None, False) if bias is None else as_input(
+            "upload_grouped_weights", "bias", bias, None)
+        return self._m.upload_grouped_weights(list(experts), bias_obj, bias_bits, layout, label)
+
+    def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, *,
+                    glu: str = "silu", alpha: float = 1.702, limit: float = 7.0, out: Any = None,
+                    allow_unverified: bool = False, stream: Optional[int] = None) -> Any:
+        """An MoE layer's experts on routed tokens: out[t] = Σ_j weights[t, j] ·
+        down_e(glu(gate_up_e(x[t]))) with e = ids[t, j], in one call (moe_align, moe_gather,
+        the two grouped GEMMs, the activation, moe_combine; docs/CONTRACT.md, MoE routing).
+
+        x BF16 [T, H]; ids int32 [T, top_k] (an id outside [0, E) contributes nothing);
+        weights float32 [T, top_k]; gate_up and down GroupedWeights of [2I, H] and [H, I] per
+        expert. glu: "silu" (rows [gate | up]: SiLU(gate) · up) or "clamped_swiglu" (gpt-oss:
+        gate and up interleaved, clamps at ``limit``, gate · σ(alpha · gate) · (up + 1)).
+        allow_unverified: run kernels no device run has verified (CUDA's, today). Returns
+        ``out`` (BF16 [T, H]) when given, else a new Array; ``stream`` as for gemm.
+        """
+        api = "moe_experts"
+        for name, w in (("gate_up", gate_up), ("down", down)):
+            if not isinstance(w, _metrale.GroupedWeights):
+                raise argument_error(api, f"{name}: {type(w).__name__} is not GroupedWeights "
+                                     "(model.upload_grouped_weights)", DtypeError)
+        stream = _check_stream(api, stream, self._m.device_type == _KDL_CUDA)
+        on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
+        export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
+        x_obj, x_bits = as_input(api, "x", x, export)
+        if out is None:
+            rows = getattr(x, "shape", (0,))[0]
+            on_cuda = on_gpu and device_of(x)[0] == _KDL_CUDA
+            result: Any = Array(empty_like_output(api, x, int(rows), down.n, on_cuda))
+        else:
+            result = out
+        out_obj, out_bits = as_input(api, "out", result, export)
+        ids_obj, _ = as_input(api, "ids", ids, export)
+        w_obj, _ = as_input(api, "weights", weights, export)
+        self._m.moe_experts(x_obj, x_bits, ids_obj, w_obj, gate_up, down, glu, alpha, limit,
+                            out_obj, out_bits, allow_unverified, stream)
+        return result
+
     # ---- figures ----
     def stats(self) -> dict:
         """The ledger's figures: owned_bytes (metrale's own memory) apart from borrowed_bytes

@@ -38,12 +38,14 @@ import torch
 
 import metrale
 
-from . import torch_native
+from . import torch_moe, torch_native
 from .errors import argument_error
 from .folder import FOUR_BIT_SOURCES
 
-__all__ = ["Linear", "cuda_stream", "from_pretrained", "linear", "native", "register",
-           "share_threads", "swap_linears", "timing"]
+from .torch_moe import MoeExperts, moe_experts, register_experts  # noqa: E402,F401
+
+__all__ = ["Linear", "MoeExperts", "cuda_stream", "from_pretrained", "linear", "moe_experts",
+           "native", "register", "register_experts", "share_threads", "swap_linears", "timing"]
 
 
 @dataclass(frozen=True)
@@ -328,8 +330,8 @@ def swap_linears(module: torch.nn.Module, model: metrale.Model, format: str = "n
 
 
 
-def from_pretrained(path: str, *, backend: str = "auto",
-                    dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = torch.bfloat16,
+                    allow_unverified: bool = False) -> torch.nn.Module:
     """The transformers model of a checkpoint folder, its quantized linears on metrale.
 
     The model is built by transformers from the folder's config.json; every layer the checkpoint
@@ -337,7 +339,11 @@ def from_pretrained(path: str, *, backend: str = "auto",
     block-128 in the DeepSeek/Qwen, compressed-tensors and ModelOpt layouts) becomes a Linear on
     one metrale.Model (``model.metrale``; close it to release them), and every other tensor is
     loaded by torch as the file holds it (BF16 layers stay BF16, in ``dtype``). FP8 layers run
-    the W8A8 op, which casts activations to E4M3 per row per 128 K. Never a partial load: a
+    the W8A8 op, which casts activations to E4M3 per row per 128 K. A mixture of experts whose
+    4-bit experts the checkpoint holds, packed (gpt-oss's MXFP4) or as linears of their own
+    (Qwen3-MoE from ModelOpt or llm-compressor), gets a MoeExperts module in place of
+    transformers' experts: every expert of a layer in one call (on CUDA, kernels no device run
+    has verified yet: ``allow_unverified=True`` runs them). Never a partial load: a
     tensor that looks quantized but that metrale cannot read, a checkpoint tensor the model has
     no place for, a model parameter the checkpoint does not give, or layers that disagree with
     the quantization the folder's config declares raise IoError naming them.
@@ -357,25 +363,31 @@ def from_pretrained(path: str, *, backend: str = "auto",
                              metrale.IoError)
     fp4 = [layer for layer in ckpt.layers if ckpt.source(layer) in FOUR_BIT_SOURCES]
     quantized = fp4 + list(ckpt.fp8_layers)
+    packed = list(ckpt.experts)  # MoE projections stored packed (gpt-oss)
     config = transformers.AutoConfig.from_pretrained(path)
     # The checkpoint's quantization is metrale's to read: transformers builds the plain model.
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = _read_tensors(_tensor_files(ckpt.path), quantized)
+    state = _read_tensors(_tensor_files(ckpt.path), quantized,
+                          tuple(p["projection"] + "_" for p in packed))
     runtime = metrale.Model(backend)
     try:
-        for layer in fp4:
+        # Experts stored as linears of their own go to the model's fused experts modules.
+        experts = torch_moe.swap_expert_linears(api, model, ckpt, fp4, runtime, allow_unverified)
+        for layer in (layer for layer in fp4 if layer not in experts):
             weights = runtime.upload_weights(ckpt.weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
         for layer in ckpt.fp8_layers:
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
+        torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified)
         _load_state(api, model, state, dtype)
         # The layers hold what the folder's config declares (metrale.Checkpoint.check_declared):
         # its format in each quantized one, and no Linear left in floats that it quantizes.
         plain = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
-        ckpt.check_declared([(layer, ckpt.source(layer)) for layer in quantized], plain, api)
+        ckpt.check_declared([(layer, ckpt.source(layer)) for layer in quantized] +
+                            [(p["projection"], p["source"]) for p in packed], plain, api)
     except BaseException:
         runtime.close(check=False)
         raise
@@ -414,11 +426,12 @@ def _tensor_files(path: str) -> list:
     return [os.path.join(os.path.dirname(path), s) for s in shards]
 
 
-def _read_tensors(files: list, quantized: list) -> dict:
-    """Every tensor of the files but the quantized layers' own (their bias aside)."""
+def _read_tensors(files: list, quantized: list, packed: tuple = ()) -> dict:
+    """Every tensor of the files but the quantized layers' own (their bias aside) and those of
+    the packed expert projections (names starting with one of ``packed``)."""
     from safetensors import safe_open
 
-    prefixes = tuple(layer + "." for layer in quantized)
+    prefixes = tuple(layer + "." for layer in quantized) + packed
     biases = {layer + ".bias" for layer in quantized}
     state = {}
     for f in files:

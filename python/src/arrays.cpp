@@ -19,6 +19,8 @@ nb::dlpack::dtype wanted_dtype(Element e) {
       return nb::dtype<std::uint8_t>();
     case Element::kF32:
       return nb::dtype<float>();
+    case Element::kI32:
+      return nb::dtype<std::int32_t>();
   }
   return {};
 }

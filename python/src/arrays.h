@@ -14,7 +14,7 @@
 
 namespace metrale::py {
 
-enum class Element { kBf16, kU8, kF32 };
+enum class Element { kBf16, kU8, kF32, kI32 };
 
 // What an argument must be. rows/cols -1: any size (but at least 1).
 struct ArraySpec {

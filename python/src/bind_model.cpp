@@ -57,6 +57,23 @@ void bind_model(nb::module_& m) {
         return fmt::format("DenseWeights('{}', bf16 {} x {})", w.label, w.n, w.k);
       });
 
+  nb::class_<GroupedWeights>(m, "GroupedWeights",
+                             "One MoE projection's experts on a model's device (NVFP4, MXFP4 or "
+                             "INT4, one grouped resource), for Model.moe_experts (released at "
+                             "teardown).")
+      .def_prop_ro("experts", [](const GroupedWeights& w) { return w.q.experts; })
+      .def_prop_ro("n", [](const GroupedWeights& w) { return w.q.expert.n; })
+      .def_prop_ro("k", [](const GroupedWeights& w) { return w.q.expert.k; })
+      .def_prop_ro(
+          "format",
+          [](const GroupedWeights& w) { return std::string(to_string(w.q.expert.format)); })
+      .def_prop_ro("has_bias", [](const GroupedWeights& w) { return static_cast<bool>(w.bias); })
+      .def_ro("label", &GroupedWeights::label)
+      .def("__repr__", [](const GroupedWeights& w) {
+        return fmt::format("GroupedWeights('{}', {} experts of {} {} x {})", w.label, w.q.experts,
+                           to_string(w.q.expert.format), w.q.expert.n, w.q.expert.k);
+      });
+
   nb::class_<Fp8Weights>(m, "Fp8Weights",
                          "E4M3 weights with 128 x 128 block scales on a model's device, for the "
                          "W8A8 op (released at teardown).")
@@ -109,6 +126,13 @@ void bind_model(nb::module_& m) {
       .def("w8a8_gemm", &Model::w8a8_gemm, nb::arg("a"), nb::arg("a_bits"), nb::arg("w"),
            nb::arg("out"), nb::arg("out_bits"), nb::arg("bias").none(), nb::arg("bias_bits"),
            nb::arg("stream").none() = nb::none())
+      .def("upload_grouped_weights", &Model::upload_grouped, nb::arg("experts"),
+           nb::arg("bias").none(), nb::arg("bias_bits"), nb::arg("layout"), nb::arg("label"),
+           nb::keep_alive<0, 1>())
+      .def("moe_experts", &Model::moe_experts, nb::arg("x"), nb::arg("x_bits"), nb::arg("ids"),
+           nb::arg("weights"), nb::arg("gate_up"), nb::arg("down"), nb::arg("glu"),
+           nb::arg("alpha"), nb::arg("limit"), nb::arg("out"), nb::arg("out_bits"),
+           nb::arg("allow_unverified"), nb::arg("stream").none() = nb::none())
       .def("stats", &Model::stats)
       .def("alloc_report", &Model::alloc_report)
       .def("teardown", &Model::teardown);

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "bindings.h"
+#include "call.h"
 #include "metrale/backend.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/foreign_stream.h"
@@ -35,62 +36,6 @@ ops::GemmOptions gemm_options(std::string_view api, std::string_view route, bool
   return o;
 }
 
-// The caller's array lent to the backend for one call: borrowed unless the backend owns it
-// already, given back (after the device is done with it) when the call ends, however it ends.
-class Loan {
- public:
-  // ordered: given back without waiting (Backend::unborrow_ordered), for a call queued on its
-  // caller's stream.
-  Loan(Backend& backend, const LedgerProbe& probe, const ArrayArg& arg, bool ordered)
-      : backend_(backend), ordered_(ordered) {
-    if (const auto entry = probe.containing(arg.ptr.address())) {
-      if (entry->kind != MemoryKind::kBorrowed) return;  // the backend's own: the op checks it
-    }
-    backend.borrow(arg.ptr, arg.bytes);
-    ptr_ = arg.ptr;
-  }
-  Loan(const Loan&) = delete;
-  Loan& operator=(const Loan&) = delete;
-  ~Loan() {
-    if (!ptr_) return;
-    try {
-      if (ordered_) {
-        backend_.unborrow_ordered(ptr_);
-      } else {
-        backend_.unborrow(ptr_);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "metrale: %s\n", e.what());  // a destructor must not throw
-    }
-  }
-
- private:
-  Backend& backend_;
-  bool ordered_;
-  DevicePtr ptr_;
-};
-
-// Where one call's work goes: the model's own stream, waited for before the call returns, or the
-// caller's stream (Note [foreign streams] in docs/NOTES.md), adopted for the call and left for
-// its owner to wait on.
-class CallStream {
- public:
-  CallStream(Backend& backend, std::optional<std::uint64_t> raw) : backend_(backend) {
-    if (raw) foreign_.emplace(backend, *raw);
-  }
-  StreamHandle handle() const { return foreign_ ? foreign_->handle() : backend_.default_stream(); }
-  // Whether the operands go back in stream order rather than after a wait.
-  bool ordered() const { return foreign_.has_value(); }
-  // Waits for the call's work when it ran on the model's own stream.
-  void finish() const {
-    if (!foreign_) backend_.synchronize(backend_.default_stream());
-  }
-
- private:
-  Backend& backend_;
-  std::optional<ForeignStream> foreign_;
-};
-
 // Every operand of one call lent, in order, for as long as this lives.
 struct Loans {
   Loans(Backend& b, const LedgerProbe& probe, const Operands& args, const CallStream& stream)
@@ -101,10 +46,6 @@ struct Loans {
   std::optional<Loan> bias;
 };
 
-bool overlap(const ArrayArg& x, const ArrayArg& y) {
-  return x.ptr.address() < y.ptr.address() + y.bytes && y.ptr.address() < x.ptr.address() + x.bytes;
-}
-
 nb::dict launch_dict(Backend& b, const ops::PlannedLaunch& l) {
   nb::dict d;
   d["kernel"] = b.kernel_name(l.kernel.handle);
@@ -112,17 +53,6 @@ nb::dict launch_dict(Backend& b, const ops::PlannedLaunch& l) {
   d["block"] = nb::make_tuple(l.block.x, l.block.y, l.block.z);
   d["smem_bytes"] = l.smem_bytes;
   return d;
-}
-
-// Runs make() and re-attributes its Error to api: the user called api, not the op inside it.
-template <class F>
-auto as_call(std::string_view api, F&& make) {
-  try {
-    return make();
-  } catch (const Error& e) {
-    if (e.api() == api) throw;
-    throw Error(e.code(), api, e.message());
-  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "metrale/error.h"
 #include "metrale/fp8_checkpoint.h"
 #include "metrale/modelopt.h"
+#include "metrale/moe_checkpoint.h"
 #include "metrale/quant.h"
 #include "metrale/quant_config.h"
 #include "metrale/safetensors.h"
@@ -130,8 +131,9 @@ struct Checkpoint {
   std::optional<SafetensorsFile> file;
   std::optional<ShardedCheckpoint> sharded;
   std::string path;
-  LinearLayerScan scan;          // FP4 and BF16/F32 layers; rejected: what no loader reads
-  std::vector<std::string> fp8;  // FP8 block-128 layers, sorted
+  LinearLayerScan scan;               // FP4 and BF16/F32 layers; rejected: what no loader reads
+  std::vector<std::string> fp8;       // FP8 block-128 layers, sorted
+  std::vector<PackedExperts> packed;  // MoE projections stored packed (gpt-oss), sorted
   std::optional<DeclaredQuantization> declared;
 
   // `layer`'s tensors: the file itself, or an in-memory file gathered across the shards.
@@ -139,6 +141,14 @@ struct Checkpoint {
   auto with_layer(std::string_view layer, F&& f) const {
     if (file) return f(*file);
     return f(gather_layer(*sharded, layer));
+  }
+  // Projection `projection`'s packed experts (its tensors share the projection's parent prefix).
+  ExpertsWeights load_experts(std::string_view projection) const {
+    const auto dot = projection.rfind('.');
+    const std::string_view parent =
+        dot == std::string_view::npos ? projection : projection.substr(0, dot);
+    return with_layer(parent,
+                      [&](const SafetensorsFile& f) { return load_packed_experts(f, projection); });
   }
   bool is_fp8(std::string_view layer) const {
     return std::binary_search(fp8.begin(), fp8.end(), layer);
@@ -180,6 +190,9 @@ void scan_into(Checkpoint& c, const SafetensorsFile& f) {
   LinearLayerScan one = scan_linear_layers(f);
   c.scan.layers.insert(c.scan.layers.end(), one.layers.begin(), one.layers.end());
   c.scan.rejected.insert(c.scan.rejected.end(), one.rejected.begin(), one.rejected.end());
+  PackedExpertsScan experts = scan_packed_experts(f);
+  c.packed.insert(c.packed.end(), experts.found.begin(), experts.found.end());
+  c.scan.rejected.insert(c.scan.rejected.end(), experts.rejected.begin(), experts.rejected.end());
 }
 
 // Opens `path`: a safetensors file, a model.safetensors.index.json, or a folder holding either;
@@ -198,6 +211,9 @@ Checkpoint open_checkpoint(const std::string& path) {
   }
   std::sort(c.scan.layers.begin(), c.scan.layers.end());
   std::sort(c.fp8.begin(), c.fp8.end());
+  std::sort(c.packed.begin(), c.packed.end(), [](const PackedExperts& a, const PackedExperts& b) {
+    return a.projection < b.projection;
+  });
   // An FP8 layer is the FP8 loader's: not a rejected FP4 candidate.
   std::erase_if(c.scan.rejected, [&](const RejectedLayer& r) { return c.is_fp8(r.layer); });
   c.declared = read_declared_quantization(std::filesystem::path(c.path).parent_path().string());
@@ -314,6 +330,19 @@ void bind_host_weights(nb::module_& m) {
                            w.layout == WeightLayout::kRowMajor ? "row_major" : "transposed");
       });
 
+  m.def(
+      "stack_rows",
+      [](const std::vector<const HostQuantWeights*>& parts) {
+        std::vector<HostQuantWeights> copies;
+        copies.reserve(parts.size());
+        for (const HostQuantWeights* p : parts) copies.push_back(*p);
+        nb::gil_scoped_release unlocked;
+        return stack_rows(copies);
+      },
+      nb::arg("parts"),
+      "The rows of each part one after another (an MoE expert's gate and up projections as one "
+      "gate_up): one format, K, tensor scale and INT4 group and zero-point kind, row-major, no "
+      "act order.");
   m.def(
       "quantize_nvfp4",
       [](const nb::ndarray<nb::ro>& w) {
@@ -453,6 +482,45 @@ void bind_host_weights(nb::module_& m) {
           "`quantized` (layer, source) pairs and the `plain` Linears left in floats. Raises "
           "IoError naming the layers of another format, quantized layers on the ignore list, or "
           "(when the config quantizes every Linear) plain ones not on it.")
+      .def_prop_ro(
+          "experts",
+          [](const Checkpoint& c) {
+            nb::list out;
+            for (const PackedExperts& e : c.packed) {
+              nb::dict d;
+              d["projection"] = e.projection;
+              d["experts"] = e.experts;
+              d["n"] = e.n;
+              d["k"] = e.k;
+              d["bias"] = e.bias;
+              d["source"] = e.source;
+              out.append(d);
+            }
+            return out;
+          },
+          "The MoE projections stored packed, every expert in one tensor (gpt-oss MXFP4: "
+          "<projection>_blocks, _scales, _bias), sorted: dicts of projection, experts, n, k, bias "
+          "(whether the file has one) and source.")
+      .def(
+          "expert_weights",
+          [](const Checkpoint& c, std::string_view projection) {
+            ExpertsWeights w;
+            {
+              nb::gil_scoped_release unlocked;
+              w = c.load_experts(projection);
+            }
+            nb::list experts;
+            for (HostQuantWeights& e : w.experts) experts.append(nb::cast(std::move(e)));
+            const auto count = static_cast<std::int64_t>(w.experts.size());
+            const std::int64_t n = count > 0 ? static_cast<std::int64_t>(w.bias.size()) / count : 0;
+            nb::object bias =
+                w.bias.empty() ? nb::none() : nb::cast(to_numpy(std::move(w.bias), count, n));
+            return nb::make_tuple(experts, bias);
+          },
+          nb::arg("projection"),
+          "A packed MoE projection's experts: (a list of E MXFP4 HostWeights [N, K], the bias as "
+          "BF16 bits, uint16 [E, N], or None). NotFoundError or IoError naming the tensor for "
+          "tensors that are missing or do not fit.")
       .def(
           "weights", [](const Checkpoint& c, std::string_view layer) { return c.load(layer).w; },
           nb::arg("layer"),

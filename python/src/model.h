@@ -19,6 +19,7 @@
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
+#include "metrale/ops/grouped_gemm.h"
 #include "metrale/quant.h"
 
 namespace metrale::py {
@@ -46,6 +47,15 @@ struct DenseWeights {
   Model* model = nullptr;
   DevicePtr w;
   std::int64_t n = 0, k = 0;
+  std::string label;
+};
+
+// The weights of E experts of one MoE projection on a model's device (one grouped resource, with
+// an optional BF16 bias [E, N]), for Model.moe_experts; released at teardown.
+struct GroupedWeights {
+  Model* model = nullptr;
+  ops::GroupedWeights q;
+  DevicePtr bias;
   std::string label;
 };
 
@@ -116,6 +126,20 @@ class Model {
   // `executor`, when given, runs the CPU kernels' blocks instead of the backend's pool.
   void gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int64_t rows,
                  std::uint16_t* c, const std::uint16_t* bias, const CpuExecutor* executor);
+
+  // Uploads E experts' host weights (one format and shape) as one grouped resource, with an
+  // optional bias (a host BF16 array [E, N]; bits as for upload_dense).
+  GroupedWeights upload_grouped(nanobind::list experts, nanobind::handle bias, bool bias_bits,
+                                std::string_view layout, std::string label);
+  // An MoE layer's experts on routed tokens (moe.cpp): out[t] = Σ_j weights[t, j] · down_e(
+  // glu(gate_up_e(x[t]))) with e = ids[t, j], through moe_align, moe_gather, the grouped GEMMs,
+  // moe_glu and moe_combine (ops/moe.h), on the arrays in place: x and out BF16 [T, H], ids int32
+  // and weights FP32 [T, top_k]. glu: "silu" or "clamped_swiglu" (alpha, limit).
+  // allow_unverified: run kernels no device run has verified (the CUDA ones, today).
+  void moe_experts(nanobind::handle x, bool x_bits, nanobind::handle ids, nanobind::handle weights,
+                   const GroupedWeights& gate_up, const GroupedWeights& down, std::string_view glu,
+                   float alpha, float limit, nanobind::handle out, bool out_bits,
+                   bool allow_unverified, std::optional<std::uint64_t> stream);
 
   // The ledger's counters: owned apart from borrowed.
   nanobind::dict stats() const;

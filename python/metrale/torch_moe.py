@@ -1,0 +1,305 @@
+"""metrale.torch's mixture-of-experts layer: an experts module that runs a model's MoE experts on
+metrale (one call per layer: the grouped GEMMs and the glue around them, ops/moe.h), and the op
+``torch.ops.metrale.moe_experts(x, top_k_index, top_k_weights, experts)`` under it, registered
+through torch.library with a fake implementation (torch.compile traces it without a graph break).
+
+The module stands where transformers puts its experts (Qwen3MoeExperts, GptOssExperts, ...):
+forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]; the router
+stays transformers' own. ``experts`` is the handle ``register_experts`` returns: an int, as
+metrale.torch.linear's weights are (Note [torch op handles] in docs/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+import metrale
+
+from .errors import argument_error
+
+__all__ = ["MoeExperts", "moe_experts", "register_experts"]
+
+_GLUS = ("silu", "clamped_swiglu")
+
+
+@dataclass(frozen=True)
+class _Experts:
+    model: metrale.Model
+    gate_up: Any  # metrale.GroupedWeights [E x 2I, H]
+    down: Any  # metrale.GroupedWeights [E x H, I]
+    glu: str
+    alpha: float
+    limit: float
+    allow_unverified: bool
+
+
+_entries: dict[int, _Experts] = {}
+_next_handle = 1 << 40  # apart from metrale.torch.linear's handles, so one is never the other's
+_lock = threading.Lock()
+
+
+def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "silu",
+                     alpha: float = 1.702, limit: float = 7.0,
+                     allow_unverified: bool = False) -> int:
+    """The handle of one MoE layer's experts (gate_up and down GroupedWeights on ``model``) for
+    torch.ops.metrale.moe_experts: an int, unique in this process. glu as Model.moe_experts
+    takes it; allow_unverified runs kernels no device run has verified (CUDA's, today)."""
+    api = "metrale.torch.register_experts"
+    global _next_handle
+    if not isinstance(model, metrale.Model):
+        raise argument_error(api, f"model: {type(model).__name__} is not a metrale.Model")
+    for name, w in (("gate_up", gate_up), ("down", down)):
+        if not isinstance(w, metrale.GroupedWeights):
+            raise argument_error(api, f"{name}: {type(w).__name__} is not GroupedWeights "
+                                 "(model.upload_grouped_weights)", metrale.DtypeError)
+    if glu not in _GLUS:
+        raise argument_error(api, f"glu: {glu!r}, expected 'silu' or 'clamped_swiglu'")
+    if (down.experts, down.n, down.k) != (gate_up.experts, gate_up.k, gate_up.n // 2):
+        raise argument_error(api, f"down: {down.experts} experts of {down.n} x {down.k}, "
+                             f"expected {gate_up.experts} of {gate_up.k} x {gate_up.n // 2} "
+                             f"for gate_up's {gate_up.n} x {gate_up.k}")
+    with _lock:
+        handle = _next_handle
+        _next_handle += 1
+        _entries[handle] = _Experts(model, gate_up, down, glu, float(alpha), float(limit),
+                                    bool(allow_unverified))
+    return handle
+
+
+def unregister_experts(handle: int) -> None:
+    """Forgets a handle (a MoeExperts does so when it is collected)."""
+    with _lock:
+        _entries.pop(handle, None)
+
+
+def _entry(handle: int) -> _Experts:
+    entry = _entries.get(handle)
+    if entry is None:
+        raise argument_error("metrale.torch.moe_experts", f"experts: {handle} is not a "
+                             "registered handle (metrale.torch.register_experts)")
+    return entry
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def _moe_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                 experts: int) -> torch.Tensor:
+    api = "metrale.torch.moe_experts"
+    entry = _entry(experts)
+    h = entry.gate_up.k
+    if x.dtype != torch.bfloat16:
+        raise argument_error(api, f"x: dtype {x.dtype}, expected torch.bfloat16",
+                             metrale.DtypeError)
+    if x.dim() != 2 or x.shape[1] != h:
+        raise argument_error(api, f"x: shape {tuple(x.shape)}, expected (tokens, {h})")
+    if top_k_index.dim() != 2 or top_k_index.shape[0] != x.shape[0]:
+        raise argument_error(api, f"top_k_index: shape {tuple(top_k_index.shape)}, expected "
+                             f"({x.shape[0]}, top_k)")
+    if top_k_weights.shape != top_k_index.shape:
+        raise argument_error(api, f"top_k_weights: shape {tuple(top_k_weights.shape)}, "
+                             f"expected {tuple(top_k_index.shape)} as top_k_index")
+    if top_k_index.dtype not in (torch.int32, torch.int64) or not top_k_weights.is_floating_point():
+        raise argument_error(api, f"top_k_index {top_k_index.dtype}, top_k_weights "
+                             f"{top_k_weights.dtype}: expected integer ids and float weights",
+                             metrale.DtypeError)
+    out = torch.empty_like(x)
+    if x.shape[0] == 0:
+        return out
+    # The op takes int32 ids and FP32 weights: the cast of a BF16 weight is exact.
+    ids = top_k_index.to(torch.int32).contiguous()
+    weights = top_k_weights.to(torch.float32).contiguous()
+    x = x.contiguous()
+    m = entry.model
+    if x.device.type == "cpu":
+        m._m.moe_experts(_bits(x), True, ids.numpy(), weights.numpy(), entry.gate_up, entry.down,
+                         entry.glu, entry.alpha, entry.limit, _bits(out), True,
+                         entry.allow_unverified, None)
+    else:
+        from . import torch as mt
+
+        stream = None
+        if mt.cuda_stream() == "torch":
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+        elif torch.cuda.is_current_stream_capturing():
+            raise argument_error(api, "a CUDA graph is capturing, and metrale runs on its own "
+                                 "stream and waits for each call; capture needs "
+                                 "metrale.torch.cuda_stream(\"torch\")", metrale.CaptureError)
+        m.moe_experts(x, ids, weights, entry.gate_up, entry.down, glu=entry.glu,
+                      alpha=entry.alpha, limit=entry.limit, out=out,
+                      allow_unverified=entry.allow_unverified, stream=stream)
+    return out
+
+
+moe_experts = torch.library.custom_op("metrale::moe_experts", _moe_experts, mutates_args=())
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                      experts: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class MoeExperts(torch.nn.Module):
+    """An MoE layer's experts on metrale, where transformers has its experts module:
+    forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H], the sum
+    over each token's experts of weight · down(glu(gate_up(x))). Inputs of any float dtype are
+    cast to BF16 and the output cast back. The weights stay in their metrale.Model."""
+
+    def __init__(self, model: metrale.Model, gate_up: Any, down: Any, glu: str = "silu",
+                 alpha: float = 1.702, limit: float = 7.0, *,
+                 allow_unverified: bool = False) -> None:
+        super().__init__()
+        self.handle = register_experts(model, gate_up, down, glu, alpha, limit, allow_unverified)
+        weakref.finalize(self, unregister_experts, self.handle)
+        self.num_experts = int(gate_up.experts)
+        self.hidden_dim = int(gate_up.k)
+        self.intermediate_dim = int(down.k)
+        self.format = str(gate_up.format)
+        self.glu = glu
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        x = hidden_states
+        y = torch.ops.metrale.moe_experts(x.to(torch.bfloat16), top_k_index, top_k_weights,
+                                          self.handle)
+        return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, format={self.format}, glu={self.glu}")
+
+
+# transformers' experts modules whose gated activation is not SiLU(gate) · up on [gate | up]:
+# gpt-oss's clamped SwiGLU on interleaved columns (GptOssExperts._apply_gate).
+_CLAMPED_SWIGLU = ("GptOssExperts",)
+
+
+def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: list,
+                        runtime: metrale.Model, allow_unverified: bool) -> None:
+    """Replaces each experts module whose projections the checkpoint packs (``packed``:
+    Checkpoint.experts) by a MoeExperts on ``runtime``; IoError naming the module for a
+    projection the model has no place for or whose shape, bias or activation does not fit."""
+    by_module: dict = {}
+    for p in packed:
+        parent, _, leaf = p["projection"].rpartition(".")
+        by_module.setdefault(parent, {})[leaf] = p
+    for parent, projections in sorted(by_module.items()):
+        if set(projections) != {"gate_up_proj", "down_proj"}:
+            raise argument_error(api, f"{parent}: the checkpoint packs {sorted(projections)}, "
+                                 "expected gate_up_proj and down_proj", metrale.IoError)
+        try:
+            old = model.get_submodule(parent)
+        except AttributeError:
+            raise argument_error(api, f"{parent}: packed experts the model has no module for",
+                                 metrale.IoError) from None
+        kind = type(old).__name__
+        glu = "clamped_swiglu" if kind in _CLAMPED_SWIGLU else "silu"
+        if glu == "silu" and type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
+            raise argument_error(api, f"{parent}: a {kind} whose activation is not SiLU · up",
+                                 metrale.IoError)
+        weights = {}
+        for leaf, p in projections.items():
+            param = getattr(old, leaf, None)
+            e, n, k = p["experts"], p["n"], p["k"]
+            if param is None or tuple(param.shape) not in ((e, n, k), (e, k, n)):
+                shape = None if param is None else tuple(param.shape)
+                raise argument_error(api, f"{p['projection']}: the checkpoint holds {e} experts "
+                                     f"of {n} x {k}, the model's {kind} has {shape}",
+                                     metrale.IoError)
+            has_bias = getattr(old, leaf + "_bias", None) is not None
+            if has_bias != p["bias"]:
+                what = "not in the checkpoint" if has_bias else "in the checkpoint, but the " \
+                    "model's experts have none"
+                raise argument_error(api, f"{p['projection']}_bias: {what}", metrale.IoError)
+            hosts, bias = ckpt.expert_weights(p["projection"])
+            if bias is not None:
+                bias = bias.view(ml_dtypes.bfloat16)
+            weights[leaf] = runtime.upload_grouped_weights(hosts, bias=bias,
+                                                           label=p["projection"])
+        alpha = float(getattr(old, "alpha", 1.702))
+        limit = float(getattr(old, "limit", 7.0))
+        new = MoeExperts(runtime, weights["gate_up_proj"], weights["down_proj"], glu, alpha,
+                         limit, allow_unverified=allow_unverified)
+        owner, _, name = parent.rpartition(".")
+        setattr(model.get_submodule(owner) if owner else model, name, new)
+
+
+_EXPERT_LINEAR = re.compile(r"^(?P<parent>.+)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+
+
+def _fused_experts(model: torch.nn.Module, parent: str) -> Any:
+    """The module at ``parent`` when it is an experts module with fused parameters (transformers
+    5's Qwen3MoeExperts and kin: gate_up_proj [E, 2I, H], down_proj [E, H, I]), else None."""
+    try:
+        module = model.get_submodule(parent)
+    except AttributeError:
+        return None
+    fused = all(isinstance(getattr(module, p, None), torch.nn.Parameter)
+                for p in ("gate_up_proj", "down_proj"))
+    return module if fused else None
+
+
+def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: list,
+                        runtime: metrale.Model, allow_unverified: bool) -> set:
+    """Replaces each fused experts module whose experts the checkpoint stores as linears of their
+    own ("<experts>.<e>.gate_proj" / up_proj / down_proj, 4-bit: Qwen3-MoE as ModelOpt and
+    llm-compressor write it) by a MoeExperts on ``runtime``, each expert's gate and up stacked
+    into its gate_up. Returns the layers it took; IoError naming the module or expert for a
+    missing projection, shapes that do not fit, or gate and up that cannot be stacked."""
+    by_module: dict = {}
+    for layer in layers:
+        m = _EXPERT_LINEAR.match(layer)
+        if m and _fused_experts(model, m["parent"]) is not None:
+            by_module.setdefault(m["parent"], {})[(int(m["expert"]), m["proj"])] = layer
+    taken = set()
+    for parent, found in sorted(by_module.items()):
+        old = _fused_experts(model, parent)
+        kind = type(old).__name__
+        count, width, hidden = (int(d) for d in old.gate_up_proj.shape)
+        missing = [f"{parent}.{e}.{p}" for e in range(count)
+                   for p in ("gate_proj", "up_proj", "down_proj") if (e, p) not in found]
+        extra = sorted(layer for (e, _), layer in found.items() if e >= count)
+        if missing or extra:
+            raise argument_error(api, f"{parent} ({kind}, {count} experts): " + "; ".join(
+                part for part in (("not in the checkpoint: " + ", ".join(missing[:8]) +
+                                   (" ..." if len(missing) > 8 else "")) if missing else "",
+                                  ("experts past its count: " + ", ".join(extra[:8]))
+                                  if extra else "") if part), metrale.IoError)
+        if type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
+            raise argument_error(api, f"{parent}: a {kind} whose activation is not SiLU · up",
+                                 metrale.IoError)
+        gate_up, down = [], []
+        for e in range(count):
+            parts = [ckpt.weights(found[(e, p)]) for p in ("gate_proj", "up_proj")]
+            try:
+                gate_up.append(metrale.stack_rows(parts))
+            except metrale.Error as err:
+                raise argument_error(api, f"{parent}.{e}: its gate_proj and up_proj cannot be "
+                                     f"one gate_up ({err})", metrale.IoError) from None
+            down.append(ckpt.weights(found[(e, "down_proj")]))
+        shapes = {"gate_up_proj": (gate_up[0].n, gate_up[0].k), "down_proj": (down[0].n,
+                                                                               down[0].k)}
+        for leaf, (n, k) in shapes.items():
+            want = tuple(int(d) for d in getattr(old, leaf).shape)
+            if want != (count, n, k):
+                raise argument_error(api, f"{parent}.{leaf}: the checkpoint's experts are "
+                                     f"{count} x {n} x {k}, the model's {kind} has {want}",
+                                     metrale.IoError)
+        new = MoeExperts(runtime,
+                         runtime.upload_grouped_weights(gate_up, label=parent + ".gate_up_proj"),
+                         runtime.upload_grouped_weights(down, label=parent + ".down_proj"),
+                         allow_unverified=allow_unverified)
+        owner, _, name = parent.rpartition(".")
+        setattr(model.get_submodule(owner) if owner else model, name, new)
+        taken.update(found.values())
+    return taken

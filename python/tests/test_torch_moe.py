@@ -1,0 +1,450 @@
+"""Mixture-of-experts models through metrale.torch against transformers' own forward, and the MoE
+call under them (Model.moe_experts) against float64.
+
+The checkpoints (tests/fixtures/models, each with the script that made it): gpt-oss's MXFP4
+experts packed as openai/gpt-oss-20b ships them (make_gptoss.py; ModelOpt's MXFP4 quantizer, read
+back here by transformers' own reader, integrations/mxfp4.py), and a small Qwen3-MoE quantized by
+ModelOpt (NVFP4) and llm-compressor (NVFP4A16, W4A16), experts as linears of their own
+(make_moe_models.py; read back by the library that wrote them, test_torch_model.library_weights).
+
+The whole-model check is test_torch_model's (Note [whole-model check]) with the experts in it:
+every metrale call is checked where it ran, on the inputs the real forward gave it (each Linear
+by the per-element GEMM bound; each MoE layer per token against the float64 layer of the same
+routing on the library's weights), every quantized layer must have run, and transformers' model
+with exact weights, fed metrale's checked outputs layer by layer, must give the same logits bit
+for bit: nothing outside the GEMMs and the experts differs (router, attention, norms, biases).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import need
+
+import metrale
+
+torch = need("torch")
+transformers = need("transformers")
+mt = need("metrale.torch")
+need("compressed_tensors")
+need("modelopt")
+from test_torch_model import (ROOT, check_gemm_in_place, checkpoint_tensors,  # noqa: E402
+                              library_weights, prompts)
+
+MODELS = ROOT / "models"
+MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
+                                     "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16")]
+U = 2.0**-8
+# A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
+# C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
+MOE_BOUND = 4 * U
+
+
+def _glu64(glu: str, h: torch.Tensor) -> torch.Tensor:
+    """The gated activation in float64 as transformers' experts write it."""
+    if glu == "silu":
+        gate, up = h.chunk(2, dim=-1)
+        return gate / (1 + torch.exp(-gate)) * up
+    gate, up = h[..., ::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+    return gate / (1 + torch.exp(-1.702 * gate)) * (up + 1)
+
+
+def experts64(x, ids, w, layer: dict) -> torch.Tensor:
+    """The float64 layer of a routing: per token Σ_j w_j · (down_e · glu(gate_up_e · x + b1) + b2)."""
+    x64 = x.double()
+    ref = torch.zeros_like(x64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = layer["gate_up"][e] @ x64[t]
+            if layer["gate_up_bias"] is not None:
+                h = h + layer["gate_up_bias"][e]
+            y = layer["down"][e] @ _glu64(layer["glu"], h)
+            if layer["down_bias"] is not None:
+                y = y + layer["down_bias"][e]
+            ref[t] += float(w[t, j]) * y
+    return ref
+
+
+def check_experts_in_place(name: str, inputs, output, layer: dict) -> None:
+    """One call's output against the float64 layer of its routing, by normalized error over
+    the call's tokens (as MoeLayer.Qwen3ExpertsAgainstFloat64 holds the C++ ops)."""
+    x, ids, w = inputs
+    assert torch.isfinite(output).all(), f"{name}: an output is not finite"
+    ref = experts64(x, ids, w.double(), layer)
+    err = float((output.double() - ref).norm() / ref.norm())
+    assert err <= MOE_BOUND, f"{name}: normalized error is {err:.3g} (bound {MOE_BOUND:.3g})"
+
+
+def is_gptoss(folder: pathlib.Path) -> bool:
+    return json.loads((folder / "config.json").read_text())["model_type"] == "gpt_oss"
+
+
+def moe_reference(folder: pathlib.Path) -> tuple:
+    """(linears, experts): the quantized linears' float64 weights as the library that wrote them
+    reads them, and per experts module its float64 gate_up [E, 2I, H], down [E, H, I], biases
+    and activation; gpt-oss's packed experts as transformers reads them
+    (convert_moe_packed_tensors, in FP32: every E2M1 value times a power of two is exact)."""
+    tensors = checkpoint_tensors(folder)
+    experts: dict = {}
+    if is_gptoss(folder):
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+        for name in tensors:
+            if name.endswith(".gate_up_proj_blocks"):
+                parent = name[: -len(".gate_up_proj_blocks")]
+                layer = {"glu": "clamped_swiglu"}
+                for proj in ("gate_up", "down"):
+                    p = f"{parent}.{proj}_proj"
+                    # Its [E, N, K] before the transpose onto the model's [E, K, N] parameter.
+                    layer[proj] = convert_moe_packed_tensors(
+                        tensors[p + "_blocks"], tensors[p + "_scales"], dtype=torch.float32
+                    ).transpose(1, 2).double()
+                    layer[proj + "_bias"] = tensors[p + "_bias"].double()
+                experts[parent] = layer
+        return {}, experts
+    linears = library_weights(folder)
+    for name in list(linears):
+        parent, _, proj = name.rpartition(".")
+        parent, _, e = parent.rpartition(".")
+        if not proj.endswith("_proj") or not parent.endswith(".experts"):
+            continue
+        layer = experts.setdefault(parent, {"glu": "silu", "gate_up_bias": None,
+                                            "down_bias": None, "parts": {}})
+        layer["parts"][(int(e), proj)] = linears.pop(name)
+    for layer in experts.values():
+        count = 1 + max(e for e, _ in layer["parts"])
+        parts = layer.pop("parts")
+        layer["gate_up"] = torch.stack([torch.cat([parts[(e, "gate_proj")],
+                                                   parts[(e, "up_proj")]]) for e in range(count)])
+        layer["down"] = torch.stack([parts[(e, "down_proj")] for e in range(count)])
+    return linears, experts
+
+
+class ExactExperts(torch.nn.Module):
+    """An experts module of the exact model: fed metrale's checked output for the same inputs
+    (which must be the inputs metrale's layer saw: the router and everything before it agree)."""
+
+    def __init__(self, name: str, feed: dict) -> None:
+        super().__init__()
+        self.name, self.feed = name, feed
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        inputs, output = self.feed[self.name].pop(0)
+        assert torch.equal(hidden_states, inputs[0]), f"{self.name}: another input"
+        assert torch.equal(top_k_index, inputs[1]), f"{self.name}: another routing"
+        assert torch.equal(top_k_weights, inputs[2]), f"{self.name}: other routing weights"
+        return output
+
+
+class FedLinear(torch.nn.Module):
+    def __init__(self, name: str, feed: dict) -> None:
+        super().__init__()
+        self.name, self.feed = name, feed
+
+    def forward(self, x):
+        return self.feed[self.name].pop(0)
+
+
+def fed_model(folder: pathlib.Path, linears: dict, experts: dict, feed: dict):
+    """transformers' BF16 model of the checkpoint, every other tensor as the file holds it, its
+    quantized linears and experts fed metrale's checked outputs."""
+    config = transformers.AutoConfig.from_pretrained(folder)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    quantized = tuple(p + "." for p in list(linears) + list(experts))
+    plain = {k: v for k, v in checkpoint_tensors(folder).items()
+             if not k.startswith(quantized) or k.endswith("_proj_bias") or k.endswith(".bias")}
+    plain = {k: v for k, v in plain.items() if not k.endswith(("_blocks", "_scales"))}
+    model.load_state_dict(plain, strict=False)
+    for name in list(linears) + list(experts):
+        parent, _, leaf = name.rpartition(".")
+        module = FedLinear(name, feed) if name in linears else ExactExperts(name, feed)
+        setattr(model.get_submodule(parent), leaf, module)
+    return model.eval()
+
+
+@torch.no_grad()
+def checked_moe_forward(model, folder: pathlib.Path, ids: torch.Tensor):
+    """metrale's logits with every metrale call checked where it ran and every quantized layer
+    required to have run; the fed transformers model must give the same logits bit for bit."""
+    linears, experts = moe_reference(folder)
+    seen: dict = {}
+
+    def linear_hook(name):
+        def check(module, inputs, output):
+            check_gemm_in_place(name, inputs[0], output, linears[name], module.bias)
+            seen.setdefault(name, []).append(output.to(inputs[0].dtype))
+        return check
+
+    def experts_hook(name):
+        def check(module, inputs, output):
+            check_experts_in_place(name, inputs, output, experts[name])
+            seen.setdefault(name, []).append((inputs, output))
+        return check
+
+    handles = []
+    for n, m in model.named_modules():
+        if isinstance(m, mt.Linear):
+            handles.append(m.register_forward_hook(linear_hook(n)))
+        elif isinstance(m, mt.MoeExperts):
+            handles.append(m.register_forward_hook(experts_hook(n)))
+    try:
+        logits = model(ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(seen) == set(linears) | set(experts), "layers that never ran on metrale: " \
+        f"{sorted(set(linears) | set(experts) - set(seen))}"
+    fed = fed_model(folder, linears, experts, seen)(ids).logits
+    assert all(not v for v in seen.values()), "the fed model took fewer calls than metrale ran"
+    assert torch.equal(logits, fed), "the logits differ outside the GEMMs and the experts"
+    return logits, experts
+
+
+@pytest.mark.parametrize("folder", MOE_FIXTURES, ids=[f.name for f in MOE_FIXTURES])
+def test_moe_logits_match_transformers(rng, folder):
+    model = mt.from_pretrained(str(folder), backend="cpu")
+    try:
+        moe = {n for n, m in model.named_modules() if isinstance(m, mt.MoeExperts)}
+        assert len(moe) == model.config.num_hidden_layers
+        logits, experts = checked_moe_forward(model, folder, prompts(rng, model.config.vocab_size))
+        assert moe == set(experts)
+        # The checked layers, again at decode: a few greedy steps (one token a step, KV cache).
+        checked = []
+
+        def hook(name):
+            def check(module, inputs, output):
+                check_experts_in_place(name, inputs, output, experts[name])
+                checked.append(inputs[0].shape[0])
+            return check
+
+        hooks = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()
+                 if isinstance(m, mt.MoeExperts)]
+        try:
+            ids = prompts(rng, model.config.vocab_size)
+            with torch.no_grad():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                               min_new_tokens=4, do_sample=False, pad_token_id=0)
+        finally:
+            for h in hooks:
+                h.remove()
+        assert ids.shape[0] in checked, "no decode step ran the experts"
+    finally:
+        assert model.metrale.close().clean
+
+
+def test_moe_check_fails_on_planted_faults(rng):
+    """The experts check is shown failing: the gated activation of another family, a dropped
+    bias, and another expert's weights each put the call past the bound."""
+    folder = MODELS / "gptoss-mxfp4"
+    _, experts = moe_reference(folder)
+    name, layer = sorted(experts.items())[0]
+    h = layer["gate_up"].shape[2]
+    x = torch.from_numpy(rng.standard_normal((5, h))).to(torch.bfloat16)
+    ids = torch.from_numpy(np.stack([rng.choice(8, 2, replace=False) for _ in range(5)]))
+    w = torch.softmax(torch.from_numpy(rng.standard_normal((5, 2))), -1).to(torch.bfloat16)
+    good = experts64(x, ids, w.double(), layer)
+    check_experts_in_place(name, (x, ids, w), good.to(torch.bfloat16), layer)
+    faults = {"silu": dict(layer, glu="silu"), "no bias": dict(layer, down_bias=None),
+              "another expert": dict(layer, gate_up=layer["gate_up"].roll(1, 0))}
+    for what, planted in faults.items():
+        bad = experts64(x, ids, w.double(), planted)
+        with pytest.raises(AssertionError, match="error is"):
+            check_experts_in_place(name, (x, ids, w), bad.to(torch.bfloat16), layer)
+
+
+def test_packed_experts_read_as_transformers_reads_them():
+    """Checkpoint.experts and expert_weights on gpt-oss's packed experts: each expert's weights,
+    dequantized, equal transformers' own reading of the file exactly, and the bias is the file's."""
+    folder = MODELS / "gptoss-mxfp4"
+    ckpt = metrale.load_safetensors(str(folder))
+    found = {e["projection"]: e for e in ckpt.experts}
+    assert sorted(found) == [f"model.layers.{i}.mlp.experts.{p}" for i in (0, 1)
+                             for p in ("down_proj", "gate_up_proj")]
+    assert not [r for r in ckpt.rejected if r["quantized"]]
+    _, experts = moe_reference(folder)
+    for projection, info in found.items():
+        parent, _, leaf = projection.rpartition(".")
+        hosts, bias = ckpt.expert_weights(projection)
+        assert len(hosts) == info["experts"] == 8 and info["source"] == "gpt-oss MXFP4"
+        want = experts[parent][leaf[: -len("_proj")]]
+        for e, host in enumerate(hosts):
+            assert (host.format, host.n, host.k) == ("mxfp4", info["n"], info["k"])
+            got = torch.from_numpy(np.asarray(host.dequantize(), dtype=np.float64))
+            assert torch.equal(got, want[e]), f"{projection} expert {e}"
+        file_bias = checkpoint_tensors(folder)[projection + "_bias"]
+        assert torch.equal(torch.from_numpy(bias.view(ml_dtypes.bfloat16).astype(np.float32)),
+                           file_bias.float())
+
+
+def test_fp8_experts_are_refused_by_name():
+    """transformers' FP8 Qwen3-MoE (experts as FP8 block-128 linears): metrale has no FP8 grouped
+    GEMM yet, and the file's expert scales are squeezed to 1-D (transformers 5.17's
+    SplitModulelist): refused, naming the tensor, never loaded in part."""
+    with pytest.raises(metrale.IoError, match=r"experts\.0\.down_proj\.weight_scale_inv"):
+        mt.from_pretrained(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu")
+
+
+def test_expert_linears_missing_an_expert_are_refused(tmp_path):
+    """A Qwen3-MoE checkpoint without one expert's up_proj: refused by name, nothing loaded."""
+    src = MODELS / "qwen3moe-ct-w4a16"
+    from safetensors.torch import save_file
+
+    tensors = {k: v for k, v in checkpoint_tensors(src).items()
+               if not k.startswith("model.layers.1.mlp.experts.5.up_proj.")}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    with pytest.raises(metrale.IoError, match=r"model\.layers\.1\.mlp\.experts\.5\.up_proj"):
+        mt.from_pretrained(str(tmp_path), backend="cpu")
+
+
+def _quantized_experts(rng, fmt: str, count: int, n: int, k: int) -> list:
+    quantize = {"nvfp4": metrale.quantize_nvfp4, "mxfp4": metrale.quantize_mxfp4,
+                "int4": lambda w: metrale.quantize_int4(w, 32, True)}[fmt]
+    return [quantize(rng.standard_normal((n, k)).astype(np.float32) / math.sqrt(k))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int4"])
+@pytest.mark.parametrize("glu", ["silu", "clamped_swiglu"])
+def test_moe_experts_against_float64(rng, fmt, glu):
+    """Model.moe_experts on fresh random experts and routings (an id outside [0, E) included, one
+    expert taking every token), with biases: per token within MOE_BOUND of the float64 layer;
+    out is poisoned first, so an unwritten element fails."""
+    count, h, inter = 8, 128, 64
+    with metrale.Model("cpu") as m:
+        gu = _quantized_experts(rng, fmt, count, 2 * inter, h)
+        dn = _quantized_experts(rng, fmt, count, h, inter)
+        b1 = (rng.standard_normal((count, 2 * inter)) * 0.1).astype(ml_dtypes.bfloat16)
+        b2 = (rng.standard_normal((count, h)) * 0.1).astype(ml_dtypes.bfloat16)
+        w1 = m.upload_grouped_weights(gu, bias=b1, label="gate_up")
+        w2 = m.upload_grouped_weights(dn, bias=b2, label="down")
+        layer = {"glu": glu,
+                 "gate_up": torch.stack([torch.from_numpy(g.dequantize().astype(np.float64))
+                                         for g in gu]),
+                 "down": torch.stack([torch.from_numpy(d.dequantize().astype(np.float64))
+                                      for d in dn]),
+                 "gate_up_bias": torch.from_numpy(b1.astype(np.float64)),
+                 "down_bias": torch.from_numpy(b2.astype(np.float64))}
+        for tokens, skew in ((1, False), (7, False), (33, True)):
+            x = (rng.standard_normal((tokens, h)) * 2).astype(ml_dtypes.bfloat16)
+            ids = np.stack([rng.choice(count, 2, replace=False) for _ in range(tokens)])
+            if skew:
+                ids[:, 0] = 3  # one expert takes every token
+                ids[:, 1] = np.where(ids[:, 1] == 3, 4, ids[:, 1])
+            ids[0, 1] = -1  # no expert: this slot adds nothing
+            ids = ids.astype(np.int32)
+            w = rng.random((tokens, 2)).astype(np.float32)
+            out = np.full((tokens, h), np.nan, dtype=ml_dtypes.bfloat16)
+            m.moe_experts(x, ids, w, w1, w2, glu=glu, out=out)
+            valid = torch.from_numpy(np.where(ids < 0, 0, ids))
+            wv = torch.from_numpy(np.where(ids < 0, 0.0, w))
+            check_experts_in_place(f"{fmt} {glu} T={tokens}",
+                                   (torch.from_numpy(x.astype(np.float32)), valid, wv),
+                                   torch.from_numpy(out.astype(np.float32)), layer)
+
+
+def test_moe_experts_bad_arguments(rng):
+    with metrale.Model("cpu") as m:
+        gu = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="gu")
+        dn = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32), label="dn")
+        other = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="o")
+        x = np.zeros((3, 64), dtype=ml_dtypes.bfloat16)
+        ids = np.zeros((3, 2), dtype=np.int32)
+        w = np.ones((3, 2), dtype=np.float32)
+        m.moe_experts(x, ids, w, gu, dn)
+        with pytest.raises(metrale.DtypeError, match=r"\[moe_experts\] ids"):
+            m.moe_experts(x, ids.astype(np.int64), w, gu, dn)
+        with pytest.raises(metrale.InvalidArgumentError, match=r"\[moe_experts\] weights"):
+            m.moe_experts(x, ids, w[:, :1].copy(), gu, dn)
+        with pytest.raises(metrale.InvalidArgumentError, match=r"\[moe_experts\] down"):
+            m.moe_experts(x, ids, w, gu, other)
+        with pytest.raises(metrale.InvalidArgumentError, match="glu: 'gelu'"):
+            m.moe_experts(x, ids, w, gu, dn, glu="gelu")
+        with pytest.raises(metrale.DtypeError, match="not GroupedWeights"):
+            m.moe_experts(x, ids, w, gu, "dn")
+        with pytest.raises(metrale.InvalidArgumentError, match=r"\[upload_grouped_weights\]"):
+            m.upload_grouped_weights([])
+        mixed = _quantized_experts(rng, "nvfp4", 1, 64, 64) + _quantized_experts(rng, "mxfp4", 1,
+                                                                                 64, 64)
+        with pytest.raises(metrale.InvalidArgumentError, match="expert 1"):
+            m.upload_grouped_weights(mixed)
+    with pytest.raises(metrale.StateError):
+        m.moe_experts(x, ids, w, gu, dn)
+
+
+def test_moe_op_compiles_without_a_graph_break(rng):
+    """torch.compile(fullgraph=True) traces a MoeExperts call (the op's fake gives the shape) and
+    the compiled call gives the eager call's bits."""
+    with metrale.Model("cpu") as m:
+        gu = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="gu")
+        dn = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32), label="dn")
+        layer = mt.MoeExperts(m, gu, dn)
+        x = torch.from_numpy(rng.standard_normal((5, 64))).to(torch.bfloat16)
+        ids = torch.from_numpy(np.stack([rng.choice(4, 2, replace=False) for _ in range(5)]))
+        w = torch.softmax(torch.randn(5, 2), -1).to(torch.bfloat16)
+        eager = layer(x, ids, w)
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")(x, ids, w)
+        assert torch.equal(eager, compiled)
+
+
+def _plant_silu_for_gptoss(monkeypatch, model):
+    register = mt.torch_moe.register_experts
+    monkeypatch.setattr(mt.torch_moe, "register_experts",
+                        lambda m, gu, dn, glu, *a, **k: register(m, gu, dn, "silu", *a, **k))
+
+
+def _plant_up_before_gate(monkeypatch, model):
+    stack = metrale.stack_rows
+    monkeypatch.setattr(metrale, "stack_rows", lambda parts: stack(list(parts)[::-1]))
+
+
+def _plant_router_change(monkeypatch, model):
+    router = model.model.layers[1].mlp.gate
+    with torch.no_grad():
+        router.weight[3] += 0.05  # metrale's router only: the fed model keeps the file's
+
+
+PLANTS = {"gpt-oss activation as silu": ("gptoss-mxfp4", _plant_silu_for_gptoss, None),
+          "up stacked before gate": ("qwen3moe-ct-w4a16", _plant_up_before_gate, None),
+          "a router weight changed": ("qwen3moe-ct-nvfp4a16", None, _plant_router_change)}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_planted_moe_model_faults_fail_the_check(rng, monkeypatch, plant):
+    """The whole-model check is shown failing on faults planted in metrale's model: an
+    activation of another family, gate and up stacked the wrong way round, and a change outside
+    the experts (the router) that the experts' own check cannot see."""
+    name, before_load, after_load = PLANTS[plant]
+    folder = MODELS / name
+    if before_load:
+        before_load(monkeypatch, None)
+    model = mt.from_pretrained(str(folder), backend="cpu")
+    try:
+        if after_load:
+            after_load(monkeypatch, model)
+        with pytest.raises(AssertionError):
+            checked_moe_forward(model, folder, prompts(rng, model.config.vocab_size))
+    finally:
+        model.metrale.close()
+
+
+def test_load_uploads_packed_experts():
+    """metrale.load on gpt-oss: each packed projection one GroupedWeights with its bias, named
+    with its source; the attention and router stay plain; nothing silently skipped."""
+    with metrale.load(str(MODELS / "gptoss-mxfp4"), backend="cpu") as ckpt:
+        grouped = {k: v for k, v in ckpt.layers.items() if isinstance(v, metrale.GroupedWeights)}
+        assert sorted(grouped) == [f"model.layers.{i}.mlp.experts.{p}" for i in (0, 1)
+                                   for p in ("down_proj", "gate_up_proj")]
+        assert all(ckpt.sources[k] == "gpt-oss MXFP4" for k in grouped)
+        assert all(w.experts == 8 and w.has_bias for w in grouped.values())
+        assert "model.layers.0.mlp.router" in ckpt.dense
+        assert not any("_blocks" in t or "_scales" in t for t in ckpt.other)
+        assert "4 layer(s) gpt-oss MXFP4" in ckpt.summary
