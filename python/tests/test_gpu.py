@@ -208,3 +208,48 @@ def test_whole_model_on_cuda_matches_the_cpu_backend(rng, name):
     finally:
         cpu_model.metrale.close()
         gpu_model.metrale.close()
+
+
+@pytest.mark.parametrize("name", ["gptoss-mxfp4", "qwen3moe-ct-w4a16"])
+def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name):
+    """An MoE model (gpt-oss MXFP4 experts packed; Qwen3-MoE INT4 experts per expert) with its
+    experts on the CUDA backend, opted in to the MoE kernels and grouped GEMMs no device had run
+    (allow_unverified): every MoE layer's output against its float64 layer of the same routing
+    (test_torch_moe's check), the logits against the CPU backend's within BF16 noise, and a
+    planted fault (layer 0's experts computing with layer 1's) seen."""
+    pytest.importorskip("transformers")
+    mt = pytest.importorskip("metrale.torch")
+    from test_torch_moe import check_experts_in_place, moe_reference
+
+    folder = MODELS / name
+    _, experts = moe_reference(folder)
+    ids = torch.from_numpy(rng.integers(0, 256, (2, 12)))
+    cpu, cpu_model = _logits(folder, "cpu", ids)
+    gpu_model = mt.from_pretrained(str(folder), backend="cuda", allow_unverified=True).cuda()
+    checked = []
+
+    def hook(n):
+        def check(module, inputs, output):
+            check_experts_in_place(n, tuple(i.cpu() for i in inputs), output.cpu(), experts[n])
+            checked.append(n)
+        return check
+
+    hooks = [m.register_forward_hook(hook(n)) for n, m in gpu_model.named_modules()
+             if isinstance(m, mt.MoeExperts)]
+    try:
+        with torch.no_grad():
+            gpu = gpu_model(ids.cuda()).logits.double().cpu()
+        assert sorted(set(checked)) == sorted(experts)
+        for h in hooks:
+            h.remove()
+        err = float((gpu - cpu).norm() / cpu.norm())
+        assert err < 2e-2, f"{name}: logits differ by {err:.3g} (normalized)"
+        mlp = [layer.mlp for layer in gpu_model.model.layers]
+        mlp[0].experts, saved = mlp[1].experts, mlp[0].experts
+        with torch.no_grad():
+            wrong = gpu_model(ids.cuda()).logits.double().cpu()
+        mlp[0].experts = saved
+        assert float((wrong - cpu).norm() / cpu.norm()) > 2e-2, "the planted fault went unseen"
+    finally:
+        cpu_model.metrale.close()
+        gpu_model.metrale.close()

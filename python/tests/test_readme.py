@@ -46,3 +46,14 @@ def test_readme_torch_example_runs(capsys, monkeypatch):
     assert out[1].startswith("[1, 17, 42, 5, ") and len(out[1].split(",")) == 12
     assert out[2] == "torch.Size([1, 4, 128])"
     assert out[3] == "True"  # torn down clean
+
+
+def test_readme_moe_example_runs(capsys, monkeypatch):
+    need("torch")
+    need("transformers")
+    out = run_section("### Mixture of experts", capsys, monkeypatch)
+    assert out[0].startswith("MoeExperts(num_experts=8, hidden_dim=256")
+    assert out[1] == "torch.Size([1, 4, 256])"
+    assert out[2] == "True"
+    assert out[3] == "(3, 256)"
+
