@@ -154,6 +154,10 @@ step check-cuda 30 "$build/metrale" check --backend cuda
 # (--compare-routes named: the GPU default did not reach the JSON in run 6.)
 step bench-70b 150 sh -c "'$build/metrale' bench --backend cuda --model llama3-70b \
   --m 1,16,256,4096 --allow-e4m3 --compare-routes --json > '$out/bench70b.json'"
+# An MoE layer's grouped GEMMs on the GPU (opted in: no device has run them), each case checked
+# against float64: the touched experts' bytes per second against the read roof.
+step bench-moe 40 sh -c "'$build/metrale' bench --backend cuda --moe gpt-oss-20b \
+  --allow-unverified --m 1,16,128 --repeats 5 --json > '$out/bench_moe.json'"
 # torch's peers on the same shapes (a line saying why where torch is absent).
 step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the

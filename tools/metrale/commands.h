@@ -32,6 +32,9 @@ struct BenchOptions {
   // Upload in the source layout even where the backend prefers the panel layout (to compare).
   bool source_layout = false;
   int tp = 0;  // --tp: ranks of a tensor-parallel run (one process each, under mpirun); 0: none
+  std::string moe;  // --moe: a built-in MoE layer instead of dense layers (bench_moe.h)
+  std::vector<double> skews{0.0, 1.2};  // --skew: routings' skews above one token
+  bool allow_unverified = false;        // --allow-unverified: run kernels no device run verified
 };
 
 // One transformer block's linear layers on the chosen backend: checked against float64, timed

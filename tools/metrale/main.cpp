@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_moe.h"
 #include "commands.h"
 #include "metrale/error.h"
 
@@ -84,6 +85,18 @@ int main(int argc, char** argv) {
                    "--tp N (CPU over MPI; CUDA over NCCL, a GPU per process)")
       ->check(CLI::Range(1, 4096));
 
+  bench
+      ->add_option("--moe", bench_opts.moe,
+                   "an MoE layer's grouped GEMMs at realistic routings instead of dense layers")
+      ->check(CLI::IsMember({"gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3"}));
+  bench
+      ->add_option("--skew", bench_opts.skews,
+                   "--moe: routings' skews above one token (0: uniform)")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 4.0));
+  bench->add_flag("--allow-unverified", bench_opts.allow_unverified,
+                  "run kernels no device run has verified (--moe on CUDA needs it)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -117,6 +130,7 @@ int main(int argc, char** argv) {
         }
         bench_opts.shapes.emplace_back(n, k);
       }
+      if (!bench_opts.moe.empty()) return metrale::cli::run_bench_moe(opts, bench_opts);
       if (bench_opts.tp > 0) return metrale::cli::run_bench_tp(opts, bench_opts);
       return metrale::cli::run_bench(opts, bench_opts);
     }

@@ -1,0 +1,330 @@
+// `metrale bench --moe MODEL`: one MoE layer's grouped GEMMs (gate_up and down, every expert in
+// one launch, ops/grouped_gemm.h) at realistic routings, against the roofs measured in the same
+// run. A layer reads only the experts tokens were routed to, so its rate is the bytes of the
+// experts touched (codes and scales, plus A and C) per second, and its share is of the read roof;
+// from 16 rows an expert the dot products set the pace, and the share of the compute roof is
+// given too. At one token the routings are disjoint (the experts in a random order, top_k at a
+// time), so a cycle over them reads every expert once; above, routings are drawn with expert e
+// weighted (e + 1)^-skew (skew 0 uniform, 1.2 a popular few). On the CPU the experts are uploaded
+// in copies until a cycle reads 1 GiB, so no run finds its experts in the caches. Each case is
+// checked against float64 on every touched expert's rows of one routing before it is timed.
+#include "bench_moe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "interrupt.h"
+#include "metrale/error.h"
+#include "metrale/model_scope.h"
+#include "metrale/numerics.h"
+#include "metrale/ops/grouped_gemm.h"
+#include "metrale/runtime.h"
+#include "toolkit/random_weights.h"
+#include "toolkit/roof_share.h"
+#include "toolkit/roofline.h"
+#include "toolkit/sampled_check.h"
+
+namespace metrale::cli {
+namespace {
+
+constexpr std::int64_t kMinCycleBytes = std::int64_t{1} << 30;  // CPU: past any cache
+constexpr int kRoutings = 8;
+
+struct Routing {
+  std::vector<std::int32_t> counts, offsets;
+  DevicePtr d_counts, d_offsets;
+  int touched = 0;
+};
+
+// counts and offsets of the contiguous layout from each expert's count.
+void finish(Routing& r) {
+  std::int32_t at = 0;
+  r.offsets.clear();
+  for (const std::int32_t c : r.counts) {
+    r.offsets.push_back(at);
+    at += c;
+    r.touched += c > 0 ? 1 : 0;
+  }
+  r.offsets.push_back(at);
+}
+
+std::vector<Routing> routings(std::mt19937_64& rng, std::int64_t tokens, const MoeModel& m,
+                              double skew) {
+  std::vector<Routing> out;
+  if (tokens == 1) {
+    std::vector<int> order(static_cast<std::size_t>(m.experts));
+    for (int e = 0; e < m.experts; ++e) order[static_cast<std::size_t>(e)] = e;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int first = 0; first + m.top_k <= m.experts; first += m.top_k) {
+      Routing r;
+      r.counts.assign(static_cast<std::size_t>(m.experts), 0);
+      for (int j = first; j < first + m.top_k; ++j)
+        r.counts[static_cast<std::size_t>(order[j])] = 1;
+      finish(r);
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+  std::vector<double> weight(static_cast<std::size_t>(m.experts));
+  for (int e = 0; e < m.experts; ++e)
+    weight[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -skew);
+  std::shuffle(weight.begin(), weight.end(), rng);
+  for (int i = 0; i < kRoutings; ++i) {
+    Routing r;
+    r.counts.assign(static_cast<std::size_t>(m.experts), 0);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::vector<double> w = weight;
+      for (int j = 0; j < m.top_k; ++j) {
+        std::discrete_distribution<int> pick(w.begin(), w.end());
+        const auto e = static_cast<std::size_t>(pick(rng));
+        ++r.counts[e];
+        w[e] = 0.0;
+      }
+    }
+    finish(r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+struct MoeCase {
+  std::string layer;
+  std::int64_t tokens = 0, n = 0, k = 0;
+  double skew = 0;
+  double touched = 0;  // experts with rows, per run
+  double seconds = 0;  // per run, median
+  double gbps = 0, tflops = 0, rows_per_expert = 0;
+  bool passed = false;
+  std::string check;
+};
+
+}  // namespace
+
+MoeModel moe_model(const std::string& name) {
+  if (name == "gpt-oss-20b") return {name, 32, 4, 2880, 2880, WeightFormat::kMxfp4};
+  if (name == "gpt-oss-120b") return {name, 128, 4, 2880, 2880, WeightFormat::kMxfp4};
+  if (name == "qwen3-30b-a3b") return {name, 128, 8, 2048, 768, WeightFormat::kNvfp4};
+  if (name == "deepseek-v3") return {name, 256, 8, 7168, 2048, WeightFormat::kNvfp4};
+  throw Error(ErrorCode::kInvalidArgument, "bench",
+              fmt::format("unknown MoE model '{}' (gpt-oss-20b, gpt-oss-120b, qwen3-30b-a3b or "
+                          "deepseek-v3)",
+                          name));
+}
+
+int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
+  const InterruptScope ctrl_c;
+  const MoeModel model = moe_model(bench.moe);
+  std::string why;
+  std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
+  const bool gpu = backend->name() != "cpu";
+  if (gpu && !bench.allow_unverified) {
+    throw Error(ErrorCode::kUnavailable, "bench",
+                "--moe on CUDA runs the grouped GEMMs no device run has verified yet; pass "
+                "--allow-unverified to run them");
+  }
+  std::vector<std::int64_t> ms = bench.ms;
+  if (ms.empty())
+    ms = gpu ? std::vector<std::int64_t>{1, 16, 128} : std::vector<std::int64_t>{1, 16};
+  for (const std::int64_t m : ms) {
+    if (m < 1 || m > (std::int64_t{1} << 20)) {
+      throw Error(ErrorCode::kInvalidArgument, "bench",
+                  fmt::format("M = {} must be in [1, 2^20] tokens", m));
+    }
+  }
+  const std::string backend_name(backend->name()), device = backend->device_name();
+  const LedgerProbe probe = backend->ledger_probe();
+  ModelScope scope(std::move(backend));
+  Backend& b = scope.backend();
+  const toolkit::Roofline roof = toolkit::measure_roofline(b);
+  std::mt19937_64 rng(std::random_device{}());
+  const StreamHandle stream = b.default_stream();
+  ops::GroupedGemmOptions go;
+  go.allow_unverified = bench.allow_unverified;
+
+  struct Layer {
+    const char* name;
+    std::int64_t n, k;
+  };
+  const Layer layers[] = {{"gate_up", 2 * model.inter, model.hidden},
+                          {"down", model.hidden, model.inter}};
+  std::vector<MoeCase> cases;
+  bool ok = true;
+  for (const Layer& layer : layers) {
+    if (interrupted()) break;
+    // One expert's random weights uploaded E times: the kernels' work and bytes are those of E
+    // distinct experts; drawing E sets would only lengthen the set-up.
+    const HostQuantWeights one = toolkit::random_weights(model.format, layer.n, layer.k, rng);
+    const std::vector<HostQuantWeights> host(static_cast<std::size_t>(model.experts), one);
+    const auto expert_bytes = static_cast<std::int64_t>(one.codes.size() + one.scales.size());
+    const std::int64_t copies =
+        gpu ? 1 : std::max<std::int64_t>(1, kMinCycleBytes / (model.experts * expert_bytes));
+    std::vector<ops::GroupedWeightsResource*> weights;
+    for (std::int64_t c = 0; c < copies; ++c) {
+      weights.push_back(&scope.add(std::make_unique<ops::GroupedWeightsResource>(
+          b, host, fmt::format("{} {} copy {}", model.name, layer.name, c),
+          ops::UploadLayout::kBackendPreferred)));
+    }
+    for (const std::int64_t tokens : ms) {
+      for (const double skew : tokens == 1 ? std::vector<double>{0.0} : bench.skews) {
+        if (interrupted()) break;
+        MoeCase cs;
+        cs.layer = layer.name;
+        cs.tokens = tokens;
+        cs.n = layer.n;
+        cs.k = layer.k;
+        cs.skew = skew;
+        std::vector<Routing> rs = routings(rng, tokens, model, skew);
+        const std::int64_t rows = tokens * model.top_k;
+        std::vector<DevicePtr> owned;
+        const auto upload = [&](const auto& v) {
+          const DevicePtr d = b.alloc(std::max<std::size_t>(v.size() * sizeof(v[0]), 16));
+          b.copy_h2d(d, v.data(), v.size() * sizeof(v[0]));
+          owned.push_back(d);
+          return d;
+        };
+        for (Routing& r : rs) {
+          r.d_counts = upload(r.counts);
+          r.d_offsets = upload(r.offsets);
+        }
+        std::vector<std::uint16_t> a(static_cast<std::size_t>(rows * layer.k));
+        std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+        for (auto& x : a) x = num::f32_to_bf16(unit(rng));
+        const DevicePtr da = upload(a);
+        const DevicePtr dc = b.alloc(static_cast<std::size_t>(rows * layer.n) * 2);
+        owned.push_back(dc);
+        const ops::GroupedGemmPlan plan = ops::plan_grouped(b, rows, weights[0]->weights(), go);
+        const auto run = [&](std::size_t i) {
+          const Routing& r = rs[i % rs.size()];
+          ops::run_grouped(plan, stream, da, weights[i / rs.size() % weights.size()]->weights(),
+                           r.d_counts, r.d_offsets, dc);
+        };
+        // The check: routing 0's every touched expert against float64 on its own rows.
+        run(0);
+        b.synchronize(stream);
+        std::vector<std::uint16_t> c(static_cast<std::size_t>(rows * layer.n));
+        b.copy_d2h(c.data(), dc, c.size() * 2);
+        cs.passed = true;
+        for (int e = 0; e < model.experts && cs.passed; ++e) {
+          const std::int64_t count = rs[0].counts[static_cast<std::size_t>(e)];
+          if (count == 0) continue;
+          const auto first = static_cast<std::size_t>(rs[0].offsets[static_cast<std::size_t>(e)]);
+          const toolkit::SampledCheck s = toolkit::sampled_check(
+              std::span(a).subspan(first * layer.k, static_cast<std::size_t>(count * layer.k)),
+              std::span(c).subspan(first * layer.n, static_cast<std::size_t>(count * layer.n)), one,
+              count, count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
+          cs.passed = s.passed();
+          if (!cs.passed) cs.check = fmt::format("expert {}: {}", e, s.str());
+        }
+        ok = ok && cs.passed;
+        // The timing: a cycle over every routing of every copy, bench.repeats times; the median
+        // run. (One warm cycle first.)
+        const std::size_t cycle = rs.size() * weights.size();
+        for (std::size_t i = 0; i < cycle; ++i) run(i);
+        b.synchronize(stream);
+        std::vector<double> per_run;
+        for (int rep = 0; rep < bench.repeats && !interrupted(); ++rep) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (std::size_t i = 0; i < cycle; ++i) run(i);
+          b.synchronize(stream);
+          per_run.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+              static_cast<double>(cycle));
+        }
+        if (!per_run.empty()) {
+          std::sort(per_run.begin(), per_run.end());
+          cs.seconds = per_run[per_run.size() / 2];
+          double touched = 0;
+          for (const Routing& r : rs) touched += r.touched;
+          cs.touched = touched / static_cast<double>(rs.size());
+          const double io = static_cast<double>(rows * (layer.k + layer.n) * 2);
+          cs.gbps = (cs.touched * static_cast<double>(expert_bytes) + io) / cs.seconds / 1e9;
+          cs.tflops = 2.0 * static_cast<double>(rows * layer.n * layer.k) / cs.seconds / 1e12;
+          cs.rows_per_expert = static_cast<double>(rows) / cs.touched;
+        }
+        for (const DevicePtr p : owned) b.free(p);
+        cases.push_back(std::move(cs));
+      }
+    }
+  }
+  const TeardownReport td = scope.teardown();
+  const bool zero = probe.live_bytes() == 0 && td.clean();
+  ok = ok && zero;
+  if (interrupted()) {
+    fmt::print(stderr, "metrale bench: interrupted after {} case(s); teardown {}\n", cases.size(),
+               zero ? "left 0 bytes" : "not clean: " + td.leak_summary());
+    return kInterrupted;
+  }
+  const auto pct = [](double rate, double of) {
+    return of > 0 ? fmt::format("{:.0f}%", 100.0 * rate / of) : std::string("-");
+  };
+  if (options.json) {
+    nlohmann::json doc{{"backend", backend_name},
+                       {"device", device},
+                       {"moe", model.name},
+                       {"experts", model.experts},
+                       {"top_k", model.top_k},
+                       {"format", std::string(to_string(model.format))},
+                       {"roofline",
+                        {{"bandwidth_GBps", roof.bandwidth / 1e9},
+                         {"bandwidth_of", roof.bandwidth_of},
+                         {"TFLOPs", roof.flops / 1e12},
+                         {"flops_of", roof.flops_of}}},
+                       {"teardown_clean", zero},
+                       {"passed", ok},
+                       {"cases", nlohmann::json::array()}};
+    for (const MoeCase& cs : cases) {
+      doc["cases"].push_back(
+          {{"layer", cs.layer},
+           {"tokens", cs.tokens},
+           {"n", cs.n},
+           {"k", cs.k},
+           {"skew", cs.skew},
+           {"experts_touched", cs.touched},
+           {"rows_per_expert", cs.rows_per_expert},
+           {"seconds", cs.seconds},
+           {"touched_GBps", cs.gbps},
+           {"TFLOPs", cs.tflops},
+           {"pct_read_roof", roof.bandwidth > 0 ? 100 * cs.gbps * 1e9 / roof.bandwidth : 0},
+           {"passed", cs.passed},
+           {"check", cs.check}});
+    }
+    fmt::print("{}\n", doc.dump(2));
+    return ok ? 0 : 1;
+  }
+  fmt::print(
+      "metrale bench --moe {}: {} experts, top {}, hidden {}, expert intermediate {}, {} "
+      "(random weights), on {} ({})\n",
+      model.name, model.experts, model.top_k, model.hidden, model.inter, to_string(model.format),
+      backend_name, device);
+  fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
+             roof.bandwidth_of,
+             roof.flops > 0 ? fmt::format("{:.3f} TFLOP/s ({})", roof.flops / 1e12, roof.flops_of)
+                            : roof.flops_of);
+  fmt::print(
+      "  rate: bytes of the experts touched (and A, C) per second; dot roof share from "
+      "16 rows an expert\n\n");
+  fmt::print("{:<8} {:>6} {:>5} {:>8} {:>9} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", "layer",
+             "tokens", "skew", "experts", "rows/exp", "ms", "GB/s", "read", "TFLOP/s", "dot",
+             "check");
+  for (const MoeCase& cs : cases) {
+    fmt::print("{:<8} {:>6} {:>5.1f} {:>8.1f} {:>9.1f} {:>10} {:>10.1f} {:>6} {:>9.3f} {:>6}  {}\n",
+               cs.layer, cs.tokens, cs.skew, cs.touched, cs.rows_per_expert,
+               toolkit::format_ms(cs.seconds), cs.gbps, pct(cs.gbps * 1e9, roof.bandwidth),
+               cs.tflops,
+               cs.rows_per_expert >= 16 ? pct(cs.tflops * 1e12, roof.flops) : std::string("-"),
+               cs.passed ? std::string("ok") : "WRONG " + cs.check);
+  }
+  fmt::print("\nteardown: {} resource(s) released, {} swept, {} live bytes on the ledger{}\n",
+             td.released, td.swept, probe.live_bytes(), zero ? "" : " — FAILED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace metrale::cli
