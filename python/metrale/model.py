@@ -194,6 +194,37 @@ class Model:
             "upload_grouped_weights", "bias", bias, None)
         return self._m.upload_grouped_weights(list(experts), bias_obj, bias_bits, layout, label)
 
+    def moe_route(self, logits: Any, top_k: int, *, scoring: str = "softmax",
+                  renormalize: bool = False, scale: float = 1.0, groups: int = 1,
+                  topk_groups: int = 1, bias: Any = None, allow_unverified: bool = False,
+                  stream: Optional[int] = None) -> tuple:
+        """Each token's top_k experts from a router's FP32 logits [T, E]: (ids int32 [T, top_k],
+        weights float32 [T, top_k]), best first, ties to the lower expert. scoring: "softmax"
+        (Qwen3-MoE, Mixtral: over all experts, then the top k; ``renormalize`` divides by their
+        sum), "topk_softmax" (gpt-oss: the top k logits, then a softmax over them) or "sigmoid"
+        (DeepSeek-V3: chosen by score + ``bias`` within the ``topk_groups`` best of ``groups``,
+        weighted by the scores, renormalized when asked, times ``scale``). On the model's
+        device: NumPy on the CPU backend, torch CUDA tensors on CUDA (given back as torch)."""
+        api = "moe_route"
+        stream = _check_stream(api, stream, self._m.device_type == _KDL_CUDA)
+        on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
+        export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
+        rows = int(getattr(logits, "shape", (0,))[0])
+        if on_gpu and device_of(logits)[0] == _KDL_CUDA:
+            import torch
+
+            ids = torch.empty((rows, top_k), dtype=torch.int32, device=logits.device)
+            weights = torch.empty((rows, top_k), dtype=torch.float32, device=logits.device)
+        else:
+            ids = np.empty((rows, top_k), dtype=np.int32)
+            weights = np.empty((rows, top_k), dtype=np.float32)
+        objs = [as_input(api, name, a, export)[0] for name, a in
+                (("logits", logits), ("ids", ids), ("weights", weights))]
+        bias_obj = None if bias is None else as_input(api, "bias", bias, export)[0]
+        self._m.moe_route(*objs, scoring, int(top_k), bool(renormalize), float(scale),
+                          int(groups), int(topk_groups), bias_obj, allow_unverified, stream)
+        return ids, weights
+
     def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, *,
                     glu: str = "silu", alpha: float = 1.702, limit: float = 7.0, out: Any = None,
                     allow_unverified: bool = False, stream: Optional[int] = None) -> Any:

@@ -141,6 +141,14 @@ class Model {
                    float alpha, float limit, nanobind::handle out, bool out_bits,
                    bool allow_unverified, std::optional<std::uint64_t> stream);
 
+  // Each token's top_k experts from the router's logits (FP32 [T, E]) into ids (int32 [T, top_k])
+  // and weights (FP32 [T, top_k]): ops::moe_route with scoring "softmax", "topk_softmax" or
+  // "sigmoid" (groups, topk_groups and an FP32 bias [E] for DeepSeek's), on the arrays in place.
+  void moe_route(nanobind::handle logits, nanobind::handle ids, nanobind::handle weights,
+                 std::string_view scoring, std::int32_t top_k, bool renormalize, float scale,
+                 std::int32_t groups, std::int32_t topk_groups, nanobind::handle bias,
+                 bool allow_unverified, std::optional<std::uint64_t> stream);
+
   // The ledger's counters: owned apart from borrowed.
   nanobind::dict stats() const;
   // The ledger's live allocations with their call sites.

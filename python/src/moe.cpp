@@ -166,4 +166,59 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   on.finish();
 }
 
+void Model::moe_route(nb::handle logits, nb::handle ids, nb::handle weights,
+                      std::string_view scoring, std::int32_t top_k, bool renormalize, float scale,
+                      std::int32_t groups, std::int32_t topk_groups, nb::handle bias,
+                      bool allow_unverified, std::optional<std::uint64_t> stream) {
+  constexpr std::string_view api = "moe_route";
+  Backend& b = open(api);
+  ops::MoeRouting r;
+  if (scoring == "softmax") {
+    r.scoring = ops::MoeScoring::kSoftmax;
+  } else if (scoring == "topk_softmax") {
+    r.scoring = ops::MoeScoring::kTopkSoftmax;
+  } else if (scoring == "sigmoid") {
+    r.scoring = ops::MoeScoring::kSigmoid;
+  } else {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("scoring: '{}', expected softmax, topk_softmax or sigmoid", scoring));
+  }
+  r.top_k = top_k;
+  r.renormalize = renormalize;
+  r.scale = scale;
+  r.groups = groups;
+  r.topk_groups = topk_groups;
+  ArraySpec spec{Element::kF32, 2, -1, -1, device_type()};
+  spec.alignment = 4;
+  const ArrayArg la =
+      check_array(api, "logits", as_array(api, "logits", logits, false), false, spec);
+  spec.rows = la.rows;
+  spec.cols = top_k;
+  const ArrayArg wa =
+      check_array(api, "weights", as_array(api, "weights", weights, true), false, spec);
+  spec.element = Element::kI32;
+  const ArrayArg ia = check_array(api, "ids", as_array(api, "ids", ids, true), false, spec);
+  std::optional<ArrayArg> ba;
+  if (!bias.is_none()) {
+    ArraySpec bs{Element::kF32, 1, 1, la.cols, device_type()};
+    bs.alignment = 4;
+    ba = check_array(api, "bias", as_array(api, "bias", bias, false), false, bs);
+    r.bias = ba->ptr;
+  }
+  const ops::MoeShape shape{la.rows, static_cast<std::int32_t>(la.cols), top_k, 0};
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const CallStream on = as_call(api, [&] { return CallStream(b, stream); });
+  const Loan ll(b, *probe_, la, on.ordered()), li(b, *probe_, ia, on.ordered());
+  const Loan lw(b, *probe_, wa, on.ordered());
+  std::optional<Loan> lb;
+  if (ba) lb.emplace(b, *probe_, *ba, on.ordered());
+  as_call(api, [&] {
+    ops::moe_route(b, on.handle(), la.ptr, shape, r, ia.ptr, wa.ptr,
+                   ops::MoeOptions{allow_unverified});
+    return 0;
+  });
+  on.finish();
+}
+
 }  // namespace metrale::py

@@ -448,3 +448,78 @@ def test_load_uploads_packed_experts():
         assert "model.layers.0.mlp.router" in ckpt.dense
         assert not any("_blocks" in t or "_scales" in t for t in ckpt.other)
         assert "4 layer(s) gpt-oss MXFP4" in ckpt.summary
+
+
+def _routers(experts: int):
+    """transformers' own routers of the three families, in FP32, whose linear is the identity so
+    that their logits are the test's (config classes' defaults otherwise)."""
+    from transformers import DeepseekV3Config, GptOssConfig, Qwen3MoeConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    qwen = Qwen3MoeTopKRouter(Qwen3MoeConfig(hidden_size=experts, num_experts=experts,
+                                             num_experts_per_tok=8, norm_topk_prob=True))
+    oss = GptOssTopKRouter(GptOssConfig(hidden_size=experts, num_local_experts=experts,
+                                        num_experts_per_tok=4))
+    deepseek = DeepseekV3TopkRouter(DeepseekV3Config(
+        hidden_size=experts, n_routed_experts=experts, num_experts_per_tok=8, n_group=8,
+        topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5))
+    for r in (qwen, oss, deepseek):
+        r.float()
+        with torch.no_grad():
+            r.weight.copy_(torch.eye(experts))
+            if getattr(r, "bias", None) is not None:
+                r.bias.zero_()
+    return qwen, oss, deepseek
+
+
+def test_moe_route_matches_transformers_routers(rng):
+    """Model.moe_route against transformers' own routers (Qwen3-MoE softmax then top 8
+    renormalized; gpt-oss top 4 then softmax; DeepSeek-V3 sigmoid, 8 groups of which the best 4,
+    e_score_correction_bias, x 2.5) on fresh random logits: the same experts for every token but
+    where two candidates lie within FP32 rounding of each other, weights within 1e-6."""
+    experts, tokens = 64, 256
+    qwen, oss, deepseek = _routers(experts)
+    bias = rng.standard_normal(experts).astype(np.float32) * 0.1
+    deepseek.e_score_correction_bias.copy_(torch.from_numpy(bias))
+    cases = [("softmax", qwen, 8, dict(renormalize=True), lambda l: l),
+             ("topk_softmax", oss, 4, {}, lambda l: l),
+             ("sigmoid", deepseek, 8, dict(renormalize=True, scale=2.5, groups=8, topk_groups=4,
+                                           bias=bias), lambda l: 1 / (1 + np.exp(-l)) + bias)]
+    with metrale.Model("cpu") as m:
+        for scoring, router, k, kw, choice in cases:
+            logits = (rng.standard_normal((tokens, experts)) * 2).astype(np.float32)
+            ids, w = m.moe_route(logits, k, scoring=scoring, **kw)
+            with torch.no_grad():
+                _, tw, ti = router(torch.from_numpy(logits))
+            tw, ti = tw.double().numpy(), ti.numpy()
+            values = choice(logits.astype(np.float64))
+            mismatched = 0
+            for t in range(tokens):
+                ours = sorted(zip(ids[t].tolist(), w[t].tolist()))
+                theirs = sorted(zip(ti[t].tolist(), tw[t].tolist()))
+                if [e for e, _ in ours] != [e for e, _ in theirs]:
+                    # Only a near-tie may choose otherwise: the k-th and (k+1)-th choice values
+                    # within FP32 rounding.
+                    v = np.sort(values[t])[::-1]
+                    assert v[k - 1] - v[k] < 1e-6 * max(1.0, abs(v[k])), \
+                        f"{scoring} token {t}: {ours} against {theirs}"
+                    mismatched += 1
+                    continue
+                for (_, a), (_, b) in zip(ours, theirs):
+                    assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), f"{scoring} token {t}"
+            assert mismatched <= 2, f"{scoring}: {mismatched} near-ties"
+            if scoring == "sigmoid":
+                # Planted: the correction bias dropped chooses other experts for many tokens,
+                # far past what the near-tie allowance above lets through.
+                plain = {k2: v2 for k2, v2 in kw.items() if k2 != "bias"}
+                wrong, _ = m.moe_route(logits, k, scoring=scoring, **plain)
+                moved = sum(sorted(wrong[t]) != sorted(ti[t]) for t in range(tokens))
+                assert moved > 10, moved
+        with pytest.raises(metrale.InvalidArgumentError, match="scoring: 'max'"):
+            m.moe_route(np.zeros((2, 8), np.float32), 2, scoring="max")
+        with pytest.raises(metrale.InvalidArgumentError, match=r"\[moe_route\] top_k = 9"):
+            m.moe_route(np.zeros((2, 8), np.float32), 9)
+        with pytest.raises(metrale.DtypeError, match=r"\[moe_route\] logits"):
+            m.moe_route(np.zeros((2, 8), np.float64), 2)
