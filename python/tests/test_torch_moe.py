@@ -3,9 +3,11 @@ call under them (Model.moe_experts) against float64.
 
 The checkpoints (tests/fixtures/models, each with the script that made it): gpt-oss's MXFP4
 experts packed as openai/gpt-oss-20b ships them (make_gptoss.py; ModelOpt's MXFP4 quantizer, read
-back here by transformers' own reader, integrations/mxfp4.py), and a small Qwen3-MoE quantized by
-ModelOpt (NVFP4) and llm-compressor (NVFP4A16, W4A16), experts as linears of their own
-(make_moe_models.py; read back by the library that wrote them, test_torch_model.library_weights).
+back here by transformers' own reader, integrations/mxfp4.py), a small Qwen3-MoE quantized by
+ModelOpt (NVFP4) and llm-compressor (NVFP4A16, W4A16), and a small DeepSeek-V3 (sigmoid routing
+in groups with its correction bias, a shared expert, a dense first layer, MLA attention)
+quantized by ModelOpt (NVFP4), experts as linears of their own (make_moe_models.py,
+make_deepseek.py; read back by the library that wrote them, test_torch_model.library_weights).
 
 The whole-model check is test_torch_model's (Note [whole-model check]) with the experts in it:
 every metrale call is checked where it ran, on the inputs the real forward gave it (each Linear
@@ -38,7 +40,8 @@ from test_torch_model import (ROOT, check_gemm_in_place, checkpoint_tensors,  # 
 
 MODELS = ROOT / "models"
 MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
-                                     "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16")]
+                                     "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
+                                     "deepseek-modelopt-nvfp4")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
@@ -213,7 +216,9 @@ def test_moe_logits_match_transformers(rng, folder):
     model = mt.from_pretrained(str(folder), backend="cpu")
     try:
         moe = {n for n, m in model.named_modules() if isinstance(m, mt.MoeExperts)}
-        assert len(moe) == model.config.num_hidden_layers
+        # DeepSeek-V3's first layers are dense (first_k_dense_replace).
+        dense = getattr(model.config, "first_k_dense_replace", 0)
+        assert len(moe) == model.config.num_hidden_layers - dense
         logits, experts = checked_moe_forward(model, folder, prompts(rng, model.config.vocab_size))
         assert moe == set(experts)
         # The checked layers, again at decode: a few greedy steps (one token a step, KV cache).
@@ -412,7 +417,14 @@ def _plant_router_change(monkeypatch, model):
         router.weight[3] += 0.05  # metrale's router only: the fed model keeps the file's
 
 
+def _plant_no_correction_bias(monkeypatch, model):
+    with torch.no_grad():
+        model.model.layers[1].mlp.gate.e_score_correction_bias.zero_()
+
+
 PLANTS = {"gpt-oss activation as silu": ("gptoss-mxfp4", _plant_silu_for_gptoss, None),
+          "DeepSeek's correction bias dropped": ("deepseek-modelopt-nvfp4", None,
+                                                 _plant_no_correction_bias),
           "up stacked before gate": ("qwen3moe-ct-w4a16", _plant_up_before_gate, None),
           "a router weight changed": ("qwen3moe-ct-nvfp4a16", None, _plant_router_change)}
 
