@@ -30,9 +30,10 @@ struct PackedExperts {
   std::string source = "gpt-oss MXFP4";
 };
 
-// Every "<p>_blocks" tensor of a file: those whose companions fit, by their headers (sorted by
-// projection), and the others, each with the tensor at fault and why (quantized: a loader must
-// not pass over them in silence).
+// Every "<p>_blocks" tensor of a file that is U8 or has "<p>_scales" beside it: those whose
+// companions fit, by their headers (sorted by projection), and the others, each with the tensor
+// at fault and why (quantized: a loader must not pass over them in silence). Other "_blocks"
+// tensors (a float parameter of that name) are not projections and are left to other readers.
 struct PackedExpertsScan {
   std::vector<PackedExperts> found;
   std::vector<RejectedLayer> rejected;

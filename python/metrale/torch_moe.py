@@ -112,11 +112,14 @@ def _moe_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
         raise argument_error(api, f"top_k_index {top_k_index.dtype}, top_k_weights "
                              f"{top_k_weights.dtype}: expected integer ids and float weights",
                              metrale.DtypeError)
-    out = torch.empty_like(x)
+    out = x.new_empty(x.shape)  # contiguous whatever x's strides, as the fake gives it
     if x.shape[0] == 0:
         return out
-    # The op takes int32 ids and FP32 weights: the cast of a BF16 weight is exact.
-    ids = top_k_index.to(torch.int32).contiguous()
+    # The op takes int32 ids and FP32 weights (the cast of a BF16 weight is exact). An id outside
+    # [0, E) contributes nothing; int64 ones past int32 are made -1 first, not wrapped onto one.
+    experts_count = entry.gate_up.experts
+    ids = torch.where((top_k_index < 0) | (top_k_index >= experts_count),
+                      torch.full_like(top_k_index, -1), top_k_index).to(torch.int32).contiguous()
     weights = top_k_weights.to(torch.float32).contiguous()
     x = x.contiguous()
     m = entry.model
@@ -146,7 +149,7 @@ moe_experts = torch.library.custom_op("metrale::moe_experts", _moe_experts, muta
 @moe_experts.register_fake
 def _moe_experts_fake(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                       experts: int) -> torch.Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 class MoeExperts(torch.nn.Module):
@@ -203,15 +206,19 @@ def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: lis
             raise argument_error(api, f"{parent}: packed experts the model has no module for",
                                  metrale.IoError) from None
         kind = type(old).__name__
-        glu = "clamped_swiglu" if kind in _CLAMPED_SWIGLU else "silu"
-        if glu == "silu" and type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
-            raise argument_error(api, f"{parent}: a {kind} whose activation is not SiLU · up",
+        # The packed layout is gpt-oss's, and so is the activation it implies (interleaved gate
+        # and up, clamped): another module's packed experts would be read with a rule not its own.
+        if kind not in _CLAMPED_SWIGLU:
+            raise argument_error(api, f"{parent}: packed experts for a {kind}; metrale reads "
+                                 "them for gpt-oss's experts (GptOssExperts) only",
                                  metrale.IoError)
+        glu = "clamped_swiglu"
         weights = {}
         for leaf, p in projections.items():
             param = getattr(old, leaf, None)
             e, n, k = p["experts"], p["n"], p["k"]
-            if param is None or tuple(param.shape) not in ((e, n, k), (e, k, n)):
+            # GptOssExperts holds each projection transposed, [E, K, N] (x @ W).
+            if param is None or tuple(param.shape) != (e, k, n):
                 shape = None if param is None else tuple(param.shape)
                 raise argument_error(api, f"{p['projection']}: the checkpoint holds {e} experts "
                                      f"of {n} x {k}, the model's {kind} has {shape}",
@@ -275,8 +282,16 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                                    (" ..." if len(missing) > 8 else "")) if missing else "",
                                   ("experts past its count: " + ", ".join(extra[:8]))
                                   if extra else "") if part), metrale.IoError)
-        if type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
-            raise argument_error(api, f"{parent}: a {kind} whose activation is not SiLU · up",
+        # What transformers says of the module's layout (use_experts_implementation): stacked
+        # gate and up are [gate; up] rows, read as x · Wᵀ, without biases, SiLU(gate) · up.
+        layout = {"is_concatenated": True, "is_transposed": False, "has_bias": False,
+                  "has_gate": True}
+        differs = [f"{a}={getattr(old, a)}" for a, want in layout.items()
+                   if getattr(old, a, want) != want]
+        if differs or type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
+            raise argument_error(api, f"{parent}: a {kind} ({', '.join(differs) or 'its act_fn'}"
+                                 ") is not SiLU(gate) · up on [gate; up] rows without biases, "
+                                 "the experts metrale builds from linears of their own",
                                  metrale.IoError)
         gate_up, down = [], []
         for e in range(count):
@@ -287,18 +302,20 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                 raise argument_error(api, f"{parent}.{e}: its gate_proj and up_proj cannot be "
                                      f"one gate_up ({err})", metrale.IoError) from None
             down.append(ckpt.weights(found[(e, "down_proj")]))
-        shapes = {"gate_up_proj": (gate_up[0].n, gate_up[0].k), "down_proj": (down[0].n,
-                                                                               down[0].k)}
-        for leaf, (n, k) in shapes.items():
+        for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down)):
             want = tuple(int(d) for d in getattr(old, leaf).shape)
-            if want != (count, n, k):
-                raise argument_error(api, f"{parent}.{leaf}: the checkpoint's experts are "
-                                     f"{count} x {n} x {k}, the model's {kind} has {want}",
-                                     metrale.IoError)
-        new = MoeExperts(runtime,
-                         runtime.upload_grouped_weights(gate_up, label=parent + ".gate_up_proj"),
-                         runtime.upload_grouped_weights(down, label=parent + ".down_proj"),
-                         allow_unverified=allow_unverified)
+            for e, h in enumerate(hosts):
+                if (count, h.n, h.k) != want:
+                    what = "gate_proj and up_proj" if leaf == "gate_up_proj" else "down_proj"
+                    raise argument_error(api, f"{parent}.{e}: its {what} give {h.n} x {h.k}, the "
+                                         f"model's {kind}.{leaf} is {want}", metrale.IoError)
+        try:
+            uploaded = [runtime.upload_grouped_weights(hosts, label=f"{parent}.{leaf}")
+                        for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down))]
+        except metrale.InvalidArgumentError as err:
+            raise argument_error(api, f"{parent}: its experts cannot be one grouped weights "
+                                 f"({err})", metrale.IoError) from None
+        new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified)
         owner, _, name = parent.rpartition(".")
         setattr(model.get_submodule(owner) if owner else model, name, new)
         taken.update(found.values())

@@ -332,10 +332,16 @@ void bind_host_weights(nb::module_& m) {
 
   m.def(
       "stack_rows",
-      [](const std::vector<const HostQuantWeights*>& parts) {
+      [](nb::list parts) {
         std::vector<HostQuantWeights> copies;
         copies.reserve(parts.size());
-        for (const HostQuantWeights* p : parts) copies.push_back(*p);
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+          if (!nb::isinstance<HostQuantWeights>(parts[i])) {
+            throw DtypeError("stack_rows", fmt::format("parts[{}]: {} is not a metrale.HostWeights",
+                                                       i, nb::type_name(parts[i].type()).c_str()));
+          }
+          copies.push_back(nb::cast<const HostQuantWeights&>(parts[i]));
+        }
         nb::gil_scoped_release unlocked;
         return stack_rows(copies);
       },

@@ -58,10 +58,11 @@ Backend& Model::open(std::string_view api) {
   return scope_->backend();
 }
 
-void Model::check_owner(std::string_view api, const Model* owner, const std::string& label) const {
+void Model::check_owner(std::string_view api, const Model* owner, const std::string& label,
+                        std::string_view name) const {
   if (owner != this) {
     throw Error(ErrorCode::kInvalidArgument, api,
-                fmt::format("w: weights '{}' were uploaded to another model", label));
+                fmt::format("{}: weights '{}' were uploaded to another model", name, label));
   }
 }
 

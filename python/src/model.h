@@ -160,7 +160,8 @@ class Model {
   // The backend, or Error(kState) naming api once the model is closed.
   Backend& open(std::string_view api);
   // Error(kInvalidArgument) unless weights of `label` belong to this model.
-  void check_owner(std::string_view api, const Model* owner, const std::string& label) const;
+  void check_owner(std::string_view api, const Model* owner, const std::string& label,
+                   std::string_view name = "w") const;
   // Plans the op of W (ops::plan for its weights and options) for args with the GIL off and
   // the model's lock held, lends the operands, runs the plan on the default stream and waits;
   // or on the caller's stream, giving the operands back in stream order without a wait.

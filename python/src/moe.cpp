@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,12 @@ ops::MoeActivation parse_glu(std::string_view glu, float alpha, float limit) {
     a.glu = ops::MoeGlu::kClampedSwiglu;
     a.alpha = alpha;
     a.limit = limit;
+    // moe_glu's own rule, checked before anything is allocated or queued.
+    if (!(std::isfinite(alpha) && limit > 0.0f)) {
+      throw Error(ErrorCode::kInvalidArgument, kExperts,
+                  fmt::format("alpha = {} and limit = {}: alpha must be finite and limit positive",
+                              alpha, limit));
+    }
   } else {
     throw Error(ErrorCode::kInvalidArgument, kExperts,
                 fmt::format("glu: '{}', expected silu or clamped_swiglu", glu));
@@ -62,8 +69,7 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
   const ops::UploadLayout upload = parse_layout(api, layout);
   if (experts.size() == 0) {
     throw Error(ErrorCode::kInvalidArgument, api,
-                "experts: an empty list, expected one HostWeights "
-                "per expert");
+                "experts: an empty list, expected one HostWeights per expert");
   }
   std::vector<HostQuantWeights> host;
   host.reserve(experts.size());
@@ -83,9 +89,11 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
   }
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);
-  auto& r =
-      scope_->add(std::make_unique<ops::GroupedWeightsResource>(b, std::span(host), label, upload));
-  GroupedWeights w{this, r.weights(), DevicePtr{}, label};
+  const ops::GroupedWeightsResource* r = as_call(api, [&] {
+    return &scope_->add(
+        std::make_unique<ops::GroupedWeightsResource>(b, std::span(host), label, upload));
+  });
+  GroupedWeights w{this, r->weights(), DevicePtr{}, label};
   if (bias_arg) {
     w.bias = scope_->alloc_buffer(label + ".bias", bias_arg->bytes);
     b.copy_h2d(w.bias, reinterpret_cast<const void*>(bias_arg->ptr.address()), bias_arg->bytes);
@@ -99,8 +107,8 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
                         bool out_bits, bool allow_unverified, std::optional<std::uint64_t> stream) {
   constexpr std::string_view api = kExperts;
   Backend& b = open(api);
-  check_owner(api, gate_up.model, gate_up.label);
-  check_owner(api, down.model, down.label);
+  check_owner(api, gate_up.model, gate_up.label, "gate_up");
+  check_owner(api, down.model, down.label, "down");
   const ops::MoeActivation activation = parse_glu(glu, alpha, limit);
   const std::int64_t hidden = gate_up.q.expert.k, width = gate_up.q.expert.n;
   const std::int32_t experts = gate_up.q.experts;
@@ -128,7 +136,12 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
       throw Error(ErrorCode::kInvalidArgument, api, "out: overlaps an input (pass another array)");
     }
   }
+  if (ia.cols > INT32_MAX) {
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("ids: {} columns", ia.cols));
+  }
   const ops::MoeShape shape{xa.rows, experts, static_cast<std::int32_t>(ia.cols), 0};
+  // Before the scratch is sized from it: a refused call must leave nothing allocated.
+  ops::check_moe_shape(api, shape);
   const auto rows = static_cast<std::uint64_t>(shape.tokens * shape.top_k);
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);

@@ -535,3 +535,62 @@ def test_moe_route_matches_transformers_routers(rng):
             m.moe_route(np.zeros((2, 8), np.float32), 9)
         with pytest.raises(metrale.DtypeError, match=r"\[moe_route\] logits"):
             m.moe_route(np.zeros((2, 8), np.float64), 2)
+
+
+def test_refused_calls_leave_nothing_allocated(rng):
+    """A call refused for its routing's shape or its activation is refused before any scratch is
+    sized from it: the model's owned bytes stay as they were (a review found 134 MB kept)."""
+    with metrale.Model("cpu") as m:
+        gu = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="gu")
+        dn = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32), label="dn")
+        x = np.zeros((3, 64), dtype=ml_dtypes.bfloat16)
+        m.moe_experts(x, np.zeros((3, 2), np.int32), np.ones((3, 2), np.float32), gu, dn)
+        before = m.stats()["owned_bytes"]
+        with pytest.raises(metrale.InvalidArgumentError, match=r"top_k = 5000"):
+            m.moe_experts(x, np.zeros((3, 5000), np.int32), np.ones((3, 5000), np.float32), gu, dn)
+        with pytest.raises(metrale.InvalidArgumentError, match=r"limit = 0"):
+            m.moe_experts(x, np.zeros((3, 2), np.int32), np.ones((3, 2), np.float32), gu, dn,
+                          glu="clamped_swiglu", limit=0.0)
+        assert m.stats()["owned_bytes"] == before
+        with pytest.raises(metrale.DtypeError, match=r"parts\[1\]"):
+            metrale.stack_rows([_quantized_experts(rng, "nvfp4", 1, 16, 32)[0], None])
+
+
+def test_torch_op_ids_and_strides(rng):
+    """The op's ids outside [0, E), int64 ones past int32 included, contribute nothing (never
+    wrapped onto an expert), and an x of other strides gives the contiguous x's result."""
+    with metrale.Model("cpu") as m:
+        gu = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="gu")
+        dn = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32), label="dn")
+        layer = mt.MoeExperts(m, gu, dn)
+        x = torch.from_numpy(rng.standard_normal((6, 64))).to(torch.bfloat16)
+        ids = torch.from_numpy(np.stack([rng.choice(4, 2, replace=False) for _ in range(6)]))
+        w = torch.softmax(torch.randn(6, 2), -1)
+        want = layer(x, ids, w)
+        strided = x.t().contiguous().t()
+        assert not strided.is_contiguous()
+        assert torch.equal(layer(strided, ids, w), want)
+        # Slot 1 of every token out of range: only slot 0's expert remains.
+        for far in (4, 2**32 + 1, -3):
+            bad = ids.clone()
+            bad[:, 1] = far
+            only = ids.clone()
+            w0 = w.clone()
+            w0[:, 1] = 0.0
+            assert torch.equal(layer(x, bad, w), layer(x, only, w0)), far
+
+
+def test_a_misshapen_expert_is_refused_by_name(tmp_path):
+    """One expert's down_proj 16 rows short: IoError naming the module and the expert."""
+    from safetensors.torch import save_file
+
+    src = MODELS / "qwen3moe-modelopt-nvfp4"
+    tensors = checkpoint_tensors(src)
+    for part in ("weight", "weight_scale"):
+        name = f"model.layers.1.mlp.experts.5.down_proj.{part}"
+        tensors[name] = tensors[name][:-16].contiguous()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    for f in ("config.json", "hf_quant_config.json"):
+        (tmp_path / f).write_text((src / f).read_text())
+    with pytest.raises(metrale.IoError, match=r"model\.layers\.1\.mlp\.experts\.5: its down_proj"):
+        mt.from_pretrained(str(tmp_path), backend="cpu")

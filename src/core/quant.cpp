@@ -393,7 +393,10 @@ HostQuantWeights stack_rows(std::span<const HostQuantWeights> parts) {
       throw Error(ErrorCode::kInvalidArgument, kApi,
                   fmt::format("parts[{}]: {} {}, but parts[0] has {}", i, field, got, want));
     };
-    if (w.layout != WeightLayout::kRowMajor) differs("layout", "transposed", "row-major (needed)");
+    if (w.layout != WeightLayout::kRowMajor) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("parts[{}]: the transposed layout; stack row-major parts", i));
+    }
     if (w.format != first.format) {
       differs("format", std::string(to_string(w.format)), std::string(to_string(first.format)));
     }

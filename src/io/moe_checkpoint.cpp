@@ -66,6 +66,9 @@ PackedExpertsScan scan_packed_experts(const SafetensorsFile& file) {
   for (const std::string& name : file.names()) {
     if (name.size() <= kBlocks.size() || !name.ends_with(kBlocks)) continue;
     const std::string p = name.substr(0, name.size() - kBlocks.size());
+    // A float parameter that happens to end in "_blocks" is no packed projection: only U8 blocks
+    // or blocks with scales beside them are (and those that do not fit are rejected).
+    if (file.info(name).dtype != "U8" && !file.contains(p + "_scales")) continue;
     PackedExperts e;
     if (auto why = check(file, p, e)) {
       scan.rejected.push_back(std::move(*why));

@@ -170,7 +170,7 @@ DeclaredQuantization fp8_block(const json& q, const std::string& where) {
 DeclaredQuantization mxfp4_experts(const json& q, const std::string& where) {
   DeclaredQuantization d;
   d.producer = "mxfp4";
-  d.format = "gpt-oss experts";
+  d.format = "mxfp4";  // the file names no format beside its quant_method
   d.ignore = strings_at(q, "modules_to_not_convert", where);
   d.layer_sources = {"gpt-oss MXFP4"};
   return d;

@@ -108,6 +108,10 @@ MoePermuteParams permute_params(DevicePtr in, DevicePtr out, DevicePtr rows, con
 
 }  // namespace
 
+void check_moe_shape(std::string_view api, const MoeShape& shape) {
+  check_shape(api, shape);
+}
+
 void moe_route(Backend& backend, StreamHandle stream, DevicePtr logits, const MoeShape& shape,
                const MoeRouting& r, DevicePtr ids, DevicePtr weights, const MoeOptions& options) {
   constexpr std::string_view kApi = "moe_route";

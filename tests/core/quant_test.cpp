@@ -766,10 +766,30 @@ TEST(QuantStack, RowsAreThePartsRowsInOrder) {
   two[1] = make(WeightFormat::kMxfp4, 16);
   EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: format mxfp4");
   two[1] = with_layout(two[0], WeightLayout::kTransposed);
-  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: layout");
-  std::vector<HostQuantWeights> ints{make(WeightFormat::kInt4, 16), make(WeightFormat::kInt4, 16)};
-  ints[1].zeros.clear();
-  EXPECT_ERROR(stack_rows(ints), ErrorCode::kInvalidArgument, "parts[1]: zero points none");
+  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument, "parts[1]: the transposed layout");
+  two[1] = quantize_nvfp4(random_weights(gen, Dist::kGaussian, 16 * 64), 16, 64);
+  two[1].tensor_scale = two[0].tensor_scale;
+  EXPECT_ERROR(stack_rows(two), ErrorCode::kInvalidArgument,
+               "parts[1]: K 64, but parts[0] has 128");
+  const auto ints = [&] {
+    return std::vector<HostQuantWeights>{make(WeightFormat::kInt4, 16),
+                                         make(WeightFormat::kInt4, 16)};
+  };
+  std::vector<HostQuantWeights> bad = ints();
+  bad[1].zeros.clear();
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: zero points none");
+  bad = ints();
+  bad[1] = quantize_int4(random_weights(gen, Dist::kGaussian, 16 * k), 16, k, 64, true, true);
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: group 64");
+  bad = ints();
+  bad[1] = quantize_int4(random_weights(gen, Dist::kGaussian, 16 * k), 16, k, 32, true, false);
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: scales BF16");
+  bad = ints();
+  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+  for (std::int64_t c = 0; c < k; ++c)
+    g_idx[static_cast<std::size_t>(c)] = static_cast<std::int32_t>((k - 1 - c) / 32);
+  bad[1] = with_act_order(bad[1], g_idx);
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: act order");
   EXPECT_ERROR(stack_rows({}), ErrorCode::kInvalidArgument, "no parts");
 }
 

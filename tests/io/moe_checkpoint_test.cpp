@@ -43,7 +43,7 @@ TEST(MoeCheckpoint, ScanFindsEveryPackedProjection) {
     SCOPED_TRACE(e.projection);
     const bool gate_up = e.projection.ends_with("gate_up_proj");
     EXPECT_EQ(e.experts, 8);
-    EXPECT_EQ(e.n, gate_up ? 256 : 256);
+    EXPECT_EQ(e.n, 256);  // gate_up: 2 x intermediate 128; down: hidden 256
     EXPECT_EQ(e.k, gate_up ? 256 : 128);
     EXPECT_TRUE(e.bias);
     EXPECT_EQ(e.source, "gpt-oss MXFP4");
@@ -136,6 +136,15 @@ TEST(MoeCheckpoint, TensorsThatDoNotFitAreRejectedByName) {
     const Error e = testing::expect_error([&] { (void)load_packed_experts(f, p); });
     EXPECT_THAT(e.what(), HasSubstr(p + c.tensor));
   }
+  // A BF16 parameter that merely ends in "_blocks", with no scales: not a projection, not refused.
+  const SafetensorsFile plain = edited([](auto& t) {
+    t.erase(t.begin() + 1);
+    t[0].dtype = "BF16";
+    t[0].shape = {8, 256, 8, 8};
+  });
+  const PackedExpertsScan none = scan_packed_experts(plain);
+  EXPECT_TRUE(none.found.empty());
+  EXPECT_TRUE(none.rejected.empty());
   // A NaN scale (E8M0 0xFF) passes the header and is refused on load, naming where it is.
   const SafetensorsFile nan =
       edited([](auto& t) { t[1].bytes[5 * 256 * 8 + 3 * 8 + 2] = std::byte{0xFF}; });

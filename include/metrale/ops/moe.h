@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "metrale/backend.h"
 
@@ -42,6 +43,12 @@ struct MoeShape {
     return capacity > 0 ? experts * capacity : tokens * top_k;
   }
 };
+
+// Throws Error(kInvalidArgument) naming api and the bad value unless shape is one every op of
+// this header takes (tokens in [1, 2^26], experts in [1, 1024], top_k in [1, min(32, experts)],
+// capacity 0 or at least tokens, rows below 2^31): for a caller that sizes buffers from a shape
+// before it calls the ops.
+void check_moe_shape(std::string_view api, const MoeShape& shape);
 
 struct MoeOptions {
   // Run a kernel that no device run has verified yet (<entry>_verified_on unpublished: the CUDA
