@@ -112,7 +112,10 @@ def load(path: str, backend: str = "auto") -> Loaded:
     # Embedding tables are 2-D float matrices too; the config's ignore list and the plain
     # Linears are told apart by name, as transformers names them.
     dense = [layer for layer in plain if not _is_embedding(layer)]
-    ckpt.check_declared(list(sources.items()), dense, api)
+    # An MoE router (transformers' Qwen3MoeTopKRouter, DeepseekV3TopkRouter) is a matrix but no
+    # Linear: quantizers that take every Linear leave it alone, so it is no skipped layer.
+    routers = _routers(dense, ckpt.tensors)
+    ckpt.check_declared(list(sources.items()), [d for d in dense if d not in routers], api)
     model = Model(backend)
     try:
         loaded = Loaded(model, ckpt.path, sources=sources, declared=ckpt.declared,
@@ -139,6 +142,15 @@ def load(path: str, backend: str = "auto") -> Loaded:
         model.close(check=False)
         raise
     return loaded
+
+
+def _routers(layers: list, tensors: list) -> set:
+    """The layers named as an MoE block's router ("<block>.gate" or "<block>.router") beside
+    experts of the same block ("<block>.experts...")."""
+    blocks = {t.split(".experts.")[0] for t in tensors if ".experts." in t}
+    return {layer for layer in layers
+            if layer.rpartition(".")[2] in ("gate", "router") and
+            layer.rpartition(".")[0] in blocks}
 
 
 def _is_embedding(layer: str) -> bool:

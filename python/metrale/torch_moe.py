@@ -320,3 +320,16 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
         setattr(model.get_submodule(owner) if owner else model, name, new)
         taken.update(found.values())
     return taken
+
+
+def refuse_fp8_experts(api: str, model: torch.nn.Module, fp8_layers: list) -> None:
+    """IoError naming the experts module when the checkpoint holds its experts as FP8 linears:
+    metrale has no FP8 grouped GEMM yet, and such a module has no Linear of its own to take them
+    one by one."""
+    parents = sorted({m["parent"] for m in map(_EXPERT_LINEAR.match, fp8_layers)
+                      if m and _fused_experts(model, m["parent"]) is not None})
+    if parents:
+        raise argument_error(api, f"{', '.join(parents)}: FP8 block-128 experts, which metrale "
+                             "does not run yet (no FP8 grouped GEMM); 4-bit experts (NVFP4, "
+                             "MXFP4, INT4) load", metrale.IoError)
+

@@ -290,11 +290,16 @@ def test_packed_experts_read_as_transformers_reads_them():
 
 
 def test_fp8_experts_are_refused_by_name():
-    """transformers' FP8 Qwen3-MoE (experts as FP8 block-128 linears): metrale has no FP8 grouped
-    GEMM yet, and the file's expert scales are squeezed to 1-D (transformers 5.17's
-    SplitModulelist): refused, naming the tensor, never loaded in part."""
-    with pytest.raises(metrale.IoError, match=r"experts\.0\.down_proj\.weight_scale_inv"):
+    """transformers' FP8 Qwen3-MoE (experts as FP8 block-128 linears, their scales squeezed as
+    transformers 5.17 saves them, which the loader reads): metrale has no FP8 grouped GEMM yet,
+    so from_pretrained refuses it naming the experts modules, and loads nothing in part;
+    metrale.load takes each FP8 linear as it would any."""
+    with pytest.raises(metrale.IoError, match=r"model\.layers\.0\.mlp\.experts, "
+                       r"model\.layers\.1\.mlp\.experts: FP8 block-128 experts"):
         mt.from_pretrained(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu")
+    with metrale.load(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu") as ckpt:
+        w = ckpt.layers["model.layers.1.mlp.experts.7.down_proj"]
+        assert isinstance(w, metrale.Fp8Weights) and (w.n, w.k) == (256, 128)
 
 
 def test_expert_linears_missing_an_expert_are_refused(tmp_path):

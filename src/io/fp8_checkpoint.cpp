@@ -60,7 +60,14 @@ E4m3BlockWeightsView load_fp8_linear(const SafetensorsFile& file, std::string_vi
     fail(scale, fmt::format("dtype is {}, but FP8 block scales must be F32", s.dtype));
   }
   const std::vector<std::int64_t> want{e4m3_blocks(n), e4m3_blocks(k)};
-  if (s.shape != want) {
+  // transformers 5.17 saves the experts it splits out of a fused FP8 module with their scales
+  // squeezed (core_model_loading.py, SplitModulelist: chunk.squeeze()), so a grid with a side of
+  // one block is stored without it ([1, 2] as [2]): the same values in the same order.
+  std::vector<std::int64_t> squeezed;
+  for (const std::int64_t d : want) {
+    if (d != 1) squeezed.push_back(d);
+  }
+  if (s.shape != want && s.shape != squeezed) {
     fail(scale, fmt::format("shape is {}, but weights F8_E4M3 {} (N = {}, K = {}) need {}, one "
                             "scale per 128 x 128 block",
                             shape_str(s.shape), shape_str(w.shape), n, k, shape_str(want)));

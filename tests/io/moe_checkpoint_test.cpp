@@ -18,6 +18,7 @@
 #include "core/expect_error.h"
 #include "metrale/checkpoint_layers.h"
 #include "metrale/error.h"
+#include "metrale/fp8_checkpoint.h"
 #include "metrale/moe_checkpoint.h"
 #include "metrale/safetensors.h"
 
@@ -152,6 +153,35 @@ TEST(MoeCheckpoint, TensorsThatDoNotFitAreRejectedByName) {
   EXPECT_ERROR((void)load_packed_experts(nan, p), ErrorCode::kIo, "block scale [5, 3, 2] is NaN");
   EXPECT_ERROR((void)load_packed_experts(nan, "model.layers.0.mlp.experts.up_proj"),
                ErrorCode::kNotFound, "up_proj_blocks");
+}
+
+// transformers 5.17's FP8 Qwen3-MoE (make_moe_models.py): the experts it splits out of its fused
+// FP8 module keep their block scales squeezed ([1, 2] stored as [2]); they load as the [1, 2] grid
+// they are. A flattened grid with no side of one ([2, 2] as [4]) is still refused.
+TEST(MoeCheckpoint, TransformersSqueezedFp8ExpertScalesLoad) {
+  const SafetensorsFile f = SafetensorsFile::open(fmt::format(
+      "{}/../models/qwen3moe-transformers-fp8/model.safetensors", METRALE_CHECKPOINT_FIXTURES));
+  for (const char* layer :
+       {"model.layers.0.mlp.experts.0.gate_proj", "model.layers.1.mlp.experts.7.down_proj"}) {
+    SCOPED_TRACE(layer);
+    const std::string scale = std::string(layer) + ".weight_scale_inv";
+    ASSERT_EQ(f.info(scale).shape.size(), 1u);
+    const E4m3BlockWeightsView w = load_fp8_linear(f, layer);
+    const auto bytes = f.bytes(scale);
+    ASSERT_EQ(w.scales.size() * 4, bytes.size());
+    EXPECT_EQ(std::memcmp(w.scales.data(), bytes.data(), bytes.size()), 0);
+  }
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  std::vector<OwnedTensor> t;
+  for (const char* part : {".weight", ".weight_scale_inv"}) {
+    const std::string name = q + part;
+    const auto b = f.bytes(name);
+    t.push_back({name, f.info(name).dtype, f.info(name).shape, {b.begin(), b.end()}});
+  }
+  ASSERT_EQ(t[1].shape, (std::vector<std::int64_t>{2, 2}));
+  t[1].shape = {4};
+  const SafetensorsFile flat = in_memory_safetensors("flat.safetensors", std::move(t));
+  EXPECT_ERROR((void)load_fp8_linear(flat, q), ErrorCode::kIo, "shape is [4]");
 }
 
 }  // namespace
