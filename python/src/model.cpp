@@ -16,9 +16,8 @@
 namespace nb = nanobind;
 
 namespace metrale::py {
-namespace {
 
-ops::UploadLayout parse_upload(std::string_view api, std::string_view text) {
+ops::UploadLayout parse_upload_layout(std::string_view api, std::string_view text) {
   if (text == "auto") return ops::UploadLayout::kBackendPreferred;
   if (text == "source") return ops::UploadLayout::kSource;
   if (text == "decode") return ops::UploadLayout::kDecode;
@@ -26,8 +25,6 @@ ops::UploadLayout parse_upload(std::string_view api, std::string_view text) {
   throw Error(ErrorCode::kInvalidArgument, api,
               fmt::format("layout: '{}', expected auto, source, decode or panels", text));
 }
-
-}  // namespace
 
 Model::Model(std::string_view which) {
   std::string why;
@@ -68,7 +65,7 @@ void Model::check_owner(std::string_view api, const Model* owner, const std::str
 
 Weights Model::upload(const HostQuantWeights& host, std::string_view layout, std::string label) {
   Backend& b = open("upload_weights");
-  const ops::UploadLayout upload = parse_upload("upload_weights", layout);
+  const ops::UploadLayout upload = parse_upload_layout("upload_weights", layout);
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);
   auto& r = scope_->add(ops::make_weights_resource(b, host, label, upload));

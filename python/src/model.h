@@ -20,11 +20,16 @@
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/grouped_gemm.h"
+#include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
 
 namespace metrale::py {
 
 class Model;
+
+// An upload layout by its Python name ("auto", "source", "decode", "panels"); Error
+// (kInvalidArgument) naming api and the text for any other.
+ops::UploadLayout parse_upload_layout(std::string_view api, std::string_view text);
 
 // 4-bit weights on a model's device: a model resource, released at the model's teardown.
 struct Weights {

@@ -20,15 +20,6 @@ namespace {
 
 constexpr std::string_view kExperts = "moe_experts";
 
-ops::UploadLayout parse_layout(std::string_view api, std::string_view text) {
-  if (text == "auto") return ops::UploadLayout::kBackendPreferred;
-  if (text == "source") return ops::UploadLayout::kSource;
-  if (text == "decode") return ops::UploadLayout::kDecode;
-  if (text == "panels") return ops::UploadLayout::kPanels;
-  throw Error(ErrorCode::kInvalidArgument, api,
-              fmt::format("layout: '{}', expected auto, source, decode or panels", text));
-}
-
 ops::MoeActivation parse_glu(std::string_view glu, float alpha, float limit) {
   ops::MoeActivation a;
   if (glu == "silu") {
@@ -66,7 +57,7 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
                                      std::string_view layout, std::string label) {
   constexpr std::string_view api = "upload_grouped_weights";
   Backend& b = open(api);
-  const ops::UploadLayout upload = parse_layout(api, layout);
+  const ops::UploadLayout upload = parse_upload_layout(api, layout);
   if (experts.size() == 0) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 "experts: an empty list, expected one HostWeights per expert");
