@@ -206,11 +206,18 @@ class Model:
         weighted by the scores, renormalized when asked, times ``scale``). On the model's
         device: NumPy on the CPU backend, torch CUDA tensors on CUDA (given back as torch)."""
         api = "moe_route"
+        # Checked before the outputs are sized from it (the op's rule: 1..32).
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 32:
+            raise argument_error(api, f"top_k = {top_k!r} is outside [1, 32]")
         stream = _check_stream(api, stream, self._m.device_type == _KDL_CUDA)
         on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
         rows = int(getattr(logits, "shape", (0,))[0])
         if on_gpu and device_of(logits)[0] == _KDL_CUDA:
+            if not type(logits).__module__.startswith("torch"):
+                raise argument_error(api, f"logits: a {type(logits).__name__} on a GPU; give a "
+                                     "torch tensor (the outputs are made with torch)",
+                                     DtypeError)
             import torch
 
             ids = torch.empty((rows, top_k), dtype=torch.int32, device=logits.device)

@@ -209,6 +209,9 @@ void Model::moe_route(nb::handle logits, nb::handle ids, nb::handle weights,
     ba = check_array(api, "bias", as_array(api, "bias", bias, false), false, bs);
     r.bias = ba->ptr;
   }
+  if (la.cols > INT32_MAX) {
+    throw Error(ErrorCode::kInvalidArgument, api, fmt::format("logits: {} columns", la.cols));
+  }
   const ops::MoeShape shape{la.rows, static_cast<std::int32_t>(la.cols), top_k, 0};
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);

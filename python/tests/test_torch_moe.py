@@ -518,10 +518,16 @@ def test_moe_route_matches_transformers_routers(rng):
                 theirs = sorted(zip(ti[t].tolist(), tw[t].tolist()))
                 if [e for e, _ in ours] != [e for e, _ in theirs]:
                     # Only a near-tie may choose otherwise: the k-th and (k+1)-th choice values
-                    # within FP32 rounding.
+                    # within FP32 rounding, or (grouped) the last chosen group's score and the
+                    # next's.
                     v = np.sort(values[t])[::-1]
-                    assert v[k - 1] - v[k] < 1e-6 * max(1.0, abs(v[k])), \
-                        f"{scoring} token {t}: {ours} against {theirs}"
+                    near = v[k - 1] - v[k] < 1e-6 * max(1.0, abs(v[k]))
+                    if "groups" in kw:
+                        g = np.sort(np.sort(values[t].reshape(kw["groups"], -1), 1)[:, -2:]
+                                    .sum(1))[::-1]
+                        tg = kw["topk_groups"]
+                        near = near or g[tg - 1] - g[tg] < 1e-6 * max(1.0, abs(g[tg]))
+                    assert near, f"{scoring} token {t}: {ours} against {theirs}"
                     mismatched += 1
                     continue
                 for (_, a), (_, b) in zip(ours, theirs):
@@ -538,6 +544,8 @@ def test_moe_route_matches_transformers_routers(rng):
             m.moe_route(np.zeros((2, 8), np.float32), 2, scoring="max")
         with pytest.raises(metrale.InvalidArgumentError, match=r"\[moe_route\] top_k = 9"):
             m.moe_route(np.zeros((2, 8), np.float32), 9)
+        with pytest.raises(metrale.InvalidArgumentError, match=r"top_k = 100000 is outside"):
+            m.moe_route(np.zeros((2, 8), np.float32), 100000)
         with pytest.raises(metrale.DtypeError, match=r"\[moe_route\] logits"):
             m.moe_route(np.zeros((2, 8), np.float64), 2)
 

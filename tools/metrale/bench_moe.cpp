@@ -5,9 +5,11 @@
 // from 16 rows an expert the dot products set the pace, and the share of the compute roof is
 // given too. At one token the routings are disjoint (the experts in a random order, top_k at a
 // time), so a cycle over them reads every expert once; above, routings are drawn with expert e
-// weighted (e + 1)^-skew (skew 0 uniform, 1.2 a popular few). On the CPU the experts are uploaded
-// in copies until a cycle reads 1 GiB, so no run finds its experts in the caches. Each case is
-// checked against float64 on every touched expert's rows of one routing before it is timed.
+// weighted (e + 1)^-skew (skew 0 uniform, 1.2 a popular few). The experts are uploaded in copies
+// until a cycle reads 1 GiB (256 MiB on a GPU), and consecutive runs read other copies, so no run
+// finds its experts in the caches. Each expert holds weights of its own (one draw, its rows turned
+// by the expert's index), and each case is checked against float64 on every touched expert's rows
+// of one routing before it is timed.
 #include "bench_moe.h"
 
 #include <fmt/format.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -35,7 +38,51 @@
 namespace metrale::cli {
 namespace {
 
-constexpr std::int64_t kMinCycleBytes = std::int64_t{1} << 30;  // CPU: past any cache
+// A cycle over the copies reads at least this much: past the CPU's caches (this VM reports a
+// 480 MiB L3) and many times a GPU's L2 (50 MiB on an H100).
+constexpr std::int64_t kMinCycleBytes = std::int64_t{1} << 30;
+constexpr std::int64_t kMinCycleBytesGpu = std::int64_t{256} << 20;
+constexpr std::int64_t kMaxTokens = 65536;
+
+// Device buffers of one case, freed when it ends however it ends.
+class CaseBuffers {
+ public:
+  explicit CaseBuffers(Backend& b) : b_(b) {}
+  CaseBuffers(const CaseBuffers&) = delete;
+  CaseBuffers& operator=(const CaseBuffers&) = delete;
+  ~CaseBuffers() {
+    for (const DevicePtr p : owned_) {
+      try {
+        b_.free(p);
+      } catch (const std::exception&) {
+        // The teardown's sweep reports what a failed free left.
+      }
+    }
+  }
+  DevicePtr alloc(std::size_t bytes) {
+    owned_.push_back(b_.alloc(std::max<std::size_t>(bytes, 16)));
+    return owned_.back();
+  }
+
+ private:
+  Backend& b_;
+  std::vector<DevicePtr> owned_;
+};
+
+// Expert e: `one` with its rows turned by e (codes and scales alike), so every expert holds other
+// weights at no cost of drawing them, and a kernel that reads another expert's weights fails the
+// check.
+HostQuantWeights expert_of(const HostQuantWeights& one, int e) {
+  HostQuantWeights w = one;
+  const auto turn = static_cast<std::size_t>(e % one.n);
+  const std::size_t code_row = w.codes.size() / static_cast<std::size_t>(w.n);
+  const std::size_t scale_row = w.scales.size() / static_cast<std::size_t>(w.n);
+  std::rotate(w.codes.begin(), w.codes.begin() + static_cast<std::ptrdiff_t>(turn * code_row),
+              w.codes.end());
+  std::rotate(w.scales.begin(), w.scales.begin() + static_cast<std::ptrdiff_t>(turn * scale_row),
+              w.scales.end());
+  return w;
+}
 constexpr int kRoutings = 8;
 
 struct Routing {
@@ -134,9 +181,9 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   if (ms.empty())
     ms = gpu ? std::vector<std::int64_t>{1, 16, 128} : std::vector<std::int64_t>{1, 16};
   for (const std::int64_t m : ms) {
-    if (m < 1 || m > (std::int64_t{1} << 20)) {
+    if (m < 1 || m > kMaxTokens) {
       throw Error(ErrorCode::kInvalidArgument, "bench",
-                  fmt::format("M = {} must be in [1, 2^20] tokens", m));
+                  fmt::format("M = {} must be in [1, {}] tokens", m, kMaxTokens));
     }
   }
   const std::string backend_name(backend->name()), device = backend->device_name();
@@ -159,13 +206,14 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   bool ok = true;
   for (const Layer& layer : layers) {
     if (interrupted()) break;
-    // One expert's random weights uploaded E times: the kernels' work and bytes are those of E
-    // distinct experts; drawing E sets would only lengthen the set-up.
+    // One expert's random weights, turned by its index for each expert (expert_of): E experts'
+    // work and bytes, each its own, without drawing E sets.
     const HostQuantWeights one = toolkit::random_weights(model.format, layer.n, layer.k, rng);
-    const std::vector<HostQuantWeights> host(static_cast<std::size_t>(model.experts), one);
+    std::vector<HostQuantWeights> host;
+    for (int e = 0; e < model.experts; ++e) host.push_back(expert_of(one, e));
     const auto expert_bytes = static_cast<std::int64_t>(one.codes.size() + one.scales.size());
-    const std::int64_t copies =
-        gpu ? 1 : std::max<std::int64_t>(1, kMinCycleBytes / (model.experts * expert_bytes));
+    const std::int64_t copies = std::max<std::int64_t>(
+        1, (gpu ? kMinCycleBytesGpu : kMinCycleBytes) / (model.experts * expert_bytes));
     std::vector<ops::GroupedWeightsResource*> weights;
     for (std::int64_t c = 0; c < copies; ++c) {
       weights.push_back(&scope.add(std::make_unique<ops::GroupedWeightsResource>(
@@ -183,11 +231,10 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         cs.skew = skew;
         std::vector<Routing> rs = routings(rng, tokens, model, skew);
         const std::int64_t rows = tokens * model.top_k;
-        std::vector<DevicePtr> owned;
+        CaseBuffers buffers(b);
         const auto upload = [&](const auto& v) {
-          const DevicePtr d = b.alloc(std::max<std::size_t>(v.size() * sizeof(v[0]), 16));
+          const DevicePtr d = buffers.alloc(v.size() * sizeof(v[0]));
           b.copy_h2d(d, v.data(), v.size() * sizeof(v[0]));
-          owned.push_back(d);
           return d;
         };
         for (Routing& r : rs) {
@@ -198,13 +245,14 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
         for (auto& x : a) x = num::f32_to_bf16(unit(rng));
         const DevicePtr da = upload(a);
-        const DevicePtr dc = b.alloc(static_cast<std::size_t>(rows * layer.n) * 2);
-        owned.push_back(dc);
+        const DevicePtr dc = buffers.alloc(static_cast<std::size_t>(rows * layer.n) * 2);
         const ops::GroupedGemmPlan plan = ops::plan_grouped(b, rows, weights[0]->weights(), go);
+        // Run i: copy i mod W, routing (i / W) mod R. The copy changes from one run to the next,
+        // so a skewed routing's popular experts are not found in the caches by the next run.
         const auto run = [&](std::size_t i) {
-          const Routing& r = rs[i % rs.size()];
-          ops::run_grouped(plan, stream, da, weights[i / rs.size() % weights.size()]->weights(),
-                           r.d_counts, r.d_offsets, dc);
+          const Routing& r = rs[i / weights.size() % rs.size()];
+          ops::run_grouped(plan, stream, da, weights[i % weights.size()]->weights(), r.d_counts,
+                           r.d_offsets, dc);
         };
         // The check: routing 0's every touched expert against float64 on its own rows.
         run(0);
@@ -218,8 +266,9 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
           const auto first = static_cast<std::size_t>(rs[0].offsets[static_cast<std::size_t>(e)]);
           const toolkit::SampledCheck s = toolkit::sampled_check(
               std::span(a).subspan(first * layer.k, static_cast<std::size_t>(count * layer.k)),
-              std::span(c).subspan(first * layer.n, static_cast<std::size_t>(count * layer.n)), one,
-              count, count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
+              std::span(c).subspan(first * layer.n, static_cast<std::size_t>(count * layer.n)),
+              host[static_cast<std::size_t>(e)], count,
+              count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
           cs.passed = s.passed();
           if (!cs.passed) cs.check = fmt::format("expert {}: {}", e, s.str());
         }
@@ -249,7 +298,6 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
           cs.tflops = 2.0 * static_cast<double>(rows * layer.n * layer.k) / cs.seconds / 1e12;
           cs.rows_per_expert = static_cast<double>(rows) / cs.touched;
         }
-        for (const DevicePtr p : owned) b.free(p);
         cases.push_back(std::move(cs));
       }
     }

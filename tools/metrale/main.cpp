@@ -130,7 +130,22 @@ int main(int argc, char** argv) {
         }
         bench_opts.shapes.emplace_back(n, k);
       }
-      if (!bench_opts.moe.empty()) return metrale::cli::run_bench_moe(opts, bench_opts);
+      // --moe times one MoE layer of its own: the dense bench's sources of layers and its
+      // tensor-parallel split do not apply to it, and --skew applies to nothing else.
+      if (!bench_opts.moe.empty()) {
+        for (const auto* o : {"--tp", "--weights", "--shapes", "--model", "--graph",
+                              "--compare-routes", "--source-layout", "--allow-e4m3"}) {
+          if (bench->count(o) > 0) {
+            std::fprintf(stderr, "metrale: [bench] %s does not apply to --moe\n", o);
+            return 2;
+          }
+        }
+        return metrale::cli::run_bench_moe(opts, bench_opts);
+      }
+      if (bench->count("--skew") > 0) {
+        std::fprintf(stderr, "metrale: [bench] --skew applies to --moe only\n");
+        return 2;
+      }
       if (bench_opts.tp > 0) return metrale::cli::run_bench_tp(opts, bench_opts);
       return metrale::cli::run_bench(opts, bench_opts);
     }
