@@ -26,6 +26,7 @@
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/quant.h"
+#include "toolkit/moe_routing.h"
 #include "toolkit/random_weights.h"
 #include "toolkit/roofline.h"
 
@@ -40,52 +41,10 @@ constexpr int kRoutings = 8;  // above one token; at one token E / k disjoint on
 // Copies of the weights: a cycle over all of them reads at least this much.
 constexpr std::size_t kMinCycleBytes = std::size_t{1} << 30;
 
-struct Routing {
-  std::vector<std::int32_t> counts, offsets;
+// A routing with its counts and offsets on the device.
+struct Routing : metrale::toolkit::MoeRoutingCounts {
   DevicePtr d_counts, d_offsets;
-  std::size_t touched = 0;  // experts with rows
 };
-
-// Each token's top_k distinct experts, expert e weighted (e + 1)^-skew, as counts and offsets.
-Routing draw(std::mt19937_64& rng, std::int64_t tokens, int experts, int top_k, double skew) {
-  std::vector<double> weight(static_cast<std::size_t>(experts));
-  for (int e = 0; e < experts; ++e) weight[e] = std::pow(e + 1.0, -skew);
-  std::shuffle(weight.begin(), weight.end(), rng);  // the popular experts anywhere
-  Routing r;
-  r.counts.assign(static_cast<std::size_t>(experts), 0);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::vector<double> w = weight;
-    for (int j = 0; j < top_k; ++j) {
-      std::discrete_distribution<int> d(w.begin(), w.end());
-      const int e = d(rng);
-      ++r.counts[e];
-      w[e] = 0.0;
-    }
-  }
-  std::int32_t at = 0;
-  for (int e = 0; e < experts; ++e) {
-    r.offsets.push_back(at);
-    at += r.counts[e];
-    r.touched += r.counts[e] > 0 ? 1 : 0;
-  }
-  r.offsets.push_back(at);
-  return r;
-}
-
-// One token routed to experts order[first, first + top_k).
-Routing disjoint(const std::vector<int>& order, int first, int experts, int top_k) {
-  Routing r;
-  r.counts.assign(static_cast<std::size_t>(experts), 0);
-  for (int j = first; j < first + top_k; ++j) r.counts[order[j]] = 1;
-  std::int32_t at = 0;
-  for (int e = 0; e < experts; ++e) {
-    r.offsets.push_back(at);
-    at += r.counts[e];
-  }
-  r.offsets.push_back(at);
-  r.touched = static_cast<std::size_t>(top_k);
-  return r;
-}
 
 void BM_MoeGrouped(benchmark::State& state) {
   const std::int64_t tokens = state.range(0), n = state.range(1), k = state.range(2);
@@ -106,15 +65,9 @@ void BM_MoeGrouped(benchmark::State& state) {
           : metrale::toolkit::random_weights(format, n, k, rng);
   const std::vector<metrale::HostQuantWeights> host(static_cast<std::size_t>(experts), one);
   std::vector<Routing> routings;
-  if (tokens == 1) {
-    std::vector<int> order(static_cast<std::size_t>(experts));
-    for (int e = 0; e < experts; ++e) order[e] = e;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int first = 0; first + top_k <= experts; first += top_k) {
-      routings.push_back(disjoint(order, first, experts, top_k));
-    }
-  } else {
-    for (int i = 0; i < kRoutings; ++i) routings.push_back(draw(rng, tokens, experts, top_k, skew));
+  for (metrale::toolkit::MoeRoutingCounts& r :
+       metrale::toolkit::moe_routings(rng, tokens, experts, top_k, skew, kRoutings)) {
+    routings.push_back({std::move(r), {}, {}});
   }
   const double expert_bytes = static_cast<double>(one.codes.size() + one.scales.size());
   double touched_per_pass = 0.0;

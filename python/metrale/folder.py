@@ -133,9 +133,9 @@ def load(path: str, backend: str = "auto") -> Loaded:
             w = _read_array(ckpt, layer + ".weight")
             loaded.dense[layer] = (model.upload_dense_weights(w, label=layer)
                                    if w.dtype == ml_dtypes.bfloat16 and w.ndim == 2 else w)
-        linear = {t for layer in sources for t in ckpt.tensors
-                  if t.startswith(layer + ".") or (layer in loaded.layers and isinstance(
-                      loaded.layers[layer], _metrale.GroupedWeights) and t.startswith(layer + "_"))}
+        # A packed projection's tensors are "<projection>_blocks" and its kin.
+        linear = {t for layer in sources for t in ckpt.tensors if t.startswith(layer + ".")}
+        linear |= {t for p in packed for t in ckpt.tensors if t.startswith(p["projection"] + "_")}
         linear |= {layer + ".weight" for layer in dense}
         loaded.other = sorted(t for t in ckpt.tensors if t not in linear)
     except BaseException:

@@ -237,8 +237,7 @@ def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: lis
         limit = float(getattr(old, "limit", 7.0))
         new = MoeExperts(runtime, weights["gate_up_proj"], weights["down_proj"], glu, alpha,
                          limit, allow_unverified=allow_unverified)
-        owner, _, name = parent.rpartition(".")
-        setattr(model.get_submodule(owner) if owner else model, name, new)
+        model.set_submodule(parent, new)
 
 
 _EXPERT_LINEAR = re.compile(r"^(?P<parent>.+)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
@@ -316,8 +315,7 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
             raise argument_error(api, f"{parent}: its experts cannot be one grouped weights "
                                  f"({err})", metrale.IoError) from None
         new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified)
-        owner, _, name = parent.rpartition(".")
-        setattr(model.get_submodule(owner) if owner else model, name, new)
+        model.set_submodule(parent, new)
         taken.update(found.values())
     return taken
 

@@ -30,6 +30,7 @@
 #include "metrale/numerics.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/runtime.h"
+#include "toolkit/moe_routing.h"
 #include "toolkit/random_weights.h"
 #include "toolkit/roof_share.h"
 #include "toolkit/roofline.h"
@@ -85,62 +86,10 @@ HostQuantWeights expert_of(const HostQuantWeights& one, int e) {
 }
 constexpr int kRoutings = 8;
 
-struct Routing {
-  std::vector<std::int32_t> counts, offsets;
+// A routing with its counts and offsets on the device.
+struct Routing : toolkit::MoeRoutingCounts {
   DevicePtr d_counts, d_offsets;
-  int touched = 0;
 };
-
-// counts and offsets of the contiguous layout from each expert's count.
-void finish(Routing& r) {
-  std::int32_t at = 0;
-  r.offsets.clear();
-  for (const std::int32_t c : r.counts) {
-    r.offsets.push_back(at);
-    at += c;
-    r.touched += c > 0 ? 1 : 0;
-  }
-  r.offsets.push_back(at);
-}
-
-std::vector<Routing> routings(std::mt19937_64& rng, std::int64_t tokens, const MoeModel& m,
-                              double skew) {
-  std::vector<Routing> out;
-  if (tokens == 1) {
-    std::vector<int> order(static_cast<std::size_t>(m.experts));
-    for (int e = 0; e < m.experts; ++e) order[static_cast<std::size_t>(e)] = e;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (int first = 0; first + m.top_k <= m.experts; first += m.top_k) {
-      Routing r;
-      r.counts.assign(static_cast<std::size_t>(m.experts), 0);
-      for (int j = first; j < first + m.top_k; ++j)
-        r.counts[static_cast<std::size_t>(order[j])] = 1;
-      finish(r);
-      out.push_back(std::move(r));
-    }
-    return out;
-  }
-  std::vector<double> weight(static_cast<std::size_t>(m.experts));
-  for (int e = 0; e < m.experts; ++e)
-    weight[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -skew);
-  std::shuffle(weight.begin(), weight.end(), rng);
-  for (int i = 0; i < kRoutings; ++i) {
-    Routing r;
-    r.counts.assign(static_cast<std::size_t>(m.experts), 0);
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> w = weight;
-      for (int j = 0; j < m.top_k; ++j) {
-        std::discrete_distribution<int> pick(w.begin(), w.end());
-        const auto e = static_cast<std::size_t>(pick(rng));
-        ++r.counts[e];
-        w[e] = 0.0;
-      }
-    }
-    finish(r);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
 
 struct MoeCase {
   std::string layer;
@@ -229,7 +178,11 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         cs.n = layer.n;
         cs.k = layer.k;
         cs.skew = skew;
-        std::vector<Routing> rs = routings(rng, tokens, model, skew);
+        std::vector<Routing> rs;
+        for (toolkit::MoeRoutingCounts& r :
+             toolkit::moe_routings(rng, tokens, model.experts, model.top_k, skew, kRoutings)) {
+          rs.push_back({std::move(r), {}, {}});
+        }
         const std::int64_t rows = tokens * model.top_k;
         CaseBuffers buffers(b);
         const auto upload = [&](const auto& v) {
