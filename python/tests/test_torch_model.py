@@ -382,10 +382,18 @@ def greedy_divergences(model, folder: pathlib.Path, ids: torch.Tensor) -> int:
     finally:
         hook.remove()
     magnitude = seen["h"].double().abs() @ exact.lm_head.weight.detach().double().abs().T
+    # generate() chose among the scores its logits processors left: min_new_tokens bars the
+    # end-of-sequence tokens at every step here, so the reference's choice is made on the same
+    # scores, by transformers' own processor (a raw argmax that fell on EOS failed as a
+    # divergence of up to the EOS logit's lead).
+    eos = model.generation_config.eos_token_id
+    bar_eos = transformers.MinNewTokensLengthLogitsProcessor(ids.shape[1], NEW_TOKENS, eos) \
+        if eos is not None else (lambda seq, scores: scores)
     diverged = 0
     for p in range(ids.shape[0]):
         for t in range(ids.shape[1] - 1, ids.shape[1] + NEW_TOKENS - 1):
-            chosen, row, best = int(out[p, t + 1]), ref[p, t], int(ref[p, t].argmax())
+            row = bar_eos(out[p:p + 1, :t + 1], ref[p:p + 1, t])[0]
+            chosen, best = int(out[p, t + 1]), int(row.argmax())
             if chosen != best:
                 gap = float(row[best] - row[chosen])
                 allowed = U * float(magnitude[p, t, best] + magnitude[p, t, chosen]) + \
