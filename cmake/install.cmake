@@ -42,6 +42,7 @@ set(METRALE_PUBLIC_HEADERS
   include/metrale/ops/fp8_requant.h
   include/metrale/ops/fp8_slices.h
   include/metrale/ops/gemm.h
+  include/metrale/ops/grouped_fp8.h
   include/metrale/ops/grouped_gemm.h
   include/metrale/ops/moe.h
   include/metrale/ops/parallel_linear.h

@@ -222,6 +222,33 @@ METRALE_HD void e2m1x4_to_bf16(std::uint32_t w, std::uint32_t* p01, std::uint32_
   *p23 = byte_perm(low, high, 0x7362u) | ((signs * 0x00010010u) & 0x80008000u);
 }
 
+// Four E4M3 codes, the bytes of w (lowest first), as four FP16 values each 2^-8 times the code's
+// value, in two words (codes 0 and 2 in the halves of *p02, 1 and 3 in *p13). Exact: FP16 has
+// E4M3's 3 mantissa bits and 5 exponent bits to its 4, so the code's bits moved one place right
+// inside a half are an FP16 of bias 15 where E4M3's is 7 (subnormals land on FP16 subnormals of
+// the same ratio). Three or four integer instructions per pair; the NaN codes (0x7F, 0xFF) come
+// out as ±480 · 2^-8, so callers keep NaN out of the codes or restore it themselves.
+METRALE_HD void e4m3x4_to_f16_scaled(std::uint32_t w, std::uint32_t* p02, std::uint32_t* p13) {
+  *p13 = (w & 0x80008000u) | ((w & 0x7F007F00u) >> 1);
+  const std::uint32_t lo = w << 8;
+  *p02 = (lo & 0x80008000u) | ((lo & 0x7F007F00u) >> 1);
+}
+
+// The two FP16 values of a pair (low half first) as floats, exactly (two conversions on the
+// device).
+METRALE_HD void f16x2_to_f32(std::uint32_t h, float* lo, float* hi) {
+#if defined(__CUDA_ARCH__)
+  __half2 x;
+  std::memcpy(&x, &h, 4);
+  const float2 f = __half22float2(x);
+  *lo = f.x;
+  *hi = f.y;
+#else
+  *lo = f16_to_f32(static_cast<std::uint16_t>(h));
+  *hi = f16_to_f32(static_cast<std::uint16_t>(h >> 16));
+#endif
+}
+
 // A BF16 pair times a BF16 pair, element by element, rounded to nearest even (one HMUL2 on the
 // device). The kernels multiply E2M1 values by block scales, where the product is exact.
 METRALE_HD std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32_t b) {

@@ -194,6 +194,25 @@ class Model:
             "upload_grouped_weights", "bias", bias, None)
         return self._m.upload_grouped_weights(list(experts), bias_obj, bias_bits, layout, label)
 
+    def upload_grouped_fp8_weights(self, codes: Any, scales: Any, *, bias: Any = None,
+                                   label: str = "experts") -> _metrale.GroupedWeights:
+        """Uploads one MoE projection's FP8 block-128 experts for the grouped W8A8 op: codes
+        uint8 [E, N, K] (each expert's float8_e4m3fn bytes) and FP32 scales [E, ceil(N/128),
+        ceil(K/128)] (each expert's ``weight_scale_inv``), as one grouped resource; ``bias`` an
+        optional BF16 array [E, N]. Activations are cast to E4M3 per row per 128 K when they
+        run, as the W8A8 op casts them. They live until the model closes."""
+        api = "upload_grouped_fp8_weights"
+        shape, scale_shape = getattr(codes, "shape", ()), getattr(scales, "shape", ())
+        if len(shape) != 3 or len(scale_shape) != 3 or scale_shape[0] != shape[0]:
+            raise argument_error(api, f"codes {tuple(shape)} and scales {tuple(scale_shape)}: "
+                                 "expected (E, N, K) and (E, ceil(N/128), ceil(K/128))")
+        e = int(shape[0])
+        bias_obj, bias_bits = (None, False) if bias is None else as_input(api, "bias", bias, None)
+        return self._m.upload_grouped_fp8_weights(
+            codes.reshape(e * int(shape[1]), int(shape[2])),
+            scales.reshape(e * int(scale_shape[1]), int(scale_shape[2])), e, bias_obj, bias_bits,
+            label)
+
     def moe_route(self, logits: Any, top_k: int, *, scoring: str = "softmax",
                   renormalize: bool = False, scale: float = 1.0, groups: int = 1,
                   topk_groups: int = 1, bias: Any = None, allow_unverified: bool = False,

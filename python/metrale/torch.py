@@ -369,17 +369,17 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    torch_moe.refuse_fp8_experts(api, model, list(ckpt.fp8_layers))  # before any tensor is read
     state = _read_tensors(_tensor_files(ckpt.path), quantized,
                           tuple(p["projection"] + "_" for p in packed))
     runtime = metrale.Model(backend)
     try:
         # Experts stored as linears of their own go to the model's fused experts modules.
-        experts = torch_moe.swap_expert_linears(api, model, ckpt, fp4, runtime, allow_unverified)
+        experts = torch_moe.swap_expert_linears(api, model, ckpt, quantized, runtime,
+                                                allow_unverified)
         for layer in (layer for layer in fp4 if layer not in experts):
             weights = runtime.upload_weights(ckpt.weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
-        for layer in ckpt.fp8_layers:
+        for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
         torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified)

@@ -255,13 +255,29 @@ def _fused_experts(model: torch.nn.Module, parent: str) -> Any:
     return module if fused else None
 
 
+def _fp8_gate_up(api: str, ckpt: Any, gate: str, up: str) -> tuple:
+    """One expert's FP8 gate_proj and up_proj as one gate_up: codes and 128 x 128 block scales
+    stacked [gate; up], which needs gate's rows to end on a block (N a multiple of 128)."""
+    (gc, gs), (uc, us) = ckpt.fp8_weights(gate), ckpt.fp8_weights(up)
+    if gc.shape[0] % 128 != 0 or gc.shape[1] != uc.shape[1]:
+        raise argument_error(api, f"{gate} ({gc.shape[0]} x {gc.shape[1]}) and {up} ({uc.shape[0]}"
+                             f" x {uc.shape[1]}): FP8 gate and up stack into one gate_up only "
+                             "with one K and gate's rows a multiple of 128 (its block scales' "
+                             "rows)", metrale.IoError)
+    return np.concatenate([gc, uc]), np.concatenate([gs, us])
+
+
 def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: list,
                         runtime: metrale.Model, allow_unverified: bool) -> set:
     """Replaces each fused experts module whose experts the checkpoint stores as linears of their
-    own ("<experts>.<e>.gate_proj" / up_proj / down_proj, 4-bit: Qwen3-MoE as ModelOpt and
-    llm-compressor write it) by a MoeExperts on ``runtime``, each expert's gate and up stacked
-    into its gate_up. Returns the layers it took; IoError naming the module or expert for a
-    missing projection, shapes that do not fit, or gate and up that cannot be stacked."""
+    own ("<experts>.<e>.gate_proj" / up_proj / down_proj: Qwen3-MoE and DeepSeek-V3 as ModelOpt,
+    llm-compressor and transformers' FP8 write them) by a MoeExperts on ``runtime``, each
+    expert's gate and up stacked into its gate_up: 4-bit experts on the grouped GEMM, FP8
+    block-128 ones on the grouped W8A8 op (activations cast to E4M3 per row per 128 K, as the
+    checkpoint's dynamic scheme casts them). Returns the layers it took; IoError naming the module
+    or expert for a missing projection, shapes that do not fit, experts of two formats, or gate
+    and up that cannot be stacked."""
+    fp8_layers = set(ckpt.fp8_layers)
     by_module: dict = {}
     for layer in layers:
         m = _EXPERT_LINEAR.match(layer)
@@ -281,6 +297,11 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                                    (" ..." if len(missing) > 8 else "")) if missing else "",
                                   ("experts past its count: " + ", ".join(extra[:8]))
                                   if extra else "") if part), metrale.IoError)
+        fp8 = {layer in fp8_layers for layer in found.values()}
+        if len(fp8) > 1:
+            raise argument_error(api, f"{parent}: experts of two formats (FP8 block-128 and "
+                                 "4-bit); one grouped GEMM runs one format", metrale.IoError)
+        fp8 = fp8.pop()
         # What transformers says of the module's layout (use_experts_implementation): stacked
         # gate and up are [gate; up] rows, read as x · Wᵀ, without biases, SiLU(gate) · up.
         layout = {"is_concatenated": True, "is_transposed": False, "has_bias": False,
@@ -292,42 +313,63 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                                  ") is not SiLU(gate) · up on [gate; up] rows without biases, "
                                  "the experts metrale builds from linears of their own",
                                  metrale.IoError)
-        gate_up, down = [], []
-        for e in range(count):
-            parts = [ckpt.weights(found[(e, p)]) for p in ("gate_proj", "up_proj")]
-            try:
-                gate_up.append(metrale.stack_rows(parts))
-            except metrale.Error as err:
-                raise argument_error(api, f"{parent}.{e}: its gate_proj and up_proj cannot be "
-                                     f"one gate_up ({err})", metrale.IoError) from None
-            down.append(ckpt.weights(found[(e, "down_proj")]))
-        for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down)):
-            want = tuple(int(d) for d in getattr(old, leaf).shape)
-            for e, h in enumerate(hosts):
-                if (count, h.n, h.k) != want:
-                    what = "gate_proj and up_proj" if leaf == "gate_up_proj" else "down_proj"
-                    raise argument_error(api, f"{parent}.{e}: its {what} give {h.n} x {h.k}, the "
-                                         f"model's {kind}.{leaf} is {want}", metrale.IoError)
-        try:
-            uploaded = [runtime.upload_grouped_weights(hosts, label=f"{parent}.{leaf}")
-                        for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down))]
-        except metrale.InvalidArgumentError as err:
-            raise argument_error(api, f"{parent}: its experts cannot be one grouped weights "
-                                 f"({err})", metrale.IoError) from None
+        want = {leaf: tuple(int(d) for d in getattr(old, leaf).shape)
+                for leaf in ("gate_up_proj", "down_proj")}
+        uploaded = (_upload_fp8_experts if fp8 else _upload_experts)(
+            api, ckpt, parent, kind, count, found, want, runtime)
         new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified)
         model.set_submodule(parent, new)
         taken.update(found.values())
     return taken
 
 
-def refuse_fp8_experts(api: str, model: torch.nn.Module, fp8_layers: list) -> None:
-    """IoError naming the experts module when the checkpoint holds its experts as FP8 linears:
-    metrale has no FP8 grouped GEMM yet, and such a module has no Linear of its own to take them
-    one by one."""
-    parents = sorted({m["parent"] for m in map(_EXPERT_LINEAR.match, fp8_layers)
-                      if m and _fused_experts(model, m["parent"]) is not None})
-    if parents:
-        raise argument_error(api, f"{', '.join(parents)}: FP8 block-128 experts, which metrale "
-                             "does not run yet (no FP8 grouped GEMM); 4-bit experts (NVFP4, "
-                             "MXFP4, INT4) load", metrale.IoError)
+def _check_expert_shape(api: str, parent: str, kind: str, e: int, leaf: str, shape: tuple,
+                        want: tuple) -> None:
+    if shape != want[1:]:
+        what = "gate_proj and up_proj" if leaf == "gate_up_proj" else "down_proj"
+        raise argument_error(api, f"{parent}.{e}: its {what} give {shape[0]} x {shape[1]}, the "
+                             f"model's {kind}.{leaf} is {want}", metrale.IoError)
 
+
+def _upload_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, found: dict,
+                    want: dict, runtime: metrale.Model) -> list:
+    """4-bit experts as GroupedWeights (gate_up, down)."""
+    gate_up, down = [], []
+    for e in range(count):
+        parts = [ckpt.weights(found[(e, p)]) for p in ("gate_proj", "up_proj")]
+        try:
+            gate_up.append(metrale.stack_rows(parts))
+        except metrale.Error as err:
+            raise argument_error(api, f"{parent}.{e}: its gate_proj and up_proj cannot be "
+                                 f"one gate_up ({err})", metrale.IoError) from None
+        down.append(ckpt.weights(found[(e, "down_proj")]))
+    for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down)):
+        for e, h in enumerate(hosts):
+            _check_expert_shape(api, parent, kind, e, leaf, (h.n, h.k), want[leaf])
+    try:
+        return [runtime.upload_grouped_weights(hosts, label=f"{parent}.{leaf}")
+                for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down))]
+    except metrale.InvalidArgumentError as err:
+        raise argument_error(api, f"{parent}: its experts cannot be one grouped weights "
+                             f"({err})", metrale.IoError) from None
+
+
+def _upload_fp8_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, found: dict,
+                        want: dict, runtime: metrale.Model) -> list:
+    """FP8 block-128 experts as GroupedWeights for the grouped W8A8 op (gate_up, down)."""
+    out = []
+    for leaf in ("gate_up_proj", "down_proj"):
+        codes, scales = [], []
+        for e in range(count):
+            c, s = (_fp8_gate_up(api, ckpt, found[(e, "gate_proj")], found[(e, "up_proj")])
+                    if leaf == "gate_up_proj" else ckpt.fp8_weights(found[(e, "down_proj")]))
+            _check_expert_shape(api, parent, kind, e, leaf, tuple(c.shape), want[leaf])
+            codes.append(c)
+            scales.append(s)
+        try:
+            out.append(runtime.upload_grouped_fp8_weights(np.stack(codes), np.stack(scales),
+                                                          label=f"{parent}.{leaf}"))
+        except metrale.InvalidArgumentError as err:
+            raise argument_error(api, f"{parent}: its FP8 experts cannot be one grouped weights "
+                                 f"({err})", metrale.IoError) from None
+    return out

@@ -58,20 +58,18 @@ void bind_model(nb::module_& m) {
       });
 
   nb::class_<GroupedWeights>(m, "GroupedWeights",
-                             "One MoE projection's experts on a model's device (NVFP4, MXFP4 or "
-                             "INT4, one grouped resource), for Model.moe_experts (released at "
-                             "teardown).")
-      .def_prop_ro("experts", [](const GroupedWeights& w) { return w.q.experts; })
-      .def_prop_ro("n", [](const GroupedWeights& w) { return w.q.expert.n; })
-      .def_prop_ro("k", [](const GroupedWeights& w) { return w.q.expert.k; })
-      .def_prop_ro(
-          "format",
-          [](const GroupedWeights& w) { return std::string(to_string(w.q.expert.format)); })
+                             "One MoE projection's experts on a model's device (NVFP4, MXFP4, "
+                             "INT4 or FP8 block-128, one grouped resource), for Model.moe_experts "
+                             "(released at teardown).")
+      .def_prop_ro("experts", &GroupedWeights::experts)
+      .def_prop_ro("n", &GroupedWeights::n)
+      .def_prop_ro("k", &GroupedWeights::k)
+      .def_prop_ro("format", &GroupedWeights::format)
       .def_prop_ro("has_bias", [](const GroupedWeights& w) { return static_cast<bool>(w.bias); })
       .def_ro("label", &GroupedWeights::label)
       .def("__repr__", [](const GroupedWeights& w) {
-        return fmt::format("GroupedWeights('{}', {} experts of {} {} x {})", w.label, w.q.experts,
-                           to_string(w.q.expert.format), w.q.expert.n, w.q.expert.k);
+        return fmt::format("GroupedWeights('{}', {} experts of {} {} x {})", w.label, w.experts(),
+                           w.format(), w.n(), w.k());
       });
 
   nb::class_<Fp8Weights>(m, "Fp8Weights",
@@ -129,6 +127,9 @@ void bind_model(nb::module_& m) {
       .def("upload_grouped_weights", &Model::upload_grouped, nb::arg("experts"),
            nb::arg("bias").none(), nb::arg("bias_bits"), nb::arg("layout"), nb::arg("label"),
            nb::keep_alive<0, 1>())
+      .def("upload_grouped_fp8_weights", &Model::upload_grouped_fp8, nb::arg("codes"),
+           nb::arg("scales"), nb::arg("experts"), nb::arg("bias").none(), nb::arg("bias_bits"),
+           nb::arg("label"), nb::keep_alive<0, 1>())
       .def("moe_experts", &Model::moe_experts, nb::arg("x"), nb::arg("x_bits"), nb::arg("ids"),
            nb::arg("weights"), nb::arg("gate_up"), nb::arg("down"), nb::arg("glu"),
            nb::arg("alpha"), nb::arg("limit"), nb::arg("out"), nb::arg("out_bits"),

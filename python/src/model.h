@@ -19,6 +19,7 @@
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/gemm.h"
+#include "metrale/ops/grouped_fp8.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/ops/quant_weights.h"
 #include "metrale/quant.h"
@@ -56,12 +57,20 @@ struct DenseWeights {
 };
 
 // The weights of E experts of one MoE projection on a model's device (one grouped resource, with
-// an optional BF16 bias [E, N]), for Model.moe_experts; released at teardown.
+// an optional BF16 bias [E, N]), for Model.moe_experts; released at teardown. 4-bit experts (q)
+// or FP8 block-128 ones run by the grouped W8A8 op (fp8, f).
 struct GroupedWeights {
   Model* model = nullptr;
   ops::GroupedWeights q;
   DevicePtr bias;
   std::string label;
+  bool fp8 = false;
+  ops::GroupedFp8Weights f;
+
+  std::int32_t experts() const { return fp8 ? f.experts : q.experts; }
+  std::int64_t n() const { return fp8 ? f.expert.n : q.expert.n; }
+  std::int64_t k() const { return fp8 ? f.expert.k : q.expert.k; }
+  std::string format() const;  // "nvfp4", "mxfp4", "int4" or "e4m3_block128"
 };
 
 // What a GEMM would run, for reading (either op's plan, flattened).
@@ -136,6 +145,12 @@ class Model {
   // optional bias (a host BF16 array [E, N]; bits as for upload_dense).
   GroupedWeights upload_grouped(nanobind::list experts, nanobind::handle bias, bool bias_bits,
                                 std::string_view layout, std::string label);
+  // Uploads E experts' E4M3 weights as one grouped resource for the grouped W8A8 op: codes uint8
+  // [E·N, K] (expert after expert), scales FP32 [E·ceil(N/128), ceil(K/128)], and an optional
+  // bias as upload_grouped's.
+  GroupedWeights upload_grouped_fp8(nanobind::handle codes, nanobind::handle scales,
+                                    std::int32_t experts, nanobind::handle bias, bool bias_bits,
+                                    std::string label);
   // An MoE layer's experts on routed tokens (moe.cpp): out[t] = Σ_j weights[t, j] · down_e(
   // glu(gate_up_e(x[t]))) with e = ids[t, j], through moe_align, moe_gather, the grouped GEMMs,
   // moe_glu and moe_combine (ops/moe.h), on the arrays in place: x and out BF16 [T, H], ids int32

@@ -10,6 +10,8 @@
 
 #include "bindings.h"
 #include "call.h"
+#include "metrale/e4m3_block.h"
+#include "metrale/ops/grouped_fp8.h"
 #include "metrale/ops/moe.h"
 #include "model.h"
 
@@ -51,7 +53,88 @@ struct Carve {
   }
 };
 
+// One projection's grouped GEMM, planned for either kind of weights: 4-bit (ops/grouped_gemm.h)
+// or FP8 block-128 through the grouped W8A8 op (ops/grouped_fp8.h, with its cast's workspace).
+class Projection {
+ public:
+  Projection(Backend& b, std::int64_t rows, const GroupedWeights& w, bool allow_unverified)
+      : w_(w) {
+    if (w.fp8) {
+      ops::GroupedFp8Options o;
+      o.bias = static_cast<bool>(w.bias);
+      o.allow_unverified = allow_unverified;
+      fp8_ = ops::plan_grouped(b, rows, w.f, o);
+    } else {
+      ops::GroupedGemmOptions o;
+      o.bias = static_cast<bool>(w.bias);
+      o.allow_unverified = allow_unverified;
+      fp4_ = ops::plan_grouped(b, rows, w.q, o);
+    }
+  }
+  void run(StreamHandle s, DevicePtr a, const ops::MoeRows& r, DevicePtr c) const {
+    if (w_.fp8) {
+      ops::run_grouped(fp8_, s, a, w_.f, r.counts, r.offsets, c, ops::scratch_workspace(fp8_, s),
+                       w_.bias);
+    } else {
+      ops::run_grouped(fp4_, s, a, w_.q, r.counts, r.offsets, c, w_.bias);
+    }
+  }
+
+ private:
+  const GroupedWeights& w_;
+  ops::GroupedGemmPlan fp4_;
+  ops::GroupedFp8Plan fp8_;
+};
+
 }  // namespace
+
+std::string GroupedWeights::format() const {
+  return fp8 ? std::string("e4m3_block128") : std::string(to_string(q.expert.format));
+}
+
+GroupedWeights Model::upload_grouped_fp8(nb::handle codes, nb::handle scales, std::int32_t experts,
+                                         nb::handle bias, bool bias_bits, std::string label) {
+  constexpr std::string_view api = "upload_grouped_fp8_weights";
+  Backend& b = open(api);
+  if (experts < 1 || experts > 1024) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("experts = {} is outside [1, 1024]", experts));
+  }
+  ArraySpec cs{Element::kU8, 2};
+  cs.alignment = 1;
+  const ArrayArg c = check_array(api, "codes", as_array(api, "codes", codes, false), false, cs);
+  if (c.rows % experts != 0) {
+    throw Error(
+        ErrorCode::kInvalidArgument, api,
+        fmt::format("codes: {} rows are not {} experts' [N, K] end to end", c.rows, experts));
+  }
+  const std::int64_t n = c.rows / experts, k = c.cols;
+  (void)ops::describe_fp8_weights(api, n, k);
+  ArraySpec spec{Element::kF32, 2, experts * e4m3_blocks(n), e4m3_blocks(k)};
+  spec.alignment = 4;
+  const ArrayArg s =
+      check_array(api, "scales", as_array(api, "scales", scales, false), false, spec);
+  std::optional<ArrayArg> bias_arg;
+  if (!bias.is_none()) {
+    ArraySpec bs{Element::kBf16, 2, experts, n};
+    bs.alignment = 2;
+    bias_arg = check_array(api, "bias", as_array(api, "bias", bias, false), bias_bits, bs);
+  }
+  const auto* code_bytes = reinterpret_cast<const std::uint8_t*>(c.ptr.address());
+  const auto* scale_bytes = reinterpret_cast<const std::uint8_t*>(s.ptr.address());
+  nb::gil_scoped_release unlocked;
+  std::lock_guard lock(call_mu_);
+  const ops::GroupedFp8WeightsResource* r = as_call(api, [&] {
+    return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(
+        b, std::span(code_bytes, c.bytes), std::span(scale_bytes, s.bytes), experts, n, k, label));
+  });
+  GroupedWeights w{this, {}, DevicePtr{}, label, true, r->weights()};
+  if (bias_arg) {
+    w.bias = scope_->alloc_buffer(label + ".bias", bias_arg->bytes);
+    b.copy_h2d(w.bias, reinterpret_cast<const void*>(bias_arg->ptr.address()), bias_arg->bytes);
+  }
+  return w;
+}
 
 GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bias_bits,
                                      std::string_view layout, std::string label) {
@@ -84,7 +167,7 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
     return &scope_->add(
         std::make_unique<ops::GroupedWeightsResource>(b, std::span(host), label, upload));
   });
-  GroupedWeights w{this, r->weights(), DevicePtr{}, label};
+  GroupedWeights w{this, r->weights(), DevicePtr{}, label, false, {}};
   if (bias_arg) {
     w.bias = scope_->alloc_buffer(label + ".bias", bias_arg->bytes);
     b.copy_h2d(w.bias, reinterpret_cast<const void*>(bias_arg->ptr.address()), bias_arg->bytes);
@@ -101,15 +184,14 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   check_owner(api, gate_up.model, gate_up.label, "gate_up");
   check_owner(api, down.model, down.label, "down");
   const ops::MoeActivation activation = parse_glu(glu, alpha, limit);
-  const std::int64_t hidden = gate_up.q.expert.k, width = gate_up.q.expert.n;
-  const std::int32_t experts = gate_up.q.experts;
-  if (width % 2 != 0 || down.q.expert.k != width / 2 || down.q.expert.n != hidden ||
-      down.q.experts != experts) {
+  const std::int64_t hidden = gate_up.k(), width = gate_up.n();
+  const std::int32_t experts = gate_up.experts();
+  if (width % 2 != 0 || down.k() != width / 2 || down.n() != hidden || down.experts() != experts) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("down: {} experts of {} x {}, expected {} experts of {} x {} for "
                             "gate_up's {} x {} (gate and up of {} each)",
-                            down.q.experts, down.q.expert.n, down.q.expert.k, experts, hidden,
-                            width / 2, width, hidden, width / 2));
+                            down.experts(), down.n(), down.k(), experts, hidden, width / 2, width,
+                            hidden, width / 2));
   }
   ArraySpec spec{Element::kBf16, 2, -1, hidden, device_type()};
   const ArrayArg xa = check_array(api, "x", as_array(api, "x", x, false), x_bits, spec);
@@ -141,12 +223,8 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   const Loan lw(b, *probe_, wa, on.ordered()), lo(b, *probe_, oa, on.ordered());
   as_call(api, [&] {
     const ops::MoeOptions mo{allow_unverified};
-    ops::GroupedGemmOptions go;
-    go.allow_unverified = allow_unverified;
-    go.bias = static_cast<bool>(gate_up.bias);
-    const ops::GroupedGemmPlan p1 = ops::plan_grouped(b, shape.tokens * shape.top_k, gate_up.q, go);
-    go.bias = static_cast<bool>(down.bias);
-    const ops::GroupedGemmPlan p2 = ops::plan_grouped(b, shape.tokens * shape.top_k, down.q, go);
+    const Projection p1(b, shape.tokens * shape.top_k, gate_up, allow_unverified);
+    const Projection p2(b, shape.tokens * shape.top_k, down, allow_unverified);
     const auto e = static_cast<std::uint64_t>(experts);
     const auto h = static_cast<std::uint64_t>(hidden), n = static_cast<std::uint64_t>(width);
     Carve c;
@@ -159,11 +237,9 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
     const StreamHandle s = on.handle();
     ops::moe_align(b, s, ia.ptr, shape, r, mo);
     ops::moe_gather(b, s, xa.ptr, shape, hidden, r.rows, base.offset(xp), mo);
-    ops::run_grouped(p1, s, base.offset(xp), gate_up.q, r.counts, r.offsets, base.offset(y1),
-                     gate_up.bias);
+    p1.run(s, base.offset(xp), r, base.offset(y1));
     ops::moe_glu(b, s, base.offset(y1), shape, width / 2, activation, r, base.offset(act), mo);
-    ops::run_grouped(p2, s, base.offset(act), down.q, r.counts, r.offsets, base.offset(y2),
-                     down.bias);
+    p2.run(s, base.offset(act), r, base.offset(y2));
     ops::moe_combine(b, s, base.offset(y2), shape, hidden, r.rows, wa.ptr, oa.ptr, mo);
     return 0;
   });

@@ -177,6 +177,11 @@ def fp8_weights(tensors: dict) -> dict:
                 dtype=torch.float64, scale=scale.double().reshape(scale.shape[0], scale.shape[2]),
                 block_sizes={-1: 128, -2: 128})
             continue
+        if scale.dim() < 2:
+            # transformers 5.17 saves an expert's [ceil(N/128), ceil(K/128)] block scales with
+            # their unit dimensions squeezed; the weight's shape gives them back, in the same
+            # row-major order.
+            scale = scale.reshape(-(-t.shape[0] // 128), -(-t.shape[1] // 128))
         full = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
         out[layer] = t.double() * full[: t.shape[0], : t.shape[1]]
     return out

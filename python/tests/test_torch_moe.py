@@ -35,13 +35,14 @@ transformers = need("transformers")
 mt = need("metrale.torch")
 need("compressed_tensors")
 need("modelopt")
-from test_torch_model import (ROOT, check_gemm_in_place, checkpoint_tensors,  # noqa: E402
-                              library_weights, prompts)
+from test_torch_model import (ROOT, casts_activations, check_gemm_in_place,  # noqa: E402
+                              checkpoint_tensors, fp8_layers, library_weights, prompts,
+                              quantize_activations)
 
 MODELS = ROOT / "models"
 MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
                                      "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
-                                     "deepseek-modelopt-nvfp4")]
+                                     "qwen3moe-transformers-fp8", "deepseek-modelopt-nvfp4")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
@@ -58,8 +59,15 @@ def _glu64(glu: str, h: torch.Tensor) -> torch.Tensor:
 
 
 def experts64(x, ids, w, layer: dict) -> torch.Tensor:
-    """The float64 layer of a routing: per token Σ_j w_j · (down_e · glu(gate_up_e · x + b1) + b2)."""
-    x64 = x.double()
+    """The float64 layer of a routing: per token Σ_j w_j · (down_e · glu(gate_up_e · x + b1) + b2).
+    FP8 experts (layer["fp8"]) take each GEMM's input cast as the checkpoint's dynamic scheme
+    casts it (per row per 128 K, test_torch_model.quantize_activations), and down's input is the
+    activation as the W8A8 layer defines it: gate_up's output rounded to BF16, the gated activation
+    in FP32 rounded once to BF16, then cast. The cast is discontinuous (Note [whole-model check]):
+    casting the float64 activation instead moves about one code in twenty by a whole E4M3 step
+    (seen: 1.7e-2 normalized), which says nothing of the op."""
+    fp8 = layer.get("fp8", False)
+    x64 = quantize_activations(x) if fp8 else x.double()
     ref = torch.zeros_like(x64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -67,7 +75,11 @@ def experts64(x, ids, w, layer: dict) -> torch.Tensor:
             h = layer["gate_up"][e] @ x64[t]
             if layer["gate_up_bias"] is not None:
                 h = h + layer["gate_up_bias"][e]
-            y = layer["down"][e] @ _glu64(layer["glu"], h)
+            if fp8:
+                act = _glu64(layer["glu"], h.to(torch.bfloat16).float()).to(torch.bfloat16)
+                y = layer["down"][e] @ quantize_activations(act)
+            else:
+                y = layer["down"][e] @ _glu64(layer["glu"], h)
             if layer["down_bias"] is not None:
                 y = y + layer["down_bias"][e]
             ref[t] += float(w[t, j]) * y
@@ -112,13 +124,14 @@ def moe_reference(folder: pathlib.Path) -> tuple:
                 experts[parent] = layer
         return {}, experts
     linears = library_weights(folder)
+    fp8 = casts_activations(folder) and bool(fp8_layers(folder))
     for name in list(linears):
         parent, _, proj = name.rpartition(".")
         parent, _, e = parent.rpartition(".")
         if not proj.endswith("_proj") or not parent.endswith(".experts"):
             continue
         layer = experts.setdefault(parent, {"glu": "silu", "gate_up_bias": None,
-                                            "down_bias": None, "parts": {}})
+                                            "down_bias": None, "parts": {}, "fp8": fp8})
         layer["parts"][(int(e), proj)] = linears.pop(name)
     for layer in experts.values():
         count = 1 + max(e for e, _ in layer["parts"])
@@ -178,11 +191,13 @@ def checked_moe_forward(model, folder: pathlib.Path, ids: torch.Tensor):
     """metrale's logits with every metrale call checked where it ran and every quantized layer
     required to have run; the fed transformers model must give the same logits bit for bit."""
     linears, experts = moe_reference(folder)
+    fp8 = fp8_layers(folder) if casts_activations(folder) else set()
     seen: dict = {}
 
     def linear_hook(name):
         def check(module, inputs, output):
-            check_gemm_in_place(name, inputs[0], output, linears[name], module.bias)
+            check_gemm_in_place(name, inputs[0], output, linears[name], module.bias,
+                                fp8=name in fp8)
             seen.setdefault(name, []).append(output.to(inputs[0].dtype))
         return check
 
@@ -265,6 +280,32 @@ def test_moe_check_fails_on_planted_faults(rng):
             check_experts_in_place(name, (x, ids, w), bad.to(torch.bfloat16), layer)
 
 
+def test_fp8_moe_check_fails_on_planted_faults(rng):
+    """The FP8 experts check is shown failing: a reference with activations left uncast (a W8A16
+    layer) or another expert's down weights puts a call of the real op past the bound that the
+    op's own reference meets."""
+    folder = MODELS / "qwen3moe-transformers-fp8"
+    _, experts = moe_reference(folder)
+    name, layer = sorted(experts.items())[0]
+    model = mt.from_pretrained(str(folder), backend="cpu")
+    try:
+        module = model.get_submodule(name)
+        h = layer["gate_up"].shape[2]
+        x = torch.from_numpy(rng.standard_normal((24, h))).to(torch.bfloat16)
+        ids = torch.from_numpy(np.stack([rng.choice(8, 2, replace=False) for _ in range(24)]))
+        w = torch.softmax(torch.from_numpy(rng.standard_normal((24, 2))), -1).to(torch.bfloat16)
+        with torch.no_grad():
+            out = module(x, ids, w)
+        check_experts_in_place(name, (x, ids, w), out, layer)
+        faults = {"uncast": dict(layer, fp8=False),
+                  "another expert": dict(layer, down=layer["down"].roll(1, 0))}
+        for what, planted in faults.items():
+            with pytest.raises(AssertionError, match="error is"):
+                check_experts_in_place(name, (x, ids, w), out, planted)
+    finally:
+        assert model.metrale.close().clean
+
+
 def test_packed_experts_read_as_transformers_reads_them():
     """Checkpoint.experts and expert_weights on gpt-oss's packed experts: each expert's weights,
     dequantized, equal transformers' own reading of the file exactly, and the bias is the file's."""
@@ -289,14 +330,19 @@ def test_packed_experts_read_as_transformers_reads_them():
                            file_bias.float())
 
 
-def test_fp8_experts_are_refused_by_name():
+def test_fp8_experts_run_on_the_grouped_w8a8_op():
     """transformers' FP8 Qwen3-MoE (experts as FP8 block-128 linears, their scales squeezed as
-    transformers 5.17 saves them, which the loader reads): metrale has no FP8 grouped GEMM yet,
-    so from_pretrained refuses it naming the experts modules, and loads nothing in part;
-    metrale.load takes each FP8 linear as it would any."""
-    with pytest.raises(metrale.IoError, match=r"model\.layers\.0\.mlp\.experts, "
-                       r"model\.layers\.1\.mlp\.experts: FP8 block-128 experts"):
-        mt.from_pretrained(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu")
+    transformers 5.17 saves them, which the loader reads): from_pretrained puts each experts module
+    on the grouped W8A8 op, gate and up stacked; metrale.load still takes each FP8 linear as it
+    would any."""
+    model = mt.from_pretrained(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu")
+    try:
+        experts = [m for m in model.modules() if isinstance(m, mt.MoeExperts)]
+        assert len(experts) == 2 and {m.format for m in experts} == {"e4m3_block128"}
+        assert not [n for n, m in model.named_modules() if isinstance(m, mt.Linear)
+                    and ".experts." in n]
+    finally:
+        assert model.metrale.close().clean
     with metrale.load(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu") as ckpt:
         w = ckpt.layers["model.layers.1.mlp.experts.7.down_proj"]
         assert isinstance(w, metrale.Fp8Weights) and (w.n, w.k) == (256, 128)

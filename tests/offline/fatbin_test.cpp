@@ -177,9 +177,14 @@ Published core_published(const std::string& target) {
   return p;
 }
 
-// Module "fp8": a warp per (row, 128-K block) pair, 8 warps a block, on every target.
+// Module "fp8": the cast a warp per (row, 128-K block) pair, 8 warps a block, on every target;
+// the grouped W8A8 GEMM 4 columns a warp, 32 a block, FP32 C, not yet verified.
 Published fp8_published(const std::string& target) {
-  Published p = {{"cast_e4m3_block128_n_tile", 8}, {"cast_e4m3_block128_block_threads", 256}};
+  Published p = {{"cast_e4m3_block128_n_tile", 8},
+                 {"cast_e4m3_block128_block_threads", 256},
+                 {"gemm_grouped_e4m3_block128_n_tile", 32},
+                 {"gemm_grouped_e4m3_block128_block_threads", 256},
+                 {"gemm_grouped_e4m3_block128_out_f32", 1}};
   add_run6_verified(p, target, {"cast_e4m3_block128"});
   return p;
 }
@@ -211,7 +216,10 @@ const std::vector<Module>& modules() {
        METRALE_W4A16_FATBIN,
        {metrale::manifest::kW4a16Entries.begin(), metrale::manifest::kW4a16Entries.end()},
        w4a16_published},
-      {"fp8", METRALE_FP8_FATBIN, {"cast_e4m3_block128"}, fp8_published},
+      {"fp8",
+       METRALE_FP8_FATBIN,
+       {"cast_e4m3_block128", "gemm_grouped_e4m3_block128"},
+       fp8_published},
       {"moe",
        METRALE_MOE_FATBIN,
        {"moe_route", "moe_count", "moe_scatter", "moe_gather", "moe_combine", "moe_glu"},

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/kernels/dense_store.h"
+#include "cpu/kernels/w4a16_cpu.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/numerics.h"
 
@@ -51,7 +52,7 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
   const auto k = static_cast<std::size_t>(p.k), cols = static_cast<std::size_t>(n1 - n0);
   const std::int64_t kblocks = dense_scale_blocks(p.k);
   // The scales' padded leading dimensions (dense_gemm.h), as cuBLASLt reads them.
-  const std::int64_t lda = dense_a_scales_ld(p.m), ldb = dense_b_scales_ld(p.k);
+  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
   // The block's rows of B widened once, then each row of A.
   std::vector<float> bw(cols * k), aw(k);
   for (std::size_t i = 0; i < cols * k; ++i) bw[i] = lut[b[static_cast<std::size_t>(n0) * k + i]];
@@ -74,6 +75,16 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
           static_cast<std::size_t>(m) * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(n),
           v);
     }
+  }
+}
+
+void gemm_e4m3_block128_best(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  if (w4a16::best_isa() != w4a16::Isa::kAvx512Bf16) {
+    gemm_e4m3_block128(p, n0, n1);
+  } else if (has_avx512vbmi()) {
+    gemm_e4m3_block128_avx512vbmi(p, n0, n1);
+  } else {
+    gemm_e4m3_block128_avx512bf16(p, n0, n1);
   }
 }
 

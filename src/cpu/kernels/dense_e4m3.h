@@ -21,5 +21,9 @@ void gemm_e4m3_block128_avx512bf16(const DenseParams& p, std::int64_t n0, std::i
 void gemm_e4m3_block128_avx512vbmi(const DenseParams& p, std::int64_t n0, std::int64_t n1);
 // Whether the processor has AVX512-VBMI.
 bool has_avx512vbmi() noexcept;
+// C[:, n0:n1] of p by the best of the three this processor runs (METRALE_CPU_ISA caps it, as for
+// w4a16): the kernel module "blas" and the grouped W8A8 GEMM both launch, so an expert's product
+// is the dense one's bit for bit.
+void gemm_e4m3_block128_best(const DenseParams& p, std::int64_t n0, std::int64_t n1);
 
 }  // namespace metrale::cpu::blas

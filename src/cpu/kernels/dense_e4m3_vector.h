@@ -156,7 +156,7 @@ template <int R>
   const auto* sb = reinterpret_cast<const float*>(p.b_scales);
   const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
   const std::int64_t kblocks = dense_scale_blocks(p.k);
-  const std::int64_t lda = dense_a_scales_ld(p.m), ldb = dense_b_scales_ld(p.k);
+  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
   constexpr int kChains = kChainsOf<R>;
   for (std::int64_t n = n0; n < n1; ++n) {
     const std::uint8_t* brow = b + n * p.k;
@@ -222,7 +222,7 @@ template <int R>
                                         std::int64_t r0, std::int64_t n0) {
   const auto* sa = reinterpret_cast<const float*>(p.a_scales);
   const auto* sb = reinterpret_cast<const float*>(p.b_scales);
-  const std::int64_t lda = dense_a_scales_ld(p.m), ldb = dense_b_scales_ld(p.k);
+  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
   const std::int64_t k0 = kb * kDenseScaleBlock;
   const std::int64_t chunks = (std::min(kDenseScaleBlock, p.k - k0) + kChunk - 1) / kChunk;
   for (std::int64_t c0 = 0; c0 < cols; c0 += kColTile) {

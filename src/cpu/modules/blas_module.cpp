@@ -6,7 +6,6 @@
 
 #include "cpu/kernels/dense_bf16.h"
 #include "cpu/kernels/dense_e4m3.h"
-#include "cpu/kernels/w4a16_cpu.h"
 #include "cpu/modules/modules.h"
 #include "kernels/dense_params.h"
 #include "kernels/verified_devices.h"
@@ -29,17 +28,7 @@ void gemm_e4m3_block128(const HostBlock& b) {
   const auto p = read_param<DenseParams>(b.params, 0);
   const std::int64_t n0 = std::int64_t{b.block_idx.x} * kDenseTile;
   const std::int64_t n1 = std::min<std::int64_t>(p.n, n0 + kDenseTile);
-  if (n0 >= n1) return;
-  // The vector kernel where the processor has it (METRALE_CPU_ISA caps it, as for w4a16).
-  if (w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
-    if (blas::has_avx512vbmi()) {
-      blas::gemm_e4m3_block128_avx512vbmi(p, n0, n1);
-    } else {
-      blas::gemm_e4m3_block128_avx512bf16(p, n0, n1);
-    }
-  } else {
-    blas::gemm_e4m3_block128(p, n0, n1);
-  }
+  if (n0 < n1) blas::gemm_e4m3_block128_best(p, n0, n1);
 }
 
 void add(HostModule& m, const std::string& name, HostKernelFn fn) {

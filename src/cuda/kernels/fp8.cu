@@ -1,13 +1,26 @@
 // Module "fp8" on the GPU: the W8A8 op's activation cast (cast_e4m3_block128; the rules in
-// src/kernels/fp8_cast.h, its host twin in src/cpu/kernels/fp8_cpu.cpp). A warp per (row, 128-K
-// block) pair: each lane reads 4 BF16 of the block (strided by 32, so the warp's loads are
-// coalesced), the warp reduces their largest magnitude, and each lane writes its 4 codes; lane 0
-// writes the block's scale. Publishes the pairs one block covers (n_tile) and its block size.
+// src/kernels/fp8_cast.h, its host twin in src/cpu/kernels/fp8_cpu.cpp), and the grouped W8A8
+// GEMM over experts (gemm_grouped_e4m3_block128, kernels/grouped_fp8_params.h).
+//
+// The cast: a warp per (row, 128-K block) pair; each lane reads 4 BF16 of the block (strided by
+// 32, so the warp's loads are coalesced), the warp reduces their largest magnitude, and each lane
+// writes its 4 codes; lane 0 writes the block's scale. Publishes the pairs one block covers
+// (n_tile) and its block size.
+//
+// The grouped GEMM, for decode (few rows per expert): a block per (32 columns, expert), a warp per
+// 4 columns, each lane 16 K at a time (16 bytes of a weight row, inside one 128-K scale block),
+// 2 of the expert's rows at once. Codes widen to FP32 through FP16 exactly
+// (num::e4m3x4_to_f16_scaled); each lane's 16-product sum is scaled by its block's A and W scales
+// and summed, then the warp's lanes are. Weights are read once per 2 rows, so an expert with many
+// rows (prefill) re-reads them from L2: correct, not fast (a tiled grouped W8A8 kernel is not
+// built yet).
 #include <cstdint>
 
 #include "kernels/fp8_cast.h"
+#include "kernels/grouped_fp8_params.h"
 #include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
+#include "ptx.cuh"
 
 namespace {
 
@@ -18,11 +31,31 @@ constexpr unsigned kThreads = 256;
 constexpr unsigned kWarps = kThreads / 32;  // pairs per block
 constexpr unsigned kPerLane = f::kCastBlock / 32;
 
+constexpr unsigned kGemmThreads = 256;
+constexpr int kWarpCols = 4;                                     // columns of C per warp
+constexpr unsigned kGemmTile = kWarpCols * (kGemmThreads / 32);  // columns per block
+constexpr int kPassRows = 2;                                     // an expert's rows per pass
+constexpr int kChunk = 16;  // K per lane per step: one 16-byte load
+
+// 16 E4M3 codes (one 16-byte load) as floats, each 2^-8 times the code's value.
+__device__ __forceinline__ void widen16(uint4 v, float (&x)[kChunk]) {
+  const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t p02, p13;
+    num::e4m3x4_to_f16_scaled(words[i], &p02, &p13);
+    num::f16x2_to_f32(p02, &x[4 * i], &x[4 * i + 2]);
+    num::f16x2_to_f32(p13, &x[4 * i + 1], &x[4 * i + 3]);
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 __global__ void cast_e4m3_block128(metrale::Fp8CastParams p);
+
+__global__ void gemm_grouped_e4m3_block128(metrale::GroupedFp8Params g);
 
 __device__ std::uint32_t cast_e4m3_block128_n_tile = kWarps;
 __device__ std::uint32_t cast_e4m3_block128_block_threads = kThreads;
@@ -32,6 +65,12 @@ __device__ std::uint32_t cast_e4m3_block128_block_threads = kThreads;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 METRALE_VERIFIED(cast_e4m3_block128, H200, 20261204);
 #endif
+
+// No device run has verified the grouped GEMM: ops/grouped_fp8.h runs it only for a caller that
+// opts in.
+__device__ std::uint32_t gemm_grouped_e4m3_block128_n_tile = kGemmTile;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_block_threads = kGemmThreads;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_out_f32 = 1;
 
 __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastParams p) {
   const std::int64_t kblocks = (p.k + f::kCastBlock - 1) / f::kCastBlock;
@@ -61,6 +100,82 @@ __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastP
     if (q < p.k) codes[q] = f::encode(x[j], s);
   }
   if (lane == 0) reinterpret_cast<float*>(p.scales)[kb * f::scales_ld(p.m) + m] = s;
+}
+
+__global__ void __launch_bounds__(kGemmThreads)
+    gemm_grouped_e4m3_block128(metrale::GroupedFp8Params g) {
+  std::int64_t first = 0, m = 0;
+  if (!metrale::grouped_fp8::expert_rows(g, blockIdx.y, &first, &m)) return;
+  const std::int64_t n0 =
+      std::int64_t{blockIdx.x} * kGemmTile + std::int64_t{threadIdx.x / 32} * kWarpCols;
+  if (n0 >= g.n) return;  // whole warps leave together: the shuffles stay full
+  const unsigned lane = threadIdx.x % 32;
+  const std::int64_t cols = g.n - n0 < kWarpCols ? g.n - n0 : kWarpCols;
+  const auto e = static_cast<std::uint64_t>(blockIdx.y);
+  const auto* w = reinterpret_cast<const std::uint8_t*>(g.b + e * g.b_stride) + n0 * g.k;
+  const auto* ws = reinterpret_cast<const float*>(g.b_scales + e * g.b_scales_stride);
+  const auto* a = reinterpret_cast<const std::uint8_t*>(g.a) + first * g.k;
+  const auto* as = reinterpret_cast<const float*>(g.a_scales) + first;
+  const std::int64_t kblocks = (g.k + f::kCastBlock - 1) / f::kCastBlock;
+  const std::int64_t lda = f::scales_ld(g.rows), ldw = (kblocks + 3) / 4 * 4;
+  for (std::int64_t r0 = 0; r0 < m; r0 += kPassRows) {
+    const std::int64_t rows = m - r0 < kPassRows ? m - r0 : kPassRows;
+    float acc[kPassRows][kWarpCols] = {};
+    for (std::int64_t k0 = std::int64_t{lane} * kChunk; k0 < g.k; k0 += 32 * kChunk) {
+      const std::int64_t kb = k0 / f::kCastBlock;
+      float x[kPassRows][kChunk];
+      float xs[kPassRows];
+#pragma unroll
+      for (int r = 0; r < kPassRows; ++r) {
+        const bool live = r < rows;
+        widen16(live ? metrale::ptx::ldg16(a + (r0 + r) * g.k + k0) : uint4{}, x[r]);
+        xs[r] = live ? as[kb * lda + r0 + r] : 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < kWarpCols; ++c) {
+        if (c >= cols) break;
+        float y[kChunk];
+        widen16(metrale::ptx::ldg16(w + c * g.k + k0), y);
+        const float s = ws[((n0 + c) / f::kCastBlock) * ldw + kb];
+#pragma unroll
+        for (int r = 0; r < kPassRows; ++r) {
+          float d = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) d = fmaf(x[r][i], y[i], d);
+          acc[r][c] += metrale::grouped_fp8::scaled_partial(d, xs[r], s);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kPassRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kWarpCols; ++c) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
+        }
+      }
+    }
+    // Lane r·4 + c writes element (r, c): every lane holds every sum after the XOR reduction.
+#pragma unroll
+    for (int r = 0; r < kPassRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kWarpCols; ++c) {
+        if (lane != static_cast<unsigned>(r * kWarpCols + c) || r >= rows || c >= cols) continue;
+        const std::int64_t row = first + r0 + r, col = n0 + c;
+        float v = acc[r][c];
+        if (g.bias != 0) {
+          v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(
+              g.bias)[static_cast<std::int64_t>(e) * g.n + col]);
+        }
+        if (g.out_f32 != 0) {
+          reinterpret_cast<float*>(g.c)[row * g.n + col] = v;
+        } else {
+          reinterpret_cast<std::uint16_t*>(g.c)[row * g.n + col] = num::f32_to_bf16(v);
+        }
+      }
+    }
+  }
 }
 
 }  // extern "C"

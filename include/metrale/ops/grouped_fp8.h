@@ -1,0 +1,103 @@
+// The grouped W8A8 GEMM of a mixture-of-experts layer whose experts are FP8 block-128 (DeepSeek-V3,
+// Qwen3-MoE FP8): every expert's block-scaled FP8 GEMM over the rows routed to it, in one launch
+// after one activation cast (plan → run, as ops/fp8_gemm.h and ops/grouped_gemm.h). A holds the
+// tokens permuted into expert order (ops/moe.h); it is cast to E4M3 with one FP32 scale per row
+// per 128 K (module "fp8"'s cast_e4m3_block128, the dense W8A8 op's cast), then expert e
+// multiplies its rows [offsets[e], offsets[e] + counts[e]) by its own weights (module "fp8"'s
+// gemm_grouped_e4m3_block128): the dense W8A8 op's product per expert (docs/CONTRACT.md, W8A8
+// GEMM), with counts and offsets read on the device, so a plan never depends on the routing.
+// cuBLASLt has no grouped GEMM with block scales, so both backends run a kernel of their own.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <span>
+#include <string>
+
+#include "metrale/backend.h"
+#include "metrale/model_scope.h"
+#include "metrale/ops/fp8_gemm.h"
+
+namespace metrale::ops {
+
+// E experts' E4M3 weights of one shape, each tensor in one buffer with the experts laid end to
+// end (expert e's codes at codes + e · codes_stride, its scales likewise, in Fp8Weights' device
+// layout).
+struct GroupedFp8Weights {
+  Fp8Weights expert;  // every expert's shape and byte sizes, with expert 0's buffers
+  std::int32_t experts = 0;
+  std::uint64_t codes_stride = 0, scales_stride = 0;  // bytes, multiples of 256
+  // Expert e as weights of its own, for ops/fp8_gemm.h (buffers inside this one's);
+  // Error(kInvalidArgument) for e outside [0, experts).
+  Fp8Weights view(std::int32_t e) const;
+};
+
+// Host bytes of E experts' E4M3 weights uploaded as GroupedFp8Weights, owned as a model resource:
+// two allocations, each expert's scales repacked into the device layout as Fp8WeightsResource
+// does.
+class GroupedFp8WeightsResource final : public ModelResource {
+ public:
+  // codes: E·N·K bytes (expert after expert, each row-major [N, K]); scales: the checkpoint's FP32
+  // multipliers, E·ceil(N/128)·ceil(K/128) of them (each expert [ceil(N/128), ceil(K/128)]) as
+  // host bytes. Checks the sizes (Error(kInvalidArgument) naming what is wrong), allocates and
+  // fills; on any failure frees what it allocated and throws.
+  GroupedFp8WeightsResource(Backend& backend, std::span<const std::uint8_t> codes,
+                            std::span<const std::uint8_t> scales, std::int32_t experts,
+                            std::int64_t n, std::int64_t k, std::string label = "fp8 experts",
+                            std::source_location loc = std::source_location::current());
+  std::string label() const override { return label_; }
+  // Frees both buffers (the second even when the first free fails); a second call does nothing.
+  void release(Backend& backend) override;
+  const GroupedFp8Weights& weights() const noexcept { return w_; }
+
+ private:
+  std::string label_;
+  GroupedFp8Weights w_;
+};
+
+struct GroupedFp8Options {
+  bool bias = false;     // run() takes a BF16 bias [experts, N]
+  bool out_f32 = false;  // C as FP32, the sum not rounded (Fp8GemmOptions::out_f32)
+  // Run a kernel no device run has verified (the CUDA module's, today); without it such a kernel
+  // is Error(kUnavailable).
+  bool allow_unverified = false;
+};
+
+// Everything decided before a grouped W8A8 GEMM runs; reusable for any routing of its row capacity
+// on any stream. Its fields are for reading.
+struct GroupedFp8Plan {
+  Backend* backend = nullptr;
+  std::int64_t rows = 0, n = 0, k = 0;  // rows: of A and C, the row capacity
+  std::int32_t experts = 0;
+  bool bias = false, out_f32 = false;
+  PlannedLaunch cast;           // fp8::cast_e4m3_block128 over all rows
+  PlannedLaunch gemm;           // fp8::gemm_grouped_e4m3_block128, grid (N tiles, experts)
+  Fp8WorkspaceBytes workspace;  // the cast A and its scales (no dense part)
+  // One line, e.g. "grouped w8a8 rows=64 N=1536 K=2048 x 128 experts: fp8::cast_e4m3_block128
+  // 16x1x1 x 256 threads, fp8::gemm_grouped_e4m3_block128 24x128x1 x 256 threads; workspace ...".
+  std::string describe() const;
+};
+
+// Plans C[rows, N] = expert-wise e4m3(A) · Wₑᵀ (+ biasₑ): checks the row capacity and the weights
+// (K a multiple of 16: the GPU kernel reads 16 codes at a time) and sizes both launches from what
+// their kernels publish. Throws Error(kInvalidArgument) for bad shapes or weights,
+// Error(kUnavailable) for a kernel no device verified without allow_unverified (or one that does
+// not write FP32 C when out_f32 asks it), Error(kNotFound) for a missing kernel. Launches nothing.
+GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
+                            const GroupedFp8Options& options = {});
+
+// Queues the planned GEMM on stream: A BF16 [rows, K], C [rows, N] (BF16, FP32 with out_f32),
+// counts int32 [experts], offsets int32 [experts + 1] (moe_align's), bias BF16 [experts, N] when
+// planned, the workspace the plan sizes (scratch_workspace); all inside the backend's
+// allocations, C and the workspace overlapping no input, weights those the plan was made for.
+// Rows of no expert are cast but not written in C; an expert whose rows a caller's counts and
+// offsets put outside [0, rows) is skipped. Nothing is queued when it throws.
+void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
+                 const GroupedFp8Weights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
+                 const Fp8Workspace& workspace, DevicePtr bias = {});
+
+// The workspace of plan for work queued on stream: the OpCache's grow-only scratch under
+// gemm_scratch_tag, the dense W8A8 op's tags ("w8a8_activation", "w8a8_activation_scales").
+Fp8Workspace scratch_workspace(const GroupedFp8Plan& plan, StreamHandle stream);
+
+}  // namespace metrale::ops

@@ -1,0 +1,315 @@
+// The grouped W8A8 GEMM (ops/grouped_fp8.h): module "fp8"'s activation cast over every row, then
+// its grouped kernel, grid (N tiles, experts); and the upload of E experts' E4M3 weights.
+#include "metrale/ops/grouped_fp8.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "core/nvtx.h"
+#include "core/published.h"
+#include "kernels/fp8_cast.h"
+#include "kernels/grouped_fp8_params.h"
+#include "metrale/error.h"
+#include "metrale/op_cache.h"
+#include "metrale/weights.h"
+#include "ops/buffer_checks.h"
+#include "ops/free_quietly.h"
+#include "ops/published_block.h"
+
+namespace metrale::ops {
+namespace {
+
+constexpr std::string_view kPlanApi = "plan_grouped (w8a8)";
+constexpr std::string_view kRunApi = "run_grouped (w8a8)";
+constexpr std::string_view kUploadApi = "GroupedFp8WeightsResource";
+constexpr std::string_view kModule = "fp8";
+constexpr std::int32_t kMaxExperts = 1024;
+constexpr std::int64_t kKMultiple = 16;  // the GPU kernel's 16-byte loads of a row
+
+[[noreturn]] void bad(std::string_view api, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, api, what);
+}
+
+// a × b, refused past 64 bits (no buffer holds that much; a wrapped size would pass the checks).
+std::uint64_t product(std::string_view api, std::string_view what, std::uint64_t a,
+                      std::uint64_t b) {
+  if (b != 0 && a > std::numeric_limits<std::uint64_t>::max() / b) {
+    bad(api, fmt::format("{} ({} x {}) does not fit 64 bits", what, a, b));
+  }
+  return a * b;
+}
+
+void check_weights(std::string_view api, const GroupedFp8Weights& w) {
+  if (w.experts < 1 || w.experts > kMaxExperts) {
+    bad(api, fmt::format("experts = {} is outside [1, {}]", w.experts, kMaxExperts));
+  }
+  const Fp8Weights need = describe_fp8_weights(api, w.expert.n, w.expert.k);
+  if (w.expert.codes_bytes != need.codes_bytes || w.expert.scales_bytes != need.scales_bytes) {
+    bad(api, fmt::format("an expert's codes and scales are {} and {} bytes; E4M3 {}x{} needs {} "
+                         "and {}",
+                         w.expert.codes_bytes, w.expert.scales_bytes, w.expert.n, w.expert.k,
+                         need.codes_bytes, need.scales_bytes));
+  }
+  if (w.expert.k % kKMultiple != 0) {
+    bad(api, fmt::format("K = {} is not a multiple of {} (the grouped kernels read a row {} "
+                         "codes at a time)",
+                         w.expert.k, kKMultiple, kKMultiple));
+  }
+  if (w.codes_stride < w.expert.codes_bytes || w.scales_stride < w.expert.scales_bytes ||
+      w.codes_stride % kWorkspaceAlign != 0 || w.scales_stride % kWorkspaceAlign != 0) {
+    bad(api, fmt::format("strides {} and {} do not hold an expert's {} code and {} scale bytes "
+                         "on {}-byte boundaries",
+                         w.codes_stride, w.scales_stride, w.expert.codes_bytes,
+                         w.expert.scales_bytes, kWorkspaceAlign));
+  }
+}
+
+const ResolvedKernel& kernel(std::string_view api, Backend& backend, const char* entry) {
+  if (!backend.has_kernel(kModule, entry)) {
+    throw Error(ErrorCode::kNotFound, api,
+                fmt::format("{} has no kernel {}::{}", backend.name(), kModule, entry));
+  }
+  return backend.op_cache().kernel(backend, kModule, entry);
+}
+
+std::uint32_t grid_of(std::string_view api, std::uint64_t count, std::uint64_t tile) {
+  const std::uint64_t blocks = (count + tile - 1) / tile;
+  if (blocks > 0x7FFFFFFFu) {
+    bad(api, fmt::format("{} items in tiles of {} need {} blocks; a launch holds at most "
+                         "2^31 - 1",
+                         count, tile, blocks));
+  }
+  return static_cast<std::uint32_t>(blocks);
+}
+
+void check_workspace_part(Backend& backend, const Range& part, DevicePtr p,
+                          std::initializer_list<Range> others) {
+  check_pointer(kRunApi, part.name, p);
+  backend.check_owned_range(kRunApi, part.name, p, part.bytes);
+  check_no_overlap(kRunApi, part, others);
+}
+
+}  // namespace
+
+Fp8Weights GroupedFp8Weights::view(std::int32_t e) const {
+  if (e < 0 || e >= experts) {
+    bad("GroupedFp8Weights::view", fmt::format("expert {} is outside [0, {})", e, experts));
+  }
+  Fp8Weights v = expert;
+  v.codes = expert.codes.offset(static_cast<std::uint64_t>(e) * codes_stride);
+  v.scales = expert.scales.offset(static_cast<std::uint64_t>(e) * scales_stride);
+  return v;
+}
+
+GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
+                                                     std::span<const std::uint8_t> codes,
+                                                     std::span<const std::uint8_t> scales,
+                                                     std::int32_t experts, std::int64_t n,
+                                                     std::int64_t k, std::string label,
+                                                     std::source_location loc)
+    : label_(std::move(label)) {
+  if (experts < 1 || experts > kMaxExperts) {
+    bad(kUploadApi, fmt::format("experts = {} is outside [1, {}]", experts, kMaxExperts));
+  }
+  GroupedFp8Weights w;
+  w.expert = describe_fp8_weights(kUploadApi, n, k);
+  w.experts = experts;
+  const auto e_count = static_cast<std::uint64_t>(experts);
+  const auto rows = static_cast<std::size_t>(dense_scale_blocks(n)),
+             cols = static_cast<std::size_t>(dense_scale_blocks(k)),
+             ld = static_cast<std::size_t>(dense_b_scales_ld(k));
+  const std::uint64_t codes_need = product(kUploadApi, "the codes", e_count, w.expert.codes_bytes);
+  const std::uint64_t scales_need = product(kUploadApi, "the scales", e_count, rows * cols * 4);
+  if (codes.size() != codes_need || scales.size() != scales_need) {
+    bad(kUploadApi, fmt::format("codes and scales are {} and {} bytes; {} experts of E4M3 {}x{} "
+                                "need {} ([E, N, K]) and {} (FP32 [E, ceil(N/128), ceil(K/128)] "
+                                "= [{}, {}, {}])",
+                                codes.size(), scales.size(), experts, n, k, codes_need, scales_need,
+                                experts, rows, cols));
+  }
+  w.codes_stride = align_up(w.expert.codes_bytes);
+  w.scales_stride = align_up(w.expert.scales_bytes);
+  // Every expert's rows ld = round_up(ceil(K/128), 4) scales apart (fp8_gemm.h's device layout);
+  // the pad entries are never read and are written 0 so the buffer's bytes are defined.
+  std::vector<std::uint8_t> padded(product(kUploadApi, "the scales", e_count, w.scales_stride), 0);
+  for (std::size_t e = 0; e < e_count; ++e) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::memcpy(padded.data() + e * w.scales_stride + r * ld * 4,
+                  scales.data() + (e * rows + r) * cols * 4, cols * 4);
+    }
+  }
+  DevicePtr dc, ds;
+  try {
+    dc = alloc_weights(backend, product(kUploadApi, "the codes", e_count, w.codes_stride), loc);
+    ds = alloc_weights(backend, padded.size(), loc);
+    for (std::uint64_t e = 0; e < e_count; ++e) {
+      backend.copy_h2d(dc.offset(e * w.codes_stride), codes.data() + e * w.expert.codes_bytes,
+                       w.expert.codes_bytes);
+    }
+    backend.copy_h2d(ds, padded.data(), padded.size());
+  } catch (...) {
+    free_quietly(backend, dc);
+    free_quietly(backend, ds);
+    throw;
+  }
+  w.expert.codes = dc;
+  w.expert.scales = ds;
+  w_ = w;
+}
+
+void GroupedFp8WeightsResource::release(Backend& backend) {
+  free_fp8_weights(backend, w_.expert);
+}
+
+std::string GroupedFp8Plan::describe() const {
+  return fmt::format(
+      "grouped w8a8 rows={} N={} K={} x {} experts: {} {}x{}x{} x {} threads, {} "
+      "{}x{}x{} x {} threads; workspace {} B{}",
+      rows, n, k, experts, backend->kernel_name(cast.kernel), cast.grid.x, cast.grid.y, cast.grid.z,
+      cast.block.x, backend->kernel_name(gemm.kernel), gemm.grid.x, gemm.grid.y, gemm.grid.z,
+      gemm.block.x, workspace.total(), out_f32 ? "; FP32 C" : "");
+}
+
+GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
+                            const GroupedFp8Options& options) {
+  const nvtx::Range range("metrale::ops::plan_grouped (w8a8)");
+  if (rows < 1 || rows > std::numeric_limits<std::int32_t>::max()) {
+    bad(kPlanApi, fmt::format("rows = {} is outside [1, 2^31 - 1]", rows));
+  }
+  check_weights(kPlanApi, w);
+  const ResolvedKernel& cast = kernel(kPlanApi, backend, "cast_e4m3_block128");
+  const ResolvedKernel& gemm = kernel(kPlanApi, backend, "gemm_grouped_e4m3_block128");
+  if (options.out_f32 && !gemm.meta.out_f32) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} does not write FP32 C (it publishes no _out_f32)",
+                            backend.kernel_name(gemm)));
+  }
+  for (const ResolvedKernel* k : {&cast, &gemm}) {
+    if (!options.allow_unverified && !automatic_choice_allowed(k->meta)) {
+      throw Error(ErrorCode::kUnavailable, kPlanApi,
+                  fmt::format("{} is {}; set GroupedFp8Options::allow_unverified to run it "
+                              "before a device run verifies it",
+                              backend.kernel_name(*k), verification_text(k->meta)));
+    }
+  }
+  const auto urows = static_cast<std::uint64_t>(rows);
+  const auto kblocks = static_cast<std::uint64_t>(dense_scale_blocks(w.expert.k));
+  GroupedFp8Plan p;
+  p.backend = &backend;
+  p.rows = rows;
+  p.n = w.expert.n;
+  p.k = w.expert.k;
+  p.experts = w.experts;
+  p.bias = options.bias;
+  p.out_f32 = options.out_f32;
+  p.cast =
+      PlannedLaunch{cast,
+                    Dim3{grid_of(kPlanApi, product(kPlanApi, "the cast's blocks", urows, kblocks),
+                                 backend.kernel_n_tile(cast))},
+                    published_block(kPlanApi, backend, cast), 0};
+  p.gemm = PlannedLaunch{
+      gemm,
+      Dim3{grid_of(kPlanApi, static_cast<std::uint64_t>(p.n), backend.kernel_n_tile(gemm)),
+           static_cast<std::uint32_t>(w.experts), 1},
+      published_block(kPlanApi, backend, gemm), 0};
+  p.workspace.a_codes = product(kPlanApi, "the cast A", urows, static_cast<std::uint64_t>(p.k));
+  p.workspace.a_scales = product(kPlanApi, "A's scales", kblocks,
+                                 4 * static_cast<std::uint64_t>(fp8::scales_ld(rows)));
+  return p;
+}
+
+void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
+                 const GroupedFp8Weights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
+                 const Fp8Workspace& workspace, DevicePtr bias) {
+  const nvtx::Range range("metrale::ops::run_grouped (w8a8)");
+  if (plan.backend == nullptr || !plan.gemm.kernel.handle) {
+    bad(kRunApi, "the plan is empty (made by no call to plan_grouped)");
+  }
+  Backend& backend = *plan.backend;
+  if (backend.op_cache().released()) {
+    throw Error(ErrorCode::kState, kRunApi,
+                "the plan's backend was torn down (its op cache is released); plan again on a "
+                "live backend");
+  }
+  check_weights(kRunApi, w);
+  if (w.experts != plan.experts || w.expert.n != plan.n || w.expert.k != plan.k) {
+    bad(kRunApi, fmt::format("the weights are {} experts of {}x{}; the plan is for {} of {}x{}",
+                             w.experts, w.expert.n, w.expert.k, plan.experts, plan.n, plan.k));
+  }
+  if (plan.bias != static_cast<bool>(bias)) {
+    bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"
+                           : "a bias was given to a plan made without one");
+  }
+  const auto experts = static_cast<std::uint64_t>(plan.experts);
+  const auto rows = static_cast<std::uint64_t>(plan.rows);
+  const auto n = static_cast<std::uint64_t>(plan.n), k = static_cast<std::uint64_t>(plan.k);
+  const std::uint64_t a_bytes =
+      product(kRunApi, "A's bytes", rows, product(kRunApi, "a row", k, 2));
+  const std::uint64_t c_bytes =
+      product(kRunApi, "C's bytes", rows, product(kRunApi, "a row", n, plan.out_f32 ? 4 : 2));
+  const CallRanges r =
+      check_call_buffers(kRunApi, backend, a, a_bytes, c, c_bytes, w.expert.codes,
+                         product(kRunApi, "the codes", experts, w.codes_stride), w.expert.scales,
+                         product(kRunApi, "the scales", experts, w.scales_stride), bias,
+                         product(kRunApi, "the bias", experts, product(kRunApi, "a row", n, 2)));
+  const Range rc{"counts", counts.address(), 4 * experts},
+      ro{"offsets", offsets.address(), 4 * experts + 4};
+  for (const auto& [range_of, p] : {std::pair{rc, counts}, std::pair{ro, offsets}}) {
+    if (!p) bad(kRunApi, fmt::format("{} is null", range_of.name));
+    if (p.address() % 4 != 0) {
+      bad(kRunApi, fmt::format("{} = 0x{:x} is not 4-byte aligned", range_of.name, p.address()));
+    }
+    backend.check_range(kRunApi, range_of.name, p, range_of.bytes);
+    check_no_overlap(kRunApi, r.c, {range_of});
+  }
+  const Range wc{"E4M3 A workspace", workspace.a_codes.address(), plan.workspace.a_codes},
+      ws{"A scales workspace", workspace.a_scales.address(), plan.workspace.a_scales};
+  check_workspace_part(backend, wc, workspace.a_codes,
+                       {r.a, r.c, r.codes, r.scales, r.bias, rc, ro, ws});
+  check_workspace_part(backend, ws, workspace.a_scales,
+                       {r.a, r.c, r.codes, r.scales, r.bias, rc, ro});
+  const Fp8CastParams cast{a.address(), workspace.a_codes.address(), workspace.a_scales.address(),
+                           plan.rows, plan.k};
+  backend.launch_typed(plan.cast.kernel, plan.cast.grid, plan.cast.block, plan.cast.smem_bytes,
+                       stream, std::array{KernelArg::value(cast)});
+  GroupedFp8Params g;
+  g.a = workspace.a_codes.address();
+  g.a_scales = workspace.a_scales.address();
+  g.b = w.expert.codes.address();
+  g.b_scales = w.expert.scales.address();
+  g.c = c.address();
+  g.bias = bias.address();
+  g.counts = counts.address();
+  g.offsets = offsets.address();
+  g.b_stride = w.codes_stride;
+  g.b_scales_stride = w.scales_stride;
+  g.rows = plan.rows;
+  g.n = plan.n;
+  g.k = plan.k;
+  g.experts = plan.experts;
+  g.out_f32 = plan.out_f32 ? 1 : 0;
+  backend.launch_typed(plan.gemm.kernel, plan.gemm.grid, plan.gemm.block, plan.gemm.smem_bytes,
+                       stream, std::array{KernelArg::value(g)});
+}
+
+Fp8Workspace scratch_workspace(const GroupedFp8Plan& plan, StreamHandle stream) {
+  if (plan.backend == nullptr) {
+    bad("scratch_workspace", "the plan is empty (made by no call to plan_grouped)");
+  }
+  Backend& backend = *plan.backend;
+  OpCache& cache = backend.op_cache();
+  Fp8Workspace ws;
+  ws.a_codes = cache.scratch(backend, gemm_scratch_tag(backend, stream, "w8a8_activation"),
+                             plan.workspace.a_codes, stream);
+  ws.a_scales = cache.scratch(backend, gemm_scratch_tag(backend, stream, "w8a8_activation_scales"),
+                              plan.workspace.a_scales, stream);
+  return ws;
+}
+
+}  // namespace metrale::ops

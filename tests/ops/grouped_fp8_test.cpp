@@ -1,0 +1,319 @@
+// The grouped W8A8 GEMM (ops/grouped_fp8.h) on every backend, in a MoE layer's own sequence:
+// random routings aligned and gathered on the device (ops/moe.h), one run_grouped over every
+// expert, each expert's rows of C against two float64 references of its own weights and bias
+// (A exact, and A cast as the op casts it) under the dense W8A8 op's bounds (their derivation:
+// tests/ops/fp8_gemm_test.cpp), contiguous and masked rows, empty experts, one expert taking
+// every token, FP32 C; C poisoned first, rows of no expert checked untouched. On the CPU each
+// expert's rows must also be the bytes of the dense W8A8 op on that expert alone (the same kernel
+// per M). On CUDA the kernels run opted in: the device check's verification of them.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/expect_error.h"
+#include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/grouped_fp8.h"
+#include "metrale/ops/moe.h"
+#include "ops/gemm_reference.h"
+#include "support/fp8_reference.h"
+#include "toolkit/gemm_tolerance.h"
+
+namespace metrale::testing::gemm {
+namespace {
+
+namespace f8 = testing::fp8;
+
+struct Case {
+  std::int64_t tokens = 1;
+  std::int32_t experts = 1, top_k = 1;
+  std::int64_t n = 64, k = 256;
+  bool masked = false, bias = false, out_f32 = false;
+  double skew = 0.0;  // expert e drawn with weight (e + 1)^-skew
+
+  std::string str() const {
+    return fmt::format("T={} E={} k={} N={} K={} {}{}{} skew {}", tokens, experts, top_k, n, k,
+                       masked ? "masked" : "contiguous", bias ? " bias" : "",
+                       out_f32 ? " fp32 C" : "", skew);
+  }
+};
+
+std::vector<std::int32_t> random_ids(std::mt19937_64& gen, const Case& c) {
+  std::vector<double> weight(static_cast<std::size_t>(c.experts));
+  for (int e = 0; e < c.experts; ++e) weight[e] = std::pow(e + 1.0, -c.skew);
+  std::vector<std::int32_t> ids;
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    std::vector<double> w = weight;
+    for (int j = 0; j < c.top_k; ++j) {
+      std::discrete_distribution<int> d(w.begin(), w.end());
+      const int e = d(gen);
+      ids.push_back(e);
+      w[e] = 0.0;
+    }
+  }
+  return ids;
+}
+
+// A in [-1, 1) times 2^[-8, 2]: per-128 blocks of varied amax, so the cast's scales vary.
+std::vector<std::uint16_t> random_a(std::mt19937_64& gen, std::size_t count) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-8, 2);
+  std::vector<std::uint16_t> v(count);
+  for (auto& x : v) x = num::f32_to_bf16(std::ldexp(u(gen), e(gen)));
+  return v;
+}
+
+class GroupedFp8 : public GemmBackendTest {
+ protected:
+  bool cuda() const { return GetParam() == "cuda"; }
+
+  ops::GroupedFp8Options options(const Case& c) const {
+    ops::GroupedFp8Options o;
+    o.bias = c.bias;
+    o.out_f32 = c.out_f32;
+    o.allow_unverified = cuda();
+    return o;
+  }
+
+  void run_case(const Case& c) {
+    SCOPED_TRACE(c.str());
+    Backend& bk = b();
+    std::vector<f8::HostFp8Weights> host;
+    std::vector<std::uint8_t> codes, scales;
+    for (int e = 0; e < c.experts; ++e) {
+      host.push_back(f8::random_weights(c.n, c.k, gen()));
+      codes.insert(codes.end(), host.back().codes.begin(), host.back().codes.end());
+      const std::vector<std::uint8_t> s = host.back().scale_bytes();
+      scales.insert(scales.end(), s.begin(), s.end());
+    }
+    ops::GroupedFp8WeightsResource res(bk, codes, scales, c.experts, c.n, c.k);
+    const ops::GroupedFp8Weights& w = res.weights();
+    const ops::MoeShape shape{c.tokens, c.experts, c.top_k, c.masked ? c.tokens : 0};
+    const auto rows = static_cast<std::size_t>(shape.row_capacity());
+    const auto e_n = static_cast<std::size_t>(c.experts);
+    const ops::MoeOptions moe_opt{cuda()};
+
+    const std::vector<std::int32_t> ids = random_ids(gen(), c);
+    const std::vector<std::uint16_t> x = random_a(gen(), static_cast<std::size_t>(c.tokens * c.k));
+    const ops::MoeRows r{alloc(e_n * 4), alloc(e_n * 4 + 4), alloc(ids.size() * 4)};
+    ops::moe_align(bk, stream(), upload(ids), shape, r, moe_opt);
+    const DevicePtr a = alloc(rows * static_cast<std::size_t>(c.k) * 2);
+    bk.memset(a, 0, rows * static_cast<std::size_t>(c.k) * 2);
+    ops::moe_gather(bk, stream(), upload(x), shape, c.k, r.rows, a, moe_opt);
+
+    std::vector<std::uint16_t> bias;
+    if (c.bias) bias = random_bias(gen(), c.n * c.experts);
+    const std::size_t elem = c.out_f32 ? 4 : 2;
+    const DevicePtr out = poisoned(rows * static_cast<std::size_t>(c.n) * elem);
+    const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, shape.row_capacity(), w, options(c));
+    EXPECT_EQ(plan.gemm.grid.y, static_cast<std::uint32_t>(c.experts)) << plan.describe();
+    ops::run_grouped(plan, stream(), a, w, r.counts, r.offsets, out,
+                     ops::scratch_workspace(plan, stream()), c.bias ? upload(bias) : DevicePtr{});
+
+    const auto counts = read<std::int32_t>(r.counts, e_n);
+    const auto offsets = read<std::int32_t>(r.offsets, e_n + 1);
+    const auto a_host = read<std::uint16_t>(a, rows * static_cast<std::size_t>(c.k));
+    const auto bytes = read<std::uint8_t>(out, rows * static_cast<std::size_t>(c.n) * elem);
+    const std::size_t row_bytes = static_cast<std::size_t>(c.n) * elem;
+    std::vector<bool> used(rows, false);
+    int checked = 0;
+    for (int e = 0; e < c.experts; ++e) {
+      const std::int64_t m = counts[e];
+      if (m == 0) continue;
+      ++checked;
+      SCOPED_TRACE(fmt::format("expert {}: rows [{}, {})", e, offsets[e], offsets[e] + m));
+      for (std::int64_t i = 0; i < m; ++i) used[static_cast<std::size_t>(offsets[e] + i)] = true;
+      const std::vector<std::uint16_t> a_e(a_host.begin() + offsets[e] * c.k,
+                                           a_host.begin() + (offsets[e] + m) * c.k);
+      const std::uint8_t* got = bytes.data() + static_cast<std::size_t>(offsets[e]) * row_bytes;
+      expect_within_bounds(a_e, m, host[static_cast<std::size_t>(e)], bias, e, c, got);
+      if (!cuda()) expect_dense_bytes(w.view(e), offsets[e], m, c, a, bias, e, got);
+    }
+    EXPECT_GT(checked, 0);
+    for (std::size_t row = 0; row < rows; ++row) {
+      if (used[row]) continue;
+      const auto* p = bytes.data() + row * row_bytes;
+      ASSERT_TRUE(std::all_of(p, p + row_bytes, [](std::uint8_t v) { return v == kPoisonByte; }))
+          << "row " << row << " of no expert was written";
+    }
+    res.release(bk);
+    free_all();
+  }
+
+  // Every element of one expert's rows against the aware and the exact float64 references, with
+  // the dense W8A8 op's per-element bounds (fp8_gemm_test.cpp) and, on a GPU, its MMA term set
+  // to the FP32 sums' own (the CUDA kernel sums on CUDA cores: 0).
+  static void expect_within_bounds(const std::vector<std::uint16_t>& a_e, std::int64_t m,
+                                   const f8::HostFp8Weights& hw,
+                                   const std::vector<std::uint16_t>& bias, int e, const Case& c,
+                                   const std::uint8_t* got) {
+    const f8::CastA a8 = f8::cast_a(a_e, m, c.k);
+    // The kernels' roundings: the products exact, at most K additions, and per 16 (GPU) or 128
+    // (CPU) K a product by two scales; the dense bound's count covers both (K/16 ≤ K).
+    const double gamma = static_cast<double>(c.k + 2 * (c.k / 16) + 8) * std::ldexp(1.0, -23);
+    const double u8 = c.out_f32 ? 0.0 : std::ldexp(1.0, -8);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        const double bj =
+            c.bias ? num::bf16_to_f32(bias[static_cast<std::size_t>(e * c.n + j)]) : 0.0;
+        double ref = bj, ref8 = bj, s8 = std::fabs(bj), cast_err = 0;
+        for (std::int64_t q = 0; q < c.k; ++q) {
+          const auto at = static_cast<std::size_t>(i * c.k + q);
+          const double wd = hw.at(j, q), xv = num::bf16_to_f32(a_e[at]);
+          ref += xv * wd;
+          ref8 += a8.value[at] * wd;
+          s8 += std::fabs(a8.value[at] * wd);
+          cast_err += (std::max(std::ldexp(std::fabs(xv), -4), std::ldexp(a8.scale[at], -10)) +
+                       std::ldexp(std::fabs(xv), -23)) *
+                      std::fabs(wd);
+        }
+        const std::size_t at = static_cast<std::size_t>(i * c.n + j);
+        double v = 0;
+        if (c.out_f32) {
+          float f;
+          std::memcpy(&f, got + at * 4, 4);
+          ASSERT_FALSE(std::isnan(f)) << "C[" << i << ", " << j << "] was not written";
+          v = f;
+        } else {
+          std::uint16_t h;
+          std::memcpy(&h, got + at * 2, 2);
+          ASSERT_NE(h, static_cast<std::uint16_t>(kPoisonByte * 0x101))
+              << "C[" << i << ", " << j << "] was not written";
+          v = num::bf16_to_f32(h);
+        }
+        ASSERT_LE(std::fabs(v - ref8), u8 * std::fabs(ref8) + (1 + u8) * gamma * s8)
+            << "C[" << i << ", " << j << "] = " << v << ", aware reference " << ref8;
+        ASSERT_LE(std::fabs(v - ref),
+                  u8 * (std::fabs(ref) + cast_err) + cast_err + (1 + u8) * gamma * s8)
+            << "C[" << i << ", " << j << "] = " << v << ", exact reference " << ref;
+      }
+    }
+  }
+
+  // The dense W8A8 op on one expert's rows of A gives the grouped GEMM's bytes (the CPU runs the
+  // same kernel for both, and the cast is per row).
+  void expect_dense_bytes(const ops::Fp8Weights& we, std::int64_t first, std::int64_t m,
+                          const Case& c, DevicePtr a, const std::vector<std::uint16_t>& bias, int e,
+                          const std::uint8_t* got) {
+    const std::size_t elem = c.out_f32 ? 4 : 2;
+    const std::size_t bytes = static_cast<std::size_t>(m * c.n) * elem;
+    const DevicePtr dc = poisoned(bytes);
+    ops::Fp8GemmOptions o;
+    o.out_f32 = c.out_f32;
+    if (c.bias) {
+      o.bias =
+          upload(std::vector<std::uint16_t>(bias.begin() + e * c.n, bias.begin() + (e + 1) * c.n));
+    }
+    const ops::Fp8GemmPlan p = ops::plan(b(), m, we, o);
+    ops::run(p, stream(), a.offset(static_cast<std::uint64_t>(first * c.k * 2)), we, dc,
+             ops::scratch_workspace(p, stream()), o.bias);
+    const auto dense = read<std::uint8_t>(dc, bytes);
+    EXPECT_EQ(std::memcmp(dense.data(), got, bytes), 0) << "not the dense W8A8 op's bytes";
+  }
+};
+INSTANTIATE_TEST_SUITE_P(, GroupedFp8, ::testing::Values("cpu", "cuda"), backend_name);
+
+TEST_P(GroupedFp8, RandomRoutingsAgainstFloat64) {
+  run_case({13, 8, 2, 96, 256});
+  run_case({40, 6, 4, 136, 528, true, true, false, 0.5});  // ragged N and K blocks, masked
+  run_case({7, 5, 3, 64, 144, false, true, true, 1.0});    // FP32 C
+  run_case({5, 3, 1, 200, 2048});                          // 16 K blocks
+}
+
+TEST_P(GroupedFp8, EmptyExpertsAndOneExpertTakingAll) {
+  run_case({33, 16, 1, 64, 256, false, false, false, 3.0});
+  run_case({50, 4, 1, 32, 128, true, true, false, 12.0});  // nearly every token to expert 0
+  run_case({1, 64, 8, 64, 256});                           // one token: 56 experts empty
+}
+
+TEST_P(GroupedFp8, RowsOutsideTheBuffersAreSkipped) {
+  // A caller's own counts and offsets that put an expert's rows past the row capacity: that
+  // expert is skipped (its rows would lie outside A and C), the others run.
+  Backend& bk = b();
+  std::vector<std::uint8_t> codes, scales;
+  for (int e = 0; e < 3; ++e) {
+    const f8::HostFp8Weights h = f8::random_weights(64, 128, gen());
+    codes.insert(codes.end(), h.codes.begin(), h.codes.end());
+    const std::vector<std::uint8_t> s = h.scale_bytes();
+    scales.insert(scales.end(), s.begin(), s.end());
+  }
+  ops::GroupedFp8WeightsResource res(bk, codes, scales, 3, 64, 128);
+  ops::GroupedFp8Options opt;
+  opt.allow_unverified = cuda();
+  const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, 8, res.weights(), opt);
+  const std::vector<std::int32_t> counts = {3, 4, 2}, offsets = {0, 6, -1, 8};
+  const DevicePtr a = upload(random_a(gen(), 8 * 128));
+  const DevicePtr out = poisoned(8 * 64 * 2);
+  ops::run_grouped(plan, stream(), a, res.weights(), upload(counts), upload(offsets), out,
+                   ops::scratch_workspace(plan, stream()));
+  const auto got = read<std::uint8_t>(out, 8 * 64 * 2);
+  for (std::size_t row = 0; row < 8; ++row) {
+    const bool written = row < 3;  // expert 0 only: expert 1 runs past row 8, expert 2 starts at -1
+    const auto* p = got.data() + row * 128;
+    EXPECT_EQ(std::all_of(p, p + 128, [](std::uint8_t v) { return v == kPoisonByte; }), !written)
+        << "row " << row;
+  }
+  res.release(bk);
+}
+
+TEST_P(GroupedFp8, RefusesBadInputsByName) {
+  Backend& bk = b();
+  const f8::HostFp8Weights h = f8::random_weights(64, 144, gen());
+  const f8::HostFp8Weights odd = f8::random_weights(64, 132, gen());
+  ops::GroupedFp8WeightsResource res(bk, h.codes, h.scale_bytes(), 1, 64, 144);
+  ops::GroupedFp8WeightsResource odd_res(bk, odd.codes, odd.scale_bytes(), 1, 64, 132);
+  ops::GroupedFp8Options opt;
+  opt.allow_unverified = cuda();
+  const auto message = [](const Error& e) { return std::string(e.what()); };
+  Error e = expect_error([&] { (void)ops::plan_grouped(bk, 4, odd_res.weights(), opt); });
+  EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(message(e).find("K = 132 is not a multiple of 16"), std::string::npos) << e.what();
+  e = expect_error([&] { (void)ops::plan_grouped(bk, 0, res.weights(), opt); });
+  EXPECT_NE(message(e).find("rows = 0"), std::string::npos) << e.what();
+  e = expect_error(
+      [&] { (void)ops::GroupedFp8WeightsResource(bk, h.codes, h.scale_bytes(), 2, 64, 144); });
+  EXPECT_NE(message(e).find("2 experts of E4M3 64x144"), std::string::npos) << e.what();
+  if (cuda()) {
+    e = expect_error([&] { (void)ops::plan_grouped(bk, 4, res.weights(), {}); });
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(message(e).find("allow_unverified"), std::string::npos) << e.what();
+  }
+  // run: a bias the plan does not take, weights of another shape; nothing written.
+  const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, 4, res.weights(), opt);
+  const std::vector<std::int32_t> counts = {4}, offsets = {0, 4};
+  const DevicePtr a = upload(random_a(gen(), 4 * 144)), out = poisoned(4 * 64 * 2);
+  const DevicePtr dc = upload(counts), doff = upload(offsets);
+  const ops::Fp8Workspace ws = ops::scratch_workspace(plan, stream());
+  e = expect_error([&] {
+    ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, out, ws, upload(counts));
+  });
+  EXPECT_NE(message(e).find("a bias was given to a plan made without one"), std::string::npos)
+      << e.what();
+  const f8::HostFp8Weights narrow = f8::random_weights(32, 144, gen());
+  ops::GroupedFp8WeightsResource narrow_res(bk, narrow.codes, narrow.scale_bytes(), 1, 32, 144);
+  e = expect_error(
+      [&] { ops::run_grouped(plan, stream(), a, narrow_res.weights(), dc, doff, out, ws); });
+  EXPECT_NE(message(e).find("the weights are 1 experts of 32x144; the plan is for 1 of 64x144"),
+            std::string::npos)
+      << e.what();
+  e = expect_error([&] { ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, a, ws); });
+  EXPECT_NE(message(e).find("overlaps"), std::string::npos) << e.what();
+  e = expect_error([&] {
+    ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, out, ops::Fp8Workspace{});
+  });
+  EXPECT_NE(message(e).find("E4M3 A workspace is null"), std::string::npos) << e.what();
+  const auto got = read<std::uint8_t>(out, 4 * 64 * 2);
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::uint8_t v) { return v == kPoisonByte; }));
+  res.release(bk);
+  odd_res.release(bk);
+  narrow_res.release(bk);
+}
+
+}  // namespace
+}  // namespace metrale::testing::gemm
