@@ -30,7 +30,11 @@ struct DeclaredQuantization {
   // What each quantized layer of the format reads as (Nvfp4Linear::source, fp8_layer_source);
   // empty for a format metrale does not read.
   std::vector<std::string> layer_sources;
-  std::vector<std::string> ignore;     // module names and patterns the quantizer left alone
+  std::vector<std::string> ignore;  // module names and patterns the quantizer left alone
+  // The ignore list reads as transformers' quantizers read modules_to_not_convert
+  // (should_convert_module): a pattern ignores a module when it matches as a regex from the
+  // name's start, or when the name ends with it. Set for quant_method "fp8".
+  bool transformers_patterns = false;
   bool every_linear = false;           // the quantizer targets every Linear but those it ignores
   bool quantized_activations = false;  // W4A4, W8A8: the config quantizes activations too
   // What metrale does with the activations the config quantizes (empty when it quantizes none):
@@ -52,7 +56,7 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
 
 // Whether `module` is on the ignore list: a name, a compressed-tensors "re:<regex>" (matched from
 // the start as its match_name's re.match does; ECMAScript syntax) or a ModelOpt wildcard ('*',
-// '?', "[...]", as fnmatch).
+// '?', "[...]", as fnmatch); with transformers_patterns, transformers' own rule instead.
 bool declared_ignores(const DeclaredQuantization& declared, std::string_view module);
 
 // Holds a checkpoint's layers to the declaration: `quantized` (layer, source) pairs and the

@@ -153,6 +153,7 @@ DeclaredQuantization fp8_block(const json& q, const std::string& where) {
   // (FineGrainedFP8 quantizer: modules_to_not_convert defaults to the model's lm_head).
   d.ignore = strings_at(q, "modules_to_not_convert", where);
   if (d.ignore.empty()) d.ignore = {"lm_head"};
+  d.transformers_patterns = true;
   d.every_linear = true;
   d.quantized_activations = scheme == "dynamic";
   if (block == json::array({128, 128}) && scheme == "dynamic") {
@@ -289,6 +290,20 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
 
 bool declared_ignores(const DeclaredQuantization& declared, std::string_view module) {
   for (const std::string& pattern : declared.ignore) {
+    if (declared.transformers_patterns) {
+      // should_convert_module: re.match(key + "\\.", name) or re.match(key, name) or
+      // name.endswith(key); the first implies the second.
+      if (module.ends_with(pattern)) return true;
+      try {
+        if (std::regex_search(module.begin(), module.end(), std::regex(pattern),
+                              std::regex_constants::match_continuous)) {
+          return true;
+        }
+      } catch (const std::regex_error&) {
+        // As below: a pattern std::regex cannot read matches nothing more.
+      }
+      continue;
+    }
     if (pattern.rfind("re:", 0) == 0) {
       try {
         // compressed-tensors' match_name: re.match, anchored at the start only.

@@ -120,7 +120,7 @@ TEST(DeclaredQuantization, Fp8BlockConfigs) {
       folder_with("fp8_ue8m0", R"({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                        "activation_scheme": "dynamic", "weight_block_size": [128, 128],
                        "scale_fmt": "ue8m0"}})");
-  const auto d = read_declared_quantization(deepseek);
+  auto d = read_declared_quantization(deepseek);
   ASSERT_TRUE(d.has_value());
   EXPECT_THAT(d->layer_sources, ElementsAre("FP8 block-128 (UE8M0 weight_scale_inv)"));
   // No list given: transformers leaves lm_head unconverted.
@@ -133,6 +133,20 @@ TEST(DeclaredQuantization, Fp8BlockConfigs) {
       refusal(*d, {{"model.layers.0.mlp.up_proj", "FP8 block-128 (F32 weight_scale_inv)"}}, {}),
       HasSubstr("these layers hold another format: model.layers.0.mlp.up_proj (FP8 "
                 "block-128 (F32 weight_scale_inv))"));
+  // transformers' own reading of modules_to_not_convert (should_convert_module): a regex from
+  // the name's start, or a suffix of it; not a glob, not a substring.
+  const auto listed = read_declared_quantization(
+      folder_with("fp8_skips", R"({"quantization_config": {"quant_method": "fp8",
+                       "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+                       "modules_to_not_convert": ["lm_head", ".*self_attn", "mlp.gate"]}})"));
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_TRUE(declared_ignores(*listed, "lm_head"));
+  EXPECT_TRUE(declared_ignores(*listed, "model.layers.0.self_attn.q_a_proj"));
+  EXPECT_TRUE(declared_ignores(*listed, "model.layers.3.mlp.gate"));
+  EXPECT_FALSE(declared_ignores(*listed, "model.layers.3.mlp.gate_proj"));
+  EXPECT_FALSE(declared_ignores(*listed, "model.layers.0.mlp.up_proj"));
+  d->ignore = {"self_attn"};  // matches neither from the start nor as a suffix
+  EXPECT_FALSE(declared_ignores(*d, "model.layers.0.self_attn.q_proj"));
   // Per-tensor FP8 is not read.
   const auto per_tensor = read_declared_quantization(folder_with(
       "fp8_per_tensor",
