@@ -121,12 +121,18 @@ GroupedWeights Model::upload_grouped_fp8(nb::handle codes, nb::handle scales, st
     bias_arg = check_array(api, "bias", as_array(api, "bias", bias, false), bias_bits, bs);
   }
   const auto* code_bytes = reinterpret_cast<const std::uint8_t*>(c.ptr.address());
-  const auto* scale_bytes = reinterpret_cast<const std::uint8_t*>(s.ptr.address());
+  const auto* scale_values = reinterpret_cast<const float*>(s.ptr.address());
+  const auto codes_each = static_cast<std::size_t>(n * k);
+  const auto scales_each = static_cast<std::size_t>(e4m3_blocks(n) * e4m3_blocks(k));
+  std::vector<E4m3BlockWeightsView> views;
+  for (std::size_t e = 0; e < static_cast<std::size_t>(experts); ++e) {
+    views.push_back({n, k, std::span(code_bytes + e * codes_each, codes_each),
+                     std::span(scale_values + e * scales_each, scales_each)});
+  }
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);
   const ops::GroupedFp8WeightsResource* r = as_call(api, [&] {
-    return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(
-        b, std::span(code_bytes, c.bytes), std::span(scale_bytes, s.bytes), experts, n, k, label));
+    return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label));
   });
   GroupedWeights w{this, {}, DevicePtr{}, label, true, r->weights()};
   if (bias_arg) {

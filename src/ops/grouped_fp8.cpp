@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <exception>
@@ -68,6 +69,9 @@ void check_weights(std::string_view api, const GroupedFp8Weights& w) {
                          w.codes_stride, w.scales_stride, w.expert.codes_bytes,
                          w.expert.scales_bytes, kWorkspaceAlign));
   }
+  // Null or misaligned (the kernels read 16 bytes at a time): check_range passes a null pointer.
+  check_pointer(api, "weight codes", w.expert.codes);
+  check_pointer(api, "weight scales", w.expert.scales);
 }
 
 const ResolvedKernel& kernel(std::string_view api, Backend& backend, const char* entry) {
@@ -108,51 +112,57 @@ Fp8Weights GroupedFp8Weights::view(std::int32_t e) const {
 }
 
 GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
-                                                     std::span<const std::uint8_t> codes,
-                                                     std::span<const std::uint8_t> scales,
-                                                     std::int32_t experts, std::int64_t n,
-                                                     std::int64_t k, std::string label,
-                                                     std::source_location loc)
+                                                     std::span<const E4m3BlockWeightsView> experts,
+                                                     std::string label, std::source_location loc)
     : label_(std::move(label)) {
-  if (experts < 1 || experts > kMaxExperts) {
-    bad(kUploadApi, fmt::format("experts = {} is outside [1, {}]", experts, kMaxExperts));
+  if (experts.empty() || experts.size() > static_cast<std::size_t>(kMaxExperts)) {
+    bad(kUploadApi, fmt::format("{} experts is outside [1, {}]", experts.size(), kMaxExperts));
   }
+  const std::int64_t n = experts[0].n, k = experts[0].k;
   GroupedFp8Weights w;
   w.expert = describe_fp8_weights(kUploadApi, n, k);
-  w.experts = experts;
-  const auto e_count = static_cast<std::uint64_t>(experts);
+  w.experts = static_cast<std::int32_t>(experts.size());
   const auto rows = static_cast<std::size_t>(dense_scale_blocks(n)),
              cols = static_cast<std::size_t>(dense_scale_blocks(k)),
              ld = static_cast<std::size_t>(dense_b_scales_ld(k));
-  const std::uint64_t codes_need = product(kUploadApi, "the codes", e_count, w.expert.codes_bytes);
-  const std::uint64_t scales_need = product(kUploadApi, "the scales", e_count, rows * cols * 4);
-  if (codes.size() != codes_need || scales.size() != scales_need) {
-    bad(kUploadApi, fmt::format("codes and scales are {} and {} bytes; {} experts of E4M3 {}x{} "
-                                "need {} ([E, N, K]) and {} (FP32 [E, ceil(N/128), ceil(K/128)] "
-                                "= [{}, {}, {}])",
-                                codes.size(), scales.size(), experts, n, k, codes_need, scales_need,
-                                experts, rows, cols));
-  }
-  w.codes_stride = align_up(w.expert.codes_bytes);
-  w.scales_stride = align_up(w.expert.scales_bytes);
-  // Every expert's rows ld = round_up(ceil(K/128), 4) scales apart (fp8_gemm.h's device layout);
-  // the pad entries are never read and are written 0 so the buffer's bytes are defined.
-  std::vector<std::uint8_t> padded(product(kUploadApi, "the scales", e_count, w.scales_stride), 0);
-  for (std::size_t e = 0; e < e_count; ++e) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      std::memcpy(padded.data() + e * w.scales_stride + r * ld * 4,
-                  scales.data() + (e * rows + r) * cols * 4, cols * 4);
+  for (std::size_t e = 0; e < experts.size(); ++e) {
+    const E4m3BlockWeightsView& x = experts[e];
+    if (x.n != n || x.k != k || x.codes.size() != w.expert.codes_bytes ||
+        x.scales.size() != rows * cols) {
+      bad(kUploadApi, fmt::format("expert {} is {}x{} with {} codes and {} scales; expert 0 is "
+                                  "{}x{}, which needs {} codes and {} scales ([ceil(N/128), "
+                                  "ceil(K/128)])",
+                                  e, x.n, x.k, x.codes.size(), x.scales.size(), n, k,
+                                  w.expert.codes_bytes, rows * cols));
+    }
+    // NaN codes (0x7F, 0xFF) are refused as the checkpoint loader refuses them: the CUDA kernel
+    // widens codes through FP16, where they would read as ±480 instead of NaN.
+    const auto nan = std::find_if(x.codes.begin(), x.codes.end(),
+                                  [](std::uint8_t c) { return (c & 0x7Fu) == 0x7Fu; });
+    if (nan != x.codes.end()) {
+      const auto i = static_cast<std::int64_t>(nan - x.codes.begin());
+      bad(kUploadApi,
+          fmt::format("expert {}'s weight [{}, {}] is NaN (0x{:02X})", e, i / k, i % k, *nan));
     }
   }
+  const auto e_count = static_cast<std::uint64_t>(experts.size());
+  w.codes_stride = align_up(w.expert.codes_bytes);
+  w.scales_stride = align_up(w.expert.scales_bytes);
   DevicePtr dc, ds;
   try {
     dc = alloc_weights(backend, product(kUploadApi, "the codes", e_count, w.codes_stride), loc);
-    ds = alloc_weights(backend, padded.size(), loc);
+    ds = alloc_weights(backend, product(kUploadApi, "the scales", e_count, w.scales_stride), loc);
+    // Each expert's scale rows ld = round_up(ceil(K/128), 4) apart (fp8_gemm.h's device layout);
+    // the pad entries are never read and are written 0 so the buffer's bytes are defined.
+    std::vector<float> padded(w.scales_stride / 4, 0.0f);
     for (std::uint64_t e = 0; e < e_count; ++e) {
-      backend.copy_h2d(dc.offset(e * w.codes_stride), codes.data() + e * w.expert.codes_bytes,
+      backend.copy_h2d(dc.offset(e * w.codes_stride), experts[e].codes.data(),
                        w.expert.codes_bytes);
+      for (std::size_t r = 0; r < rows; ++r) {
+        std::memcpy(padded.data() + r * ld, experts[e].scales.data() + r * cols, cols * 4);
+      }
+      backend.copy_h2d(ds.offset(e * w.scales_stride), padded.data(), w.scales_stride);
     }
-    backend.copy_h2d(ds, padded.data(), padded.size());
   } catch (...) {
     free_quietly(backend, dc);
     free_quietly(backend, ds);

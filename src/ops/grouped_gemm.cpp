@@ -191,6 +191,9 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   const std::uint64_t codes_bytes = product("the codes", experts, w.codes_stride);
   const std::uint64_t scales_bytes = product("the scales", experts, w.scales_stride);
   const std::uint64_t bias_bytes = product("the bias", experts, product("a row", plan.n, 2));
+  // Null or misaligned weights (check_range passes a null pointer).
+  check_pointer(kRunApi, "weight codes", w.expert.codes);
+  check_pointer(kRunApi, "weight scales", w.expert.scales);
   const CallRanges r =
       check_call_buffers(kRunApi, backend, a, a_bytes, c, c_bytes, w.expert.codes, codes_bytes,
                          w.expert.scales, scales_bytes, bias, bias_bytes);

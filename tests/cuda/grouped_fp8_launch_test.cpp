@@ -110,14 +110,10 @@ TEST(GroupedFp8Launch, RefusedUnlessOptedInThenACastAndOneLaunchOverEveryExpert)
   constexpr std::int64_t kN = 56, kK = 272, kRows = 12;
   const std::vector<std::int32_t> counts = {3, 0, 6, 1}, offsets = {0, 3, 3, 9, 10};
   std::vector<f8::HostFp8Weights> host;
-  std::vector<std::uint8_t> codes, scales;
-  for (int e = 0; e < 4; ++e) {
-    host.push_back(f8::random_weights(kN, kK, gen));
-    codes.insert(codes.end(), host.back().codes.begin(), host.back().codes.end());
-    const auto s = host.back().scale_bytes();
-    scales.insert(scales.end(), s.begin(), s.end());
-  }
-  ops::GroupedFp8WeightsResource res(b, codes, scales, 4, kN, kK);
+  std::vector<E4m3BlockWeightsView> views;
+  for (int e = 0; e < 4; ++e) host.push_back(f8::random_weights(kN, kK, gen));
+  for (const auto& h : host) views.push_back({h.n, h.k, h.codes, h.scales});
+  ops::GroupedFp8WeightsResource res(b, views);
   EXPECT_ERROR(ops::plan_grouped(b, kRows, res.weights()), ErrorCode::kUnavailable,
                "set GroupedFp8Options::allow_unverified");
   ops::GroupedFp8Options opt;

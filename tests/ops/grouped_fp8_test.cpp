@@ -18,11 +18,14 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "metrale/cpu_backend.h"
+#include "metrale/host_module.h"
 #include "metrale/ops/fp8_gemm.h"
 #include "metrale/ops/grouped_fp8.h"
 #include "metrale/ops/moe.h"
 #include "ops/gemm_reference.h"
 #include "support/fp8_reference.h"
+#include "support/log_capture.h"
 #include "toolkit/gemm_tolerance.h"
 
 namespace metrale::testing::gemm {
@@ -60,6 +63,13 @@ std::vector<std::int32_t> random_ids(std::mt19937_64& gen, const Case& c) {
   return ids;
 }
 
+// The experts as the upload takes them (views of the test's own buffers).
+std::vector<E4m3BlockWeightsView> views(const std::vector<f8::HostFp8Weights>& host) {
+  std::vector<E4m3BlockWeightsView> v;
+  for (const f8::HostFp8Weights& h : host) v.push_back({h.n, h.k, h.codes, h.scales});
+  return v;
+}
+
 // A in [-1, 1) times 2^[-8, 2]: per-128 blocks of varied amax, so the cast's scales vary.
 std::vector<std::uint16_t> random_a(std::mt19937_64& gen, std::size_t count) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -85,14 +95,8 @@ class GroupedFp8 : public GemmBackendTest {
     SCOPED_TRACE(c.str());
     Backend& bk = b();
     std::vector<f8::HostFp8Weights> host;
-    std::vector<std::uint8_t> codes, scales;
-    for (int e = 0; e < c.experts; ++e) {
-      host.push_back(f8::random_weights(c.n, c.k, gen()));
-      codes.insert(codes.end(), host.back().codes.begin(), host.back().codes.end());
-      const std::vector<std::uint8_t> s = host.back().scale_bytes();
-      scales.insert(scales.end(), s.begin(), s.end());
-    }
-    ops::GroupedFp8WeightsResource res(bk, codes, scales, c.experts, c.n, c.k);
+    for (int e = 0; e < c.experts; ++e) host.push_back(f8::random_weights(c.n, c.k, gen()));
+    ops::GroupedFp8WeightsResource res(bk, views(host));
     const ops::GroupedFp8Weights& w = res.weights();
     const ops::MoeShape shape{c.tokens, c.experts, c.top_k, c.masked ? c.tokens : 0};
     const auto rows = static_cast<std::size_t>(shape.row_capacity());
@@ -236,14 +240,9 @@ TEST_P(GroupedFp8, RowsOutsideTheBuffersAreSkipped) {
   // A caller's own counts and offsets that put an expert's rows past the row capacity: that
   // expert is skipped (its rows would lie outside A and C), the others run.
   Backend& bk = b();
-  std::vector<std::uint8_t> codes, scales;
-  for (int e = 0; e < 3; ++e) {
-    const f8::HostFp8Weights h = f8::random_weights(64, 128, gen());
-    codes.insert(codes.end(), h.codes.begin(), h.codes.end());
-    const std::vector<std::uint8_t> s = h.scale_bytes();
-    scales.insert(scales.end(), s.begin(), s.end());
-  }
-  ops::GroupedFp8WeightsResource res(bk, codes, scales, 3, 64, 128);
+  std::vector<f8::HostFp8Weights> host;
+  for (int e = 0; e < 3; ++e) host.push_back(f8::random_weights(64, 128, gen()));
+  ops::GroupedFp8WeightsResource res(bk, views(host));
   ops::GroupedFp8Options opt;
   opt.allow_unverified = cuda();
   const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, 8, res.weights(), opt);
@@ -266,8 +265,8 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
   Backend& bk = b();
   const f8::HostFp8Weights h = f8::random_weights(64, 144, gen());
   const f8::HostFp8Weights odd = f8::random_weights(64, 132, gen());
-  ops::GroupedFp8WeightsResource res(bk, h.codes, h.scale_bytes(), 1, 64, 144);
-  ops::GroupedFp8WeightsResource odd_res(bk, odd.codes, odd.scale_bytes(), 1, 64, 132);
+  ops::GroupedFp8WeightsResource res(bk, views({h}));
+  ops::GroupedFp8WeightsResource odd_res(bk, views({odd}));
   ops::GroupedFp8Options opt;
   opt.allow_unverified = cuda();
   const auto message = [](const Error& e) { return std::string(e.what()); };
@@ -276,9 +275,32 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
   EXPECT_NE(message(e).find("K = 132 is not a multiple of 16"), std::string::npos) << e.what();
   e = expect_error([&] { (void)ops::plan_grouped(bk, 0, res.weights(), opt); });
   EXPECT_NE(message(e).find("rows = 0"), std::string::npos) << e.what();
-  e = expect_error(
-      [&] { (void)ops::GroupedFp8WeightsResource(bk, h.codes, h.scale_bytes(), 2, 64, 144); });
-  EXPECT_NE(message(e).find("2 experts of E4M3 64x144"), std::string::npos) << e.what();
+  const f8::HostFp8Weights narrow = f8::random_weights(32, 144, gen());
+  e = expect_error([&] { (void)ops::GroupedFp8WeightsResource(bk, views({h, narrow})); });
+  EXPECT_NE(message(e).find("expert 1 is 32x144 with 4608 codes and 2 scales; expert 0 is 64x144"),
+            std::string::npos)
+      << e.what();
+  // The upload: a NaN code, scales of another count, another K, no experts.
+  f8::HostFp8Weights nan = h;
+  nan.codes[5 * 144 + 7] = 0xFF;
+  e = expect_error([&] { (void)ops::GroupedFp8WeightsResource(bk, views({h, nan})); });
+  EXPECT_NE(message(e).find("expert 1's weight [5, 7] is NaN (0xFF)"), std::string::npos)
+      << e.what();
+  f8::HostFp8Weights short_scales = h;
+  short_scales.scales.pop_back();
+  e = expect_error([&] { (void)ops::GroupedFp8WeightsResource(bk, views({h, short_scales})); });
+  EXPECT_NE(message(e).find("expert 1 is 64x144 with 9216 codes and 1 scales"), std::string::npos)
+      << e.what();
+  const f8::HostFp8Weights longer = f8::random_weights(64, 160, gen());
+  e = expect_error([&] { (void)ops::GroupedFp8WeightsResource(bk, views({h, longer})); });
+  EXPECT_NE(message(e).find("expert 1 is 64x160"), std::string::npos) << e.what();
+  e = expect_error([&] { (void)ops::GroupedFp8WeightsResource(bk, {}); });
+  EXPECT_NE(message(e).find("0 experts is outside [1, 1024]"), std::string::npos) << e.what();
+  // Weights described by hand: null codes at plan, misaligned scales at run.
+  ops::GroupedFp8Weights null_codes = res.weights();
+  null_codes.expert.codes = {};
+  e = expect_error([&] { (void)ops::plan_grouped(bk, 4, null_codes, opt); });
+  EXPECT_NE(message(e).find("weight codes is null"), std::string::npos) << e.what();
   if (cuda()) {
     e = expect_error([&] { (void)ops::plan_grouped(bk, 4, res.weights(), {}); });
     EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
@@ -295,8 +317,7 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
   });
   EXPECT_NE(message(e).find("a bias was given to a plan made without one"), std::string::npos)
       << e.what();
-  const f8::HostFp8Weights narrow = f8::random_weights(32, 144, gen());
-  ops::GroupedFp8WeightsResource narrow_res(bk, narrow.codes, narrow.scale_bytes(), 1, 32, 144);
+  ops::GroupedFp8WeightsResource narrow_res(bk, views({narrow}));
   e = expect_error(
       [&] { ops::run_grouped(plan, stream(), a, narrow_res.weights(), dc, doff, out, ws); });
   EXPECT_NE(message(e).find("the weights are 1 experts of 32x144; the plan is for 1 of 64x144"),
@@ -304,6 +325,11 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
       << e.what();
   e = expect_error([&] { ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, a, ws); });
   EXPECT_NE(message(e).find("overlaps"), std::string::npos) << e.what();
+  ops::GroupedFp8Weights shifted = res.weights();
+  shifted.expert.scales = shifted.expert.scales.offset(8);
+  e = expect_error([&] { ops::run_grouped(plan, stream(), a, shifted, dc, doff, out, ws); });
+  EXPECT_NE(message(e).find("weight scales = 0x"), std::string::npos) << e.what();
+  EXPECT_NE(message(e).find("is not 16-byte aligned"), std::string::npos) << e.what();
   e = expect_error([&] {
     ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, out, ops::Fp8Workspace{});
   });
@@ -313,6 +339,38 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
   res.release(bk);
   odd_res.release(bk);
   narrow_res.release(bk);
+}
+
+// An upload that fails at any of its allocations or copies frees what it had allocated: each
+// fallible call of a clean upload failed in turn on a CPU backend. (A failed device allocation
+// falls back to managed memory, so those uploads succeed and are released.)
+TEST(GroupedFp8Upload, AFailureAtAnyCallLeavesNothingAllocated) {
+  CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
+  const LogCapture logs;  // the managed-memory fallback's warning
+  std::mt19937_64 gen(7);
+  const std::vector<f8::HostFp8Weights> host = {f8::random_weights(64, 144, gen),
+                                                f8::random_weights(64, 144, gen)};
+  CpuFaults f;
+  f.record_calls = true;
+  b.set_faults(f);
+  ops::GroupedFp8WeightsResource(b, views(host)).release(b);
+  const std::size_t calls = b.fault_calls().size();
+  ASSERT_GE(calls, 6u);  // two allocations, two copies an expert
+  std::size_t failed = 0;
+  for (std::size_t at = 1; at <= calls; ++at) {
+    CpuFaults fail;
+    fail.fail_call_at = at;
+    b.set_faults(fail);
+    try {
+      ops::GroupedFp8WeightsResource r(b, views(host));
+      r.release(b);
+    } catch (const Error& e) {
+      ++failed;
+      EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(b.live_alloc_count(), 0u) << "failing call " << at << " of " << calls;
+  }
+  EXPECT_GE(failed, 4u);  // every copy's failure reaches the caller
 }
 
 }  // namespace

@@ -302,6 +302,15 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   short_scales.expert.scales_bytes /= 2;
   EXPECT_ERROR(ops::run_grouped(plan, stream(), a, short_scales, counts, offsets, out),
                ErrorCode::kInvalidArgument, "not the plan's");
+  // Weights described by hand with null codes, or scales off the kernels' 16-byte loads.
+  ops::GroupedWeights null_codes = res.weights();
+  null_codes.expert.codes = {};
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, null_codes, counts, offsets, out),
+               ErrorCode::kInvalidArgument, "weight codes is null");
+  ops::GroupedWeights shifted = res.weights();
+  shifted.expert.scales = shifted.expert.scales.offset(8);
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, shifted, counts, offsets, out),
+               ErrorCode::kInvalidArgument, "is not 16-byte aligned");
   res.release(bk);
   const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);
   EXPECT_EQ(std::count(untouched.begin(), untouched.end(), toolkit::kPoisonBf16), 4 * 64);

@@ -28,6 +28,7 @@
 #include "metrale/error.h"
 #include "metrale/model_scope.h"
 #include "metrale/numerics.h"
+#include "metrale/ops/grouped_fp8.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/runtime.h"
 #include "toolkit/moe_routing.h"
@@ -35,6 +36,7 @@
 #include "toolkit/roof_share.h"
 #include "toolkit/roofline.h"
 #include "toolkit/sampled_check.h"
+#include "toolkit/w8a8_reference.h"
 
 namespace metrale::cli {
 namespace {
@@ -85,6 +87,38 @@ HostQuantWeights expert_of(const HostQuantWeights& one, int e) {
   return w;
 }
 constexpr int kRoutings = 8;
+// FP8 experts: this many distinct ones (each `one` turned by a multiple of 128 rows, so its block
+// scales turn with it), expert e the (e mod kFp8Distinct)-th: E copies of DeepSeek-V3's 29 MB
+// gate_up would not fit a small machine's memory twice (host and CPU backend). A kernel that reads
+// a neighbouring expert's weights still fails the check.
+constexpr int kFp8Distinct = 8;
+
+HostE4m3BlockWeights fp8_expert_of(const HostE4m3BlockWeights& one, int e) {
+  HostE4m3BlockWeights w = one;
+  const std::int64_t blocks = e4m3_blocks(one.n);
+  const auto turn = static_cast<std::size_t>(e % blocks);
+  const std::size_t code_rows = 128 * turn;  // turn < ceil(N/128): inside the rows
+  std::rotate(w.codes.begin(), w.codes.begin() + static_cast<std::ptrdiff_t>(code_rows * w.k),
+              w.codes.end());
+  // Block rows turn with the code rows when N is whole blocks; otherwise the last block is short,
+  // and the scales turn on their own (still other weights for each expert).
+  std::rotate(w.scales.begin(),
+              w.scales.begin() +
+                  static_cast<std::ptrdiff_t>(turn * static_cast<std::size_t>(e4m3_blocks(one.k))),
+              w.scales.end());
+  return w;
+}
+
+// One projection's experts in copies, of either kind: the host weights the check reads, the
+// uploaded copies, and the bytes one expert reads.
+struct LayerWeights {
+  std::vector<HostQuantWeights> host;       // 4-bit: one per expert
+  std::vector<HostE4m3BlockWeights> host8;  // FP8: kFp8Distinct of them
+  std::vector<const ops::GroupedWeights*> q;
+  std::vector<const ops::GroupedFp8Weights*> f;
+  std::int64_t expert_bytes = 0;
+  std::size_t copies() const { return q.empty() ? f.size() : q.size(); }
+};
 
 // A routing with its counts and offsets on the device.
 struct Routing : toolkit::MoeRoutingCounts {
@@ -104,14 +138,20 @@ struct MoeCase {
 
 }  // namespace
 
+std::string MoeModel::format_name() const {
+  return fp8 ? std::string("e4m3_block128") : std::string(to_string(format));
+}
+
 MoeModel moe_model(const std::string& name) {
   if (name == "gpt-oss-20b") return {name, 32, 4, 2880, 2880, WeightFormat::kMxfp4};
   if (name == "gpt-oss-120b") return {name, 128, 4, 2880, 2880, WeightFormat::kMxfp4};
   if (name == "qwen3-30b-a3b") return {name, 128, 8, 2048, 768, WeightFormat::kNvfp4};
   if (name == "deepseek-v3") return {name, 256, 8, 7168, 2048, WeightFormat::kNvfp4};
+  if (name == "qwen3-30b-a3b-fp8") return {name, 128, 8, 2048, 768, WeightFormat::kNvfp4, true};
+  if (name == "deepseek-v3-fp8") return {name, 256, 8, 7168, 2048, WeightFormat::kNvfp4, true};
   throw Error(ErrorCode::kInvalidArgument, "bench",
-              fmt::format("unknown MoE model '{}' (gpt-oss-20b, gpt-oss-120b, qwen3-30b-a3b or "
-                          "deepseek-v3)",
+              fmt::format("unknown MoE model '{}' (gpt-oss-20b, gpt-oss-120b, qwen3-30b-a3b, "
+                          "deepseek-v3, qwen3-30b-a3b-fp8 or deepseek-v3-fp8)",
                           name));
 }
 
@@ -144,6 +184,8 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   const StreamHandle stream = b.default_stream();
   ops::GroupedGemmOptions go;
   go.allow_unverified = bench.allow_unverified;
+  ops::GroupedFp8Options go8;
+  go8.allow_unverified = bench.allow_unverified;
 
   struct Layer {
     const char* name;
@@ -157,17 +199,32 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
     if (interrupted()) break;
     // One expert's random weights, turned by its index for each expert (expert_of): E experts'
     // work and bytes, each its own, without drawing E sets.
-    const HostQuantWeights one = toolkit::random_weights(model.format, layer.n, layer.k, rng);
-    std::vector<HostQuantWeights> host;
-    for (int e = 0; e < model.experts; ++e) host.push_back(expert_of(one, e));
-    const auto expert_bytes = static_cast<std::int64_t>(one.codes.size() + one.scales.size());
+    LayerWeights lw;
+    std::vector<E4m3BlockWeightsView> views;
+    if (model.fp8) {
+      const HostE4m3BlockWeights one = toolkit::random_e4m3_weights(layer.n, layer.k, rng);
+      for (int e = 0; e < kFp8Distinct; ++e) lw.host8.push_back(fp8_expert_of(one, e));
+      for (int e = 0; e < model.experts; ++e) views.push_back(lw.host8[e % kFp8Distinct].view());
+      lw.expert_bytes = static_cast<std::int64_t>(one.codes.size() + 4 * one.scales.size());
+    } else {
+      const HostQuantWeights one = toolkit::random_weights(model.format, layer.n, layer.k, rng);
+      for (int e = 0; e < model.experts; ++e) lw.host.push_back(expert_of(one, e));
+      lw.expert_bytes = static_cast<std::int64_t>(one.codes.size() + one.scales.size());
+    }
+    const std::int64_t expert_bytes = lw.expert_bytes;
     const std::int64_t copies = std::max<std::int64_t>(
         1, (gpu ? kMinCycleBytesGpu : kMinCycleBytes) / (model.experts * expert_bytes));
-    std::vector<ops::GroupedWeightsResource*> weights;
     for (std::int64_t c = 0; c < copies; ++c) {
-      weights.push_back(&scope.add(std::make_unique<ops::GroupedWeightsResource>(
-          b, host, fmt::format("{} {} copy {}", model.name, layer.name, c),
-          ops::UploadLayout::kBackendPreferred)));
+      const std::string label = fmt::format("{} {} copy {}", model.name, layer.name, c);
+      if (model.fp8) {
+        lw.f.push_back(&scope.add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label))
+                            .weights());
+      } else {
+        lw.q.push_back(&scope
+                            .add(std::make_unique<ops::GroupedWeightsResource>(
+                                b, lw.host, label, ops::UploadLayout::kBackendPreferred))
+                            .weights());
+      }
     }
     for (const std::int64_t tokens : ms) {
       for (const double skew : tokens == 1 ? std::vector<double>{0.0} : bench.skews) {
@@ -199,13 +256,25 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         for (auto& x : a) x = num::f32_to_bf16(unit(rng));
         const DevicePtr da = upload(a);
         const DevicePtr dc = buffers.alloc(static_cast<std::size_t>(rows * layer.n) * 2);
-        const ops::GroupedGemmPlan plan = ops::plan_grouped(b, rows, weights[0]->weights(), go);
+        ops::GroupedGemmPlan plan;
+        ops::GroupedFp8Plan plan8;
+        ops::Fp8Workspace ws8;
+        if (model.fp8) {
+          plan8 = ops::plan_grouped(b, rows, *lw.f[0], go8);
+          ws8 = ops::scratch_workspace(plan8, stream);
+        } else {
+          plan = ops::plan_grouped(b, rows, *lw.q[0], go);
+        }
         // Run i: copy i mod W, routing (i / W) mod R. The copy changes from one run to the next,
         // so a skewed routing's popular experts are not found in the caches by the next run.
         const auto run = [&](std::size_t i) {
-          const Routing& r = rs[i / weights.size() % rs.size()];
-          ops::run_grouped(plan, stream, da, weights[i % weights.size()]->weights(), r.d_counts,
-                           r.d_offsets, dc);
+          const Routing& r = rs[i / lw.copies() % rs.size()];
+          if (model.fp8) {
+            ops::run_grouped(plan8, stream, da, *lw.f[i % lw.copies()], r.d_counts, r.d_offsets, dc,
+                             ws8);
+          } else {
+            ops::run_grouped(plan, stream, da, *lw.q[i % lw.copies()], r.d_counts, r.d_offsets, dc);
+          }
         };
         // The check: routing 0's every touched expert against float64 on its own rows.
         run(0);
@@ -217,18 +286,26 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
           const std::int64_t count = rs[0].counts[static_cast<std::size_t>(e)];
           if (count == 0) continue;
           const auto first = static_cast<std::size_t>(rs[0].offsets[static_cast<std::size_t>(e)]);
-          const toolkit::SampledCheck s = toolkit::sampled_check(
-              std::span(a).subspan(first * layer.k, static_cast<std::size_t>(count * layer.k)),
-              std::span(c).subspan(first * layer.n, static_cast<std::size_t>(count * layer.n)),
-              host[static_cast<std::size_t>(e)], count,
-              count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
+          const auto a_e =
+              std::span(a).subspan(first * layer.k, static_cast<std::size_t>(count * layer.k));
+          const auto c_e =
+              std::span(c).subspan(first * layer.n, static_cast<std::size_t>(count * layer.n));
+          // The CUDA kernel scales each 16-K share of a block (two more FP32 roundings each).
+          const double share_term = gpu ? 2.0 * static_cast<double>(layer.k / 16) * 0x1p-23 : 0.0;
+          const toolkit::SampledCheck s =
+              model.fp8
+                  ? toolkit::sampled_check_w8a8(a_e, c_e, lw.host8[e % kFp8Distinct].view(), count,
+                                                share_term, rng, nullptr, 32)
+                  : toolkit::sampled_check(
+                        a_e, c_e, lw.host[static_cast<std::size_t>(e)], count,
+                        count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
           cs.passed = s.passed();
           if (!cs.passed) cs.check = fmt::format("expert {}: {}", e, s.str());
         }
         ok = ok && cs.passed;
         // The timing: a cycle over every routing of every copy, bench.repeats times; the median
         // run. (One warm cycle first.)
-        const std::size_t cycle = rs.size() * weights.size();
+        const std::size_t cycle = rs.size() * lw.copies();
         for (std::size_t i = 0; i < cycle; ++i) run(i);
         b.synchronize(stream);
         std::vector<double> per_run;
@@ -272,7 +349,7 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
                        {"moe", model.name},
                        {"experts", model.experts},
                        {"top_k", model.top_k},
-                       {"format", std::string(to_string(model.format))},
+                       {"format", model.format_name()},
                        {"roofline",
                         {{"bandwidth_GBps", roof.bandwidth / 1e9},
                          {"bandwidth_of", roof.bandwidth_of},
@@ -303,7 +380,7 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   fmt::print(
       "metrale bench --moe {}: {} experts, top {}, hidden {}, expert intermediate {}, {} "
       "(random weights), on {} ({})\n",
-      model.name, model.experts, model.top_k, model.hidden, model.inter, to_string(model.format),
+      model.name, model.experts, model.top_k, model.hidden, model.inter, model.format_name(),
       backend_name, device);
   fmt::print("  roofs measured now: {:.1f} GB/s ({}); {}\n", roof.bandwidth / 1e9,
              roof.bandwidth_of,

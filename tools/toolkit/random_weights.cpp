@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -75,6 +76,29 @@ HostQuantWeights random_int4_weights(std::int64_t n, std::int64_t k, std::int64_
     std::iota(w.k_perm.begin(), w.k_perm.end(), 0);
     std::shuffle(w.k_perm.begin(), w.k_perm.end(), rng);
   }
+  return w;
+}
+
+HostE4m3BlockWeights random_e4m3_weights(std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
+  if (n < 1 || k < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "random_e4m3_weights",
+                fmt::format("E4M3 weights of {} x {}: N and K must be at least 1", n, k));
+  }
+  HostE4m3BlockWeights w;
+  w.n = n;
+  w.k = k;
+  w.codes.resize(static_cast<std::size_t>(n * k));
+  for (std::size_t i = 0; i < w.codes.size(); i += 8) {
+    const std::uint64_t r = rng();
+    std::memcpy(w.codes.data() + i, &r, std::min<std::size_t>(8, w.codes.size() - i));
+  }
+  for (auto& c : w.codes) {
+    if ((c & 0x7F) == 0x7F) c = static_cast<std::uint8_t>(c & 0xFE);  // NaN to ±448
+  }
+  std::uniform_int_distribution<int> octave(0, 5);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  w.scales.resize(static_cast<std::size_t>(e4m3_blocks(n) * e4m3_blocks(k)));
+  for (auto& s : w.scales) s = std::ldexp(mantissa(rng), -12 + octave(rng));
   return w;
 }
 

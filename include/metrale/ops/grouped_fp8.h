@@ -15,6 +15,7 @@
 #include <string>
 
 #include "metrale/backend.h"
+#include "metrale/e4m3_block.h"
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
 
@@ -32,18 +33,16 @@ struct GroupedFp8Weights {
   Fp8Weights view(std::int32_t e) const;
 };
 
-// Host bytes of E experts' E4M3 weights uploaded as GroupedFp8Weights, owned as a model resource:
-// two allocations, each expert's scales repacked into the device layout as Fp8WeightsResource
-// does.
+// E experts' host E4M3 weights uploaded as GroupedFp8Weights, owned as a model resource: two
+// allocations, each expert's scales repacked into the device layout as Fp8WeightsResource does.
 class GroupedFp8WeightsResource final : public ModelResource {
  public:
-  // codes: E·N·K bytes (expert after expert, each row-major [N, K]); scales: the checkpoint's FP32
-  // multipliers, E·ceil(N/128)·ceil(K/128) of them (each expert [ceil(N/128), ceil(K/128)]) as
-  // host bytes. Checks the sizes (Error(kInvalidArgument) naming what is wrong), allocates and
-  // fills; on any failure frees what it allocated and throws.
-  GroupedFp8WeightsResource(Backend& backend, std::span<const std::uint8_t> codes,
-                            std::span<const std::uint8_t> scales, std::int32_t experts,
-                            std::int64_t n, std::int64_t k, std::string label = "fp8 experts",
+  // experts: each expert's codes [N, K] and the checkpoint's FP32 multipliers [ceil(N/128),
+  // ceil(K/128)], one shape for all (views may share buffers). Checks the count, shapes and sizes
+  // (Error(kInvalidArgument) naming the expert and what is wrong), allocates and fills; on any
+  // failure frees what it allocated and throws.
+  GroupedFp8WeightsResource(Backend& backend, std::span<const E4m3BlockWeightsView> experts,
+                            std::string label = "fp8 experts",
                             std::source_location loc = std::source_location::current());
   std::string label() const override { return label_; }
   // Frees both buffers (the second even when the first free fails); a second call does nothing.

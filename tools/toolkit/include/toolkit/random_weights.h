@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 
+#include "metrale/e4m3_block.h"
 #include "metrale/quant.h"
 
 namespace metrale::toolkit {
@@ -25,5 +26,11 @@ HostQuantWeights random_weights(WeightFormat format, std::int64_t n, std::int64_
 // act_order, K in a random group order (every group `group` columns). Throws as quantize_int4.
 HostQuantWeights random_int4_weights(std::int64_t n, std::int64_t k, std::int64_t group,
                                      bool act_order, std::mt19937_64& rng);
+
+// E4M3 W[n, k] with FP32 scales per 128 x 128 block, as FP8 checkpoints are: uniformly random
+// finite codes (no NaN), block scales 2^-12 .. 2^-7 (six octaves), so every weight lies below 7 in
+// magnitude and outputs on activations in [-1, 1] stay well inside BF16's range. Throws
+// Error(kInvalidArgument) unless n, k ≥ 1.
+HostE4m3BlockWeights random_e4m3_weights(std::int64_t n, std::int64_t k, std::mt19937_64& rng);
 
 }  // namespace metrale::toolkit
