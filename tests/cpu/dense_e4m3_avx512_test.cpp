@@ -7,6 +7,7 @@
 // other variant or the reference kernel).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -73,7 +74,9 @@ struct Gemm {
         sa(static_cast<std::size_t>(dense_scale_blocks(k) * dense_a_scales_ld(m)), 1.0f),
         sb(static_cast<std::size_t>(dense_scale_blocks(n) * dense_b_scales_ld(k)), 1.0f),
         c(static_cast<std::size_t>(m * n), kPoison) {}
-  void run(Kernel kernel) {
+  // C in two calls, columns [0, split) and [split, N), as two threads of a launch would make
+  // them (split 0: one call).
+  void run(Kernel kernel, std::int64_t split = 0) {
     DenseParams p;
     p.a = reinterpret_cast<std::uintptr_t>(a.data());
     p.b = reinterpret_cast<std::uintptr_t>(b.data());
@@ -82,7 +85,8 @@ struct Gemm {
     p.b_scales = reinterpret_cast<std::uintptr_t>(sb.data());
     p.m = m, p.n = n, p.k = k;
     p.out_f32 = 1;
-    kernel(p, 0, n);
+    if (split > 0) kernel(p, 0, split);
+    kernel(p, split, n);
   }
   float sa_at(std::int64_t kb, std::int64_t row) const {
     return sa[static_cast<std::size_t>(kb * dense_a_scales_ld(m) + row)];
@@ -104,22 +108,54 @@ void expect_code(float got, std::uint8_t code, const char* side) {
   }
 }
 
-// Every code on one side (A's rows or B's columns, 256 of them, K = 1) against 1.0 on the other.
-void expect_every_code(Kernel kernel, bool in_a) {
+// Every code on one side (A's rows or B's columns, 256 of them, K = 1) against 1.0 on the
+// `others` rows or columns of the other.
+void expect_every_code(Kernel kernel, bool in_a, std::int64_t others) {
   constexpr std::uint8_t kOne = 0x38;  // 1.0 in E4M3
-  Gemm g(in_a ? 256 : 1, in_a ? 1 : 256, 1);
-  (in_a ? g.b : g.a)[0] = kOne;
+  Gemm g(in_a ? 256 : others, in_a ? others : 256, 1);
+  auto& ones = in_a ? g.b : g.a;
+  std::fill(ones.begin(), ones.end(), kOne);
   auto& codes = in_a ? g.a : g.b;
   for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
   g.run(kernel);
   for (int i = 0; i < 256; ++i) {
-    expect_code(g.c[static_cast<std::size_t>(i)], static_cast<std::uint8_t>(i), in_a ? "A" : "B");
+    for (std::int64_t o = 0; o < others; ++o) {
+      const std::int64_t at = in_a ? i * others + o : o * 256 + i;
+      expect_code(g.c[static_cast<std::size_t>(at)], static_cast<std::uint8_t>(i),
+                  in_a ? "A" : "B");
+    }
   }
 }
 
+// B's codes through both paths: one row (the row tile) and 9 (the panels).
 TEST_P(CpuDenseE4m3Vector, EveryCodeInAAndBComesOutExactly) {
-  expect_every_code(GetParam().kernel, false);
-  expect_every_code(GetParam().kernel, true);
+  expect_every_code(GetParam().kernel, false, 1);
+  expect_every_code(GetParam().kernel, false, 9);
+  expect_every_code(GetParam().kernel, true, 1);
+}
+
+// Each K position of a panel's block meets its own A element: row r of A is 1.0 at k = r only,
+// B's column j holds the code j + k + 1 at k (K = 128, 128 rows): C[r, j] must be that code's
+// value, so a pair split or a K order of the panels other than A's fails it.
+TEST_P(CpuDenseE4m3Vector, EachPanelPositionMeetsItsOwnK) {
+  constexpr std::uint8_t kOne = 0x38;
+  constexpr std::int64_t kK = 128, kCols = 40;
+  Gemm g(kK, kCols, kK);
+  for (std::int64_t r = 0; r < kK; ++r) g.a[static_cast<std::size_t>(r * kK + r)] = kOne;
+  const auto code_at = [](std::int64_t j, std::int64_t k) {
+    const auto c = static_cast<std::uint8_t>((j + k + 1) % 126);  // 1 .. 125: finite
+    return c == 0 ? std::uint8_t{1} : c;
+  };
+  for (std::int64_t j = 0; j < kCols; ++j) {
+    for (std::int64_t k = 0; k < kK; ++k) g.b[static_cast<std::size_t>(j * kK + k)] = code_at(j, k);
+  }
+  g.run(GetParam().kernel);
+  for (std::int64_t r = 0; r < kK; ++r) {
+    for (std::int64_t j = 0; j < kCols; ++j) {
+      ASSERT_EQ(g.c[static_cast<std::size_t>(r * kCols + j)], num::e4m3_to_f32(code_at(j, r)))
+          << "C[" << r << ", " << j << "]";
+    }
+  }
 }
 
 TEST_P(CpuDenseE4m3Vector, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
@@ -141,7 +177,9 @@ TEST_P(CpuDenseE4m3Vector, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
     for (auto* v : {&g.sa, &g.sb}) {
       for (auto& x : *v) x = scale(rng()) / 448.0f;
     }
-    g.run(GetParam().kernel);
+    // Split at 3/4 of N: a call whose first column is not on a tile (130: its first 32 columns
+    // span two 128-column scale blocks).
+    g.run(GetParam().kernel, s.n * 3 / 4);
     for (std::int64_t i = 0; i < s.m; ++i) {
       for (std::int64_t j = 0; j < s.n; ++j) {
         double ref = 0, abs_sum = 0;

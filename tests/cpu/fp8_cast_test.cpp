@@ -9,12 +9,15 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "cpu/kernels/fp8_cpu.h"
 #include "kernels/fp8_cast.h"
 #include "metrale/cpu_backend.h"
 #include "metrale/numerics.h"
@@ -113,6 +116,89 @@ TEST(CpuFp8Cast, ABlockWithNanOrInfinityGivesNanCodes) {
   EXPECT_TRUE(std::isinf(c.scales[4]));  // block 1 of row 0: lda = round_up(1, 4) = 4
   for (const std::size_t i : {std::size_t{0}, std::size_t{3}, std::size_t{130}}) {
     EXPECT_TRUE(std::isnan(num::e4m3_to_f32(c.codes[i]))) << "code " << i;
+  }
+}
+
+// The AVX-512 cast (fp8_cast_avx512.cpp) against the scalar rules it restates in vector form.
+bool has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+// Every upper half of a float's bits (every sign, exponent and the top 7 mantissa bits) with lower
+// halves at and around the rounding ties of E4M3's 3 mantissa bits and of its subnormal grid, at
+// scale 1 (x / 1 is x): each code as f32_to_e4m3 gives it.
+TEST(CpuFp8CastAvx512, EncoderMatchesTheScalarRoundingAroundEveryTie) {
+  if (!has_avx512()) GTEST_SKIP() << "the processor lacks AVX-512 F/BW/VL/DQ";
+  const std::array<std::uint32_t, 10> lows = {0x0000, 0x0001, 0x3FFF, 0x4000, 0x7FFF,
+                                              0x8000, 0x8001, 0xBFFF, 0xC000, 0xFFFF};
+  std::vector<float> x;
+  for (std::uint32_t hi = 0; hi < 0x10000; ++hi) {
+    for (const std::uint32_t lo : lows) x.push_back(std::bit_cast<float>(hi << 16 | lo));
+  }
+  std::vector<std::uint8_t> got(x.size(), 0x5A);
+  cpu::fp8::encode_e4m3_avx512(x.data(), 1.0f, got.data(), static_cast<std::int64_t>(x.size()));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (got[i] != num::f32_to_e4m3(x[i]) && ++wrong <= 5) {
+      ADD_FAILURE() << "bits 0x" << std::hex << std::bit_cast<std::uint32_t>(x[i]) << ": code 0x"
+                    << int{got[i]} << ", scalar 0x" << int{num::f32_to_e4m3(x[i])};
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
+// Random values over FP32's whole range divided by random scales, a tail of 16 included: each
+// code fp8::encode's (the division rounds as the scalar one does).
+TEST(CpuFp8CastAvx512, EncoderMatchesTheScalarQuotients) {
+  if (!has_avx512()) GTEST_SKIP() << "the processor lacks AVX-512 F/BW/VL/DQ";
+  std::uniform_int_distribution<std::uint32_t> bits;
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-40, 40);
+  for (int t = 0; t < 2000; ++t) {
+    const float s = std::ldexp(mant(rng()), expo(rng()));
+    std::vector<float> x(101);
+    for (auto& v : x) v = std::bit_cast<float>(bits(rng()));
+    std::vector<std::uint8_t> got(x.size(), 0x5A);
+    cpu::fp8::encode_e4m3_avx512(x.data(), s, got.data(), static_cast<std::int64_t>(x.size()));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(got[i], fp8::encode(x[i], s)) << "x = " << x[i] << ", s = " << s;
+    }
+  }
+}
+
+// The whole kernel against the scalar one, byte for byte (NaN scales' bits included), on ragged
+// K with blocks holding zeros, infinities and NaN among values over many binades.
+TEST(CpuFp8CastAvx512, KernelWritesTheScalarKernelsBytes) {
+  if (!has_avx512()) GTEST_SKIP() << "the processor lacks AVX-512 F/BW/VL/DQ";
+  for (const auto& [m, k] :
+       {std::pair<std::int64_t, std::int64_t>{1, 1}, {3, 100}, {6, 300}, {17, 128}, {9, 1040}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << m << " K=" << k);
+    std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k));
+    std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> expo(-30, 30);
+    std::uniform_int_distribution<int> special(0, 400);
+    for (auto& x : a) {
+      const int r = special(rng());
+      x = r == 0   ? std::uint16_t{0x7FC1}  // NaN with a payload
+          : r == 1 ? std::uint16_t{0xFF80}  // -inf
+          : r < 40 ? std::uint16_t{0x8000}
+                   : num::f32_to_bf16(std::ldexp(mant(rng()), expo(rng())));
+    }
+    const std::int64_t kb = (k + 127) / 128, lda = fp8::scales_ld(m);
+    std::vector<std::uint8_t> codes[2] = {std::vector<std::uint8_t>(a.size(), 0x5A),
+                                          std::vector<std::uint8_t>(a.size(), 0xA5)};
+    std::vector<float> scales[2] = {std::vector<float>(static_cast<std::size_t>(kb * lda), 3.0f),
+                                    std::vector<float>(static_cast<std::size_t>(kb * lda), 3.0f)};
+    for (int v = 0; v < 2; ++v) {
+      const Fp8CastParams p{reinterpret_cast<std::uint64_t>(a.data()),
+                            reinterpret_cast<std::uint64_t>(codes[v].data()),
+                            reinterpret_cast<std::uint64_t>(scales[v].data()), m, k};
+      (v == 0 ? cpu::fp8::cast_e4m3_block128_scalar : cpu::fp8::cast_e4m3_block128_avx512)(p, 0,
+                                                                                           m * kb);
+    }
+    EXPECT_EQ(codes[0], codes[1]);
+    EXPECT_EQ(std::memcmp(scales[0].data(), scales[1].data(), scales[0].size() * 4), 0);
   }
 }
 

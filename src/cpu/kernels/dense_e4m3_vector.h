@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "cpu/kernels/dense_store.h"
+#include "cpu/kernels/pairs_bf16.h"
+#include "cpu/kernels/transpose_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "kernels/dense_params.h"
 #include "metrale/dense_gemm.h"
@@ -37,9 +39,12 @@ namespace metrale::cpu::blas::METRALE_E4M3_VARIANT {
 
 constexpr std::int64_t kChunk = 64;  // K per step: two vectors of 32 BF16
 constexpr int kRowTile = 8;          // up to this many rows, B is widened in registers
-// Above it, B's block is widened into a buffer and read by register tiles of rows x columns.
-constexpr int kPanelRows = 4, kColTile = 4;
-constexpr std::int64_t kBlockChunks = 128 / kChunk;  // chunks of one scale block
+// Above it, each 128-K block of 32 columns is widened into a panel (the tiled kernels' layout)
+// that row tiles of this many rows read.
+constexpr int kPanelRows = 8;
+constexpr std::int64_t kPanelCols = w4a16::detail::kPanelCols;
+// How far ahead in a row the pack fetches lines into L2 (its L1 fetch is the next block's).
+constexpr std::int64_t kPackAheadL2 = 1024;
 // How far ahead in a row of B lines are fetched, into L1 and into L2: the weights stream from
 // DRAM, and as in the w4a16 decode kernel the far L2 hint is what keeps a core's stream from
 // being latency-bound (Note [L2 read-ahead distance]).
@@ -66,16 +71,35 @@ inline const ByteTables& byte_tables() {
   return t;
 }
 
-// The codes [at, at + len) (len ≤ 64; zero beyond) as BF16 in two vectors: both bytes of each
-// magnitude looked up, the sign ORed into the high byte, the bytes interleaved into words.
-// vpunpck{l,h}bw work within 128-bit lanes, so lo holds codes 16j .. 16j + 7 and hi codes
-// 16j + 8 .. 16j + 15 of each lane j: a K order A is widened in too, so the pairs still meet.
-[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen64(const std::uint8_t* at,
-                                                                std::int64_t len, __m512i& lo,
-                                                                __m512i& hi) {
+// Output byte j of the interleaves below: byte j / 2 of the first source (the BF16's low byte)
+// for even j, of the second (its high byte, index 64 + j / 2) for odd j; the second index table
+// starts at code 32.
+struct InterleaveIndex {
+  alignas(64) std::uint8_t lo[64];
+  alignas(64) std::uint8_t hi[64];
+};
+
+inline const InterleaveIndex& interleave_index() {
+  static const InterleaveIndex t = [] {
+    InterleaveIndex x{};
+    for (int j = 0; j < 64; ++j) {
+      x.lo[j] = static_cast<std::uint8_t>((j % 2 ? 64 : 0) + j / 2);
+      x.hi[j] = static_cast<std::uint8_t>((j % 2 ? 64 : 0) + 32 + j / 2);
+    }
+    return x;
+  }();
+  return t;
+}
+
+// 64 codes as BF16 in two vectors: both bytes of each magnitude looked up, the sign ORed into the
+// high byte, the bytes interleaved into words. kKOrder: in K order (lo: codes 0-31), by vpermt2b,
+// as the panels need; otherwise by vpunpck{l,h}bw, which work within 128-bit lanes (lo: codes
+// 16j .. 16j + 7 of each lane j, hi: 16j + 8 .. 16j + 15), two index loads fewer, for the row
+// tiles, where A is widened in the same order and the pairs still meet.
+template <bool kKOrder>
+[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen_codes(__m512i codes, __m512i& lo,
+                                                                    __m512i& hi) {
   const ByteTables& t = byte_tables();
-  const __mmask64 keep = len >= kChunk ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
-  const __m512i codes = _mm512_maskz_loadu_epi8(keep, at);
   const __m512i top =
       _mm512_permutex2var_epi8(_mm512_load_si512(t.hi), codes, _mm512_load_si512(t.hi + 64));
   const __m512i bottom =
@@ -83,8 +107,14 @@ inline const ByteTables& byte_tables() {
   // top | (codes & 0x80): the sign into bit 15.
   const __m512i signed_top =
       _mm512_ternarylogic_epi32(top, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
-  lo = _mm512_unpacklo_epi8(bottom, signed_top);
-  hi = _mm512_unpackhi_epi8(bottom, signed_top);
+  if constexpr (kKOrder) {
+    const InterleaveIndex& x = interleave_index();
+    lo = _mm512_permutex2var_epi8(bottom, _mm512_load_si512(x.lo), signed_top);
+    hi = _mm512_permutex2var_epi8(bottom, _mm512_load_si512(x.hi), signed_top);
+  } else {
+    lo = _mm512_unpacklo_epi8(bottom, signed_top);
+    hi = _mm512_unpackhi_epi8(bottom, signed_top);
+  }
 }
 #else
 // BF16 bits of E4M3 codes 0-7 (±0 and the subnormals, m·2^-9), which the exponent rebias below
@@ -106,16 +136,23 @@ alignas(64) constexpr std::uint16_t kSubnormalBf16[32] = {0x0000, 0x3B00, 0x3B80
                          _mm512_slli_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x80)), 8));
 }
 
-// The codes [at, at + len) (len ≤ 64; zero beyond) as BF16 in two vectors, in K order.
-[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen64(const std::uint8_t* at,
-                                                                std::int64_t len, __m512i& lo,
-                                                                __m512i& hi) {
-  const __mmask64 keep = len >= kChunk ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
-  const __m512i codes = _mm512_maskz_loadu_epi8(keep, at);
+// 64 codes as BF16 in two vectors, in K order (lo: codes 0-31) either way.
+template <bool kKOrder>
+[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen_codes(__m512i codes, __m512i& lo,
+                                                                    __m512i& hi) {
   lo = widen(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(codes)));
   hi = widen(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(codes, 1)));
 }
 #endif
+
+// The codes [at, at + len) (len ≤ 64; zero beyond) as BF16 in two vectors (widen_codes).
+template <bool kKOrder>
+[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen64(const std::uint8_t* at,
+                                                                std::int64_t len, __m512i& lo,
+                                                                __m512i& hi) {
+  const __mmask64 keep = len >= kChunk ? ~__mmask64{0} : (__mmask64{1} << len) - 1;
+  widen_codes<kKOrder>(_mm512_maskz_loadu_epi8(keep, at), lo, hi);
+}
 
 // Chains of independent sums a row of the row-tile path keeps.
 template <int R>
@@ -133,7 +170,7 @@ template <int R, int H0, int H1>
   _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL1), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchL2), _MM_HINT_T1);
   __m512i w0, w1;
-  widen64(brow + k, len, w0, w1);
+  widen64<false>(brow + k, len, w0, w1);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const std::uint16_t* x = aw + (r0 + r) * kpad + k;
@@ -212,136 +249,152 @@ template <int R>
   rows_of<R>(p, aw, kpad, r0, n0, n1);
 }
 
-// Rows r0 .. r0 + R of the panel path: each 4-column group of the widened block bw (chunk-major
-// per column, kBlockChunks chunks of 64 K) against R rows of A, its block sums times their two
-// scales into the 16-lane totals (cols_pad per row).
-template <int R>
-[[METRALE_E4M3_TARGET]] void panel_rows(const DenseParams& p, const std::uint16_t* aw,
-                                        std::int64_t kpad, const std::uint16_t* bw, float* totals,
-                                        std::int64_t cols, std::int64_t cols_pad, std::int64_t kb,
-                                        std::int64_t r0, std::int64_t n0) {
-  const auto* sa = reinterpret_cast<const float*>(p.a_scales);
-  const auto* sb = reinterpret_cast<const float*>(p.b_scales);
-  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
-  const std::int64_t k0 = kb * kDenseScaleBlock;
-  const std::int64_t chunks = (std::min(kDenseScaleBlock, p.k - k0) + kChunk - 1) / kChunk;
-  for (std::int64_t c0 = 0; c0 < cols; c0 += kColTile) {
-    __m512 acc[R][kColTile];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-      for (int j = 0; j < kColTile; ++j) acc[r][j] = _mm512_setzero_ps();
-    }
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      __m512bh w[kColTile][2];
-#pragma GCC unroll 4
-      for (int j = 0; j < kColTile; ++j) {
-        const std::uint16_t* at = bw + ((c0 + j) * kBlockChunks + c) * kChunk;
-        w[j][0] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(at));
-        w[j][1] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(at + 32));
+// B's columns [n, n + live) (live ≤ 32; zero past it) × K [k0, k0 + len) widened into a panel of
+// the tiled kernels' layout (pairs_bf16.h: pair p of column c as one dword at p * 32 + c): per 16
+// columns, their chunks of 64 codes turned by a 16 × 16 dword transpose into vectors of 4 codes of
+// every column, each widened and split into its two pairs.
+[[METRALE_E4M3_TARGET]] void pack_block(const DenseParams& p, std::int64_t n, std::int64_t live,
+                                        std::int64_t k0, std::int64_t len, std::uint32_t* panel) {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p.b);
+  // Dwords of the widened halves' concatenation: the even ones (pairs 2d) and the odd ones.
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (std::int64_t h = 0; h < kPanelCols / 16; ++h) {
+    for (std::int64_t c = 0; c * kChunk < len; ++c) {
+      const std::int64_t left = len - c * kChunk;
+      const __mmask64 keep = left >= kChunk ? ~__mmask64{0} : (__mmask64{1} << left) - 1;
+      __m512i r[16];
+      for (int j = 0; j < 16; ++j) {
+        r[j] = _mm512_setzero_si512();
+        if (16 * h + j >= live) continue;
+        const std::uint8_t* at = b + (n + 16 * h + j) * p.k + k0 + c * kChunk;
+        // The next block's line of this row into L1 and a later one's into L2: the rows are
+        // 32 streams read 64 bytes at a time, which the hardware prefetchers did not follow (the
+        // pack waited on its loads). Addresses as integers (chunk_step).
+        const auto ahead = reinterpret_cast<std::uintptr_t>(at);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + kDenseScaleBlock), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + kPackAheadL2), _MM_HINT_T1);
+        r[j] = _mm512_maskz_loadu_epi8(keep, at);
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const std::uint16_t* at = aw + (r0 + r) * kpad + k0 + c * kChunk;
-        const auto x0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(at));
-        const auto x1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(at + 32));
-#pragma GCC unroll 4
-        for (int j = 0; j < kColTile; ++j) {
-          acc[r][j] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][j], w[j][0], x0), w[j][1], x1);
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const float a_scale = sa[kb * lda + r0 + r];
-#pragma GCC unroll 4
-      for (int j = 0; j < kColTile; ++j) {
-        if (c0 + j >= cols) break;
-        const std::int64_t n = n0 + c0 + j;
-        const float scale = a_scale * sb[(n / kDenseScaleBlock) * ldb + kb];
-        float* total = totals + ((r0 + r) * cols_pad + c0 + j) * 16;
-        _mm512_storeu_ps(total,
-                         _mm512_fmadd_ps(acc[r][j], _mm512_set1_ps(scale), _mm512_loadu_ps(total)));
+      w4a16::detail::transpose16(r);  // r[d]: codes 4d .. 4d + 3 of each column
+      std::uint32_t* at = panel + c * kChunk / 2 * kPanelCols + 16 * h;
+      for (int d = 0; d < 16; ++d) {
+        __m512i lo, hi;
+        widen_codes<true>(r[d], lo, hi);
+        _mm512_storeu_si512(at + (2 * d) * kPanelCols, _mm512_permutex2var_epi32(lo, even, hi));
+        _mm512_storeu_si512(at + (2 * d + 1) * kPanelCols, _mm512_permutex2var_epi32(lo, odd, hi));
       }
     }
   }
 }
 
+// Rows r0 .. r0 + R of the panel path: their products with one 128-K block's panel (pairs of
+// it), the 32 sums of each row times the row's A scale and each column's W scale (scales) into
+// the row's 32 totals.
 template <int R>
-[[METRALE_E4M3_TARGET]] void panel_rows_up_to(int rows, const DenseParams& p,
-                                              const std::uint16_t* aw, std::int64_t kpad,
-                                              const std::uint16_t* bw, float* totals,
-                                              std::int64_t cols, std::int64_t cols_pad,
-                                              std::int64_t kb, std::int64_t r0, std::int64_t n0) {
+[[METRALE_E4M3_TARGET]] void panel_rows(const std::uint16_t* a, std::int64_t kpad,
+                                        const std::uint32_t* panel, std::int64_t pairs,
+                                        const float* a_scales, const float* scales, float* totals) {
+  __m512 c[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  w4a16::detail::add_panel_products<R>(a, kpad, panel, 2 * pairs, c);
+  const __m512 s0 = _mm512_load_ps(scales), s1 = _mm512_load_ps(scales + 16);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 sa = _mm512_set1_ps(a_scales[r]);
+    float* t = totals + r * kPanelCols;
+    _mm512_storeu_ps(t, _mm512_fmadd_ps(c[r][0], _mm512_mul_ps(sa, s0), _mm512_loadu_ps(t)));
+    _mm512_storeu_ps(t + 16,
+                     _mm512_fmadd_ps(c[r][1], _mm512_mul_ps(sa, s1), _mm512_loadu_ps(t + 16)));
+  }
+}
+
+template <int R>
+[[METRALE_E4M3_TARGET]] void panel_rows_up_to(int rows, const std::uint16_t* a, std::int64_t kpad,
+                                              const std::uint32_t* panel, std::int64_t pairs,
+                                              const float* a_scales, const float* scales,
+                                              float* totals) {
   if constexpr (R > 1) {
     if (rows < R) {
-      return panel_rows_up_to<R - 1>(rows, p, aw, kpad, bw, totals, cols, cols_pad, kb, r0, n0);
+      return panel_rows_up_to<R - 1>(rows, a, kpad, panel, pairs, a_scales, scales, totals);
     }
   }
-  panel_rows<R>(p, aw, kpad, bw, totals, cols, cols_pad, kb, r0, n0);
+  panel_rows<R>(a, kpad, panel, pairs, a_scales, scales, totals);
 }
 
-// More rows than a row tile: each 128-K block of B's columns widened once into a buffer that
-// every row then reads, instead of once per row tile (Note [E4M3 as BF16]).
+// More rows than a row tile: per 32 columns, each 128-K block widened once into a panel that
+// every row tile of kPanelRows then multiplies as the tiled kernels do, one broadcast pair of A
+// against 32 columns (Note [E4M3 as BF16]); each block's sums times their scales into 32 totals
+// a row.
 [[METRALE_E4M3_TARGET]] void panel_path(const DenseParams& p, const std::uint16_t* aw,
                                         std::int64_t kpad, std::int64_t n0, std::int64_t n1) {
-  const auto* b = reinterpret_cast<const std::uint8_t*>(p.b);
+  const auto* sa = reinterpret_cast<const float*>(p.a_scales);
+  const auto* sb = reinterpret_cast<const float*>(p.b_scales);
   const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
-  const std::int64_t cols = n1 - n0;
-  const std::int64_t cols_pad = (cols + kColTile - 1) / kColTile * kColTile;
-  thread_local std::vector<std::uint16_t> bw;
-  thread_local std::vector<float> totals;
-  bw.assign(static_cast<std::size_t>(cols_pad * kBlockChunks * kChunk), 0);
-  totals.assign(static_cast<std::size_t>(p.m * cols_pad * 16), 0.0f);
-  for (std::int64_t kb = 0; kb < dense_scale_blocks(p.k); ++kb) {
-    const std::int64_t k0 = kb * kDenseScaleBlock;
-    const std::int64_t len = std::min(kDenseScaleBlock, p.k - k0);
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const std::uint8_t* at = b + (n0 + j) * p.k + k0;
-      for (std::int64_t c = 0; c * kChunk < len; ++c) {
-        __m512i lo, hi;
-        widen64(at + c * kChunk, len - c * kChunk, lo, hi);
-        std::uint16_t* to = bw.data() + (j * kBlockChunks + c) * kChunk;
-        _mm512_storeu_si512(to, lo);
-        _mm512_storeu_si512(to + 32, hi);
+  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
+  thread_local std::vector<std::uint32_t> panel;
+  thread_local std::vector<float> totals, row_scales;
+  panel.resize(static_cast<std::size_t>(kDenseScaleBlock / 2 * kPanelCols));
+  row_scales.resize(static_cast<std::size_t>(p.m));
+  alignas(64) float col_scales[kPanelCols];
+  for (std::int64_t n = n0; n < n1; n += kPanelCols) {
+    const std::int64_t live = std::min<std::int64_t>(kPanelCols, n1 - n);
+    totals.assign(static_cast<std::size_t>(p.m * kPanelCols), 0.0f);
+    for (std::int64_t kb = 0; kb < dense_scale_blocks(p.k); ++kb) {
+      const std::int64_t k0 = kb * kDenseScaleBlock;
+      const std::int64_t len = std::min(kDenseScaleBlock, p.k - k0);
+      const std::int64_t pairs = (len + kChunk - 1) / kChunk * kChunk / 2;
+      pack_block(p, n, live, k0, len, panel.data());
+      for (std::int64_t c = 0; c < kPanelCols; ++c) {
+        col_scales[c] = c < live ? sb[((n + c) / kDenseScaleBlock) * ldb + kb] : 0.0f;
+      }
+      for (std::int64_t m = 0; m < p.m; ++m) row_scales[m] = sa[kb * lda + m];
+      for (std::int64_t r0 = 0; r0 < p.m; r0 += kPanelRows) {
+        const auto rows = static_cast<int>(std::min<std::int64_t>(kPanelRows, p.m - r0));
+        panel_rows_up_to<kPanelRows>(rows, aw + r0 * kpad + k0, kpad, panel.data(), pairs,
+                                     row_scales.data() + r0, col_scales,
+                                     totals.data() + r0 * kPanelCols);
       }
     }
-    for (std::int64_t r0 = 0; r0 < p.m; r0 += kPanelRows) {
-      const auto rows = static_cast<int>(std::min<std::int64_t>(kPanelRows, p.m - r0));
-      panel_rows_up_to<kPanelRows>(rows, p, aw, kpad, bw.data(), totals.data(), cols, cols_pad, kb,
-                                   r0, n0);
-    }
-  }
-  for (std::int64_t m = 0; m < p.m; ++m) {
-    for (std::int64_t j = 0; j < cols; ++j) {
-      float v = _mm512_reduce_add_ps(_mm512_loadu_ps(totals.data() + (m * cols_pad + j) * 16));
-      if (bias != nullptr) v += num::bf16_to_f32(bias[n0 + j]);
-      store_c(p, static_cast<std::size_t>(m * p.n + n0 + j), v);
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      for (std::int64_t j = 0; j < live; ++j) {
+        float v = totals[static_cast<std::size_t>(m * kPanelCols + j)];
+        if (bias != nullptr) v += num::bf16_to_f32(bias[n + j]);
+        store_c(p, static_cast<std::size_t>(m * p.n + n + j), v);
+      }
     }
   }
 }
 
-// C[:, n0:n1] of p: A widened once per call (zero past K, where B's tail is zero too), then the
-// row-tile path up to kRowTile rows, the panel path above.
-[[METRALE_E4M3_TARGET]] void gemm(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+// A [M, K] widened into aw (kpad apart, zero past K, where B's tail is zero too), in the order
+// of widen_codes<kKOrder>.
+template <bool kKOrder>
+[[METRALE_E4M3_TARGET]] void widen_a(const DenseParams& p, std::int64_t kpad, std::uint16_t* aw) {
   const auto* a = reinterpret_cast<const std::uint8_t*>(p.a);
-  const std::int64_t kpad = (p.k + kChunk - 1) / kChunk * kChunk;
-  thread_local std::vector<std::uint16_t> aw;
-  aw.assign(static_cast<std::size_t>(p.m * kpad), 0);
   for (std::int64_t m = 0; m < p.m; ++m) {
     for (std::int64_t k = 0; k < p.k; k += kChunk) {
       __m512i lo, hi;
-      widen64(a + m * p.k + k, p.k - k, lo, hi);
-      _mm512_storeu_si512(aw.data() + m * kpad + k, lo);
-      _mm512_storeu_si512(aw.data() + m * kpad + k + 32, hi);
+      widen64<kKOrder>(a + m * p.k + k, p.k - k, lo, hi);
+      _mm512_storeu_si512(aw + m * kpad + k, lo);
+      _mm512_storeu_si512(aw + m * kpad + k + 32, hi);
     }
   }
+}
+
+// C[:, n0:n1] of p: A widened once per call in the order of B's widening on its path, then the
+// row-tile path up to kRowTile rows, the panel path above.
+[[METRALE_E4M3_TARGET]] void gemm(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  const std::int64_t kpad = (p.k + kChunk - 1) / kChunk * kChunk;
+  thread_local std::vector<std::uint16_t> aw;
+  aw.assign(static_cast<std::size_t>(p.m * kpad), 0);
   if (p.m > kRowTile) {
+    widen_a<true>(p, kpad, aw.data());
     panel_path(p, aw.data(), kpad, n0, n1);
     return;
   }
-  const auto rows = static_cast<int>(p.m);
-  rows_up_to<kRowTile>(rows, p, aw.data(), kpad, 0, n0, n1);
+  widen_a<false>(p, kpad, aw.data());
+  rows_up_to<kRowTile>(static_cast<int>(p.m), p, aw.data(), kpad, 0, n0, n1);
 }
 
 }  // namespace metrale::cpu::blas::METRALE_E4M3_VARIANT

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "cpu/kernels/w4a16_cpu.h"
+
 namespace metrale::cpu::fp8 {
 
-void cast_e4m3_block128(const Fp8CastParams& p, std::int64_t i0, std::int64_t i1) {
+void cast_e4m3_block128_scalar(const Fp8CastParams& p, std::int64_t i0, std::int64_t i1) {
   namespace f = metrale::fp8;
   const auto* in = reinterpret_cast<const std::uint16_t*>(p.in);
   auto* codes = reinterpret_cast<std::uint8_t*>(p.codes);
@@ -25,6 +27,15 @@ void cast_e4m3_block128(const Fp8CastParams& p, std::int64_t i0, std::int64_t i1
       codes[at] = f::encode(num::bf16_to_f32(in[at]), s);
     }
     scales[kb * f::scales_ld(p.m) + m] = s;
+  }
+}
+
+void cast_e4m3_block128(const Fp8CastParams& p, std::int64_t i0, std::int64_t i1) {
+  const w4a16::Isa isa = w4a16::best_isa();
+  if (isa == w4a16::Isa::kAvx512Bf16 || isa == w4a16::Isa::kAvx512) {
+    cast_e4m3_block128_avx512(p, i0, i1);
+  } else {
+    cast_e4m3_block128_scalar(p, i0, i1);
   }
 }
 
