@@ -134,28 +134,37 @@ TEST_P(CpuDenseE4m3Vector, EveryCodeInAAndBComesOutExactly) {
   expect_every_code(GetParam().kernel, true, 1);
 }
 
-// Each K position of a panel's block meets its own A element: row r of A is 1.0 at k = r only,
-// B's column j holds the code j + k + 1 at k (K = 128, 128 rows): C[r, j] must be that code's
-// value, so a pair split or a K order of the panels other than A's fails it.
-TEST_P(CpuDenseE4m3Vector, EachPanelPositionMeetsItsOwnK) {
+// Each K position meets its own A element, exactly: row r of A is 1.0 at one k only, B's column
+// j holds a code of its own at each k (finite, nonzero), so C[r, j] must be that code's value. A
+// pair split or a K order of B other than A's fails it, in the panels (M = K rows, row r at
+// k = r; K = 128 and a ragged 300) and in the row tiles (M = 8 rows at k spread over K = 300, as
+// the first 8 of a lane's 16 are where both orders agree).
+void expect_each_position(Kernel kernel, std::int64_t m, std::int64_t k) {
   constexpr std::uint8_t kOne = 0x38;
-  constexpr std::int64_t kK = 128, kCols = 40;
-  Gemm g(kK, kCols, kK);
-  for (std::int64_t r = 0; r < kK; ++r) g.a[static_cast<std::size_t>(r * kK + r)] = kOne;
-  const auto code_at = [](std::int64_t j, std::int64_t k) {
-    const auto c = static_cast<std::uint8_t>((j + k + 1) % 126);  // 1 .. 125: finite
+  constexpr std::int64_t kCols = 40;
+  Gemm g(m, kCols, k);
+  const auto at_k = [&](std::int64_t r) { return m == k ? r : (r * 41 + 9) % k; };
+  for (std::int64_t r = 0; r < m; ++r) g.a[static_cast<std::size_t>(r * k + at_k(r))] = kOne;
+  const auto code_at = [](std::int64_t j, std::int64_t q) {
+    const auto c = static_cast<std::uint8_t>((j + q + 1) % 126);  // 1 .. 125: finite
     return c == 0 ? std::uint8_t{1} : c;
   };
   for (std::int64_t j = 0; j < kCols; ++j) {
-    for (std::int64_t k = 0; k < kK; ++k) g.b[static_cast<std::size_t>(j * kK + k)] = code_at(j, k);
+    for (std::int64_t q = 0; q < k; ++q) g.b[static_cast<std::size_t>(j * k + q)] = code_at(j, q);
   }
-  g.run(GetParam().kernel);
-  for (std::int64_t r = 0; r < kK; ++r) {
+  g.run(kernel);
+  for (std::int64_t r = 0; r < m; ++r) {
     for (std::int64_t j = 0; j < kCols; ++j) {
-      ASSERT_EQ(g.c[static_cast<std::size_t>(r * kCols + j)], num::e4m3_to_f32(code_at(j, r)))
-          << "C[" << r << ", " << j << "]";
+      ASSERT_EQ(g.c[static_cast<std::size_t>(r * kCols + j)], num::e4m3_to_f32(code_at(j, at_k(r))))
+          << "M=" << m << " K=" << k << ": C[" << r << ", " << j << "]";
     }
   }
+}
+
+TEST_P(CpuDenseE4m3Vector, EachKPositionMeetsItsOwnA) {
+  expect_each_position(GetParam().kernel, 128, 128);
+  expect_each_position(GetParam().kernel, 300, 300);
+  expect_each_position(GetParam().kernel, 8, 300);
 }
 
 TEST_P(CpuDenseE4m3Vector, RaggedShapesAreWithinTheBoundOfTheFloat64Reference) {
