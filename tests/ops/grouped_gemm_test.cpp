@@ -24,6 +24,7 @@
 #include "metrale/quant.h"
 #include "ops/gemm_reference.h"
 #include "ops/int4_cases.h"
+#include "toolkit/moe_routing.h"
 
 namespace metrale::testing::gemm {
 namespace {
@@ -67,19 +68,8 @@ HostQuantWeights random_expert(std::mt19937_64& gen, const Case& c) {
 }
 
 std::vector<std::int32_t> random_ids(std::mt19937_64& gen, const Case& c) {
-  std::vector<double> weight(static_cast<std::size_t>(c.experts));
-  for (int e = 0; e < c.experts; ++e) weight[e] = std::pow(e + 1.0, -c.skew);
-  std::vector<std::int32_t> ids;
-  for (std::int64_t t = 0; t < c.tokens; ++t) {
-    std::vector<double> w = weight;
-    for (int j = 0; j < c.top_k; ++j) {
-      std::discrete_distribution<int> d(w.begin(), w.end());
-      const int e = d(gen);
-      ids.push_back(e);
-      w[e] = 0.0;
-    }
-  }
-  return ids;
+  return toolkit::draw_expert_ids(gen, c.tokens, c.top_k,
+                                  toolkit::skewed_expert_weights(c.experts, c.skew));
 }
 
 class GroupedGemm : public GemmBackendTest {

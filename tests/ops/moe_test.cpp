@@ -22,6 +22,7 @@
 #include "ops/moe_reference.h"
 #include "support/random.h"
 #include "support/read_back.h"
+#include "toolkit/moe_routing.h"
 
 namespace metrale {
 namespace {
@@ -220,19 +221,8 @@ Aligned align_reference(const std::vector<std::int32_t>& ids, int experts, std::
 
 // Each token's top_k distinct experts drawn with skew: expert e weighted (e + 1)^-skew.
 std::vector<std::int32_t> random_ids(std::int64_t tokens, int top_k, int experts, double skew) {
-  std::vector<double> weight(static_cast<std::size_t>(experts));
-  for (int e = 0; e < experts; ++e) weight[e] = std::pow(e + 1.0, -skew);
-  std::vector<std::int32_t> ids;
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::vector<double> wt = weight;
-    for (int j = 0; j < top_k; ++j) {
-      std::discrete_distribution<int> d(wt.begin(), wt.end());
-      const int e = d(rng());
-      ids.push_back(e);
-      wt[e] = 0.0;
-    }
-  }
-  return ids;
+  return toolkit::draw_expert_ids(rng(), tokens, top_k,
+                                  toolkit::skewed_expert_weights(experts, skew));
 }
 
 void check_align(Backend& b, StreamHandle s, const std::vector<std::int32_t>& ids,

@@ -23,6 +23,28 @@ MoeRoutingCounts finish(std::vector<std::int32_t> counts) {
 
 }  // namespace
 
+std::vector<double> skewed_expert_weights(int experts, double skew) {
+  std::vector<double> weight(static_cast<std::size_t>(experts));
+  for (int e = 0; e < experts; ++e) weight[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -skew);
+  return weight;
+}
+
+std::vector<std::int32_t> draw_expert_ids(std::mt19937_64& rng, std::int64_t tokens, int top_k,
+                                          std::span<const double> weight) {
+  std::vector<std::int32_t> ids;
+  ids.reserve(static_cast<std::size_t>(tokens * top_k));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> w(weight.begin(), weight.end());
+    for (int j = 0; j < top_k; ++j) {
+      std::discrete_distribution<int> pick(w.begin(), w.end());
+      const int e = pick(rng);
+      ids.push_back(e);
+      w[static_cast<std::size_t>(e)] = 0.0;
+    }
+  }
+  return ids;
+}
+
 std::vector<MoeRoutingCounts> moe_routings(std::mt19937_64& rng, std::int64_t tokens, int experts,
                                            int top_k, double skew, int routings) {
   const auto e_count = static_cast<std::size_t>(experts);
@@ -38,19 +60,12 @@ std::vector<MoeRoutingCounts> moe_routings(std::mt19937_64& rng, std::int64_t to
     }
     return out;
   }
-  std::vector<double> weight(e_count);
-  for (int e = 0; e < experts; ++e) weight[static_cast<std::size_t>(e)] = std::pow(e + 1.0, -skew);
+  std::vector<double> weight = skewed_expert_weights(experts, skew);
   std::shuffle(weight.begin(), weight.end(), rng);  // the popular experts anywhere
   for (int i = 0; i < routings; ++i) {
     std::vector<std::int32_t> counts(e_count, 0);
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      std::vector<double> w = weight;
-      for (int j = 0; j < top_k; ++j) {
-        std::discrete_distribution<int> pick(w.begin(), w.end());
-        const auto e = static_cast<std::size_t>(pick(rng));
-        ++counts[e];
-        w[e] = 0.0;
-      }
+    for (const std::int32_t e : draw_expert_ids(rng, tokens, top_k, weight)) {
+      ++counts[static_cast<std::size_t>(e)];
     }
     out.push_back(finish(std::move(counts)));
   }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace metrale::toolkit {
@@ -13,6 +14,14 @@ struct MoeRoutingCounts {
   std::vector<std::int32_t> counts, offsets;  // [experts], [experts + 1]
   int touched = 0;                            // experts with rows
 };
+
+// The weights (e + 1)^-skew of experts e = 0 .. experts - 1 (skew 0: all 1).
+std::vector<double> skewed_expert_weights(int experts, double skew);
+
+// Each of `tokens` tokens' top_k distinct experts, token after token, each drawn by `weight`
+// among the experts the token has not taken yet: the ids [tokens · top_k].
+std::vector<std::int32_t> draw_expert_ids(std::mt19937_64& rng, std::int64_t tokens, int top_k,
+                                          std::span<const double> weight);
 
 // Routings of `tokens` tokens, each to top_k distinct experts. One token: E / top_k disjoint
 // routings (the experts in a random order, top_k at a time), so a cycle over them reads every
