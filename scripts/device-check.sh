@@ -158,6 +158,14 @@ step bench-70b 150 sh -c "'$build/metrale' bench --backend cuda --model llama3-7
 # against float64: the touched experts' bytes per second against the read roof.
 step bench-moe 40 sh -c "'$build/metrale' bench --backend cuda --moe gpt-oss-20b \
   --allow-unverified --m 1,16,128 --repeats 5 --json > '$out/bench_moe.json'"
+# The prefill route over the experts (gemm_grouped_fused, Note [grouped fused tiles]) at 32 and
+# 256 rows an expert (gpt-oss-20b: 32 experts, top 4), and the decode kernels on the same
+# shapes (bench_moe_decode.json) for the ratio.
+step bench-moe-fused 60 sh -c "'$build/metrale' bench --backend cuda --moe gpt-oss-20b \
+  --allow-unverified --moe-route fused --m 256,2048 --skew 0 --repeats 5 --json \
+  > '$out/bench_moe_fused.json' && '$build/metrale' bench --backend cuda --moe gpt-oss-20b \
+  --allow-unverified --moe-route decode --m 256,2048 --skew 0 --repeats 5 --json \
+  > '$out/bench_moe_decode.json'"
 # torch's peers on the same shapes (a line saying why where torch is absent).
 step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the

@@ -218,4 +218,79 @@ METRALE_HD TileCoords fused_tile_coords(int tile, int m_tiles, int n_tiles, int 
   return TileCoords{b * band + in % rows, in / rows};
 }
 
+// ---- gemm_grouped_fused: the same pipeline over the experts of a layer ----
+//
+// The grouped kernel's M axis is a list of slots: expert e's rows (kernels/grouped_params.h, read
+// on the device) take ceil(rows / kTokens) consecutive slots, experts in order, so that the dense
+// band order walks (slot, N tile) as it walks (M tile, N tile). Each block reads the counts and
+// offsets once and keeps every expert's first slot in shared memory; a tile finds its expert by a
+// binary search there. Experts differ in their scale tables (MXFP4 folds per expert), so each
+// stage carries its expert's table, copied beside its codes; the stage grows by that 1 KiB.
+
+// The most experts the grouped kernel takes (ops/grouped_gemm.cpp refuses more).
+inline constexpr int kGroupedMaxExperts = 1024;
+inline constexpr int kGroupedTableInStage = kStageBytes;
+inline constexpr int kGroupedStageBytes = kStageBytes + dl::kTableBytes;
+static_assert(kGroupedStageBytes % 1024 == 0, "stages start on the 1024-byte swizzle atom");
+inline constexpr int kGroupedEpilogueOffset = kStages * kGroupedStageBytes;
+// Expert e's first slot at entry e (e = 0 .. experts; entry experts is the slots' count), and
+// the second buffer of the scan that fills it.
+inline constexpr int kGroupedFirstSlotOffset = kGroupedEpilogueOffset + kConsumers * kEpilogueBytes;
+// Entries of each: 0 and every expert's, padded to a whole number a thread (kThreads), so that
+// every thread makes the same accesses (Note [grouped fused tiles]).
+inline constexpr int kGroupedScanEntries =
+    (kGroupedMaxExperts + 1 + kThreads - 1) / kThreads * kThreads;
+inline constexpr int kGroupedSlotBufferBytes = 4 * kGroupedScanEntries;
+// A ring of the producer's tiles (16 bytes each: first row, first weight row, expert << 8 |
+// rows), tile j of a block at entry j % kGroupedTileRing: the consumers read their tile's after
+// its MMA loop rather than find it again (Note [grouped fused tiles]). The producer writes tile
+// j + ring's when its walk reaches it, having claimed every stage up to two before that tile's
+// first; the last of those claims waited for the release of a stage kStages earlier, of tile
+// j + 1 or later (ring tiles of a stage at least, ring - 2 - kStages >= 1), and the consumers
+// read tile j's before they release any stage of tile j + 1.
+inline constexpr int kGroupedTileRing = 2 * kStages;
+inline constexpr int kGroupedTileOffset = kGroupedFirstSlotOffset + 2 * kGroupedSlotBufferBytes;
+inline constexpr int kGroupedBarrierOffset = kGroupedTileOffset + 16 * kGroupedTileRing;
+inline constexpr int kGroupedLayoutBytes = kGroupedBarrierOffset + 16 * kStages + 8 * kConsumers;
+inline constexpr int kGroupedSmemBytes = kGroupedLayoutBytes + 1024;
+static_assert(kGroupedSmemBytes <= 227 * 1024, "one grouped block fits an sm_90 SM's 227 KiB");
+
+// The experts the grouped kernel reads: the call's, at most kGroupedMaxExperts (the op refuses
+// more; a launch of its own with more leaves the rest alone rather than overrun the scan).
+METRALE_HD int grouped_experts(std::int64_t experts) {
+  return experts < kGroupedMaxExperts ? static_cast<int>(experts) : kGroupedMaxExperts;
+}
+
+// The most slots a call of A's `capacity` rows over `experts` experts can make, where no row
+// belongs to two experts: floor(capacity / kTokens) whole slots and a partial one per expert with
+// rows. The op sizes its grid and the 32-bit tile count by it, and the kernel counts no more
+// (experts whose rows a caller made overlap would otherwise count past it).
+METRALE_HD std::int64_t grouped_max_slots(std::int64_t capacity, std::int64_t experts) {
+  return capacity / kTokens + (experts < capacity ? experts : capacity);
+}
+
+// Slots of an expert with `rows` rows starting at row `first` of A's `capacity`: none where
+// kernels/grouped_params.h's expert_params skips it (no rows, or rows outside [0, capacity)).
+METRALE_HD int grouped_slots(std::int64_t rows, std::int64_t first, std::int64_t capacity) {
+  if (rows <= 0 || first < 0 || first > capacity - rows) return 0;
+  return static_cast<int>((rows + kTokens - 1) / kTokens);
+}
+
+// The expert whose slots hold `slot` (0 <= slot < first_slot(experts)), first_slot(e) being
+// expert e's first slot: the last e with first_slot(e) <= slot, which skips experts without slots
+// (their first slot is the next one's).
+template <class FirstSlot>
+METRALE_HD int grouped_expert_of(FirstSlot first_slot, int experts, int slot) {
+  int lo = 0, hi = experts;  // first_slot(lo) <= slot < first_slot(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first_slot(mid) <= slot) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace metrale::fused

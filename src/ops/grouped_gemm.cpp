@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "core/nvtx.h"
 #include "core/published.h"
+#include "kernels/fused_tile.h"
 #include "kernels/grouped_params.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -21,13 +23,15 @@ namespace {
 constexpr std::string_view kPlanApi = "plan_grouped";
 constexpr std::string_view kRunApi = "run_grouped";
 constexpr std::int32_t kMaxExperts = 1024;
+static_assert(kMaxExperts <= fused::kGroupedMaxExperts, "gemm_grouped_fused holds every expert");
 
 [[noreturn]] void bad(std::string_view api, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, api, what);
 }
 
-// The module's grouped kernel for weights of this packing (and format).
-const char* entry_for(const QuantWeights& w) {
+// The module's grouped kernel for weights of this packing (and format) on this route.
+const char* entry_for(const QuantWeights& w, GemmRoute route) {
+  if (route == GemmRoute::kFused) return "gemm_grouped_fused";
   if (w.packing == WeightPacking::kDecode) {
     return w.format == WeightFormat::kInt4 ? "gemm_grouped_int4_decode" : "gemm_grouped_packed";
   }
@@ -88,6 +92,41 @@ bool same_weights(const QuantWeights& a, const QuantWeights& b) {
          a.act_order == b.act_order && a.a_k == b.a_k;
 }
 
+// The route options ask for, or kAuto's choice: the fused kernel for decode-layout weights whose
+// rows per expert on average pass the decode sizes, where the module's is verified (or the CPU's
+// reference twin); the decode kernels otherwise. Asking for kFused on another packing, or for a
+// route the grouped op does not have, is refused by name.
+GemmRoute route_of(Backend& backend, std::int64_t rows, std::int32_t experts,
+                   const QuantWeights& first, const GroupedGemmOptions& options) {
+  const bool decode_layout =
+      first.packing == WeightPacking::kDecode && first.format != WeightFormat::kInt4;
+  switch (options.route) {
+    case GemmRoute::kDecode:
+      return GemmRoute::kDecode;
+    case GemmRoute::kFused:
+      if (!decode_layout) {
+        bad(kPlanApi, fmt::format("the fused route reads NVFP4 or MXFP4 weights in the decode "
+                                  "layout; these are {} in packing {}",
+                                  to_string(first.format), static_cast<int>(first.packing)));
+      }
+      return GemmRoute::kFused;
+    case GemmRoute::kAuto:
+      break;
+    default:
+      bad(kPlanApi, fmt::format("route {} is not a grouped route (kAuto, kDecode or kFused)",
+                                to_string(options.route)));
+  }
+  if (!decode_layout || !backend.has_kernel("w4a16", "gemm_grouped_fused") ||
+      !backend.has_kernel("w4a16", "gemm_decode")) {
+    return GemmRoute::kDecode;
+  }
+  const KernelMeta& fused = backend.op_cache().kernel(backend, "w4a16", "gemm_grouped_fused").meta;
+  const KernelMeta& decode = backend.op_cache().kernel(backend, "w4a16", "gemm_decode").meta;
+  const bool large = decode.max_m != 0 && rows > std::int64_t{decode.max_m} * experts;
+  return large && !fused.absent && automatic_choice_allowed(fused) ? GemmRoute::kFused
+                                                                   : GemmRoute::kDecode;
+}
+
 }  // namespace
 
 std::string GroupedGemmPlan::describe() const {
@@ -110,12 +149,19 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   dense.out_f32 = options.out_f32;
   const QuantWeights first = w.view(0);
   const GemmPlan one = plan(backend, 1, first, dense);
-  const char* entry = entry_for(first);
+  const GemmRoute route = route_of(backend, rows, w.experts, first, options);
+  const char* entry = entry_for(first, route);
   if (!backend.has_kernel("w4a16", entry)) {
     throw Error(ErrorCode::kNotFound, kPlanApi,
                 fmt::format("{} has no grouped GEMM w4a16::{}", backend.name(), entry));
   }
   const ResolvedKernel& k = backend.op_cache().kernel(backend, "w4a16", entry);
+  if (k.meta.absent) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} is a placeholder on this target (it publishes {}_absent): the "
+                            "fused route needs wgmma (sm_90a)",
+                            backend.kernel_name(k), entry));
+  }
   const bool int4 = first.format == WeightFormat::kInt4;
   if ((int4 && !k.meta.int4) || (first.packing == WeightPacking::kPanels && !k.meta.panels) ||
       (options.out_f32 && !k.meta.out_f32)) {
@@ -136,6 +182,28 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
                             backend.kernel_name(k), verification_text(k.meta)));
   }
   const std::uint64_t tile = backend.kernel_n_tile(k);
+  const auto n_tiles = (static_cast<std::uint64_t>(first.n) + tile - 1) / tile;
+  Dim3 grid{static_cast<std::uint32_t>(n_tiles), static_cast<std::uint32_t>(w.experts), 1};
+  if (k.meta.persistent) {
+    // The kernel walks the layer's tiles itself: expert e's rows take ceil(rows_e / m_tile) M
+    // tiles, at most rows / m_tile + min(experts, rows) of them whatever the routing (rows of no
+    // two experts overlapping; the kernel counts no more: fused::grouped_max_slots), a count it
+    // keeps in 32 bits. One wave, or a block per tile where the capacity makes fewer.
+    if (k.meta.m_tile == 0) {
+      throw Error(ErrorCode::kNotFound, kPlanApi,
+                  fmt::format("{} is persistent but publishes no M tile", backend.kernel_name(k)));
+    }
+    const auto most = static_cast<std::uint64_t>(rows) / k.meta.m_tile +
+                      std::min<std::uint64_t>(static_cast<std::uint64_t>(w.experts),
+                                              static_cast<std::uint64_t>(rows));
+    if (most * n_tiles > 0x7FFFFFFFu) {
+      bad(kPlanApi, fmt::format("rows = {} and N = {} may make {} tiles for {}, which counts at "
+                                "most 2^31 - 1",
+                                rows, first.n, most * n_tiles, backend.kernel_name(k)));
+    }
+    grid = Dim3{static_cast<std::uint32_t>(std::min<std::uint64_t>(
+        most * n_tiles, static_cast<std::uint64_t>(wave_blocks(kPlanApi, backend, k))))};
+  }
   GroupedGemmPlan p;
   p.backend = &backend;
   p.rows = rows;
@@ -151,11 +219,8 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   p.bias = options.bias;
   p.out_f32 = options.out_f32;
   p.flags = (one.flags & ~kGemmBias) | (options.bias ? kGemmBias : 0u);
-  p.launch = PlannedLaunch{
-      k,
-      Dim3{static_cast<std::uint32_t>((static_cast<std::uint64_t>(first.n) + tile - 1) / tile),
-           static_cast<std::uint32_t>(w.experts), 1},
-      published_block(kPlanApi, backend, k), 0};
+  p.route = route;
+  p.launch = PlannedLaunch{k, grid, published_block(kPlanApi, backend, k), k.meta.smem_bytes};
   return p;
 }
 

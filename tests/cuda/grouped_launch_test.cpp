@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -20,12 +21,14 @@
 #include "metrale/numerics.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "ops/gemm_reference.h"
+#include "reliability/fake_model.h"
 #include "support/read_back.h"
 
 namespace metrale::cuda::testing {
 namespace {
 
 namespace ref = metrale::testing::gemm;
+namespace rel = metrale::testing::reliability;
 using metrale::testing::read;
 using metrale::testing::upload;
 
@@ -134,6 +137,98 @@ TEST(GroupedLaunch, RefusedUnlessOptedInThenOneLaunchOverEveryExpert) {
   }
   for (DevicePtr p : {da, dc, dcounts, doffsets}) b.free(p);
   res.release(b);
+}
+
+// The fused route (gemm_grouped_fused, persistent) on the fake model (reliability/fake_model.h:
+// slots of 24 rows, tiles 8 columns wide, each computed by the decode-layout twin): one launch of
+// one wave whatever the routing, or of the tiles the capacity can make where fewer; every
+// expert's rows against float64, with bias, rows of no expert untouched. Routing: 0, 1, 24 (one
+// whole slot), 50 (two whole and a partial) and 9 rows, spare rows after them.
+TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  rel::FakeProcess proc;
+  std::unique_ptr<Backend> b = proc.make_backend();
+  ASSERT_EQ(b->sm_count(), 132u);
+  constexpr std::int64_t kN = 40, kK = 64, kRows = 90;
+  const std::vector<std::int32_t> counts = {0, 1, 24, 50, 9}, offsets = {0, 0, 1, 25, 75, 84};
+  std::vector<HostQuantWeights> host;
+  for (int e = 0; e < 5; ++e) {
+    host.push_back(
+        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, kN, kK), kN, kK));
+    host.back().tensor_scale = 0.25f * static_cast<float>(e + 1);
+  }
+  ops::GroupedWeightsResource res(*b, host, "experts", ops::UploadLayout::kDecode);
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = true;
+  opt.bias = true;
+  // kAuto keeps the decode kernel: the fake's fused kernel, as the real one, is unverified.
+  EXPECT_EQ(ops::plan_grouped(*b, kRows, res.weights(), opt).route, ops::GemmRoute::kDecode);
+  opt.route = ops::GemmRoute::kFused;
+  const ops::GroupedGemmPlan plan = ops::plan_grouped(*b, kRows, res.weights(), opt);
+  EXPECT_EQ(plan.route, ops::GemmRoute::kFused);
+  // At most 90 / 24 + 5 = 8 slots x 5 column tiles: 40 blocks, fewer than the wave of 132.
+  EXPECT_EQ(plan.launch.grid, (Dim3{40, 1, 1})) << plan.describe();
+  EXPECT_EQ(ops::plan_grouped(*b, 4096, res.weights(), opt).launch.grid, (Dim3{132, 1, 1}));
+  const auto a = ref::random_activations(gen, kRows * kK);
+  std::vector<std::uint16_t> bias;
+  for (int e = 0; e < 5; ++e) {
+    const auto row = ref::random_bias(gen, kN);
+    bias.insert(bias.end(), row.begin(), row.end());
+  }
+  const DevicePtr da = upload(*b, a), db = upload(*b, bias), dc = b->alloc(kRows * kN * 2);
+  b->memset(dc, ref::kPoisonByte, kRows * kN * 2);
+  const DevicePtr dcounts = upload(*b, counts), doffsets = upload(*b, offsets);
+  const std::size_t before = proc.fd.launches().size();
+  ops::run_grouped(plan, b->default_stream(), da, res.weights(), dcounts, doffsets, dc, db);
+  b->synchronize(b->default_stream());
+  const auto launches = proc.fd.launches();
+  ASSERT_EQ(launches.size(), before + 1);
+  EXPECT_EQ(launches.back().function, "gemm_grouped_fused");
+  const auto c = read<std::uint16_t>(*b, dc, kRows * kN);
+  for (int e = 0; e < 5; ++e) {
+    if (counts[e] == 0) continue;
+    SCOPED_TRACE(fmt::format("expert {}", e));
+    const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
+                                             static_cast<std::size_t>(counts[e] * kK));
+    const std::span<const std::uint16_t> bias_e(bias.data() + e * kN, kN);
+    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kFused, WeightFormat::kNvfp4);
+    const auto reference = toolkit::reference(a_e, counts[e], host[e], bias_e, tol);
+    ref::expect_close(
+        toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
+                                                        static_cast<std::size_t>(counts[e] * kN)),
+                         reference),
+        tol.normalized, "against float64");
+  }
+  for (std::size_t i = 84 * kN; i < c.size(); ++i) {
+    ASSERT_EQ(c[i], ref::kPoisonBf16) << "row " << i / kN << " of no expert was written";
+  }
+  for (DevicePtr p : {da, db, dc, dcounts, doffsets}) b->free(p);
+  res.release(*b);
+}
+
+// The fused route reads NVFP4 and MXFP4 in the decode layout only, and the grouped op has no
+// other routes: each refused by name before anything launches.
+TEST(GroupedLaunch, RoutesTheGroupedOpDoesNotHaveAreRefused) {
+  std::mt19937_64 gen{std::random_device{}()};
+  rel::FakeProcess proc;
+  std::unique_ptr<Backend> b = proc.make_backend();
+  std::vector<HostQuantWeights> host;
+  for (int e = 0; e < 2; ++e) {
+    host.push_back(
+        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, 32, 64), 32, 64));
+  }
+  ops::GroupedWeightsResource source(*b, host);
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = true;
+  opt.route = ops::GemmRoute::kFused;
+  EXPECT_ERROR(ops::plan_grouped(*b, 64, source.weights(), opt), ErrorCode::kInvalidArgument,
+               "the fused route reads NVFP4 or MXFP4 weights in the decode layout");
+  opt.route = ops::GemmRoute::kTiled;
+  EXPECT_ERROR(ops::plan_grouped(*b, 64, source.weights(), opt), ErrorCode::kInvalidArgument,
+               "is not a grouped route");
+  source.release(*b);
 }
 
 }  // namespace

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <random>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "kernels/decode_layout.h"
 #include "kernels/tile_math.h"
@@ -155,6 +157,44 @@ TEST(FusedTile, SharedMemoryFitsAndTilesCount) {
   EXPECT_EQ(kFullBarrier % 8, 0);
   EXPECT_EQ(fused_tiles(1, 1), 1);
   EXPECT_EQ(fused_tiles(129, 4096), 2 * 32);
+}
+
+// The grouped kernel's slots: each valid expert ceil(rows / kTokens) of them, none for an expert
+// kernels/grouped_params.h skips; every slot found in its expert by the binary search, against a
+// linear scan over random routings with runs of empty experts. Its layout fits beside the ring.
+TEST(FusedTile, GroupedSlotsFindTheirExperts) {
+  EXPECT_EQ(grouped_slots(0, 0, 100), 0);
+  EXPECT_EQ(grouped_slots(1, 99, 100), 1);
+  EXPECT_EQ(grouped_slots(2, 99, 100), 0);  // past the capacity
+  EXPECT_EQ(grouped_slots(5, -1, 100), 0);
+  EXPECT_EQ(grouped_slots(128, 0, 128), 1);
+  EXPECT_EQ(grouped_slots(129, 0, 300), 2);
+  // The bound on slots holds for any split of the capacity among experts without overlap.
+  EXPECT_EQ(grouped_max_slots(300, 8), 2 + 8);
+  EXPECT_EQ(grouped_max_slots(5, 8), 0 + 5);
+  EXPECT_EQ(grouped_experts(4096), kGroupedMaxExperts);
+  EXPECT_EQ(grouped_experts(7), 7);
+  EXPECT_LE(kGroupedSmemBytes, 227 * 1024);
+  EXPECT_EQ(kGroupedEpilogueOffset % 1024, 0);
+  EXPECT_EQ(kGroupedBarrierOffset % 8, 0);
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    const int experts = 1 + static_cast<int>(rng() % 70);
+    std::vector<int> first(static_cast<std::size_t>(experts) + 1, 0);
+    std::int64_t capacity = 0;  // the experts' rows end to end, with no overlap
+    for (int e = 0; e < experts; ++e) {
+      const int rows = rng() % 3 == 0 ? 0 : static_cast<int>(rng() % 400);
+      first[e + 1] = first[e] + grouped_slots(rows, capacity, 1 << 20);
+      capacity += rows;
+    }
+    EXPECT_LE(first[experts], grouped_max_slots(capacity, experts));
+    for (int slot = 0; slot < first[experts]; ++slot) {
+      int want = 0;
+      while (!(first[want] <= slot && slot < first[want + 1])) ++want;
+      ASSERT_EQ(grouped_expert_of([&](int i) { return first[i]; }, experts, slot), want)
+          << "slot " << slot << " of " << experts << " experts";
+    }
+  }
 }
 
 // A consumer's 16-byte chunk q holds its own row tile's words of steps 2q and 2q + 1 at words rt

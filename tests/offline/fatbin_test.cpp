@@ -155,6 +155,16 @@ Published w4a16_published(const std::string& target) {
               {"gemm_fused_out_f32", 1},
               {"gemm_fused_persistent", 1},
               {"gemm_fused_blocks_per_sm", kGemmBlocksPerSm}});
+    // gemm_grouped_fused: gemm_fused's pipeline over the experts, its larger shared memory (each
+    // stage carries an expert's scale table). No verification yet.
+    p.insert({{"gemm_grouped_fused_n_tile", u32(metrale::fused::kRows)},
+              {"gemm_grouped_fused_m_tile", u32(metrale::fused::kTokens)},
+              {"gemm_grouped_fused_smem_bytes", u32(metrale::fused::kGroupedSmemBytes)},
+              {"gemm_grouped_fused_block_threads", u32(metrale::fused::kThreads)},
+              {"gemm_grouped_fused_layout", dl::kLayoutId},
+              {"gemm_grouped_fused_out_f32", 1},
+              {"gemm_grouped_fused_persistent", 1},
+              {"gemm_grouped_fused_blocks_per_sm", kGemmBlocksPerSm}});
     // What run 5 of 2026-11-29 verified on an H200 (docs/GPU.md): this target's code only.
     for (const char* e : {"bf16_to_fp8", "dequant_e4m3", "gemm_decode", "gemm_split_reduce",
                           "gemm_tiled", "gemm_e4m3"}) {
@@ -163,6 +173,7 @@ Published w4a16_published(const std::string& target) {
     }
   } else {
     p["gemm_fused_absent"] = 1;
+    p["gemm_grouped_fused_absent"] = 1;
   }
   add_run6_verified(p, target, {"gemm_decode_packed", "gemm_fused", "dequant_bf16"});
   return p;
@@ -485,7 +496,7 @@ TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
       {"sm_80", "gemm_decode", "HMMA"},        {"sm_89", "gemm_decode", "HMMA"},
       {"sm_90a", "gemm_decode", "HMMA"},       {"sm_80", "gemm_decode_packed", "HMMA"},
       {"sm_89", "gemm_decode_packed", "HMMA"}, {"sm_90a", "gemm_decode_packed", "HMMA"},
-      {"sm_90a", "gemm_fused", "HGMMA"},
+      {"sm_90a", "gemm_fused", "HGMMA"},       {"sm_90a", "gemm_grouped_fused", "HGMMA"},
   };
   const Module& w4a16 = module_named("w4a16");
   for (const auto& w : wants) {
@@ -644,8 +655,8 @@ TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
       }
     }
   }
-  // Six GEMM entries on sm_90a, five (no fused kernel) on sm_80 and sm_89.
-  EXPECT_EQ(checked, 16) << "entries checked; a lost blocks_per_sm must not pass unseen";
+  // Seven GEMM entries on sm_90a, five (no fused kernels) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 17) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace

@@ -268,11 +268,14 @@ struct PathKey {
 // body holds loads or MMAs (the branch is taken only when that work is done, as when no K block
 // is left to prefetch). An if-then: every jump out of (b, target) lands on target, so the
 // skipped code has no other way round it, unlike one arm of an if-else.
-bool skips_work(const std::vector<Instr>& code, std::size_t b, std::size_t target) {
+// kSteadyAcrossTiles counts only loads of 16 bytes as work.
+bool skips_work(const std::vector<Instr>& code, std::size_t b, std::size_t target,
+                PathChoice choice) {
+  const int least = choice == PathChoice::kSteadyAcrossTiles ? 16 : 1;
   bool work = false;
   for (std::size_t i = b + 1; i < target; ++i) {
     const Instr& in = code[i];
-    work = work || is_mma(in) || load_bytes_of(in) > 0;
+    work = work || is_mma(in) || load_bytes_of(in) >= least;
     if (in.mnemonic == "EXIT" || in.mnemonic == "RET" || in.mnemonic == "BRX" ||
         in.mnemonic == "JMX") {
       return false;
@@ -324,7 +327,7 @@ std::vector<std::size_t> loop_path(const std::vector<Instr>& code, const Loop& l
         const auto j = index_of(code, target);
         if (j && *j <= loop.latch &&
             (choice == PathChoice::kShortest || !is_conditional(in) ||
-             !skips_work(code, loop.head + k, *j))) {
+             !skips_work(code, loop.head + k, *j, choice))) {
           offer(*j - loop.head, k);
         }
       }  // an inner loop's back edge: its body is counted once

@@ -82,6 +82,11 @@ enum class PathChoice {
   // division), and the fewest instructions (of an if-else's arms, interior steps take the one
   // without the bounds checks).
   kSteady,
+  // The steady state of a loop whose iterations cross tiles (a persistent kernel's producer): as
+  // kSteady, but an if-then whose loads are all under 16 bytes may be skipped. Such a branch is a
+  // tile's lookups (gemm_grouped_fused's expert and rows, from shared memory and the counts),
+  // which run once per tile of many stages, not per stage; the data moves 16 bytes at a time.
+  kSteadyAcrossTiles,
   // A lower bound: the most HMMAs, then the fewest instructions, whatever it skips.
   kShortest,
 };

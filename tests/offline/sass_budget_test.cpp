@@ -325,8 +325,18 @@ std::string hgmma_a_operand(const sass::Instr& i) {
 // to back (one scoreboard wait, gsb0, per 8: ptxas serializes each one when it finds registers
 // of an in-flight wgmma written, C7513), it touches no local memory, and each MMA loop's steady
 // state is counted per weight per lane (8 weights per lane per HGMMA m64n128k16: 64 x 16 / 128).
+void expect_fused_consumers(const std::string& kernel);
+void expect_fused_producer(const std::string& kernel);
+
+// gemm_grouped_fused is held to the same: it is gemm_fused's pipeline over the experts' tiles.
 TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
-  const std::string kernel = "gemm_fused";
+  for (const std::string kernel : {"gemm_fused", "gemm_grouped_fused"}) {
+    SCOPED_TRACE(kernel);
+    expect_fused_consumers(kernel);
+  }
+}
+
+void expect_fused_consumers(const std::string& kernel) {
   const KernelReport k = analyze(kernel);
   ASSERT_TRUE(k.found) << kernel << " not in the cubin (" << kTarget << ")";
   print(kernel, k, kFusedIssuedPerWeight, kFusedIntegerPerWeight);
@@ -357,9 +367,9 @@ TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
     EXPECT_EQ(l.weights, 8 * l.path.hgmma) << "every A register scaled once (HMUL2 x 2)";
     EXPECT_EQ(l.path.calls, 0);
     std::printf(
-        "  gemm_fused loop %#lx: %.3f issued, %.3f integer-pipe instructions per weight "
+        "  %s loop %#lx: %.3f issued, %.3f integer-pipe instructions per weight "
         "per consumer thread (%d for %d) [fused budget %.2f issued, %.2f integer]\n",
-        static_cast<unsigned long>(l.begin), l.per_weight(l.path.instrs),
+        kernel.c_str(), static_cast<unsigned long>(l.begin), l.per_weight(l.path.instrs),
         l.per_weight(l.path.integer), l.path.instrs, l.weights, kFusedIssuedPerWeight,
         kFusedIntegerPerWeight);
     EXPECT_LE(l.per_weight(l.path.instrs), kFusedIssuedPerWeight)
@@ -376,8 +386,16 @@ TEST_F(SassBudget, FusedTakesRegisterAAndIsCounted) {
 // holds the producer budget per activation element per lane (16 bytes stored = 8 elements). The
 // bulk copies' issue, which lane 0 of each warp alone runs (the others branch over it), is
 // counted apart and printed: one decode tile's two copies a warp.
+// gemm_grouped_fused's producer is held to the same; its per-tile work (the expert's weights and
+// table, the tile for the consumers) lies outside the steady loop's path or is counted in it.
 TEST_F(SassBudget, FusedProducerOverlapsItsLoadsAndIsCounted) {
-  const std::string kernel = "gemm_fused";
+  for (const std::string kernel : {"gemm_fused", "gemm_grouped_fused"}) {
+    SCOPED_TRACE(kernel);
+    expect_fused_producer(kernel);
+  }
+}
+
+void expect_fused_producer(const std::string& kernel) {
   const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel);
   const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
   ASSERT_FALSE(code.empty()) << kernel << " not in the cubin (" << kTarget << ")";
@@ -398,10 +416,18 @@ TEST_F(SassBudget, FusedProducerOverlapsItsLoadsAndIsCounted) {
     // The loop of two stages (its body has both arms of each stage's loads: inside the matrix
     // and at its edges). An mbarrier wait's out-of-line retry, which branches back into the
     // middle of it, makes another loop that spans more and closes through the retry: no path.
-    if (loads < 32 || stores != 32 || hgmma != 0) continue;
+    // The grouped kernel's producer also stores each tile's entry for the consumers (one 16-byte
+    // store a stage's claim, on the branch of a tile's first stage: off the steady path).
+    const int entries = kernel == "gemm_grouped_fused" ? 2 : 0;
+    if (loads < 32 || stores != 32 + entries || hgmma != 0) continue;
+    // The grouped producer's walk looks each new tile up (a binary search in shared memory, the
+    // expert's counts): once per tile of K / 128 stages, so off the steady path
+    // (sass::PathChoice::kSteadyAcrossTiles); the dense one's tile is arithmetic only.
+    const sass::PathChoice choice =
+        entries != 0 ? sass::PathChoice::kSteadyAcrossTiles : sass::PathChoice::kSteady;
     std::vector<std::size_t> path;
     try {
-      path = sass::loop_path(code, l, sass::PathChoice::kSteady);
+      path = sass::loop_path(code, l, choice);
     } catch (const std::runtime_error&) {
       continue;
     }
@@ -433,11 +459,11 @@ TEST_F(SassBudget, FusedProducerOverlapsItsLoadsAndIsCounted) {
     const int elements = 8 * static_cast<int>(std::count(order.begin(), order.end(), 'S'));
     const double issued = double(t.instrs) / elements, integer = double(t.integer) / elements;
     std::printf(
-        "  gemm_fused producer loop %#lx: %d instructions for %d activations a lane: %.3f issued, "
+        "  %s producer loop %#lx: %d instructions for %d activations a lane: %.3f issued, "
         "%.3f integer-pipe per element [budget %.2f, %.2f]; lane 0's bulk-copy issue %d more; "
         "in flight: 2 stages of 16 x 16 B a lane (64 KiB a block)\n",
-        static_cast<unsigned long>(code[l.head].addr), t.instrs, elements, issued, integer,
-        kProducerIssuedPerElement, kProducerIntegerPerElement, lane0.instrs);
+        kernel.c_str(), static_cast<unsigned long>(code[l.head].addr), t.instrs, elements, issued,
+        integer, kProducerIssuedPerElement, kProducerIntegerPerElement, lane0.instrs);
     EXPECT_GT(lane0.by_mnemonic["UBLKCP"], 0) << "the bulk copies were not found on the path";
     EXPECT_LE(issued, kProducerIssuedPerElement);
     EXPECT_LE(integer, kProducerIntegerPerElement) << integer_mix(t);

@@ -42,12 +42,13 @@ struct Case {
   // that panel to the decode kernel; the grouped GEMM must take that fallback over the same
   // columns as the dense one.
   bool extreme_scale = false;
+  ops::GemmRoute route = ops::GemmRoute::kAuto;
 
   std::string str() const {
-    return fmt::format("{} upload {} T={} E={} k={} N={} K={} {}{}{} skew {}", to_string(format),
-                       static_cast<int>(upload), tokens, experts, top_k, n, k,
+    return fmt::format("{} upload {} T={} E={} k={} N={} K={} {}{}{} skew {} route {}",
+                       to_string(format), static_cast<int>(upload), tokens, experts, top_k, n, k,
                        masked ? "masked" : "contiguous", bias ? " bias" : "",
-                       out_f32 ? " fp32 C" : "", skew);
+                       out_f32 ? " fp32 C" : "", skew, to_string(route));
   }
 };
 
@@ -108,8 +109,13 @@ class GroupedGemm : public GemmBackendTest {
     opt.bias = c.bias;
     opt.out_f32 = c.out_f32;
     opt.allow_unverified = cuda();
+    opt.route = c.route;
     const ops::GroupedGemmPlan plan = ops::plan_grouped(bk, shape.row_capacity(), w, opt);
-    EXPECT_EQ(plan.launch.grid.y, static_cast<std::uint32_t>(c.experts)) << plan.describe();
+    // CUDA's fused kernel is persistent (a 1-D wave); the decode kernels and the CPU's twins
+    // have a block row per expert.
+    const bool persistent = cuda() && plan.route == ops::GemmRoute::kFused;
+    EXPECT_EQ(plan.launch.grid.y, persistent ? 1u : static_cast<std::uint32_t>(c.experts))
+        << plan.describe();
     ops::run_grouped(plan, stream(), a, w, r.counts, r.offsets, out,
                      c.bias ? upload(bias) : DevicePtr{});
 
@@ -132,7 +138,7 @@ class GroupedGemm : public GemmBackendTest {
           c.bias
               ? std::span<const std::uint16_t>(bias.data() + e * c.n, static_cast<std::size_t>(c.n))
               : std::span<const std::uint16_t>{};
-      const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, c.format);
+      const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(plan.route, c.format);
       const toolkit::Reference ref = toolkit::reference(a_e, m, host[e], bias_e, tol);
       const std::uint8_t* got = bytes.data() + static_cast<std::size_t>(offsets[e]) * row_bytes;
       if (c.out_f32) {
@@ -210,6 +216,22 @@ TEST_P(GroupedGemm, EmptyExpertsOneExpertTakingAllAndFp32C) {
       WeightFormat::kMxfp4, ops::UploadLayout::kSource, 16, 1, 1, 256, 2048, false, false, true};
   extreme.extreme_scale = true;
   run_case(extreme);
+}
+
+// The fused route (decode-layout weights; CUDA: gemm_grouped_fused, the CPU: its decode twin):
+// experts of a few rows to a few hundred (slots of 128 whole and partial), partial N tiles, bias,
+// FP32 C, masked rows, one expert taking every token. Asked for by route: the automatic choice
+// takes it only once a device run verified it.
+TEST_P(GroupedGemm, TheFusedRouteOnTheDecodeLayoutAgainstFloat64) {
+  using U = ops::UploadLayout;
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    Case c{f, U::kDecode, 300, 8, 2, 96, 256, false, true, false, 1.0};
+    c.route = ops::GemmRoute::kFused;
+    run_case(c);
+    c = Case{f, U::kDecode, 200, 4, 1, 160, 384, true, false, true, 12.0};
+    c.route = ops::GemmRoute::kFused;
+    run_case(c);
+  }
 }
 
 TEST_P(GroupedGemm, RowsOutsideTheBuffersAreSkipped) {

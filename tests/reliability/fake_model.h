@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cpu/kernels/decode_packed_cpu.h"
 #include "cpu/kernels/dequant_bf16_cpu.h"
@@ -109,6 +110,42 @@ fake::FakeFunction grouped_entry(std::uint32_t tile, F f) {
   return fn;
 }
 
+// gemm_grouped_fused, persistent like the real module's (kernels/fused_tile.h's slots, with this
+// fake's tiles): expert e's rows take ceil(rows / kFusedMTile) slots, none where expert_params
+// skips it; block b of a grid of G blocks takes tiles b, b + G, ... of slots x ceil(N /
+// kDecodeTile), slot fastest, each computed by the decode-layout twin on the slot's rows.
+inline fake::FakeFunction persistent_grouped_fused_entry() {
+  fake::FakeFunction fn;
+  fn.param_sizes = {sizeof(GroupedGemmParams)};
+  fn.body = [](const fake::FakeLaunch& l) {
+    const auto g = read_param<GroupedGemmParams>(l.params, 0);
+    const std::uint64_t c_bytes = (g.gemm.flags & kGemmOutF32) != 0 ? 4 : 2;
+    std::vector<GemmParams> slots;  // each slot's rows as a GEMM of their own
+    for (std::int64_t e = 0; e < g.experts; ++e) {
+      GemmParams p;
+      if (!grouped::expert_params(g, e, &p)) continue;
+      for (std::int64_t m0 = 0; m0 < p.m; m0 += kFusedMTile) {
+        GemmParams rows = p;
+        rows.m = std::min<std::int64_t>(kFusedMTile, p.m - m0);
+        rows.a = p.a + static_cast<std::uint64_t>(m0 * p.k) * 2;
+        rows.out = p.out + static_cast<std::uint64_t>(m0 * p.n) * c_bytes;
+        slots.push_back(rows);
+      }
+    }
+    const auto count = static_cast<std::int64_t>(slots.size());
+    const std::int64_t tiles = count * ((g.gemm.n + kDecodeTile - 1) / kDecodeTile);
+    const std::int64_t grid = std::int64_t{l.grid[0]} * l.grid[1];
+    for (std::int64_t b = 0; b < grid; ++b) {
+      for (std::int64_t t = b; t < tiles; t += grid) {
+        const std::int64_t n0 = t / count * kDecodeTile;
+        metrale::cpu::w4a16::gemm_decode_packed(slots[static_cast<std::size_t>(t % count)], n0,
+                                                std::min<std::int64_t>(g.gemm.n, n0 + kDecodeTile));
+      }
+    }
+  };
+  return fn;
+}
+
 // "w4a16" with the entries, tiles and _a_e4m3 flags the ops expect.
 inline fake::ModuleSpec w4a16_module() {
   namespace k = metrale::cpu::w4a16;
@@ -147,6 +184,7 @@ inline fake::ModuleSpec w4a16_module() {
       });
   f["gemm_grouped_packed"] = grouped_entry(kDecodeTile, k::gemm_decode_packed);
   f["gemm_grouped_int4_decode"] = grouped_entry(kDecodeTile, k::gemm_int4_decode);
+  f["gemm_grouped_fused"] = persistent_grouped_fused_entry();
   f["dequant_int4_bf16"] = tiled_entry<GemmParams>(
       kDequantBf16Tile, k::dequant_int4_bf16,
       [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
@@ -199,7 +237,12 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_grouped_packed_layout", metrale::decode_layout::kLayoutId)
       .publish_u32("gemm_grouped_int4_decode_n_tile", kDecodeTile)
       .publish_u32("gemm_grouped_int4_decode_layout", metrale::int4_decode::kLayoutId)
-      .publish_u32("gemm_grouped_int4_decode_int4", 1);
+      .publish_u32("gemm_grouped_int4_decode_int4", 1)
+      .publish_u32("gemm_grouped_fused_n_tile", kDecodeTile)
+      .publish_u32("gemm_grouped_fused_m_tile", kFusedMTile)
+      .publish_u32("gemm_grouped_fused_persistent", 1)
+      .publish_u32("gemm_grouped_fused_blocks_per_sm", 1)
+      .publish_u32("gemm_grouped_fused_layout", metrale::decode_layout::kLayoutId);
   // Every entry of the manifest, each with the block size it publishes.
   m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
                    metrale::manifest::kW4a16Entries.end());

@@ -134,6 +134,7 @@ struct MoeCase {
   double gbps = 0, tflops = 0, rows_per_expert = 0;
   bool passed = false;
   std::string check;
+  std::string kernel;  // the grouped GEMM's kernel, as planned
 };
 
 }  // namespace
@@ -158,6 +159,14 @@ MoeModel moe_model(const std::string& name) {
 int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   const InterruptScope ctrl_c;
   const MoeModel model = moe_model(bench.moe);
+  const ops::GemmRoute route = bench.moe_route == "fused"    ? ops::GemmRoute::kFused
+                               : bench.moe_route == "decode" ? ops::GemmRoute::kDecode
+                                                             : ops::GemmRoute::kAuto;
+  if (model.fp8 && route != ops::GemmRoute::kAuto) {
+    throw Error(ErrorCode::kInvalidArgument, "bench",
+                fmt::format("--moe-route {} is for 4-bit experts; {} has FP8 experts (one route)",
+                            bench.moe_route, model.name));
+  }
   std::string why;
   std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
   const bool gpu = backend->name() != "cpu";
@@ -184,6 +193,7 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   const StreamHandle stream = b.default_stream();
   ops::GroupedGemmOptions go;
   go.allow_unverified = bench.allow_unverified;
+  go.route = route;
   ops::GroupedFp8Options go8;
   go8.allow_unverified = bench.allow_unverified;
 
@@ -222,7 +232,10 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
       } else {
         lw.q.push_back(&scope
                             .add(std::make_unique<ops::GroupedWeightsResource>(
-                                b, lw.host, label, ops::UploadLayout::kBackendPreferred))
+                                b, lw.host, label,
+                                go.route == ops::GemmRoute::kFused
+                                    ? ops::UploadLayout::kDecode  // the layout it reads
+                                    : ops::UploadLayout::kBackendPreferred))
                             .weights());
       }
     }
@@ -262,8 +275,10 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         if (model.fp8) {
           plan8 = ops::plan_grouped(b, rows, *lw.f[0], go8);
           ws8 = ops::scratch_workspace(plan8, stream);
+          cs.kernel = b.kernel_name(plan8.gemm.kernel);
         } else {
           plan = ops::plan_grouped(b, rows, *lw.q[0], go);
+          cs.kernel = b.kernel_name(plan.launch.kernel);
         }
         // Run i: copy i mod W, routing (i / W) mod R. The copy changes from one run to the next,
         // so a skewed routing's popular experts are not found in the caches by the next run.
@@ -371,6 +386,7 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
            {"touched_GBps", cs.gbps},
            {"TFLOPs", cs.tflops},
            {"pct_read_roof", roof.bandwidth > 0 ? 100 * cs.gbps * 1e9 / roof.bandwidth : 0},
+           {"kernel", cs.kernel},
            {"passed", cs.passed},
            {"check", cs.check}});
     }
@@ -389,16 +405,16 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   fmt::print(
       "  rate: bytes of the experts touched (and A, C) per second; dot roof share from "
       "16 rows an expert\n\n");
-  fmt::print("{:<8} {:>6} {:>5} {:>8} {:>9} {:>10} {:>10} {:>6} {:>9} {:>6}  {}\n", "layer",
+  fmt::print("{:<8} {:>6} {:>5} {:>8} {:>9} {:>10} {:>10} {:>6} {:>9} {:>6}  {:<6} {}\n", "layer",
              "tokens", "skew", "experts", "rows/exp", "ms", "GB/s", "read", "TFLOP/s", "dot",
-             "check");
+             "check", "kernel");
   for (const MoeCase& cs : cases) {
-    fmt::print("{:<8} {:>6} {:>5.1f} {:>8.1f} {:>9.1f} {:>10} {:>10.1f} {:>6} {:>9.3f} {:>6}  {}\n",
-               cs.layer, cs.tokens, cs.skew, cs.touched, cs.rows_per_expert,
-               toolkit::format_ms(cs.seconds), cs.gbps, pct(cs.gbps * 1e9, roof.bandwidth),
-               cs.tflops,
-               cs.rows_per_expert >= 16 ? pct(cs.tflops * 1e12, roof.flops) : std::string("-"),
-               cs.passed ? std::string("ok") : "WRONG " + cs.check);
+    fmt::print(
+        "{:<8} {:>6} {:>5.1f} {:>8.1f} {:>9.1f} {:>10} {:>10.1f} {:>6} {:>9.3f} {:>6}  {:<6} {}\n",
+        cs.layer, cs.tokens, cs.skew, cs.touched, cs.rows_per_expert,
+        toolkit::format_ms(cs.seconds), cs.gbps, pct(cs.gbps * 1e9, roof.bandwidth), cs.tflops,
+        cs.rows_per_expert >= 16 ? pct(cs.tflops * 1e12, roof.flops) : std::string("-"),
+        cs.passed ? std::string("ok") : "WRONG " + cs.check, cs.kernel);
   }
   fmt::print("\nteardown: {} resource(s) released, {} swept, {} live bytes on the ledger{}\n",
              td.released, td.swept, probe.live_bytes(), zero ? "" : " — FAILED");

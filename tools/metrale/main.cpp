@@ -95,6 +95,11 @@ int main(int argc, char** argv) {
                    "--moe: routings' skews above one token (0: uniform)")
       ->delimiter(',')
       ->check(CLI::Range(0.0, 4.0));
+  bench
+      ->add_option("--moe-route", bench_opts.moe_route,
+                   "--moe, 4-bit experts: the grouped GEMM's route (fused: the prefill kernel on "
+                   "the decode layout)")
+      ->check(CLI::IsMember({"auto", "decode", "fused"}));
   bench->add_flag("--allow-unverified", bench_opts.allow_unverified,
                   "run kernels no device run has verified (--moe on CUDA needs it)");
 
@@ -143,8 +148,9 @@ int main(int argc, char** argv) {
         }
         return metrale::cli::run_bench_moe(opts, bench_opts);
       }
-      if (bench->count("--skew") > 0) {
-        std::fprintf(stderr, "metrale: [bench] --skew applies to --moe only\n");
+      if (bench->count("--skew") > 0 || bench->count("--moe-route") > 0) {
+        std::fprintf(stderr, "metrale: [bench] --%s applies to --moe only\n",
+                     bench->count("--skew") > 0 ? "skew" : "moe-route");
         return 2;
       }
       if (bench_opts.tp > 0) return metrale::cli::run_bench_tp(opts, bench_opts);

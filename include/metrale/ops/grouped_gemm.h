@@ -60,6 +60,13 @@ class GroupedWeightsResource final : public ModelResource {
 struct GroupedGemmOptions {
   bool bias = false;     // run() takes a BF16 bias [experts, N]
   bool out_f32 = false;  // C as FP32 (GemmOptions::out_f32)
+  // kDecode: the decode kernel of the weights' layout, per expert (every packing). kFused: the
+  // prefill kernel over every expert's tiles, for weights in the decode layout (CUDA:
+  // gemm_grouped_fused, wgmma; Error(kUnavailable) where the module has only its placeholder).
+  // kAuto: kFused where the rows per expert on average pass the decode sizes and the module's
+  // fused kernel is verified (the CPU's twin is the reference), else kDecode. Other routes are
+  // Error(kInvalidArgument).
+  GemmRoute route = GemmRoute::kAuto;
   // Run a kernel no device run has verified (the CUDA module's, today); without it such a kernel
   // is Error(kUnavailable).
   bool allow_unverified = false;
@@ -78,8 +85,11 @@ struct GroupedGemmPlan {
   // Every expert's description as planned (no buffers): run() refuses weights described otherwise.
   QuantWeights expert;
   bool bias = false, out_f32 = false;
-  std::uint32_t flags = 0;  // the kernels' GemmFlags
-  PlannedLaunch launch;     // grid (N tiles, experts)
+  std::uint32_t flags = 0;               // the kernels' GemmFlags
+  GemmRoute route = GemmRoute::kDecode;  // kDecode or kFused, as chosen
+  // Grid (N tiles, experts); for a persistent kernel (gemm_grouped_fused) one wave of blocks, or
+  // fewer where the row capacity cannot make that many tiles.
+  PlannedLaunch launch;
   // One line, e.g. "grouped rows=512 N=2880 K=2880 x 32 experts: w4a16::gemm_grouped 12x32x1 x
   // 256 threads".
   std::string describe() const;

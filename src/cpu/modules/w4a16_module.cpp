@@ -177,6 +177,12 @@ void gemm_grouped_packed(const HostBlock& b) {
   if (n0 < n1) w4a16::gemm_decode_packed(p, n0, n1);
 }
 
+// gemm_grouped_fused's twin: the decode-layout reference per expert, as gemm_grouped_packed (the
+// same weights, any M; no persistent grid here).
+void gemm_grouped_fused(const HostBlock& b) {
+  gemm_grouped_packed(b);
+}
+
 void gemm_grouped_int4_decode(const HostBlock& b) {
   const auto g = read_param<GroupedGemmParams>(b.params, 0);
   GemmParams p;
@@ -203,6 +209,7 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_grouped", kDecodeTile},
     {"gemm_grouped_packed", kDecodeTile},
     {"gemm_grouped_int4_decode", kDecodeTile},
+    {"gemm_grouped_fused", kDecodeTile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -224,7 +231,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
   // No gemm_e4m3_min_m: kAuto never takes the e4m3 route here. Side by side on this VM it ran
   // 30x slower than the exact tiled route at M = 64 and 256 (docs/PERF.md, routes side by side),
   // so allowing E4M3 activations must not choose it.
-  if (entry == "gemm_decode_packed" || entry == "gemm_fused" || entry == "gemm_grouped_packed") {
+  if (entry == "gemm_decode_packed" || entry == "gemm_fused" || entry == "gemm_grouped_packed" ||
+      entry == "gemm_grouped_fused") {
     m.publish_u32(e + "_layout", decode_layout::kLayoutId);
   }
   // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
@@ -253,7 +261,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
       entry == "gemm_split_reduce" || entry == "gemm_grouped" || entry == "gemm_grouped_packed" ||
-      entry == "gemm_grouped_int4_decode") {
+      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_fused") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

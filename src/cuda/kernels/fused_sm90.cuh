@@ -32,6 +32,7 @@
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
 #include "metrale/numerics.h"
 #include "operands.cuh"
 #include "ptx.cuh"
@@ -93,33 +94,67 @@ __device__ __forceinline__ void fused_a_fragment(std::uint32_t w, const std::uin
 #define METRALE_FUSED_PLANTED(what) false
 #endif
 
-// The block's shared memory (fused_tile.h's layout from the 1024-aligned shared address base).
+// gemm_fused's argument block or gemm_grouped_fused's (kernels/grouped_params.h): the fields
+// every tile shares, and whether tiles belong to experts. One template serves both, so that the
+// grouped kernel is the dense one's pipeline; where they differ (the tile walk, each tile's
+// weights, table, rows, bias and scales) `if constexpr` keeps the dense code as it was.
+__device__ __forceinline__ const GemmParams& gemm_of(const GemmParams& p) {
+  return p;
+}
+__device__ __forceinline__ const GemmParams& gemm_of(const GroupedGemmParams& g) {
+  return g.gemm;
+}
+template <class P>
+inline constexpr bool kGrouped = std::is_same_v<P, GroupedGemmParams>;
+
+// The block's shared memory (fused_tile.h's layout from the 1024-aligned shared address base);
+// kG: the grouped layout, whose stages carry their expert's scale table.
+template <bool kG>
 struct FusedSmem {
+  static constexpr int kStride = kG ? fu::kGroupedStageBytes : fu::kStageBytes;
+  static constexpr int kFull = kG ? fu::kGroupedBarrierOffset : fu::kFullBarrier;
+  static constexpr int kStaging = kG ? fu::kGroupedEpilogueOffset : fu::kEpilogueOffset;
   std::uint32_t base = 0;
 
   __device__ std::uint32_t stage(int s) const {
-    return base + static_cast<std::uint32_t>(s) * fu::kStageBytes;
+    return base + static_cast<std::uint32_t>(s) * kStride;
   }
-  __device__ std::uint32_t full(int s) const { return base + fu::kFullBarrier + 8u * s; }
-  __device__ std::uint32_t empty(int s) const { return base + fu::kEmptyBarrier + 8u * s; }
-  __device__ std::uint32_t turn(int wg) const { return base + fu::kTurnBarrier + 8u * wg; }
+  __device__ std::uint32_t full(int s) const { return base + kFull + 8u * s; }
+  __device__ std::uint32_t empty(int s) const { return base + kFull + 8 * fu::kStages + 8u * s; }
+  __device__ std::uint32_t turn(int wg) const { return base + kFull + 16 * fu::kStages + 8u * wg; }
+  // The dense kernel's one scale table (the grouped kernel's are in the stages).
   __device__ std::uint32_t table() const { return base + fu::kTableOffset; }
   __device__ std::uint32_t staging(int wg) const {
-    return base + fu::kEpilogueOffset + static_cast<std::uint32_t>(wg) * fu::kEpilogueBytes;
+    return base + kStaging + static_cast<std::uint32_t>(wg) * fu::kEpilogueBytes;
+  }
+  // The grouped kernel's first slot of each expert (fused_first_slots), and its ring of tiles.
+  __device__ std::uint32_t first_slots() const { return base + fu::kGroupedFirstSlotOffset; }
+  __device__ std::uint32_t tile_info(int j) const {
+    const int ring = METRALE_FUSED_PLANTED(kSmallTileRing) ? 2 : fu::kGroupedTileRing;
+    return base + fu::kGroupedTileOffset + 16u * static_cast<std::uint32_t>(j % ring);
   }
 };
 
 // Which output tile is which, for every role of the block alike. 32-bit counts (the op launches
-// no more than 2^31 - 1 tiles) keep the registers that live across the MMA loop few.
+// no more than 2^31 - 1 tiles) keep the registers that live across the MMA loop few. The grouped
+// kernel's M tiles are its slots (fused_tile.h).
 struct FusedWalk {
   int m_tiles = 0, n_tiles = 0, tiles = 0, band = 1, kb_count = 0, first = 0, stride = 1;
 };
 
-__device__ __forceinline__ FusedWalk fused_walk(const GemmParams& p) {
+template <class P>
+__device__ __forceinline__ FusedWalk fused_walk(const P& params, const FusedSmem<kGrouped<P>>& sm) {
+  const GemmParams& p = gemm_of(params);
   FusedWalk w;
-  w.m_tiles = static_cast<int>(METRALE_FUSED_PLANTED(kDropPartialTile)
-                                   ? p.m / fu::kTokens
-                                   : (p.m + fu::kTokens - 1) / fu::kTokens);
+  if constexpr (kGrouped<P>) {
+    const auto experts = static_cast<std::uint32_t>(fu::grouped_experts(params.experts));
+    w.m_tiles = static_cast<int>(ptx::ld_shared_lookup(sm.first_slots() + 4u * experts));
+  } else {
+    (void)sm;
+    w.m_tiles = static_cast<int>(METRALE_FUSED_PLANTED(kDropPartialTile)
+                                     ? p.m / fu::kTokens
+                                     : (p.m + fu::kTokens - 1) / fu::kTokens);
+  }
   w.n_tiles = static_cast<int>((p.n + fu::kRows - 1) / fu::kRows);
   w.tiles = w.m_tiles * w.n_tiles;
   w.band = static_cast<int>(fu::fused_band(w.m_tiles, p.k));
@@ -129,16 +164,44 @@ __device__ __forceinline__ FusedWalk fused_walk(const GemmParams& p) {
   return w;
 }
 
-// One output tile: its first token and weight row, and how many decode tiles of it exist.
+// One output tile: its first token (a row of A and C) and weight row, and how many decode tiles
+// of it exist. The grouped kernel's tile also has an expert and its rows of the tile (1 ..
+// kTokens), packed as expert << 8 | rows: one register more than the dense kernel's across the
+// consumers' MMA loop (two, or a 64-bit end of rows, made ptxas spill the epilogue's offsets).
 struct FusedTile {
   int m0 = 0, n0 = 0, dtiles = 0;
+  int expert_rows = 0;
+  __device__ int expert() const { return expert_rows >> 8; }
+  __device__ int rows() const { return expert_rows & 0xFF; }
 };
 
-__device__ __forceinline__ FusedTile fused_tile_of(const GemmParams& p, const FusedWalk& w,
-                                                   int tile) {
+template <class P>
+__device__ __forceinline__ FusedTile fused_tile_of(const P& params,
+                                                   const FusedSmem<kGrouped<P>>& sm,
+                                                   const FusedWalk& w, int tile) {
+  const GemmParams& p = gemm_of(params);
   const fu::TileCoords c = fu::fused_tile_coords(tile, w.m_tiles, w.n_tiles, w.band);
   FusedTile t;
-  t.m0 = c.m_tile * fu::kTokens;
+  if constexpr (kGrouped<P>) {
+    // The slot's expert, and the slot's place among the expert's rows.
+    const std::uint32_t first = sm.first_slots();
+    const int e = fu::grouped_expert_of(
+        [first](int i) {
+          return static_cast<int>(
+              ptx::ld_shared_lookup(first + 4u * static_cast<std::uint32_t>(i)));
+        },
+        fu::grouped_experts(params.experts), c.m_tile);
+    const int slot0 =
+        static_cast<int>(ptx::ld_shared_lookup(first + 4u * static_cast<std::uint32_t>(e)));
+    const int row0 = __ldg(reinterpret_cast<const std::int32_t*>(params.offsets) + e);
+    const int skip = (c.m_tile - slot0) * fu::kTokens;
+    const int left = __ldg(reinterpret_cast<const std::int32_t*>(params.counts) + e) - skip;
+    t.m0 = row0 + skip;
+    t.expert_rows = e << 8 | (left < fu::kTokens ? left : fu::kTokens);
+  } else {
+    (void)sm;
+    t.m0 = c.m_tile * fu::kTokens;
+  }
   t.n0 = c.n_tile * fu::kRows;
   const std::int64_t left = dl::padded_n(p.n) / dl::kTileN - std::int64_t{t.n0} / dl::kTileN;
   t.dtiles = left < fu::kTilesPerBlock ? static_cast<int>(left) : fu::kTilesPerBlock;
@@ -152,14 +215,65 @@ struct FusedCursor {
 };
 
 // The stage after c in the block's sequence; false past its last.
-__device__ __forceinline__ bool fused_next(const GemmParams& p, const FusedWalk& w,
-                                           FusedCursor& c) {
+template <class P>
+__device__ __forceinline__ bool fused_next(const P& params, const FusedSmem<kGrouped<P>>& sm,
+                                           const FusedWalk& w, FusedCursor& c) {
   if (++c.kb < w.kb_count) return true;
   c.kb = 0;
   c.tile += w.stride;
   if (c.tile >= w.tiles) return false;
-  c.at = fused_tile_of(p, w, c.tile);
+  c.at = fused_tile_of(params, sm, w, c.tile);
   return true;
+}
+
+// The grouped kernel's first slot of each expert into shared memory (FusedSmem::first_slots;
+// entry `experts` is the slots' count): every thread counts the slots of its experts
+// (fused_tile.h's grouped_slots), then a scan, ceil(log2(experts + 1)) rounds of adding the
+// entry d before (Hillis and Steele), each round from one buffer into the other; an odd count of
+// rounds is copied back. The sums saturate at grouped_max_slots, which only experts of
+// overlapping rows reach: the walk then stops there (its tiles counted in 32 bits) and the
+// entries stay in order. Every thread makes the same accesses, over the padded entries, and
+// consecutive threads take consecutive entries: no bank conflicts. Ends with __syncthreads.
+__device__ __forceinline__ void fused_first_slots(const GroupedGemmParams& g,
+                                                  const FusedSmem<true>& sm) {
+  constexpr int kPerThread = fu::kGroupedScanEntries / fu::kThreads;
+  const int n = fu::grouped_experts(g.experts) + 1;  // entries: 0 then each expert's slots
+  const std::int64_t most = fu::grouped_max_slots(g.gemm.m, g.experts);
+  const auto cap = static_cast<std::uint32_t>(most < 0x7FFFFFFF ? most : 0x7FFFFFFF);
+  const auto* counts = reinterpret_cast<const std::int32_t*>(g.counts);
+  const auto* offsets = reinterpret_cast<const std::int32_t*>(g.offsets);
+  std::uint32_t from = sm.first_slots(), to = from + fu::kGroupedSlotBufferBytes;
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
+    const int v = i == 0 || i >= n
+                      ? 0
+                      : fu::grouped_slots(__ldg(counts + i - 1), __ldg(offsets + i - 1), g.gemm.m);
+    ptx::st_shared4(from + 4u * i, static_cast<std::uint32_t>(v) < cap ? v : cap);
+  }
+  __syncthreads();
+  for (int d = 1; d < n; d *= 2) {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
+      const std::uint32_t v = ptx::ld_shared4(from + 4u * i);
+      const std::uint32_t before = ptx::ld_shared4(from + 4u * (i >= d ? i - d : 0));
+      const std::uint32_t sum = v + before;  // both at most cap < 2^31: no wrap
+      ptx::st_shared4(to + 4u * i, i < d ? v : sum < cap ? sum : cap);
+    }
+    __syncthreads();
+    const std::uint32_t t = from;
+    from = to;
+    to = t;
+  }
+  if (from != sm.first_slots()) {  // the sums are in the second buffer
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
+      ptx::st_shared4(to + 4u * i, ptx::ld_shared4(from + 4u * i));
+    }
+    __syncthreads();
+  }
 }
 
 // The producer's units: unit c = wtid + 128 i is token c / 4, K chunk column u = c % 4, so four
@@ -167,16 +281,21 @@ __device__ __forceinline__ bool fused_next(const GemmParams& p, const FusedWalk&
 constexpr int kFusedUnits = fu::kTokens * 4 / 128;
 
 // One stage of activations into registers: 16 bytes of each unit's four source chunks, zero
-// past M and K. A thread's units are 32 tokens apart and its chunks 32 K apart, so one row
-// pointer a unit serves its four loads with immediate offsets; a tile wholly inside M and K (all
-// but the last of each) takes the branch without bounds checks, the same for the whole block.
-__device__ __forceinline__ void fused_load_act(const GemmParams& p, const FusedCursor& c, int wtid,
+// past the tile's rows and K. A thread's units are 32 tokens apart and its chunks 32 K apart, so
+// one row pointer a unit serves its four loads with immediate offsets; a tile wholly inside its
+// rows and K (all but the last of each) takes the branch without bounds checks, the same for the
+// whole block.
+template <class P>
+__device__ __forceinline__ void fused_load_act(const P& params, const FusedCursor& c, int wtid,
                                                uint4 (&r)[kFusedUnits][4]) {
+  const GemmParams& p = gemm_of(params);
   const int u = wtid % 4;
   const std::int64_t k0 = std::int64_t{c.kb} * fu::kKBlock, m = std::int64_t{c.at.m0} + wtid / 4;
   const auto* row = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k + k0 + 8 * u;
   const std::int64_t unit_step = 32 * p.k;  // 32 tokens further
-  if (c.at.m0 + fu::kTokens <= p.m && k0 + fu::kKBlock <= p.k) {
+  // The grouped tile's rows end at its expert's (FusedTile::rows).
+  if ((kGrouped<P> ? c.at.rows() == fu::kTokens : c.at.m0 + fu::kTokens <= p.m) &&
+      k0 + fu::kKBlock <= p.k) {
 #pragma unroll
     for (int i = 0; i < kFusedUnits; ++i) {
 #pragma unroll
@@ -185,7 +304,8 @@ __device__ __forceinline__ void fused_load_act(const GemmParams& p, const FusedC
     return;
   }
   // K is a multiple of 16: a chunk of 8 lies wholly inside or outside.
-  const std::int64_t m_left = p.m - m, k_left = p.k - k0 - 8 * u;
+  const std::int64_t m_left = kGrouped<P> ? c.at.rows() - wtid / 4 : p.m - m,
+                     k_left = p.k - k0 - 8 * u;
 #pragma unroll
   for (int i = 0; i < kFusedUnits; ++i) {
 #pragma unroll
@@ -199,9 +319,10 @@ __device__ __forceinline__ void fused_load_act(const GemmParams& p, const FusedC
 // The producer warpgroup: every stage of every tile of this block, in the consumers' order. The
 // activations of the next stage are loaded into the second register set before this stage's
 // are stored, so two stages of loads are in flight (Note [fused pipeline]).
-template <bool kMx>
-__device__ void fused_produce(const GemmParams& p, const FusedSmem& sm, int wtid) {
-  const FusedWalk w = fused_walk(p);
+template <bool kMx, class P>
+__device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm, int wtid) {
+  const GemmParams& p = gemm_of(params);
+  const FusedWalk w = fused_walk(params, sm);
   const int per = dl::scale_bytes_per_lane(kMx);
   const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
   const auto* scales = reinterpret_cast<const std::uint8_t*>(p.scales) + dl::kTableBytes;
@@ -213,19 +334,36 @@ __device__ void fused_produce(const GemmParams& p, const FusedSmem& sm, int wtid
   // arrival, so the transaction count never goes below 0 and the phase cannot complete before
   // every byte has landed. One tile a warp spreads the copies' issue over the four schedulers.
   // Issued before the next stage's loads, so that the copies' address math does not add to the
-  // two register sets.
+  // two register sets. The grouped kernel's tiles read their expert's weights, and warp 0 also
+  // copies the expert's scale table into the stage.
   const auto claim = [&](const FusedCursor& c) {
     ptx::mbarrier_wait(sm.empty(stage), phase ^ 1u);
     const int q = wtid / 32;
     if (wtid % 32 != 0 || q >= c.at.dtiles) return;
     const std::uint32_t at = sm.stage(stage), full = sm.full(stage);
-    const auto bytes = static_cast<std::uint32_t>(dl::kTileBlockBytes + dl::kLanes * per);
-    if (!METRALE_FUSED_PLANTED(kSkipExpectTx)) ptx::mbarrier_expect_tx(full, bytes);
+    auto bytes = static_cast<std::uint32_t>(dl::kTileBlockBytes + dl::kLanes * per);
+    const std::uint8_t *tile_codes = codes, *tile_scales = scales;
+    if constexpr (kGrouped<P>) {
+      const auto e = static_cast<std::uint64_t>(c.at.expert());
+      const std::uint64_t table_e = METRALE_FUSED_PLANTED(kExpertZeroTable) ? 0 : e;
+      tile_codes += e * params.codes_stride;
+      tile_scales += e * params.scales_stride;
+      if (q == 0) bytes += dl::kTableBytes;
+      if (!METRALE_FUSED_PLANTED(kSkipExpectTx)) ptx::mbarrier_expect_tx(full, bytes);
+      if (q == 0) {
+        ptx::bulk_copy_g2s(
+            at + fu::kGroupedTableInStage,
+            reinterpret_cast<const std::uint8_t*>(p.scales) + table_e * params.scales_stride,
+            dl::kTableBytes, full);
+      }
+    } else {
+      if (!METRALE_FUSED_PLANTED(kSkipExpectTx)) ptx::mbarrier_expect_tx(full, bytes);
+    }
     const std::int64_t block = (std::int64_t{c.at.n0} / dl::kTileN + q) * w.kb_count + c.kb;
     ptx::bulk_copy_g2s(at + fu::kCodeOffset + q * dl::kTileBlockBytes,
-                       codes + block * dl::kTileBlockBytes, dl::kTileBlockBytes, full);
+                       tile_codes + block * dl::kTileBlockBytes, dl::kTileBlockBytes, full);
     ptx::bulk_copy_g2s(at + fu::kScaleOffset + q * fu::kScaleSlotBytes,
-                       scales + block * dl::kLanes * per, dl::kLanes * per, full);
+                       tile_scales + block * dl::kLanes * per, dl::kLanes * per, full);
   };
   // Its second half: the activations stored, published to wgmma's proxy and to the consumers.
   // Unit i's chunk d lies 32 i token rows (4 KiB) past unit 0's: four offsets a thread.
@@ -255,26 +393,48 @@ __device__ void fused_produce(const GemmParams& p, const FusedSmem& sm, int wtid
       phase ^= 1u;
     }
   };
+  // The grouped kernel's tile for the consumers' epilogue (Note [grouped fused tiles]), stored
+  // when the walk reaches the tile, off the steady path: warp 0's lanes all store the same 16
+  // bytes (one lane alone would make its shared accesses differ from its warp's).
+  const auto publish = [&](const FusedCursor& c) {
+    if constexpr (kGrouped<P>) {
+      if (wtid / 32 == 0) {
+        ptx::st_shared16(
+            sm.tile_info(c.tile / w.stride),
+            make_uint4(static_cast<std::uint32_t>(c.at.m0), static_cast<std::uint32_t>(c.at.n0),
+                       static_cast<std::uint32_t>(c.at.expert_rows), 0u));
+      }
+    } else {
+      (void)c;
+    }
+  };
   FusedCursor cur;
   cur.tile = w.first;
   if (cur.tile >= w.tiles) return;
-  cur.at = fused_tile_of(p, w, cur.tile);
+  cur.at = fused_tile_of(params, sm, w, cur.tile);
+  publish(cur);
   uint4 ra[kFusedUnits][4], rb[kFusedUnits][4];
-  fused_load_act(p, cur, wtid, ra);
+  fused_load_act(params, cur, wtid, ra);
   // Two stages an iteration, so that which register set holds which stage is known at compile
   // time (an indexed set would live in local memory).
 #pragma unroll 1
   for (;;) {
     FusedCursor next = cur;
-    bool more = fused_next(p, w, next);
+    bool more = fused_next(params, sm, w, next);
+    if constexpr (kGrouped<P>) {
+      if (more && next.kb == 0) publish(next);
+    }
     claim(cur);
-    if (more) fused_load_act(p, next, wtid, rb);
+    if (more) fused_load_act(params, next, wtid, rb);
     fill(ra);
     if (!more) break;
     cur = next;
-    more = fused_next(p, w, next);
+    more = fused_next(params, sm, w, next);
+    if constexpr (kGrouped<P>) {
+      if (more && next.kb == 0) publish(next);
+    }
     claim(cur);
-    if (more) fused_load_act(p, next, wtid, ra);
+    if (more) fused_load_act(params, next, wtid, ra);
     fill(rb);
     if (!more) break;
     cur = next;
@@ -295,10 +455,11 @@ __device__ __forceinline__ void fused_warpgroup_sync(int wg) {
 // 2^-fold), then the tensor scale and bias (write_final's order), staged in shared memory as
 // token rows of the warpgroup's 64 columns, and stored to C in 16-byte pieces, 8 neighbouring
 // threads a C row. FP32 C takes two passes of 64 tokens (the staging holds 16 KiB).
-template <bool kF32>
-__device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedSmem& sm,
+template <bool kF32, class P>
+__device__ __forceinline__ void fused_epilogue(const P& params, const FusedSmem<kGrouped<P>>& sm,
                                                const FusedTile& ft, float (&acc)[fu::kTokens / 2],
                                                float fold, int wg, int wtid) {
+  const GemmParams& p = gemm_of(params);
   // C's elements as bits: FP32 or BF16.
   using Elem = std::conditional_t<kF32, std::uint32_t, std::uint16_t>;
   constexpr int kElem = sizeof(Elem), kRowBytes = fu::kRowsPerConsumer * kElem;
@@ -316,17 +477,21 @@ __device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedS
   }
   // A thread's registers cover two columns (rows g and g + 8 of its warp's 16): their bias and
   // whether they lie inside N, read once. fold is a power of two, so acc * (fold * scale) is
-  // write_final's (acc * fold) * scale exactly.
-  const float scale = fold * p.tensor_scale;
+  // write_final's (acc * fold) * scale exactly. The grouped kernel's are its expert's: the
+  // tensor scale from the table, the bias row e.
+  const std::uint16_t* bias_row = reinterpret_cast<const std::uint16_t*>(p.bias);
+  float scale = fold * p.tensor_scale;
+  if constexpr (kGrouped<P>) {
+    scale = fold * __ldg(reinterpret_cast<const float*>(params.expert_table) + ft.expert());
+    if ((p.flags & kGemmBias) != 0) bias_row += std::int64_t{ft.expert()} * p.n;
+  }
   float bias[2];
   bool inside[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const std::int64_t n = col0 + tiles::wgmma_acc_row(wtid, 2 * h);
     inside[h] = n < p.n;
-    bias[h] = inside[h] && (p.flags & kGemmBias)
-                  ? num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(p.bias)[n])
-                  : 0.0f;
+    bias[h] = inside[h] && (p.flags & kGemmBias) ? num::bf16_to_f32(bias_row[n]) : 0.0f;
   }
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
@@ -351,7 +516,15 @@ __device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedS
           ptx::ld_shared16(staging + fu::fused_stage_offset(token, 16 * chunk, kRowBytes));
       const std::int64_t m = std::int64_t{ft.m0} + pass * kPassTokens + token;
       const std::int64_t n = col0 + chunk * (16 / kElem);
-      if (m >= p.m || n >= p.n) continue;
+      // The grouped tile's rows end at its expert's.
+      bool outside = n >= p.n;
+      if constexpr (kGrouped<P>) {
+        outside |=
+            pass * kPassTokens + token >= ft.rows() && !METRALE_FUSED_PLANTED(kNoExpertRowBound);
+      } else {
+        outside |= m >= p.m;
+      }
+      if (outside) continue;
       Elem* out = reinterpret_cast<Elem*>(p.out) + m * p.n + n;
       if (n + 16 / kElem <= p.n && reinterpret_cast<std::uintptr_t>(out) % 16 == 0) {
         ptx::stg16(out, v);
@@ -367,16 +540,17 @@ __device__ __forceinline__ void fused_epilogue(const GemmParams& p, const FusedS
 }
 
 // One consumer warpgroup (wg = 0, 1): 64 weight rows of every tile of this block.
-template <bool kMx>
-__device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, int wtid) {
-  const FusedWalk w = fused_walk(p);
+template <bool kMx, class P>
+__device__ void fused_consume(const P& params, const FusedSmem<kGrouped<P>>& sm, int wg, int wtid) {
+  const GemmParams& p = gemm_of(params);
+  const FusedWalk w = fused_walk(params, sm);
   const int lane = wtid % 32, rt = (wtid / 32) % 2;
   const int per = dl::scale_bytes_per_lane(kMx);
   const int tile_in_block = 2 * wg + wtid / 64;
   // This lane's scale codes in a stage: its tile's slot, its 8 (4) bytes.
   const std::uint32_t scale_at =
       fu::kScaleOffset + tile_in_block * fu::kScaleSlotBytes + lane * per;
-  const float fold = ldexpf(1.0f, p.weight_fold);
+  float fold = ldexpf(1.0f, p.weight_fold);
   int stage = 0;
   std::uint32_t phase = 0;
   // The parity of the turn phase this warpgroup waits for next: warpgroup 0 starts on the phase
@@ -403,7 +577,11 @@ __device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, 
       sc = ptx::ld_shared8(at + scale_at);
     }
     std::uint32_t sp[2][2];
-    fused_scale_pairs<kMx>(sc, rt, sm.table(), sp);
+    if constexpr (kGrouped<P>) {
+      fused_scale_pairs<kMx>(sc, rt, at + fu::kGroupedTableInStage, sp);
+    } else {
+      fused_scale_pairs<kMx>(sc, rt, sm.table(), sp);
+    }
 #pragma unroll
     for (int q = 0; q < fu::kSteps / 2; ++q) {
       const uint4 c = ptx::ld_shared16(at + fu::kCodeOffset + fu::fused_chunk_byte(wg, wtid, q));
@@ -439,31 +617,51 @@ __device__ void fused_consume(const GemmParams& p, const FusedSmem& sm, int wg, 
   };
 #pragma unroll 1
   for (int tile = w.first; tile < w.tiles; tile += w.stride) {
-    const FusedTile ft = fused_tile_of(p, w, tile);
+    // The grouped kernel reads its tile from the producer's ring after the MMA loop (Note
+    // [grouped fused tiles]): entry tile / stride, the block's tile count so far (first <
+    // stride), divided out rather than counted, one register fewer across the loop.
+    FusedTile ft;
+    if constexpr (!kGrouped<P>) ft = fused_tile_of(params, sm, w, tile);
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 #pragma unroll 1
     for (int kb = 0; kb < w.kb_count; ++kb) block();
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) ptx::fence_regs(acc[i]);
+    if constexpr (kGrouped<P>) {  // and the expert's fold (kernels/grouped_params.h's table)
+      const uint4 info = ptx::ld_shared16(sm.tile_info(tile / w.stride));
+      ft.m0 = static_cast<int>(info.x);
+      ft.n0 = static_cast<int>(info.y);
+      ft.expert_rows = static_cast<int>(info.z);
+      const auto* table = reinterpret_cast<const float*>(params.expert_table);
+      fold = ldexpf(
+          1.0f, __ldg(reinterpret_cast<const std::int32_t*>(table + params.experts) + ft.expert()));
+    }
     if (p.flags & kGemmOutF32) {
-      fused_epilogue<true>(p, sm, ft, acc, fold, wg, wtid);
+      fused_epilogue<true>(params, sm, ft, acc, fold, wg, wtid);
     } else {
-      fused_epilogue<false>(p, sm, ft, acc, fold, wg, wtid);
+      fused_epilogue<false>(params, sm, ft, acc, fold, wg, wtid);
     }
   }
 }
 
-// One block of gemm_fused on `smem`, its fu::kSmemBytes of dynamic shared memory.
-__device__ __forceinline__ void fused_block_on(const GemmParams& p, unsigned char* smem) {
-  FusedSmem sm;
+// One block of gemm_fused (P = GemmParams) or gemm_grouped_fused (GroupedGemmParams) on `smem`,
+// its fu::kSmemBytes (kGroupedSmemBytes) of dynamic shared memory.
+template <class P>
+__device__ __forceinline__ void fused_block_on(const P& params, unsigned char* smem) {
+  const GemmParams& p = gemm_of(params);
+  FusedSmem<kGrouped<P>> sm;
   // wgmma's swizzle is a function of the address: the layout starts on a 1024-byte boundary.
   const std::uint32_t raw = ptx::smem_addr(smem);
   sm.base = (raw + 1023u) & ~1023u;
-  auto* table = reinterpret_cast<std::uint32_t*>(smem + (sm.base - raw) + fu::kTableOffset);
-  static_assert(fu::kThreads >= dl::kTableEntries, "one table entry a thread");
-  if (threadIdx.x < dl::kTableEntries) {
-    table[threadIdx.x] = __ldg(reinterpret_cast<const unsigned*>(p.scales) + threadIdx.x);
+  if constexpr (kGrouped<P>) {
+    fused_first_slots(params, sm);  // each tile's scale table comes with its stage
+  } else {
+    auto* table = reinterpret_cast<std::uint32_t*>(smem + (sm.base - raw) + fu::kTableOffset);
+    static_assert(fu::kThreads >= dl::kTableEntries, "one table entry a thread");
+    if (threadIdx.x < dl::kTableEntries) {
+      table[threadIdx.x] = __ldg(reinterpret_cast<const unsigned*>(p.scales) + threadIdx.x);
+    }
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < fu::kStages; ++s) {
@@ -482,17 +680,17 @@ __device__ __forceinline__ void fused_block_on(const GemmParams& p, unsigned cha
   if (wg == 0) {
     ptx::setmaxnreg_inc<fu::kProducerRegisters>();
     if (mx) {
-      fused_produce<true>(p, sm, wtid);
+      fused_produce<true>(params, sm, wtid);
     } else {
-      fused_produce<false>(p, sm, wtid);
+      fused_produce<false>(params, sm, wtid);
     }
     return;
   }
   ptx::setmaxnreg_dec<fu::kConsumerRegisters>();
   if (mx) {
-    fused_consume<true>(p, sm, wg - 1, wtid);
+    fused_consume<true>(params, sm, wg - 1, wtid);
   } else {
-    fused_consume<false>(p, sm, wg - 1, wtid);
+    fused_consume<false>(params, sm, wg - 1, wtid);
   }
 }
 
@@ -501,6 +699,12 @@ __device__ __forceinline__ void fused_block_on(const GemmParams& p, unsigned cha
 __device__ void fused_block_sm90(const GemmParams& p) {
   extern __shared__ unsigned char smem_raw[];
   fused_block_on(p, smem_raw);
+}
+
+// One block of gemm_grouped_fused (the entry in w4a16.cu).
+__device__ void grouped_fused_block_sm90(const GroupedGemmParams& g) {
+  extern __shared__ unsigned char smem_raw[];
+  fused_block_on(g, smem_raw);
 }
 #endif
 

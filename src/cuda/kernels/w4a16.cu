@@ -192,6 +192,21 @@ __device__ std::uint32_t gemm_grouped_int4_decode_int4 = 1;
 // CUDA and `metrale check`; run 6 of 2026-12-04 the last three, the same way (dequant_bf16's
 // numerics held to cuBLASLt's BF16 bias rounding where N % 8 != 0, toolkit/gemm_tolerance.h).
 // No other target's code has run on a GPU.
+// gemm_grouped_fused: gemm_fused's pipeline over the experts' tiles (fused_tile.h's slots), also
+// persistent; its grid is a wave whatever the routing. None has run on a device either.
+#if defined(METRALE_HAVE_WGMMA)
+__device__ std::uint32_t gemm_grouped_fused_n_tile = kFusedN;
+__device__ std::uint32_t gemm_grouped_fused_m_tile = kFusedM;
+__device__ std::uint32_t gemm_grouped_fused_smem_bytes = metrale::fused::kGroupedSmemBytes;
+__device__ std::uint32_t gemm_grouped_fused_block_threads = kFusedThreads;
+__device__ std::uint32_t gemm_grouped_fused_layout = metrale::decode_layout::kLayoutId;
+__device__ std::uint32_t gemm_grouped_fused_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_fused_persistent = 1;
+__device__ std::uint32_t gemm_grouped_fused_blocks_per_sm = kFusedBlocksPerSm;
+#else
+__device__ std::uint32_t gemm_grouped_fused_absent = 1;
+#endif
+
 #if defined(METRALE_HAVE_WGMMA)
 METRALE_VERIFIED(bf16_to_fp8, H200, 20261129);
 METRALE_VERIFIED(dequant_e4m3, H200, 20261129);
@@ -347,6 +362,18 @@ __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_grouped_packed(Groupe
 __global__ void __launch_bounds__(tl::kDecodeThreads)
     gemm_grouped_int4_decode(GroupedGemmParams g) {
   k::grouped_block(g, [](const GemmParams& p) { k::decode_int4_block(p); });
+}
+
+// gemm_fused over the experts (fused_sm90.cuh with GroupedGemmParams): each block walks the
+// layer's tiles, every expert's rows in slots of 128. A placeholder without wgmma, as gemm_fused.
+__global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm)
+    gemm_grouped_fused(GroupedGemmParams g) {
+#if defined(METRALE_HAVE_WGMMA)
+  k::grouped_fused_block_sm90(g);
+#else
+  (void)g;
+  __trap();
+#endif
 }
 
 }  // extern "C"

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,9 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "host_data.h"
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
+#include "kernels/grouped_params.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 #include "ops/decode_pack.h"
@@ -70,18 +73,44 @@ struct Outcome {
   emu::BankReport banks;
 };
 
-HostQuantWeights random_weights(bool mx, std::int64_t n, std::int64_t k, std::mt19937_64& rng) {
+// Random weights; MXFP4's scale codes `shift` above the usual range (experts of other folds).
+HostQuantWeights random_weights(bool mx, std::int64_t n, std::int64_t k, std::mt19937_64& rng,
+                                int shift = 0) {
   HostQuantWeights w;
   w.format = mx ? WeightFormat::kMxfp4 : WeightFormat::kNvfp4;
   w.n = n;
   w.k = k;
   w.codes.resize(static_cast<std::size_t>(n * k / 2));
   w.scales.resize(static_cast<std::size_t>(n * k / (mx ? num::kMxfp4Group : num::kNvfp4Group)));
-  std::uniform_int_distribution<int> byte(0, 255), nv(0x28, 0x50), e8(119, 135);
+  std::uniform_int_distribution<int> byte(0, 255), nv(0x28, 0x50), e8(119 + shift, 135 + shift);
   for (auto& c : w.codes) c = static_cast<std::uint8_t>(byte(rng));
   for (auto& s : w.scales) s = static_cast<std::uint8_t>(mx ? e8(rng) : nv(rng));
   w.tensor_scale = 0.375f;
   return w;
+}
+
+// C[i, j] (`got`) against the float64 product of A's row `a_row` and W's row j, plus bias[j]
+// where there is a bias, into o: out of the bound counts as bad; err2 and ref2 sum the squares.
+void compare(double got, const std::uint16_t* a_row, const HostQuantWeights& w, std::int64_t j,
+             const std::uint16_t* bias, bool f32, std::int64_t i, Outcome& o, double& err2,
+             double& ref2) {
+  double sum = 0.0, mag = 0.0;
+  for (std::int64_t kk = 0; kk < w.k; ++kk) {
+    const double t = double{num::bf16_to_f32(a_row[kk])} * double{num::e2m1_to_f32(w.code(j, kk))} *
+                     double{w.scale(j, kk)};  // the block scale times the tensor scale
+    sum += t;
+    mag += std::fabs(t);
+  }
+  if (bias != nullptr) sum += double{num::bf16_to_f32(bias[j])};
+  // C's one rounding (BF16: 2^-9 relative; FP32: 2^-24) and FP32 sums of K products, each
+  // term's error under K 2^-24 of the magnitudes (K <= 1024 here: under 1e-4).
+  const double tol = std::ldexp(std::fabs(sum), f32 ? -23 : -8) + 1e-4 * mag + 1e-30;
+  err2 += (got - sum) * (got - sum);
+  ref2 += sum * sum;
+  if (!(std::fabs(got - sum) <= tol) && ++o.bad <= 3) {
+    o.first_bad += " C[" + std::to_string(i) + ", " + std::to_string(j) +
+                   "] = " + std::to_string(got) + " (want " + std::to_string(sum) + ")";
+  }
 }
 
 Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
@@ -138,26 +167,10 @@ Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   double err2 = 0.0, ref2 = 0.0;
   for (std::int64_t i = 0; i < c.m; ++i) {
     for (std::int64_t j = 0; j < c.n; ++j) {
-      double sum = 0.0, mag = 0.0;
-      for (std::int64_t kk = 0; kk < c.k; ++kk) {
-        const double t = double{num::bf16_to_f32(a[i * c.k + kk])} *
-                         double{num::e2m1_to_f32(w.code(j, kk))} *
-                         double{w.scale(j, kk)};  // the block scale times the tensor scale
-        sum += t;
-        mag += std::fabs(t);
-      }
-      if (c.bias) sum += double{num::bf16_to_f32(bias[j])};
       const auto at = static_cast<std::size_t>(i * c.n + j);
       const double got = c.f32 ? double{num::bits_f32(out32[at])} : num::bf16_to_f32(out16[at]);
-      // C's one rounding (BF16: 2^-9 relative; FP32: 2^-24) and FP32 sums of K products, each
-      // term's error under K 2^-24 of the magnitudes (K <= 1024 here: under 1e-4).
-      const double tol = std::ldexp(std::fabs(sum), c.f32 ? -23 : -8) + 1e-4 * mag + 1e-30;
-      err2 += (got - sum) * (got - sum);
-      ref2 += sum * sum;
-      if (!(std::fabs(got - sum) <= tol) && ++o.bad <= 3) {
-        o.first_bad += " C[" + std::to_string(i) + ", " + std::to_string(j) +
-                       "] = " + std::to_string(got) + " (want " + std::to_string(sum) + ")";
-      }
+      compare(got, &a[static_cast<std::size_t>(i * c.k)], w, j, c.bias ? &bias[0] : nullptr, c.f32,
+              i, o, err2, ref2);
     }
   }
   o.rel = std::sqrt(err2 / ref2);
@@ -280,6 +293,219 @@ TEST(FusedPipeline, PlantedFaultsFail) {
   expect_caught(emu::Plant::kWrongSwizzle, "activations stored unswizzled");
   expect_caught(emu::Plant::kDropPartialTile, "the partial M tile dropped");
   expect_caught(emu::Plant::kNoTurns, "consumers issuing without turns");
+}
+
+// ---- gemm_grouped_fused: the same pipeline over the experts of a layer ----
+
+// A grouped case: expert e has counts[e] rows from offsets[e] (an offset of -1: right after the
+// previous expert's rows); `rows` is A's and C's capacity, rows of no expert left as they were.
+struct GroupedCase {
+  bool mx = false;
+  std::int64_t n = 0, k = 0, rows = 0;
+  std::vector<int> counts, offsets;
+  bool bias = false, f32 = false;
+  unsigned grid = 1;
+  std::uint64_t seed = 1;  // the schedule's (the data are drawn fresh, seed printed)
+};
+
+std::string name(const GroupedCase& c) {
+  std::string counts;
+  for (const int x : c.counts) counts += " " + std::to_string(x);
+  return std::string(c.mx ? "MXFP4" : "NVFP4") + " N=" + std::to_string(c.n) +
+         " K=" + std::to_string(c.k) + " rows=" + std::to_string(c.rows) + " counts" + counts +
+         (c.bias ? " bias" : "") + (c.f32 ? " FP32 C" : "") + " grid=" + std::to_string(c.grid) +
+         " seed=" + std::to_string(c.seed);
+}
+
+// The buffer size rounded up to the 256-byte stride GroupedWeights keeps between experts.
+std::size_t stride_of(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+Outcome run_grouped(const GroupedCase& c, emu::Plant plant = emu::Plant::kNone) {
+  std::mt19937_64 rng = emu::seeded_rng();
+  const auto experts = static_cast<int>(c.counts.size());
+  std::vector<HostQuantWeights> w;
+  std::vector<ops::PackedDecodeWeights> pk;
+  for (int e = 0; e < experts; ++e) {
+    // MXFP4 experts of different largest scales, so of different folds and tables.
+    w.push_back(random_weights(c.mx, c.n, c.k, rng, c.mx ? 3 * (e % 4) : 0));
+    w.back().tensor_scale = 0.25f + 0.125f * static_cast<float>(e % 5);
+    pk.push_back(ops::pack_for_decode(w.back()));
+  }
+  const std::size_t cs = stride_of(pk[0].codes.size()), ss = stride_of(pk[0].scales.size());
+  std::vector<std::uint8_t> codes(cs * experts), scales(ss * experts);
+  std::vector<float> table(2 * static_cast<std::size_t>(experts));
+  for (int e = 0; e < experts; ++e) {
+    std::copy(pk[e].codes.begin(), pk[e].codes.end(), codes.begin() + static_cast<long>(cs * e));
+    std::copy(pk[e].scales.begin(), pk[e].scales.end(), scales.begin() + static_cast<long>(ss * e));
+    table[e] = pk[e].tensor_scale;
+    const std::int32_t fold = pk[e].fold;
+    std::memcpy(&table[experts + e], &fold, 4);
+  }
+  std::vector<std::int32_t> counts(c.counts.begin(), c.counts.end()), offsets(experts + 1);
+  for (int e = 0, next = 0; e < experts; ++e) {
+    offsets[e] = c.offsets.empty() || c.offsets[e] < 0 ? next : c.offsets[e];
+    next = offsets[e] + std::max(counts[e], 0);
+  }
+  offsets[experts] = static_cast<std::int32_t>(c.rows);
+  const std::vector<std::uint16_t> a =
+      emu::random_bf16(static_cast<std::size_t>(c.rows * c.k), rng);
+  std::vector<std::uint16_t> bias;
+  if (c.bias) bias = emu::random_bf16(static_cast<std::size_t>(experts * c.n), rng);
+  std::vector<std::uint32_t> out32;
+  std::vector<std::uint16_t> out16;
+  if (c.f32) {
+    out32.assign(static_cast<std::size_t>(c.rows * c.n), kPoisonF32);
+  } else {
+    out16.assign(static_cast<std::size_t>(c.rows * c.n), kPoisonBf16);
+  }
+  GroupedGemmParams g;
+  g.gemm.m = c.rows;
+  g.gemm.n = c.n;
+  g.gemm.k = c.k;
+  g.gemm.a = emu::address(a.data());
+  g.gemm.codes = emu::address(codes.data());
+  g.gemm.scales = emu::address(scales.data());
+  g.gemm.flags = kGemmDecodePacked | (c.mx ? kGemmMxfp4 : 0u) | (c.bias ? kGemmBias : 0u) |
+                 (c.f32 ? kGemmOutF32 : 0u);
+  g.gemm.bias = c.bias ? emu::address(bias.data()) : 0;
+  g.gemm.out = c.f32 ? emu::address(out32.data()) : emu::address(out16.data());
+  g.counts = emu::address(counts.data());
+  g.offsets = emu::address(offsets.data());
+  g.expert_table = emu::address(table.data());
+  g.codes_stride = cs;
+  g.scales_stride = ss;
+  g.experts = experts;
+
+  Outcome o;
+  emu::set_schedule(c.seed);
+  emu::set_plant(plant);
+  emu::reset_bank_report();
+  o.error = emu::run_grid(dim3(c.grid), fu::kThreads,
+                          {{a.data(), a.size() * 2},
+                           {codes.data(), codes.size()},
+                           {scales.data(), scales.size()},
+                           {bias.data(), bias.size() * 2},
+                           {counts.data(), counts.size() * 4},
+                           {offsets.data(), offsets.size() * 4},
+                           {table.data(), table.size() * 4}},
+                          [&g] { kernels::fused_block_on(g, emu::shared_memory()); });
+  emu::set_schedule(0);
+  emu::set_plant(emu::Plant::kNone);
+  o.banks = emu::bank_report();
+  const std::vector<int>& order = emu::wgmma_commit_order();
+  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
+
+  // Which expert owns each row (-1: none, or an expert the kernel skips).
+  std::vector<int> owner(static_cast<std::size_t>(c.rows), -1);
+  for (int e = 0; e < experts; ++e) {
+    if (fu::grouped_slots(counts[e], offsets[e], c.rows) == 0) continue;
+    for (int r = offsets[e]; r < offsets[e] + counts[e]; ++r)
+      owner[static_cast<std::size_t>(r)] = e;
+  }
+  double err2 = 0.0, ref2 = 0.0;
+  for (std::int64_t i = 0; i < c.rows; ++i) {
+    const int e = owner[static_cast<std::size_t>(i)];
+    for (std::int64_t j = 0; j < c.n; ++j) {
+      const auto at = static_cast<std::size_t>(i * c.n + j);
+      if (e < 0) {  // left as it was
+        const bool kept = c.f32 ? out32[at] == kPoisonF32 : out16[at] == kPoisonBf16;
+        if (!kept && ++o.bad <= 3) {
+          o.first_bad +=
+              " C[" + std::to_string(i) + ", " + std::to_string(j) + "] of no expert written";
+        }
+        continue;
+      }
+      const double got = c.f32 ? double{num::bits_f32(out32[at])} : num::bf16_to_f32(out16[at]);
+      compare(got, &a[static_cast<std::size_t>(i * c.k)], w[static_cast<std::size_t>(e)], j,
+              c.bias ? &bias[static_cast<std::size_t>(e * c.n)] : nullptr, c.f32, i, o, err2, ref2);
+    }
+  }
+  o.rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+  return o;
+}
+
+void expect_right(const GroupedCase& c) {
+  SCOPED_TRACE(name(c));
+  const Outcome o = run_grouped(c);
+  EXPECT_EQ(o.error, "");
+  EXPECT_EQ(o.bad, 0) << "elements out of the bound:" << o.first_bad;
+  EXPECT_LT(o.rel, 1.0 / 256);
+  EXPECT_TRUE(o.turns) << "the consumer warpgroups' wgmma groups were not committed in turns";
+  EXPECT_GT(o.banks.instructions, 0);
+  EXPECT_EQ(o.banks.conflicted, 0) << o.banks.first;
+}
+
+// Experts of 0, 1, 128 (one whole slot), 130 (a whole and a partial slot) and 40 rows, spare
+// rows at the end of the capacity; two persistent blocks over 2 N tiles x 5 slots.
+TEST(GroupedFusedPipeline, ExpertsOfEveryRowCountMatchFloat64) {
+  expect_right({false, 256, 256, 330, {0, 1, 128, 130, 40}, {}, true, false, 2, 1});
+  expect_right({true, 200, 416, 320, {37, 0, 130, 0, 120}, {}, false, true, 3, 2});
+}
+
+// MXFP4 experts of different folds (each stage carries its own expert's table), FP32 C, N and
+// K partial; and an expert whose rows lie outside the capacity (skipped, as expert_params does),
+// its neighbours' rows and the spare rows left alone.
+TEST(GroupedFusedPipeline, PerExpertTablesAndSkippedExpertsMatchFloat64) {
+  expect_right({true, 100, 256, 200, {60, 17, 33, 50}, {}, true, true, 2, 3});
+  expect_right({false, 128, 256, 180, {70, 9, 60}, {0, 175, 100}, true, false, 1, 4});
+}
+
+// One expert taking every row, among many empty ones (the slot search skips runs of empties).
+TEST(GroupedFusedPipeline, OneExpertTakingAllRowsMatchesFloat64) {
+  std::vector<int> counts(37, 0);
+  counts[29] = 300;
+  expect_right({true, 128, 256, 300, counts, {}, false, false, 2, 5});
+}
+
+// One block walking 24 tiles of one stage each (K = 128): the producer runs up to 6 tiles ahead
+// and reuses the ring of tiles three times. And 1000 experts (the scan's three entries a thread,
+// ten rounds), 40 of them with rows, the last expert's among them.
+TEST(GroupedFusedPipeline, ARingOfTilesReusedAndAThousandExpertsMatchFloat64) {
+  expect_right({false, 256, 128, 1600, {300, 0, 500, 1, 128, 400, 50, 221}, {}, true, false, 1, 7});
+  std::vector<int> counts(1000, 0);
+  for (int e = 0; e < 1000; e += 25) counts[static_cast<std::size_t>(e)] = 1 + e % 9;
+  counts[999] = 130;
+  expect_right({true, 128, 128, 400, counts, {}, false, false, 3, 8});
+}
+
+// Other schedules of the same grid.
+TEST(GroupedFusedPipeline, ResultsHoldUnderOtherSchedules) {
+  for (std::uint64_t seed = 11; seed < 13; ++seed) {
+    expect_right({true, 128, 256, 200, {70, 0, 130}, {}, true, false, 2, seed});
+  }
+}
+
+// Each planted fault must fail: the shared pipeline's (a wrong parity, a skipped expect_tx) and
+// the grouped kernel's own (every expert given expert 0's scale table).
+TEST(GroupedFusedPipeline, PlantedFaultsFail) {
+  const struct {
+    emu::Plant plant;
+    const char* what;
+  } plants[] = {{emu::Plant::kWrongParity, "a wrong full-barrier parity"},
+                {emu::Plant::kSkipExpectTx, "a skipped expect_tx"},
+                {emu::Plant::kExpertZeroTable, "expert 0's scale table for every expert"},
+                {emu::Plant::kNoExpertRowBound, "the epilogue's expert row bound dropped"},
+                {emu::Plant::kSmallTileRing, "a ring of 2 tiles"}};
+  for (const auto& p : plants) {
+    SCOPED_TRACE(p.what);
+    bool caught = false;
+    std::string how;
+    // One block over 14 tiles of one stage each (K = 128): the producer runs ahead of the ring.
+    // 130 spare rows: C holds what the dropped row bound writes past the last expert's rows.
+    for (std::uint64_t seed = 21; seed < 24 && !caught; ++seed) {
+      const Outcome o = run_grouped(
+          {true, 256, 128, 700, {70, 0, 130, 200, 110, 60}, {}, false, false, 1, seed}, p.plant);
+      if (!o.error.empty())
+        how = "the emulation reported: " + o.error;
+      else if (o.bad > 0)
+        how = std::to_string(o.bad) + " elements of C wrong";
+      caught = !how.empty();
+    }
+    EXPECT_TRUE(caught) << p.what << " was not caught";
+    std::printf("  planted %s: %s\n", p.what, how.c_str());
+  }
 }
 
 }  // namespace

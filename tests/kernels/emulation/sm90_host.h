@@ -20,12 +20,15 @@ namespace metrale::emulation {
 // METRALE_FUSED_PLANTED). kNone plants nothing.
 enum class Plant {
   kNone,
-  kWrongParity,      // a consumer waits for the wrong phase of a full barrier
-  kEarlyRelease,     // a consumer releases a stage before its wgmmas are waited for
-  kSkipExpectTx,     // the producer does not announce the bulk copies' bytes
-  kWrongSwizzle,     // the producer stores the activations without the 128-byte swizzle
-  kDropPartialTile,  // the tile count rounds the last, partial M tile away
-  kNoTurns,          // the consumer warpgroups issue their wgmmas without taking turns
+  kWrongParity,       // a consumer waits for the wrong phase of a full barrier
+  kEarlyRelease,      // a consumer releases a stage before its wgmmas are waited for
+  kSkipExpectTx,      // the producer does not announce the bulk copies' bytes
+  kWrongSwizzle,      // the producer stores the activations without the 128-byte swizzle
+  kDropPartialTile,   // the tile count rounds the last, partial M tile away
+  kNoTurns,           // the consumer warpgroups issue their wgmmas without taking turns
+  kExpertZeroTable,   // the grouped kernel copies expert 0's scale table for every expert
+  kSmallTileRing,     // the grouped kernel's ring of tiles holds 2, not 8
+  kNoExpertRowBound,  // the grouped kernel's epilogue stores past its expert's rows
 };
 void set_plant(Plant p);
 bool planted(Plant p);
