@@ -231,5 +231,28 @@ TEST(GroupedLaunch, RoutesTheGroupedOpDoesNotHaveAreRefused) {
   source.release(*b);
 }
 
+// Where the module's fused kernel is a placeholder (sm_80 and sm_89: no wgmma), asking for the
+// fused route is refused by name and kAuto keeps the decode kernels.
+TEST(GroupedLaunch, APlaceholderFusedKernelIsRefusedWhenAskedForAndNeverChosen) {
+  std::mt19937_64 gen{std::random_device{}()};
+  ModuleSpec w4a16 = rel::w4a16_module();
+  w4a16.fake.publish_u32("gemm_grouped_fused_absent", 1);
+  Rig rig(RigOptions{.modules = {core_module(), w4a16}});
+  CudaBackend& b = rig.b();
+  std::vector<HostQuantWeights> host;
+  for (int e = 0; e < 2; ++e) {
+    host.push_back(
+        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, 32, 64), 32, 64));
+  }
+  ops::GroupedWeightsResource res(b, host, "experts", ops::UploadLayout::kDecode);
+  ops::GroupedGemmOptions opt;
+  opt.allow_unverified = true;
+  EXPECT_EQ(ops::plan_grouped(b, 4096, res.weights(), opt).route, ops::GemmRoute::kDecode);
+  opt.route = ops::GemmRoute::kFused;
+  EXPECT_ERROR(ops::plan_grouped(b, 4096, res.weights(), opt), ErrorCode::kUnavailable,
+               "is a placeholder on this target (it publishes gemm_grouped_fused_absent)");
+  res.release(b);
+}
+
 }  // namespace
 }  // namespace metrale::cuda::testing
