@@ -459,8 +459,8 @@ TEST(GroupedFusedPipeline, OneExpertTakingAllRowsMatchesFloat64) {
   expect_right({true, 128, 256, 300, counts, {}, false, false, 2, 5});
 }
 
-// One block walking 24 tiles of one stage each (K = 128): the producer runs up to 6 tiles ahead
-// and reuses the ring of tiles three times. And 1000 experts (the scan's three entries a thread,
+// One block walking 32 tiles of one stage each (K = 128): the producer runs up to 6 tiles ahead
+// and reuses the ring of tiles four times. And 1000 experts (the scan's three entries a thread,
 // ten rounds), 40 of them with rows, the last expert's among them.
 TEST(GroupedFusedPipeline, ARingOfTilesReusedAndAThousandExpertsMatchFloat64) {
   expect_right({false, 256, 128, 1600, {300, 0, 500, 1, 128, 400, 50, 221}, {}, true, false, 1, 7});
