@@ -113,6 +113,22 @@ void compare(double got, const std::uint16_t* a_row, const HostQuantWeights& w, 
   }
 }
 
+// Runs `block` (one block of a fused kernel) on a grid of `grid` blocks under schedule `seed`
+// with `plant`, reading `readable`: the emulation's error, the bank report and whether the
+// consumers' wgmma groups were committed in turns, into o.
+void run_blocks(unsigned grid, std::uint64_t seed, emu::Plant plant,
+                std::vector<emu::Region> readable, const std::function<void()>& block, Outcome& o) {
+  emu::set_schedule(seed);
+  emu::set_plant(plant);
+  emu::reset_bank_report();
+  o.error = emu::run_grid(dim3(grid), fu::kThreads, std::move(readable), block);
+  emu::set_schedule(0);
+  emu::set_plant(emu::Plant::kNone);
+  o.banks = emu::bank_report();
+  const std::vector<int>& order = emu::wgmma_commit_order();
+  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
+}
+
 Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   std::mt19937_64 rng(c.seed * 7919 + static_cast<std::uint64_t>(c.m + c.n + c.k));
   const HostQuantWeights w = random_weights(c.mx, c.n, c.k, rng);
@@ -149,20 +165,13 @@ Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   p.out = c.f32 ? address(out32.data()) : address(out16.data());
 
   Outcome o;
-  emu::set_schedule(c.seed);
-  emu::set_plant(plant);
-  emu::reset_bank_report();
-  o.error = emu::run_grid(dim3(c.grid), fu::kThreads,
-                          {{a.data(), a.size() * 2},
-                           {pk.codes.data(), pk.codes.size()},
-                           {pk.scales.data(), pk.scales.size()},
-                           {bias.data(), bias.size() * 2}},
-                          [&p] { kernels::fused_block_on(p, emu::shared_memory()); });
-  emu::set_schedule(0);
-  emu::set_plant(emu::Plant::kNone);
-  o.banks = emu::bank_report();
-  const std::vector<int>& order = emu::wgmma_commit_order();
-  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
+  run_blocks(
+      c.grid, c.seed, plant,
+      {{a.data(), a.size() * 2},
+       {pk.codes.data(), pk.codes.size()},
+       {pk.scales.data(), pk.scales.size()},
+       {bias.data(), bias.size() * 2}},
+      [&p] { kernels::fused_block_on(p, emu::shared_memory()); }, o);
 
   double err2 = 0.0, ref2 = 0.0;
   for (std::int64_t i = 0; i < c.m; ++i) {
@@ -177,15 +186,19 @@ Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   return o;
 }
 
-void expect_right(const Case& c) {
-  SCOPED_TRACE(name(c));
-  const Outcome o = run(c);
+// A run with nothing wrong: no fault, C within the bound, turns kept, no bank conflict.
+void expect_good(const Outcome& o) {
   EXPECT_EQ(o.error, "");
   EXPECT_EQ(o.bad, 0) << "elements out of the bound:" << o.first_bad;
   EXPECT_LT(o.rel, 1.0 / 256);
   EXPECT_TRUE(o.turns) << "the consumer warpgroups' wgmma groups were not committed in turns";
   EXPECT_GT(o.banks.instructions, 0);
   EXPECT_EQ(o.banks.conflicted, 0) << o.banks.first;
+}
+
+void expect_right(const Case& c) {
+  SCOPED_TRACE(name(c));
+  expect_good(run(c));
 }
 
 // Whole tiles, one per block; the ring of 4 stages wraps (6 K blocks).
@@ -267,13 +280,14 @@ TEST(FusedBanks, TheCheckFindsTheOldPlacementsConflictsAndNoneToday) {
 }
 
 // Each planted fault must fail: the run's fault or deadlock, a wrong C, or wgmmas out of turn.
-void expect_caught(emu::Plant plant, const char* what) {
+// The planted fault `what` must fail one of the runs run_seed(seed) makes for seeds 21 .. 24:
+// the run's fault or deadlock, a wrong C, or wgmmas out of turn.
+void expect_caught(const std::function<Outcome(std::uint64_t)>& run_seed, const char* what) {
   SCOPED_TRACE(what);
   bool caught = false;
   std::string how;
   for (std::uint64_t seed = 21; seed < 25 && !caught; ++seed) {
-    const Case c{false, 160, 256, 768, true, false, 2, seed};
-    const Outcome o = run(c, plant);
+    const Outcome o = run_seed(seed);
     if (!o.error.empty())
       how = "the emulation reported: " + o.error;
     else if (o.bad > 0)
@@ -284,6 +298,14 @@ void expect_caught(emu::Plant plant, const char* what) {
   }
   EXPECT_TRUE(caught) << what << " was not caught";
   std::printf("  planted %s: %s\n", what, how.c_str());
+}
+
+void expect_caught(emu::Plant plant, const char* what) {
+  expect_caught(
+      [plant](std::uint64_t seed) {
+        return run(Case{false, 160, 256, 768, true, false, 2, seed}, plant);
+      },
+      what);
 }
 
 TEST(FusedPipeline, PlantedFaultsFail) {
@@ -379,23 +401,16 @@ Outcome run_grouped(const GroupedCase& c, emu::Plant plant = emu::Plant::kNone) 
   g.experts = experts;
 
   Outcome o;
-  emu::set_schedule(c.seed);
-  emu::set_plant(plant);
-  emu::reset_bank_report();
-  o.error = emu::run_grid(dim3(c.grid), fu::kThreads,
-                          {{a.data(), a.size() * 2},
-                           {codes.data(), codes.size()},
-                           {scales.data(), scales.size()},
-                           {bias.data(), bias.size() * 2},
-                           {counts.data(), counts.size() * 4},
-                           {offsets.data(), offsets.size() * 4},
-                           {table.data(), table.size() * 4}},
-                          [&g] { kernels::fused_block_on(g, emu::shared_memory()); });
-  emu::set_schedule(0);
-  emu::set_plant(emu::Plant::kNone);
-  o.banks = emu::bank_report();
-  const std::vector<int>& order = emu::wgmma_commit_order();
-  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
+  run_blocks(
+      c.grid, c.seed, plant,
+      {{a.data(), a.size() * 2},
+       {codes.data(), codes.size()},
+       {scales.data(), scales.size()},
+       {bias.data(), bias.size() * 2},
+       {counts.data(), counts.size() * 4},
+       {offsets.data(), offsets.size() * 4},
+       {table.data(), table.size() * 4}},
+      [&g] { kernels::fused_block_on(g, emu::shared_memory()); }, o);
 
   // Which expert owns each row (-1: none, or an expert the kernel skips).
   std::vector<int> owner(static_cast<std::size_t>(c.rows), -1);
@@ -428,13 +443,7 @@ Outcome run_grouped(const GroupedCase& c, emu::Plant plant = emu::Plant::kNone) 
 
 void expect_right(const GroupedCase& c) {
   SCOPED_TRACE(name(c));
-  const Outcome o = run_grouped(c);
-  EXPECT_EQ(o.error, "");
-  EXPECT_EQ(o.bad, 0) << "elements out of the bound:" << o.first_bad;
-  EXPECT_LT(o.rel, 1.0 / 256);
-  EXPECT_TRUE(o.turns) << "the consumer warpgroups' wgmma groups were not committed in turns";
-  EXPECT_GT(o.banks.instructions, 0);
-  EXPECT_EQ(o.banks.conflicted, 0) << o.banks.first;
+  expect_good(run_grouped(c));
 }
 
 // Experts of 0, 1, 128 (one whole slot), 130 (a whole and a partial slot) and 40 rows, spare
@@ -488,23 +497,16 @@ TEST(GroupedFusedPipeline, PlantedFaultsFail) {
                 {emu::Plant::kExpertZeroTable, "expert 0's scale table for every expert"},
                 {emu::Plant::kNoExpertRowBound, "the epilogue's expert row bound dropped"},
                 {emu::Plant::kSmallTileRing, "a ring of 2 tiles"}};
+  // One block over 14 tiles of one stage each (K = 128): the producer runs ahead of the ring.
+  // 130 spare rows: C holds what the dropped row bound writes past the last expert's rows.
   for (const auto& p : plants) {
-    SCOPED_TRACE(p.what);
-    bool caught = false;
-    std::string how;
-    // One block over 14 tiles of one stage each (K = 128): the producer runs ahead of the ring.
-    // 130 spare rows: C holds what the dropped row bound writes past the last expert's rows.
-    for (std::uint64_t seed = 21; seed < 24 && !caught; ++seed) {
-      const Outcome o = run_grouped(
-          {true, 256, 128, 700, {70, 0, 130, 200, 110, 60}, {}, false, false, 1, seed}, p.plant);
-      if (!o.error.empty())
-        how = "the emulation reported: " + o.error;
-      else if (o.bad > 0)
-        how = std::to_string(o.bad) + " elements of C wrong";
-      caught = !how.empty();
-    }
-    EXPECT_TRUE(caught) << p.what << " was not caught";
-    std::printf("  planted %s: %s\n", p.what, how.c_str());
+    expect_caught(
+        [&p](std::uint64_t seed) {
+          return run_grouped(
+              {true, 256, 128, 700, {70, 0, 130, 200, 110, 60}, {}, false, false, 1, seed},
+              p.plant);
+        },
+        p.what);
   }
 }
 
