@@ -195,11 +195,13 @@ class Model:
         return self._m.upload_grouped_weights(list(experts), bias_obj, bias_bits, layout, label)
 
     def upload_grouped_fp8_weights(self, codes: Any, scales: Any, *, bias: Any = None,
+                                   layout: str = "auto",
                                    label: str = "experts") -> _metrale.GroupedWeights:
         """Uploads one MoE projection's FP8 block-128 experts for the grouped W8A8 op: codes
         uint8 [E, N, K] (each expert's float8_e4m3fn bytes) and FP32 scales [E, ceil(N/128),
         ceil(K/128)] (each expert's ``weight_scale_inv``), as one grouped resource; ``bias`` an
-        optional BF16 array [E, N]. Activations are cast to E4M3 per row per 128 K when they
+        optional BF16 array [E, N]; ``layout`` "auto" (the CPU's panel layout where it reads
+        them), "source" or "panels". Activations are cast to E4M3 per row per 128 K when they
         run, as the W8A8 op casts them. They live until the model closes."""
         api = "upload_grouped_fp8_weights"
         shape, scale_shape = getattr(codes, "shape", ()), getattr(scales, "shape", ())
@@ -211,7 +213,7 @@ class Model:
         return self._m.upload_grouped_fp8_weights(
             codes.reshape(e * int(shape[1]), int(shape[2])),
             scales.reshape(e * int(scale_shape[1]), int(scale_shape[2])), e, bias_obj, bias_bits,
-            label)
+            layout, label)
 
     def moe_route(self, logits: Any, top_k: int, *, scoring: str = "softmax",
                   renormalize: bool = False, scale: float = 1.0, groups: int = 1,

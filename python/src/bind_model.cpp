@@ -129,7 +129,7 @@ void bind_model(nb::module_& m) {
            nb::keep_alive<0, 1>())
       .def("upload_grouped_fp8_weights", &Model::upload_grouped_fp8, nb::arg("codes"),
            nb::arg("scales"), nb::arg("experts"), nb::arg("bias").none(), nb::arg("bias_bits"),
-           nb::arg("label"), nb::keep_alive<0, 1>())
+           nb::arg("layout"), nb::arg("label"), nb::keep_alive<0, 1>())
       .def("moe_experts", &Model::moe_experts, nb::arg("x"), nb::arg("x_bits"), nb::arg("ids"),
            nb::arg("weights"), nb::arg("gate_up"), nb::arg("down"), nb::arg("glu"),
            nb::arg("alpha"), nb::arg("limit"), nb::arg("out"), nb::arg("out_bits"),

@@ -146,11 +146,11 @@ class Model {
   GroupedWeights upload_grouped(nanobind::list experts, nanobind::handle bias, bool bias_bits,
                                 std::string_view layout, std::string label);
   // Uploads E experts' E4M3 weights as one grouped resource for the grouped W8A8 op: codes uint8
-  // [E·N, K] (expert after expert), scales FP32 [E·ceil(N/128), ceil(K/128)], and an optional
-  // bias as upload_grouped's.
+  // [E·N, K] (expert after expert), scales FP32 [E·ceil(N/128), ceil(K/128)], an optional bias
+  // as upload_grouped's, in the layout named (auto, source or panels; decode is refused).
   GroupedWeights upload_grouped_fp8(nanobind::handle codes, nanobind::handle scales,
                                     std::int32_t experts, nanobind::handle bias, bool bias_bits,
-                                    std::string label);
+                                    std::string_view layout, std::string label);
   // An MoE layer's experts on routed tokens (moe.cpp): out[t] = Σ_j weights[t, j] · down_e(
   // glu(gate_up_e(x[t]))) with e = ids[t, j], through moe_align, moe_gather, the grouped GEMMs,
   // moe_glu and moe_combine (ops/moe.h), on the arrays in place: x and out BF16 [T, H], ids int32

@@ -93,9 +93,11 @@ std::string GroupedWeights::format() const {
 }
 
 GroupedWeights Model::upload_grouped_fp8(nb::handle codes, nb::handle scales, std::int32_t experts,
-                                         nb::handle bias, bool bias_bits, std::string label) {
+                                         nb::handle bias, bool bias_bits, std::string_view layout,
+                                         std::string label) {
   constexpr std::string_view api = "upload_grouped_fp8_weights";
   Backend& b = open(api);
+  const ops::UploadLayout upload = parse_upload_layout(api, layout);
   if (experts < 1 || experts > 1024) {
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("experts = {} is outside [1, 1024]", experts));
@@ -132,7 +134,7 @@ GroupedWeights Model::upload_grouped_fp8(nb::handle codes, nb::handle scales, st
   nb::gil_scoped_release unlocked;
   std::lock_guard lock(call_mu_);
   const ops::GroupedFp8WeightsResource* r = as_call(api, [&] {
-    return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label));
+    return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label, upload));
   });
   GroupedWeights w{this, {}, DevicePtr{}, label, true, r->weights()};
   if (bias_arg) {

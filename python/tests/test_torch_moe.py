@@ -351,6 +351,20 @@ def test_fp8_experts_run_on_the_grouped_w8a8_op():
         assert isinstance(w, metrale.Fp8Weights) and (w.n, w.k) == (256, 128)
 
 
+def test_fp8_experts_upload_layouts(rng):
+    """upload_grouped_fp8_weights' layout: auto, source and panels upload (the CPU reads both);
+    decode (FP8 experts have none) and an unknown name are refused by name."""
+    codes = rng.integers(0, 0x7E, size=(2, 64, 128), dtype=np.uint8)
+    scales = np.ones((2, 1, 1), np.float32)
+    with metrale.Model("cpu") as m:
+        for layout in ("auto", "source", "panels"):
+            m.upload_grouped_fp8_weights(codes, scales, layout=layout, label=layout)
+        with pytest.raises(metrale.InvalidArgumentError, match="no decode layout"):
+            m.upload_grouped_fp8_weights(codes, scales, layout="decode")
+        with pytest.raises(metrale.InvalidArgumentError, match="layout: 'tiles'"):
+            m.upload_grouped_fp8_weights(codes, scales, layout="tiles")
+
+
 def test_expert_linears_missing_an_expert_are_refused(tmp_path):
     """A Qwen3-MoE checkpoint without one expert's up_proj: refused by name, nothing loaded."""
     src = MODELS / "qwen3moe-ct-w4a16"

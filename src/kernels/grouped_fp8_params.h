@@ -17,7 +17,7 @@ namespace metrale {
 struct GroupedFp8Params {
   std::uint64_t a = 0;         // E4M3 [rows, K]
   std::uint64_t a_scales = 0;  // FP32 [ceil(K/128), fp8::scales_ld(rows)]
-  std::uint64_t b = 0;         // expert 0's E4M3 codes [N, K]
+  std::uint64_t b = 0;         // expert 0's E4M3 codes [N, K] (b_panels: fp8_panel_layout.h's)
   std::uint64_t b_scales = 0;  // expert 0's FP32 scales [ceil(N/128), round_up(ceil(K/128), 4)]
   std::uint64_t c = 0;         // [rows, N] BF16, FP32 with out_f32
   std::uint64_t bias = 0;      // BF16 [experts, N], or 0
@@ -26,6 +26,8 @@ struct GroupedFp8Params {
   std::uint64_t b_stride = 0, b_scales_stride = 0;  // bytes from one expert's to the next's
   std::int64_t rows = 0, n = 0, k = 0, experts = 0;
   std::uint32_t out_f32 = 0;
+  // Non-zero: the codes are in the CPU's panel layout (a kernel that publishes `panels` only).
+  std::uint32_t b_panels = 0;
 };
 
 namespace grouped_fp8 {

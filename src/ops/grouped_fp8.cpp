@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "core/nvtx.h"
 #include "core/published.h"
 #include "kernels/fp8_cast.h"
+#include "kernels/fp8_panel_layout.h"
 #include "kernels/grouped_fp8_params.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -46,16 +48,31 @@ std::uint64_t product(std::string_view api, std::string_view what, std::uint64_t
   return a * b;
 }
 
+// An expert's code bytes in `packing` (N x K weights, K a multiple of 16 for kPanels).
+std::uint64_t codes_bytes(std::string_view api, WeightPacking packing, std::int64_t n,
+                          std::int64_t k) {
+  const Fp8Weights need = describe_fp8_weights(api, n, k);
+  if (packing != WeightPacking::kPanels) return need.codes_bytes;
+  return product(api, "the panels' codes",
+                 static_cast<std::uint64_t>(fp8_panels::panels(n) * fp8_panels::kCols),
+                 static_cast<std::uint64_t>(k));
+}
+
 void check_weights(std::string_view api, const GroupedFp8Weights& w) {
   if (w.experts < 1 || w.experts > kMaxExperts) {
     bad(api, fmt::format("experts = {} is outside [1, {}]", w.experts, kMaxExperts));
   }
-  const Fp8Weights need = describe_fp8_weights(api, w.expert.n, w.expert.k);
+  if (w.packing != WeightPacking::kSource && w.packing != WeightPacking::kPanels) {
+    bad(api, "the weights' packing is the decode layout, which FP8 experts do not have");
+  }
+  Fp8Weights need = describe_fp8_weights(api, w.expert.n, w.expert.k);
+  need.codes_bytes = codes_bytes(api, w.packing, w.expert.n, w.expert.k);
   if (w.expert.codes_bytes != need.codes_bytes || w.expert.scales_bytes != need.scales_bytes) {
-    bad(api, fmt::format("an expert's codes and scales are {} and {} bytes; E4M3 {}x{} needs {} "
-                         "and {}",
+    bad(api, fmt::format("an expert's codes and scales are {} and {} bytes; E4M3 {}x{}{} needs "
+                         "{} and {}",
                          w.expert.codes_bytes, w.expert.scales_bytes, w.expert.n, w.expert.k,
-                         need.codes_bytes, need.scales_bytes));
+                         w.packing == WeightPacking::kPanels ? " in panels" : "", need.codes_bytes,
+                         need.scales_bytes));
   }
   if (w.expert.k % kKMultiple != 0) {
     bad(api, fmt::format("K = {} is not a multiple of {} (the grouped kernels read a row {} "
@@ -99,11 +116,73 @@ void check_workspace_part(Backend& backend, const Range& part, DevicePtr p,
   check_no_overlap(kRunApi, part, others);
 }
 
+// The layout an upload with `upload` stores on backend (weights N x K), or why not.
+WeightPacking upload_packing(Backend& backend, UploadLayout upload, std::int64_t k) {
+  switch (upload) {
+    case UploadLayout::kSource:
+      return WeightPacking::kSource;
+    case UploadLayout::kDecode:
+      bad(kUploadApi,
+          "UploadLayout::kDecode: FP8 experts have no decode layout (kSource, "
+          "kPanels or kBackendPreferred)");
+    case UploadLayout::kPanels:
+      if (k % kKMultiple != 0) {
+        bad(kUploadApi,
+            fmt::format("the panel layout takes K a multiple of {}; K = {}", kKMultiple, k));
+      }
+      if (!reads_fp8_panel_layout(backend)) {
+        throw Error(ErrorCode::kUnavailable, kUploadApi,
+                    fmt::format("{}'s grouped W8A8 kernel does not read the panel layout (it "
+                                "publishes no _panels)",
+                                backend.name()));
+      }
+      return WeightPacking::kPanels;
+    case UploadLayout::kBackendPreferred:
+      break;
+  }
+  return k % kKMultiple == 0 && reads_fp8_panel_layout(backend) ? WeightPacking::kPanels
+                                                                : WeightPacking::kSource;
+}
+
+// One expert's row-major codes [N, K] rearranged into the panel layout (out: its bytes, the
+// columns past N zero): each panel's pairs in order, its 32 rows read side by side.
+void pack_panels(std::span<const std::uint8_t> codes, std::int64_t n, std::int64_t k,
+                 std::vector<std::uint8_t>& out) {
+  out.assign(static_cast<std::size_t>(fp8_panels::bytes(n, k)), 0);
+  std::array<std::int64_t, fp8_panels::kCols> at{};  // column c's even code in a pair
+  for (std::int64_t c = 0; c < fp8_panels::kCols; ++c) {
+    at[static_cast<std::size_t>(c)] = fp8_panels::pair_byte(c, 0);
+  }
+  std::uint8_t* dst = out.data();
+  for (std::int64_t p = 0; p < fp8_panels::panels(n); ++p) {
+    const std::int64_t live = std::min(fp8_panels::kCols, n - p * fp8_panels::kCols);
+    const std::uint8_t* rows = codes.data() + p * fp8_panels::kCols * k;
+    for (std::int64_t q = 0; q < k; q += 2, dst += fp8_panels::kPairBytes) {
+      for (std::int64_t c = 0; c < live; ++c) {
+        const std::uint8_t* two = rows + c * k + q;
+        dst[at[static_cast<std::size_t>(c)]] = two[0];
+        dst[at[static_cast<std::size_t>(c)] + 1] = two[1];
+      }
+    }
+  }
+}
+
 }  // namespace
+
+bool reads_fp8_panel_layout(Backend& backend) {
+  constexpr const char* kEntry = "gemm_grouped_e4m3_block128";
+  return backend.has_kernel(kModule, kEntry) &&
+         backend.op_cache().kernel(backend, kModule, kEntry).meta.panels;
+}
 
 Fp8Weights GroupedFp8Weights::view(std::int32_t e) const {
   if (e < 0 || e >= experts) {
     bad("GroupedFp8Weights::view", fmt::format("expert {} is outside [0, {})", e, experts));
+  }
+  if (packing != WeightPacking::kSource) {
+    bad("GroupedFp8Weights::view",
+        "the experts are in the panel layout, which the dense W8A8 op does not read (upload "
+        "them with UploadLayout::kSource for views)");
   }
   Fp8Weights v = expert;
   v.codes = expert.codes.offset(static_cast<std::uint64_t>(e) * codes_stride);
@@ -113,7 +192,8 @@ Fp8Weights GroupedFp8Weights::view(std::int32_t e) const {
 
 GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
                                                      std::span<const E4m3BlockWeightsView> experts,
-                                                     std::string label, std::source_location loc)
+                                                     std::string label, UploadLayout upload,
+                                                     std::source_location loc)
     : label_(std::move(label)) {
   if (experts.empty() || experts.size() > static_cast<std::size_t>(kMaxExperts)) {
     bad(kUploadApi, fmt::format("{} experts is outside [1, {}]", experts.size(), kMaxExperts));
@@ -122,18 +202,18 @@ GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
   GroupedFp8Weights w;
   w.expert = describe_fp8_weights(kUploadApi, n, k);
   w.experts = static_cast<std::int32_t>(experts.size());
+  const std::size_t source_bytes = w.expert.codes_bytes;
   const auto rows = static_cast<std::size_t>(dense_scale_blocks(n)),
              cols = static_cast<std::size_t>(dense_scale_blocks(k)),
              ld = static_cast<std::size_t>(dense_b_scales_ld(k));
   for (std::size_t e = 0; e < experts.size(); ++e) {
     const E4m3BlockWeightsView& x = experts[e];
-    if (x.n != n || x.k != k || x.codes.size() != w.expert.codes_bytes ||
-        x.scales.size() != rows * cols) {
+    if (x.n != n || x.k != k || x.codes.size() != source_bytes || x.scales.size() != rows * cols) {
       bad(kUploadApi, fmt::format("expert {} is {}x{} with {} codes and {} scales; expert 0 is "
                                   "{}x{}, which needs {} codes and {} scales ([ceil(N/128), "
                                   "ceil(K/128)])",
-                                  e, x.n, x.k, x.codes.size(), x.scales.size(), n, k,
-                                  w.expert.codes_bytes, rows * cols));
+                                  e, x.n, x.k, x.codes.size(), x.scales.size(), n, k, source_bytes,
+                                  rows * cols));
     }
     // NaN codes (0x7F, 0xFF) are refused as the checkpoint loader refuses them: the CUDA kernel
     // widens codes through FP16, where they would read as ±480 instead of NaN.
@@ -145,6 +225,8 @@ GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
           fmt::format("expert {}'s weight [{}, {}] is NaN (0x{:02X})", e, i / k, i % k, *nan));
     }
   }
+  w.packing = upload_packing(backend, upload, k);
+  w.expert.codes_bytes = codes_bytes(kUploadApi, w.packing, n, k);
   const auto e_count = static_cast<std::uint64_t>(experts.size());
   w.codes_stride = align_up(w.expert.codes_bytes);
   w.scales_stride = align_up(w.expert.scales_bytes);
@@ -155,9 +237,17 @@ GroupedFp8WeightsResource::GroupedFp8WeightsResource(Backend& backend,
     // Each expert's scale rows ld = round_up(ceil(K/128), 4) apart (fp8_gemm.h's device layout);
     // the pad entries are never read and are written 0 so the buffer's bytes are defined.
     std::vector<float> padded(w.scales_stride / 4, 0.0f);
+    std::vector<std::uint8_t> panels;
     for (std::uint64_t e = 0; e < e_count; ++e) {
-      backend.copy_h2d(dc.offset(e * w.codes_stride), experts[e].codes.data(),
-                       w.expert.codes_bytes);
+      const std::uint8_t* codes = experts[e].codes.data();
+      if (w.packing == WeightPacking::kPanels) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pack_panels(experts[e].codes, n, k, panels);
+        pack_seconds_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        codes = panels.data();
+      }
+      backend.copy_h2d(dc.offset(e * w.codes_stride), codes, w.expert.codes_bytes);
       for (std::size_t r = 0; r < rows; ++r) {
         std::memcpy(padded.data() + r * ld, experts[e].scales.data() + r * cols, cols * 4);
       }
@@ -180,10 +270,11 @@ void GroupedFp8WeightsResource::release(Backend& backend) {
 std::string GroupedFp8Plan::describe() const {
   return fmt::format(
       "grouped w8a8 rows={} N={} K={} x {} experts: {} {}x{}x{} x {} threads, {} "
-      "{}x{}x{} x {} threads; workspace {} B{}",
+      "{}x{}x{} x {} threads; workspace {} B{}{}",
       rows, n, k, experts, backend->kernel_name(cast.kernel), cast.grid.x, cast.grid.y, cast.grid.z,
       cast.block.x, backend->kernel_name(gemm.kernel), gemm.grid.x, gemm.grid.y, gemm.grid.z,
-      gemm.block.x, workspace.total(), out_f32 ? "; FP32 C" : "");
+      gemm.block.x, workspace.total(), out_f32 ? "; FP32 C" : "",
+      packing == WeightPacking::kPanels ? "; experts in panels" : "");
 }
 
 GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
@@ -198,6 +289,12 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   if (options.out_f32 && !gemm.meta.out_f32) {
     throw Error(ErrorCode::kUnavailable, kPlanApi,
                 fmt::format("{} does not write FP32 C (it publishes no _out_f32)",
+                            backend.kernel_name(gemm)));
+  }
+  if (w.packing == WeightPacking::kPanels && !gemm.meta.panels) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} does not read experts in the panel layout (it publishes no "
+                            "_panels); upload them with UploadLayout::kSource",
                             backend.kernel_name(gemm)));
   }
   for (const ResolvedKernel* k : {&cast, &gemm}) {
@@ -218,6 +315,7 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   p.experts = w.experts;
   p.bias = options.bias;
   p.out_f32 = options.out_f32;
+  p.packing = w.packing;
   p.cast =
       PlannedLaunch{cast,
                     Dim3{grid_of(kPlanApi, product(kPlanApi, "the cast's blocks", urows, kblocks),
@@ -251,6 +349,11 @@ void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
   if (w.experts != plan.experts || w.expert.n != plan.n || w.expert.k != plan.k) {
     bad(kRunApi, fmt::format("the weights are {} experts of {}x{}; the plan is for {} of {}x{}",
                              w.experts, w.expert.n, w.expert.k, plan.experts, plan.n, plan.k));
+  }
+  if (w.packing != plan.packing) {
+    bad(kRunApi, fmt::format("the weights are in the {} layout; the plan is for the {}",
+                             w.packing == WeightPacking::kPanels ? "panel" : "row-major",
+                             plan.packing == WeightPacking::kPanels ? "panel" : "row-major"));
   }
   if (plan.bias != static_cast<bool>(bias)) {
     bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"
@@ -304,6 +407,7 @@ void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
   g.k = plan.k;
   g.experts = plan.experts;
   g.out_f32 = plan.out_f32 ? 1 : 0;
+  g.b_panels = plan.packing == WeightPacking::kPanels ? 1 : 0;
   backend.launch_typed(plan.gemm.kernel, plan.gemm.grid, plan.gemm.block, plan.gemm.smem_bytes,
                        stream, std::array{KernelArg::value(g)});
 }

@@ -163,5 +163,29 @@ TEST(GroupedFp8Launch, RefusedUnlessOptedInThenACastAndOneLaunchOverEveryExpert)
   res.release(b);
 }
 
+// The CPU's panel layout of FP8 experts on a backend whose grouped kernel publishes no `panels`:
+// asked for, the upload is refused by name (nothing left allocated); preferred, the upload keeps
+// row-major codes; weights described as panels by hand are refused by the plan.
+TEST(GroupedFp8Launch, ThePanelLayoutIsRefusedWhereTheKernelDoesNotReadIt) {
+  std::mt19937_64 gen{std::random_device{}()};
+  GroupedFp8Rig r;
+  CudaBackend& b = r.rig.b();
+  const f8::HostFp8Weights h = f8::random_weights(64, 144, gen);
+  const std::vector<E4m3BlockWeightsView> views = {{h.n, h.k, h.codes, h.scales}};
+  EXPECT_FALSE(ops::reads_fp8_panel_layout(b));
+  EXPECT_ERROR(ops::GroupedFp8WeightsResource(b, views, "x", ops::UploadLayout::kPanels),
+               ErrorCode::kUnavailable, "does not read the panel layout");
+  EXPECT_EQ(b.live_alloc_count(), 0u);
+  ops::GroupedFp8WeightsResource res(b, views, "x", ops::UploadLayout::kBackendPreferred);
+  EXPECT_EQ(res.weights().packing, ops::WeightPacking::kSource);
+  ops::GroupedFp8Weights panels = res.weights();  // 64 columns: the same bytes either way
+  panels.packing = ops::WeightPacking::kPanels;
+  ops::GroupedFp8Options opt;
+  opt.allow_unverified = true;
+  EXPECT_ERROR(ops::plan_grouped(b, 4, panels, opt), ErrorCode::kUnavailable,
+               "does not read experts in the panel layout");
+  res.release(b);
+}
+
 }  // namespace
 }  // namespace metrale::cuda::testing

@@ -5,7 +5,8 @@
 // tests/ops/fp8_gemm_test.cpp), contiguous and masked rows, empty experts, one expert taking
 // every token, FP32 C; C poisoned first, rows of no expert checked untouched. On the CPU each
 // expert's rows must also be the bytes of the dense W8A8 op on that expert alone (the same kernel
-// per M). On CUDA the kernels run opted in: the device check's verification of them.
+// per M), and the experts in the CPU's panel layout are checked against the same bounds. On CUDA
+// the kernels run opted in: the device check's verification of them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -81,13 +82,17 @@ class GroupedFp8 : public GemmBackendTest {
     return o;
   }
 
-  void run_case(const Case& c) {
+  // layout kPanels: the experts in the CPU's panel layout, checked against the bounds only (the
+  // dense op reads no panels).
+  void run_case(const Case& c, ops::UploadLayout layout = ops::UploadLayout::kSource) {
     SCOPED_TRACE(c.str());
     Backend& bk = b();
     std::vector<f8::HostFp8Weights> host;
     for (int e = 0; e < c.experts; ++e) host.push_back(f8::random_weights(c.n, c.k, gen()));
-    ops::GroupedFp8WeightsResource res(bk, views(host));
+    ops::GroupedFp8WeightsResource res(bk, views(host), "fp8 experts", layout);
     const ops::GroupedFp8Weights& w = res.weights();
+    const bool panels = layout == ops::UploadLayout::kPanels;
+    ASSERT_EQ(w.packing, panels ? ops::WeightPacking::kPanels : ops::WeightPacking::kSource);
     const ops::MoeShape shape{c.tokens, c.experts, c.top_k, c.masked ? c.tokens : 0};
     const auto rows = static_cast<std::size_t>(shape.row_capacity());
     const auto e_n = static_cast<std::size_t>(c.experts);
@@ -127,7 +132,7 @@ class GroupedFp8 : public GemmBackendTest {
                                            a_host.begin() + (offsets[e] + m) * c.k);
       const std::uint8_t* got = bytes.data() + static_cast<std::size_t>(offsets[e]) * row_bytes;
       expect_within_bounds(a_e, m, host[static_cast<std::size_t>(e)], bias, e, c, got);
-      if (!cuda()) expect_dense_bytes(w.view(e), offsets[e], m, c, a, bias, e, got);
+      if (!cuda() && !panels) expect_dense_bytes(w.view(e), offsets[e], m, c, a, bias, e, got);
     }
     EXPECT_GT(checked, 0);
     for (std::size_t row = 0; row < rows; ++row) {
@@ -224,6 +229,54 @@ TEST_P(GroupedFp8, EmptyExpertsAndOneExpertTakingAll) {
   run_case({33, 16, 1, 64, 256, false, false, false, 3.0});
   run_case({50, 4, 1, 32, 128, true, true, false, 12.0});  // nearly every token to expert 0
   run_case({1, 64, 8, 64, 256});                           // one token: 56 experts empty
+}
+
+// The experts in the CPU's panel layout (Note [E4M3 panels]), the cases above: ragged N (a
+// partial last panel) and K blocks, FP32 C, bias, masked rows, empty experts, one expert taking
+// every token, 1, 8 and 9 rows an expert (the row tile in registers, the widened block in L1).
+// The CUDA kernel reads no panels: there the upload is refused (GroupedFp8Launch.* checks how).
+TEST_P(GroupedFp8, ThePanelLayoutAgainstFloat64) {
+  if (cuda()) GTEST_SKIP() << "the CUDA module reads no FP8 panels (refusals: GroupedFp8Launch)";
+  const auto panels = ops::UploadLayout::kPanels;
+  run_case({13, 8, 2, 96, 256}, panels);
+  run_case({40, 6, 4, 136, 528, true, true, false, 0.5}, panels);
+  run_case({7, 5, 3, 64, 144, false, true, true, 1.0}, panels);
+  run_case({5, 3, 1, 200, 2048}, panels);
+  run_case({33, 16, 1, 64, 256, false, false, false, 3.0}, panels);
+  run_case({72, 8, 1, 40, 256, false, true, false, 0.0}, panels);  // about 9 rows an expert
+  run_case({1, 64, 8, 64, 256}, panels);
+  // The preferred layout on the CPU is the panels; the upload refuses kDecode, and K not a
+  // multiple of 16 for panels; an expert of panels has no dense view.
+  Backend& bk = b();
+  const f8::HostFp8Weights h = f8::random_weights(64, 144, gen());
+  ops::GroupedFp8WeightsResource preferred(bk, views({h}), "fp8 experts",
+                                           ops::UploadLayout::kBackendPreferred);
+  EXPECT_EQ(preferred.weights().packing, ops::WeightPacking::kPanels);
+  EXPECT_ERROR(preferred.weights().view(0), ErrorCode::kInvalidArgument,
+               "the experts are in the panel layout");
+  EXPECT_ERROR(ops::GroupedFp8WeightsResource(bk, views({h}), "x", ops::UploadLayout::kDecode),
+               ErrorCode::kInvalidArgument, "FP8 experts have no decode layout");
+  const f8::HostFp8Weights odd = f8::random_weights(64, 132, gen());
+  EXPECT_ERROR(ops::GroupedFp8WeightsResource(bk, views({odd}), "x", panels),
+               ErrorCode::kInvalidArgument, "the panel layout takes K a multiple of 16; K = 132");
+  ops::GroupedFp8WeightsResource odd_pref(bk, views({odd}), "x",
+                                          ops::UploadLayout::kBackendPreferred);
+  EXPECT_EQ(odd_pref.weights().packing, ops::WeightPacking::kSource);
+  // A plan for panels refuses row-major weights of the same shape, and the reverse.
+  ops::GroupedFp8WeightsResource source(bk, views({h}));
+  const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, 4, preferred.weights());
+  EXPECT_NE(plan.describe().find("experts in panels"), std::string::npos) << plan.describe();
+  const DevicePtr a = upload(random_a(gen(), 4 * 144)), out = poisoned(4 * 64 * 2);
+  const DevicePtr dc = upload(std::vector<std::int32_t>{4}),
+                  doff = upload(std::vector<std::int32_t>{0, 4});
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, source.weights(), dc, doff, out,
+                                ops::scratch_workspace(plan, stream())),
+               ErrorCode::kInvalidArgument,
+               "the weights are in the row-major layout; the plan is for the panel");
+  const auto got = read<std::uint8_t>(out, 4 * 64 * 2);
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::uint8_t v) { return v == kPoisonByte; }));
+  for (auto* r : {&preferred, &odd_pref, &source}) r->release(bk);
+  free_all();
 }
 
 TEST_P(GroupedFp8, RowsOutsideTheBuffersAreSkipped) {

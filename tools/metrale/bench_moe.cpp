@@ -227,7 +227,9 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
     for (std::int64_t c = 0; c < copies; ++c) {
       const std::string label = fmt::format("{} {} copy {}", model.name, layer.name, c);
       if (model.fp8) {
-        lw.f.push_back(&scope.add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label))
+        lw.f.push_back(&scope
+                            .add(std::make_unique<ops::GroupedFp8WeightsResource>(
+                                b, views, label, ops::UploadLayout::kBackendPreferred))
                             .weights());
       } else {
         lw.q.push_back(&scope

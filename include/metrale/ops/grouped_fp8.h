@@ -18,20 +18,29 @@
 #include "metrale/e4m3_block.h"
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/quant_weights.h"
 
 namespace metrale::ops {
 
 // E experts' E4M3 weights of one shape, each tensor in one buffer with the experts laid end to
 // end (expert e's codes at codes + e · codes_stride, its scales likewise, in Fp8Weights' device
 // layout).
+// kPanels: each expert's codes in the CPU's panel layout (src/kernels/fp8_panel_layout.h, Note
+// [E4M3 panels]) instead of row-major, fp8_panels::bytes(N, K) of them; its scales as ever.
 struct GroupedFp8Weights {
   Fp8Weights expert;  // every expert's shape and byte sizes, with expert 0's buffers
   std::int32_t experts = 0;
   std::uint64_t codes_stride = 0, scales_stride = 0;  // bytes, multiples of 256
+  WeightPacking packing = WeightPacking::kSource;     // kSource or kPanels
   // Expert e as weights of its own, for ops/fp8_gemm.h (buffers inside this one's);
-  // Error(kInvalidArgument) for e outside [0, experts).
+  // Error(kInvalidArgument) for e outside [0, experts) or experts in the panel layout, which the
+  // dense W8A8 op does not read.
   Fp8Weights view(std::int32_t e) const;
 };
+
+// Whether backend's grouped W8A8 kernel reads experts in the panel layout (it publishes `panels`:
+// the CPU module).
+bool reads_fp8_panel_layout(Backend& backend);
 
 // E experts' host E4M3 weights uploaded as GroupedFp8Weights, owned as a model resource: two
 // allocations, each expert's scales repacked into the device layout as Fp8WeightsResource does.
@@ -39,19 +48,27 @@ class GroupedFp8WeightsResource final : public ModelResource {
  public:
   // experts: each expert's codes [N, K] and the checkpoint's FP32 multipliers [ceil(N/128),
   // ceil(K/128)], one shape for all (views may share buffers). Checks the count, shapes and sizes
-  // (Error(kInvalidArgument) naming the expert and what is wrong), allocates and fills; on any
-  // failure frees what it allocated and throws.
+  // (Error(kInvalidArgument) naming the expert and what is wrong), allocates and fills in the
+  // layout `upload` chooses; on any failure frees what it allocated and throws. upload: kSource
+  // row-major codes; kPanels the panel layout, with K a multiple of 16 (else
+  // Error(kInvalidArgument)) on a backend that reads it (else Error(kUnavailable));
+  // kBackendPreferred the panel layout where both hold, else row-major; kDecode is refused
+  // (Error(kInvalidArgument)): FP8 experts have no decode layout.
   GroupedFp8WeightsResource(Backend& backend, std::span<const E4m3BlockWeightsView> experts,
                             std::string label = "fp8 experts",
+                            UploadLayout upload = UploadLayout::kSource,
                             std::source_location loc = std::source_location::current());
   std::string label() const override { return label_; }
   // Frees both buffers (the second even when the first free fails); a second call does nothing.
   void release(Backend& backend) override;
   const GroupedFp8Weights& weights() const noexcept { return w_; }
+  // Seconds the upload spent rearranging the codes into the panel layout (0 for row-major).
+  double pack_seconds() const noexcept { return pack_seconds_; }
 
  private:
   std::string label_;
   GroupedFp8Weights w_;
+  double pack_seconds_ = 0.0;
 };
 
 struct GroupedFp8Options {
@@ -69,7 +86,8 @@ struct GroupedFp8Plan {
   std::int64_t rows = 0, n = 0, k = 0;  // rows: of A and C, the row capacity
   std::int32_t experts = 0;
   bool bias = false, out_f32 = false;
-  PlannedLaunch cast;           // fp8::cast_e4m3_block128 over all rows
+  WeightPacking packing = WeightPacking::kSource;  // of the weights it was made for
+  PlannedLaunch cast;                              // fp8::cast_e4m3_block128 over all rows
   PlannedLaunch gemm;           // fp8::gemm_grouped_e4m3_block128, grid (N tiles, experts)
   Fp8WorkspaceBytes workspace;  // the cast A and its scales (no dense part)
   // One line, e.g. "grouped w8a8 rows=64 N=1536 K=2048 x 128 experts: fp8::cast_e4m3_block128
@@ -81,14 +99,16 @@ struct GroupedFp8Plan {
 // (K a multiple of 16: the GPU kernel reads 16 codes at a time) and sizes both launches from what
 // their kernels publish. Throws Error(kInvalidArgument) for bad shapes or weights,
 // Error(kUnavailable) for a kernel no device verified without allow_unverified (or one that does
-// not write FP32 C when out_f32 asks it), Error(kNotFound) for a missing kernel. Launches nothing.
+// not write FP32 C when out_f32 asks it, or weights in the panel layout it does not read),
+// Error(kNotFound) for a missing kernel. Launches nothing.
 GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
                             const GroupedFp8Options& options = {});
 
 // Queues the planned GEMM on stream: A BF16 [rows, K], C [rows, N] (BF16, FP32 with out_f32),
 // counts int32 [experts], offsets int32 [experts + 1] (moe_align's), bias BF16 [experts, N] when
 // planned, the workspace the plan sizes (scratch_workspace); all inside the backend's
-// allocations, C and the workspace overlapping no input, weights those the plan was made for.
+// allocations, C and the workspace overlapping no input, weights of the shape and layout the plan
+// was made for.
 // Rows of no expert are cast but not written in C; an expert whose rows a caller's counts and
 // offsets put outside [0, rows) is skipped. Nothing is queued when it throws.
 void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,

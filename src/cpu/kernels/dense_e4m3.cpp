@@ -7,6 +7,7 @@
 
 #include "cpu/kernels/dense_store.h"
 #include "cpu/kernels/w4a16_cpu.h"
+#include "kernels/fp8_panel_layout.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/numerics.h"
 
@@ -40,9 +41,9 @@ float dot(const float* x, const float* y, std::int64_t len) {
   return s;
 }
 
-}  // namespace
-
-void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+// gemm_e4m3_block128 with B's code of (n, k) at b[offset(n, k)].
+template <typename Offset>
+void reference_gemm(const DenseParams& p, std::int64_t n0, std::int64_t n1, Offset offset) {
   const auto* a = reinterpret_cast<const std::uint8_t*>(p.a);
   const auto* b = reinterpret_cast<const std::uint8_t*>(p.b);
   const auto* sa = reinterpret_cast<const float*>(p.a_scales);
@@ -55,7 +56,12 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
   const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
   // The block's rows of B widened once, then each row of A.
   std::vector<float> bw(cols * k), aw(k);
-  for (std::size_t i = 0; i < cols * k; ++i) bw[i] = lut[b[static_cast<std::size_t>(n0) * k + i]];
+  for (std::size_t j = 0; j < cols; ++j) {
+    for (std::size_t i = 0; i < k; ++i) {
+      bw[j * k + i] =
+          lut[b[offset(n0 + static_cast<std::int64_t>(j), static_cast<std::int64_t>(i))]];
+    }
+  }
   for (std::int64_t m = 0; m < p.m; ++m) {
     for (std::size_t i = 0; i < k; ++i) aw[i] = lut[a[static_cast<std::size_t>(m) * k + i]];
     for (std::size_t j = 0; j < cols; ++j) {
@@ -78,14 +84,33 @@ void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) 
   }
 }
 
+using Kernel = void (*)(const DenseParams&, std::int64_t, std::int64_t);
+
+// Of one kernel's three builds, the best this processor runs (METRALE_CPU_ISA caps it).
+Kernel best_of(Kernel reference, Kernel avx512bf16, Kernel avx512vbmi) {
+  if (w4a16::best_isa() != w4a16::Isa::kAvx512Bf16) return reference;
+  return has_avx512vbmi() ? avx512vbmi : avx512bf16;
+}
+
+}  // namespace
+
+void gemm_e4m3_block128(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  reference_gemm(p, n0, n1, [k = p.k](std::int64_t n, std::int64_t q) { return n * k + q; });
+}
+
+void gemm_e4m3_block128_panels(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  reference_gemm(p, n0, n1,
+                 [k = p.k](std::int64_t n, std::int64_t q) { return fp8_panels::offset(n, q, k); });
+}
+
+void gemm_e4m3_block128_panels_best(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  best_of(gemm_e4m3_block128_panels, gemm_e4m3_block128_panels_avx512bf16,
+          gemm_e4m3_block128_panels_avx512vbmi)(p, n0, n1);
+}
+
 void gemm_e4m3_block128_best(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
-  if (w4a16::best_isa() != w4a16::Isa::kAvx512Bf16) {
-    gemm_e4m3_block128(p, n0, n1);
-  } else if (has_avx512vbmi()) {
-    gemm_e4m3_block128_avx512vbmi(p, n0, n1);
-  } else {
-    gemm_e4m3_block128_avx512bf16(p, n0, n1);
-  }
+  best_of(gemm_e4m3_block128, gemm_e4m3_block128_avx512bf16, gemm_e4m3_block128_avx512vbmi)(p, n0,
+                                                                                            n1);
 }
 
 }  // namespace metrale::cpu::blas

@@ -19,6 +19,14 @@ void gemm_e4m3_block128_avx512bf16(const DenseParams& p, std::int64_t n0, std::i
 // The same with AVX512-VBMI's byte lookups widening the codes (dense_e4m3_vbmi.cpp): the sums in
 // yet another order. Call only where has_avx512vbmi() and the processor has AVX512-BF16.
 void gemm_e4m3_block128_avx512vbmi(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+// The same four with B in the CPU's panel layout of E4M3 weights (kernels/fp8_panel_layout.h; K a
+// multiple of 16, n0 a multiple of 32), which the grouped W8A8 GEMM's experts take on the CPU
+// (Note [E4M3 panels]): the reference reads each code where the layout puts it and sums as
+// gemm_e4m3_block128; the vector kernels widen a pair of 32 columns with one load.
+void gemm_e4m3_block128_panels(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+void gemm_e4m3_block128_panels_avx512bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+void gemm_e4m3_block128_panels_avx512vbmi(const DenseParams& p, std::int64_t n0, std::int64_t n1);
+void gemm_e4m3_block128_panels_best(const DenseParams& p, std::int64_t n0, std::int64_t n1);
 // Whether the processor has AVX512-VBMI.
 bool has_avx512vbmi() noexcept;
 // C[:, n0:n1] of p by the best of the three this processor runs (METRALE_CPU_ISA caps it, as for

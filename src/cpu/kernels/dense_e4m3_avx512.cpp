@@ -11,4 +11,8 @@ void gemm_e4m3_block128_avx512bf16(const DenseParams& p, std::int64_t n0, std::i
   avx512bf16::gemm(p, n0, n1);
 }
 
+void gemm_e4m3_block128_panels_avx512bf16(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  avx512bf16::gemm_panels(p, n0, n1);
+}
+
 }  // namespace metrale::cpu::blas

@@ -11,6 +11,10 @@ void gemm_e4m3_block128_avx512vbmi(const DenseParams& p, std::int64_t n0, std::i
   vbmi::gemm(p, n0, n1);
 }
 
+void gemm_e4m3_block128_panels_avx512vbmi(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  vbmi::gemm_panels(p, n0, n1);
+}
+
 bool has_avx512vbmi() noexcept {
   static const bool yes = __builtin_cpu_supports("avx512vbmi");
   return yes;

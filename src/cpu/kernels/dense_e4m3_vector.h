@@ -19,6 +19,7 @@
 #include "cpu/kernels/transpose_avx512.h"
 #include "cpu/kernels/w4a16_shared.h"
 #include "kernels/dense_params.h"
+#include "kernels/fp8_panel_layout.h"
 #include "metrale/dense_gemm.h"
 #include "metrale/numerics.h"
 
@@ -378,6 +379,145 @@ template <bool kKOrder>
       widen64<kKOrder>(a + m * p.k + k, p.k - k, lo, hi);
       _mm512_storeu_si512(aw + m * kpad + k, lo);
       _mm512_storeu_si512(aw + m * kpad + k + 32, hi);
+    }
+  }
+}
+
+// One K pair of a panel-layout panel's 32 columns (64 codes, fp8_panel_layout.h) as BF16 pairs:
+// lo holds columns 0-15, hi 16-31, a dword each. The layout puts each column's codes where VBMI's
+// in-lane interleave leaves them; the arithmetic widening, which keeps K order, first gathers the
+// quadwords of columns 0-15 (0, 2, 4, 6) into the low half.
+[[METRALE_E4M3_TARGET, gnu::always_inline]] inline void widen_panel_pair(__m512i codes, __m512i& lo,
+                                                                         __m512i& hi) {
+#if METRALE_E4M3_VBMI
+  widen_codes<false>(codes, lo, hi);
+#else
+  const __m512i order = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+  widen_codes<true>(_mm512_permutexvar_epi64(order, codes), lo, hi);
+#endif
+}
+
+// Rows r0 .. r0 + R against one 128-K block of a panel (`pairs` K pairs of 64 bytes at codes),
+// streamed from memory with the decode kernel's read-ahead (Note [L2 read-ahead distance]): each
+// pair widened once in registers and multiplied by every row's broadcast A pair (a: the rows'
+// pairs, apairs apart), two independent sets of sums per row with one or two rows; the 32 sums of
+// each row times its A scale and the block's W scale into the row's 32 totals. kKeep: the widened
+// pairs also stored into keep (the tiled kernels' panel, for the row tiles after this one).
+template <int R, bool kKeep>
+[[METRALE_E4M3_TARGET]] void packed_block_rows(const std::uint8_t* codes, std::int64_t pairs,
+                                               const std::uint32_t* a, std::int64_t apairs,
+                                               const float* a_scales, float w_scale, float* totals,
+                                               std::uint32_t* keep) {
+  constexpr int kSets = R <= 2 ? 2 : 1;
+  __m512 c[kSets][R][2];
+#pragma GCC unroll 2
+  for (int s = 0; s < kSets; ++s) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c[s][r][0] = c[s][r][1] = _mm512_setzero_ps();
+  }
+  for (std::int64_t q = 0; q < pairs; q += kSets) {  // pairs: a multiple of 8 (K of 16)
+#pragma GCC unroll 2
+    for (int s = 0; s < kSets; ++s) {
+      const std::uint8_t* at = codes + (q + s) * fp8_panels::kPairBytes;
+      // Addresses as integers: past the panel's end a prefetch is harmless, arithmetic is not.
+      const auto ahead = reinterpret_cast<std::uintptr_t>(at);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + kPrefetchL1), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + kPrefetchL2), _MM_HINT_T1);
+      __m512i lo, hi;
+      widen_panel_pair(_mm512_loadu_si512(at), lo, hi);
+      if constexpr (kKeep) {
+        _mm512_store_si512(keep + (q + s) * fp8_panels::kCols, lo);
+        _mm512_store_si512(keep + (q + s) * fp8_panels::kCols + 16, hi);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const auto x = reinterpret_cast<__m512bh>(
+            _mm512_broadcastd_epi32(_mm_loadu_si32(a + r * apairs + q + s)));
+        c[s][r][0] = _mm512_dpbf16_ps(c[s][r][0], reinterpret_cast<__m512bh>(lo), x);
+        c[s][r][1] = _mm512_dpbf16_ps(c[s][r][1], reinterpret_cast<__m512bh>(hi), x);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 scale = _mm512_set1_ps(a_scales[r] * w_scale);
+    float* t = totals + r * fp8_panels::kCols;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512 sum = c[0][r][h];
+      if constexpr (kSets == 2) sum = _mm512_add_ps(sum, c[1][r][h]);
+      _mm512_storeu_ps(t + 16 * h, _mm512_fmadd_ps(sum, scale, _mm512_loadu_ps(t + 16 * h)));
+    }
+  }
+}
+
+template <int R>
+[[METRALE_E4M3_TARGET]] void packed_block_rows_up_to(int rows, const std::uint8_t* codes,
+                                                     std::int64_t pairs, const std::uint32_t* a,
+                                                     std::int64_t apairs, const float* a_scales,
+                                                     float w_scale, float* totals,
+                                                     std::uint32_t* keep) {
+  if constexpr (R > 1) {
+    if (rows < R) {
+      return packed_block_rows_up_to<R - 1>(rows, codes, pairs, a, apairs, a_scales, w_scale,
+                                            totals, keep);
+    }
+  }
+  if (keep != nullptr) {
+    return packed_block_rows<R, true>(codes, pairs, a, apairs, a_scales, w_scale, totals, keep);
+  }
+  packed_block_rows<R, false>(codes, pairs, a, apairs, a_scales, w_scale, totals, keep);
+}
+
+// C[:, n0:n1] of p with B in the panel layout (n0 a multiple of 32, K of 16): A widened once in K
+// order; per panel and 128-K block, row tiles of kPanelRows: the first widens the block's pairs
+// in registers as it reads them, the others read them widened from L1; 32 totals a row (Note
+// [E4M3 panels]).
+[[METRALE_E4M3_TARGET]] void gemm_panels(const DenseParams& p, std::int64_t n0, std::int64_t n1) {
+  const std::int64_t kpad = (p.k + kChunk - 1) / kChunk * kChunk;
+  thread_local std::vector<std::uint16_t> aw;
+  thread_local std::vector<float> totals;
+  aw.assign(static_cast<std::size_t>(p.m * kpad), 0);
+  widen_a<true>(p, kpad, aw.data());
+  const auto* a = reinterpret_cast<const std::uint32_t*>(aw.data());
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p.b);
+  const auto* sa = reinterpret_cast<const float*>(p.a_scales);
+  const auto* sb = reinterpret_cast<const float*>(p.b_scales);
+  const auto* bias = reinterpret_cast<const std::uint16_t*>(p.bias);
+  const std::int64_t lda = a_scales_ld(p), ldb = dense_b_scales_ld(p.k);
+  alignas(64) std::uint32_t wide[kDenseScaleBlock / 2 * fp8_panels::kCols];
+  alignas(64) float scales[fp8_panels::kCols];
+  for (std::int64_t n = n0; n < n1; n += fp8_panels::kCols) {
+    const std::int64_t live = std::min(fp8_panels::kCols, n1 - n);
+    const std::uint8_t* panel = b + fp8_panels::offset(n, 0, p.k);
+    totals.assign(static_cast<std::size_t>(p.m * fp8_panels::kCols), 0.0f);
+    for (std::int64_t kb = 0; kb < dense_scale_blocks(p.k); ++kb) {
+      const std::int64_t k0 = kb * kDenseScaleBlock;
+      const std::int64_t pairs = std::min(kDenseScaleBlock, p.k - k0) / 2;
+      const float w_scale = sb[(n / kDenseScaleBlock) * ldb + kb];
+      const std::uint8_t* block = panel + k0 / 2 * fp8_panels::kPairBytes;
+      // The first row tile widens the block in registers as it streams it; with more rows than
+      // a tile, it keeps the widened pairs in L1 for the other tiles, as re-widening them per
+      // tile would cost a vector operation for every two products they feed.
+      const bool more = p.m > kPanelRows;
+      packed_block_rows_up_to<kPanelRows>(static_cast<int>(std::min<std::int64_t>(kPanelRows, p.m)),
+                                          block, pairs, a + k0 / 2, kpad / 2, sa + kb * lda,
+                                          w_scale, totals.data(), more ? wide : nullptr);
+      if (!more) continue;
+      std::fill(scales, scales + fp8_panels::kCols, w_scale);
+      for (std::int64_t r0 = kPanelRows; r0 < p.m; r0 += kPanelRows) {
+        const auto rows = static_cast<int>(std::min<std::int64_t>(kPanelRows, p.m - r0));
+        panel_rows_up_to<kPanelRows>(rows, aw.data() + r0 * kpad + k0, kpad, wide, pairs,
+                                     sa + kb * lda + r0, scales,
+                                     totals.data() + r0 * fp8_panels::kCols);
+      }
+    }
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      for (std::int64_t j = 0; j < live; ++j) {
+        float v = totals[static_cast<std::size_t>(m * fp8_panels::kCols + j)];
+        if (bias != nullptr) v += num::bf16_to_f32(bias[n + j]);
+        store_c(p, static_cast<std::size_t>(m * p.n + n + j), v);
+      }
     }
   }
 }

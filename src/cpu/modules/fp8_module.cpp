@@ -1,8 +1,8 @@
 // Module "fp8" on the CPU: the W8A8 op's activation cast (cast_e4m3_block128; one grid block
 // covers n_tile (row, 128-K block) pairs) and the grouped W8A8 GEMM over experts
 // (gemm_grouped_e4m3_block128; block (x, y) the columns of tile x of expert y, by the dense
-// W8A8 kernel on the expert's rows), with the same published metadata fields as the GPU module
-// (src/cuda/kernels/fp8.cu).
+// W8A8 kernel on the expert's rows, or its panel-layout twin), with the same published metadata
+// fields as the GPU module (src/cuda/kernels/fp8.cu) and one of its own, `panels`.
 #include <algorithm>
 #include <string>
 
@@ -11,6 +11,7 @@
 #include "cpu/modules/modules.h"
 #include "kernels/dense_params.h"
 #include "kernels/fp8_cast.h"
+#include "kernels/fp8_panel_layout.h"
 #include "kernels/grouped_fp8_params.h"
 #include "kernels/verified_devices.h"
 #include "metrale/kernel_args.h"
@@ -22,7 +23,9 @@ namespace {
 // to pay for one host call (the GPU module publishes its own tile: a warp per pair).
 constexpr std::uint32_t kCastTile = 64;
 constexpr std::uint32_t kBlockThreads = 256;  // the shape the launch checks see, as on the GPU
-constexpr std::uint32_t kGroupedTile = 64;    // columns of C per block, module "blas"'s tile
+// Columns of C per block, module "blas"'s tile: whole panels of the panel layout (32 columns).
+constexpr std::uint32_t kGroupedTile = 64;
+static_assert(kGroupedTile % fp8_panels::kCols == 0, "a block's columns start a panel");
 
 void cast_e4m3_block128(const HostBlock& b) {
   const auto p = read_param<Fp8CastParams>(b.params, 0);
@@ -55,7 +58,11 @@ void gemm_grouped_e4m3_block128(const HostBlock& b) {
   p.n = g.n;
   p.k = g.k;
   p.out_f32 = g.out_f32;
-  blas::gemm_e4m3_block128_best(p, n0, n1);
+  if (g.b_panels != 0) {
+    blas::gemm_e4m3_block128_panels_best(p, n0, n1);
+  } else {
+    blas::gemm_e4m3_block128_best(p, n0, n1);
+  }
 }
 
 }  // namespace
@@ -71,6 +78,9 @@ HostModule make_fp8_module() {
                {static_cast<std::uint16_t>(sizeof(GroupedFp8Params))});
   m.publish_u32(g + "_n_tile", kGroupedTile).publish_u32(g + "_block_threads", kBlockThreads);
   m.publish(g + "_out_f32", {std::byte{1}});
+  // Experts in the panel layout (kernels/fp8_panel_layout.h), on every processor: the reference
+  // reads them as it reads row-major codes, the vector kernels a pair of 32 columns a load.
+  m.publish(g + "_panels", {std::byte{1}});
   m.publish_u32(g + "_verified_on", verified::kHostReference);
   return m;
 }
