@@ -17,6 +17,23 @@ namespace nb = nanobind;
 
 namespace metrale::py {
 
+namespace {
+
+// An upload's packing as Python names it (the layout argument's words).
+std::string packing_name(ops::WeightPacking packing) {
+  switch (packing) {
+    case ops::WeightPacking::kDecode:
+      return "decode";
+    case ops::WeightPacking::kPanels:
+      return "panels";
+    case ops::WeightPacking::kSource:
+      break;
+  }
+  return "source";
+}
+
+}  // namespace
+
 void bind_model(nb::module_& m) {
   nb::class_<Weights>(m, "Weights", "4-bit weights on a model's device (released at teardown).")
       .def_prop_ro("n", [](const Weights& w) { return w.q.n; })
@@ -24,18 +41,7 @@ void bind_model(nb::module_& m) {
           "k", [](const Weights& w) { return ops::a_columns(w.q); },
           "K: A's columns (a padded act-order K slice stores more: docs/NOTES.md).")
       .def_prop_ro("format", [](const Weights& w) { return std::string(to_string(w.q.format)); })
-      .def_prop_ro("packing",
-                   [](const Weights& w) {
-                     switch (w.q.packing) {
-                       case ops::WeightPacking::kDecode:
-                         return std::string("decode");
-                       case ops::WeightPacking::kPanels:
-                         return std::string("panels");
-                       case ops::WeightPacking::kSource:
-                         break;
-                     }
-                     return std::string("source");
-                   })
+      .def_prop_ro("packing", [](const Weights& w) { return packing_name(w.q.packing); })
       .def_ro("label", &Weights::label)
       .def_prop_ro("nbytes", [](const Weights& w) { return w.q.codes_bytes + w.q.scales_bytes; })
       .def_ro("pack_seconds", &Weights::pack_seconds,
@@ -66,6 +72,12 @@ void bind_model(nb::module_& m) {
       .def_prop_ro("k", &GroupedWeights::k)
       .def_prop_ro("format", &GroupedWeights::format)
       .def_prop_ro("has_bias", [](const GroupedWeights& w) { return static_cast<bool>(w.bias); })
+      .def_prop_ro(
+          "packing",
+          [](const GroupedWeights& w) {
+            return packing_name(w.fp8 ? w.f.packing : w.q.expert.packing);
+          },
+          "The layout the experts were uploaded in: source, decode or panels.")
       .def_ro("label", &GroupedWeights::label)
       .def("__repr__", [](const GroupedWeights& w) {
         return fmt::format("GroupedWeights('{}', {} experts of {} {} x {})", w.label, w.experts(),

@@ -352,13 +352,14 @@ def test_fp8_experts_run_on_the_grouped_w8a8_op():
 
 
 def test_fp8_experts_upload_layouts(rng):
-    """upload_grouped_fp8_weights' layout: auto, source and panels upload (the CPU reads both);
-    decode (FP8 experts have none) and an unknown name are refused by name."""
+    """upload_grouped_fp8_weights' layout: auto (the CPU's panels), source and panels upload as
+    asked; decode (FP8 experts have none) and an unknown name are refused by name."""
     codes = rng.integers(0, 0x7E, size=(2, 64, 128), dtype=np.uint8)
     scales = np.ones((2, 1, 1), np.float32)
     with metrale.Model("cpu") as m:
-        for layout in ("auto", "source", "panels"):
-            m.upload_grouped_fp8_weights(codes, scales, layout=layout, label=layout)
+        for layout, packing in (("auto", "panels"), ("source", "source"), ("panels", "panels")):
+            w = m.upload_grouped_fp8_weights(codes, scales, layout=layout, label=layout)
+            assert w.packing == packing, layout
         with pytest.raises(metrale.InvalidArgumentError, match="no decode layout"):
             m.upload_grouped_fp8_weights(codes, scales, layout="decode")
         with pytest.raises(metrale.InvalidArgumentError, match="layout: 'tiles'"):

@@ -181,8 +181,9 @@ Fp8Weights GroupedFp8Weights::view(std::int32_t e) const {
   }
   if (packing != WeightPacking::kSource) {
     bad("GroupedFp8Weights::view",
-        "the experts are in the panel layout, which the dense W8A8 op does not read (upload "
-        "them with UploadLayout::kSource for views)");
+        fmt::format("the experts are in the {} layout, which the dense W8A8 op does not read "
+                    "(upload them with UploadLayout::kSource for views)",
+                    packing == WeightPacking::kPanels ? "panel" : "decode"));
   }
   Fp8Weights v = expert;
   v.codes = expert.codes.offset(static_cast<std::uint64_t>(e) * codes_stride);
