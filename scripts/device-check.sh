@@ -166,6 +166,14 @@ step bench-moe-fused 60 sh -c "'$build/metrale' bench --backend cuda --moe gpt-o
   > '$out/bench_moe_fused.json' && '$build/metrale' bench --backend cuda --moe gpt-oss-20b \
   --allow-unverified --moe-route decode --m 256,2048 --skew 0 --repeats 5 --json \
   > '$out/bench_moe_decode.json'"
+# FP8 experts' prefill kernel (gemm_grouped_e4m3_block128_tiled, Note [grouped FP8 tiles]) and
+# their decode kernel on Qwen3-30B-A3B-FP8's layers at 16 and 128 rows an expert (128 experts,
+# top 8), each case checked against float64: the ratio that would set its _min_m.
+step bench-moe-fp8 60 sh -c "'$build/metrale' bench --backend cuda --moe qwen3-30b-a3b-fp8 \
+  --allow-unverified --moe-route tiled --m 256,2048 --skew 0 --repeats 5 --json \
+  > '$out/bench_moe_fp8_tiled.json' && '$build/metrale' bench --backend cuda \
+  --moe qwen3-30b-a3b-fp8 --allow-unverified --moe-route decode --m 256,2048 --skew 0 \
+  --repeats 5 --json > '$out/bench_moe_fp8_decode.json'"
 # torch's peers on the same shapes (a line saying why where torch is absent).
 step peers 90 sh -c "python3 bench/gemm_peers.py --quick > '$out/peers.jsonl'"
 # 200 load-run-teardown cycles on the GPU, each verified, each back to zero live bytes and the

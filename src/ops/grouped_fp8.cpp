@@ -1,5 +1,6 @@
 // The grouped W8A8 GEMM (ops/grouped_fp8.h): module "fp8"'s activation cast over every row, then
-// its grouped kernel, grid (N tiles, experts); and the upload of E experts' E4M3 weights.
+// its grouped kernel of the route, grid (N tiles, experts) for decode or one wave for the tiled
+// kernel; and the upload of E experts' E4M3 weights.
 #include "metrale/ops/grouped_fp8.h"
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "core/published.h"
 #include "kernels/fp8_cast.h"
 #include "kernels/fp8_panel_layout.h"
+#include "kernels/fused_tile.h"
 #include "kernels/grouped_fp8_params.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
@@ -167,6 +169,61 @@ void pack_panels(std::span<const std::uint8_t> codes, std::int64_t n, std::int64
   }
 }
 
+constexpr const char* kDecodeEntry = "gemm_grouped_e4m3_block128";
+constexpr const char* kTiledEntry = "gemm_grouped_e4m3_block128_tiled";
+static_assert(kMaxExperts <= fused::kGroupedMaxExperts,
+              "the tiled kernel's scan holds every expert");
+
+// The route options ask for, or kAuto's choice: the tiled kernel for row-major experts whose rows
+// per expert on average reach its published _min_m, where the backend has it and a device run
+// verified it; the decode kernel otherwise. A route the grouped W8A8 op does not have is refused
+// by name.
+GemmRoute route_of(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
+                   const GroupedFp8Options& options) {
+  switch (options.route) {
+    case GemmRoute::kDecode:
+    case GemmRoute::kTiled:
+      return options.route;
+    case GemmRoute::kAuto:
+      break;
+    default:
+      bad(kPlanApi, fmt::format("route {} is not a grouped W8A8 route (kAuto, kDecode or kTiled)",
+                                to_string(options.route)));
+  }
+  if (w.packing != WeightPacking::kSource || !backend.has_kernel(kModule, kTiledEntry)) {
+    return GemmRoute::kDecode;
+  }
+  const KernelMeta& tiled = backend.op_cache().kernel(backend, kModule, kTiledEntry).meta;
+  const bool large = tiled.min_m != 0 && rows >= std::int64_t{tiled.min_m} * w.experts;
+  return large && !tiled.absent && automatic_choice_allowed(tiled) ? GemmRoute::kTiled
+                                                                   : GemmRoute::kDecode;
+}
+
+// The tiled kernel's grid: it walks the layer's tiles itself, expert e's rows taking
+// ceil(rows_e / 128) slots, at most grouped_max_slots(rows, experts) of them whatever the
+// routing (its scan counts no more), times the N tiles; one wave, or a block per tile where the
+// capacity makes fewer.
+std::uint32_t tiled_blocks(Backend& backend, const ResolvedKernel& k, std::int64_t rows,
+                           std::int32_t experts, std::int64_t n) {
+  if (k.meta.m_tile != fused::kTokens || !k.meta.persistent) {
+    throw Error(ErrorCode::kNotFound, kPlanApi,
+                fmt::format("{} publishes M tile {}{}; the grouped tiled kernel walks slots of {} "
+                            "rows as one persistent wave",
+                            backend.kernel_name(k), k.meta.m_tile,
+                            k.meta.persistent ? "" : " and no _persistent", fused::kTokens));
+  }
+  const auto tiles =
+      static_cast<std::uint64_t>(fused::grouped_max_slots(rows, experts)) *
+      static_cast<std::uint64_t>((n + backend.kernel_n_tile(k) - 1) / backend.kernel_n_tile(k));
+  if (tiles > 0x7FFFFFFFu) {
+    bad(kPlanApi, fmt::format("rows = {} and N = {} may make {} tiles for {}, which counts at "
+                              "most 2^31 - 1",
+                              rows, n, tiles, backend.kernel_name(k)));
+  }
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(
+      tiles, static_cast<std::uint64_t>(wave_blocks(kPlanApi, backend, k))));
+}
+
 }  // namespace
 
 bool reads_fp8_panel_layout(Backend& backend) {
@@ -286,7 +343,21 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   }
   check_weights(kPlanApi, w);
   const ResolvedKernel& cast = kernel(kPlanApi, backend, "cast_e4m3_block128");
-  const ResolvedKernel& gemm = kernel(kPlanApi, backend, "gemm_grouped_e4m3_block128");
+  const GemmRoute route = route_of(backend, rows, w, options);
+  if (route == GemmRoute::kTiled && !backend.has_kernel(kModule, kTiledEntry)) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} has no kernel {}::{} (the tiled route is CUDA's, sm_90a); take "
+                            "GemmRoute::kDecode or kAuto",
+                            backend.name(), kModule, kTiledEntry));
+  }
+  const ResolvedKernel& gemm =
+      kernel(kPlanApi, backend, route == GemmRoute::kTiled ? kTiledEntry : kDecodeEntry);
+  if (gemm.meta.absent) {
+    throw Error(ErrorCode::kUnavailable, kPlanApi,
+                fmt::format("{} is a placeholder on this target (it publishes _absent): the tiled "
+                            "route needs wgmma (sm_90a)",
+                            backend.kernel_name(gemm)));
+  }
   if (options.out_f32 && !gemm.meta.out_f32) {
     throw Error(ErrorCode::kUnavailable, kPlanApi,
                 fmt::format("{} does not write FP32 C (it publishes no _out_f32)",
@@ -317,16 +388,19 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   p.bias = options.bias;
   p.out_f32 = options.out_f32;
   p.packing = w.packing;
+  p.route = route;
   p.cast =
       PlannedLaunch{cast,
                     Dim3{grid_of(kPlanApi, product(kPlanApi, "the cast's blocks", urows, kblocks),
                                  backend.kernel_n_tile(cast))},
                     published_block(kPlanApi, backend, cast), 0};
-  p.gemm = PlannedLaunch{
-      gemm,
-      Dim3{grid_of(kPlanApi, static_cast<std::uint64_t>(p.n), backend.kernel_n_tile(gemm)),
-           static_cast<std::uint32_t>(w.experts), 1},
-      published_block(kPlanApi, backend, gemm), 0};
+  const Dim3 grid =
+      route == GemmRoute::kTiled
+          ? Dim3{tiled_blocks(backend, gemm, rows, w.experts, p.n)}
+          : Dim3{grid_of(kPlanApi, static_cast<std::uint64_t>(p.n), backend.kernel_n_tile(gemm)),
+                 static_cast<std::uint32_t>(w.experts), 1};
+  p.gemm =
+      PlannedLaunch{gemm, grid, published_block(kPlanApi, backend, gemm), gemm.meta.smem_bytes};
   p.workspace.a_codes = product(kPlanApi, "the cast A", urows, static_cast<std::uint64_t>(p.k));
   p.workspace.a_scales = product(kPlanApi, "A's scales", kblocks,
                                  4 * static_cast<std::uint64_t>(fp8::scales_ld(rows)));

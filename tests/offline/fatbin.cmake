@@ -56,7 +56,8 @@ target_compile_features(sass_budget_test PRIVATE cxx_std_20)
 target_compile_definitions(sass_budget_test PRIVATE
   METRALE_CUOBJDUMP="${fatbin_offline_cuobjdump}"
   METRALE_NVDISASM="${fatbin_offline_nvdisasm}"
-  METRALE_W4A16_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/w4a16.fatbin")
+  METRALE_W4A16_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/w4a16.fatbin"
+  METRALE_FP8_FATBIN="${PROJECT_BINARY_DIR}/src/kernels/fp8.fatbin")
 metrale_warnings(sass_budget_test)
 add_dependencies(sass_budget_test metrale)
 
@@ -76,7 +77,10 @@ add_test(NAME cuda.fatbin_offline.sass_int4 COMMAND sass_budget_test
 # The grouped GEMMs' loops against their dense kernels'.
 add_test(NAME cuda.fatbin_offline.sass_grouped COMMAND sass_budget_test
   --gtest_filter=SassBudget.GroupedLoopsAreTheirDenseKernels)
+# The grouped W8A8 GEMM's tiled kernel: its FP8 wgmma loop, counted per one-byte weight.
+add_test(NAME cuda.fatbin_offline.sass_grouped_fp8 COMMAND sass_budget_test
+  --gtest_filter=SassBudget.GroupedFp8TiledLoopIsCounted)
 set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader
   cuda.fatbin_offline.sass_fused cuda.fatbin_offline.sass_int4 cuda.fatbin_offline.sass_grouped
-  PROPERTIES
+  cuda.fatbin_offline.sass_grouped_fp8 PROPERTIES
   LABELS cuda TIMEOUT 120)

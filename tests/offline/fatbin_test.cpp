@@ -22,6 +22,7 @@
 
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
+#include "kernels/grouped_fp8_tiles.h"
 #include "kernels/int4_decode_layout.h"
 #include "kernels/manifest.h"
 #include "kernels/tile_math.h"
@@ -189,13 +190,28 @@ Published core_published(const std::string& target) {
 }
 
 // Module "fp8": the cast a warp per (row, 128-K block) pair, 8 warps a block, on every target;
-// the grouped W8A8 GEMM 4 columns a warp, 32 a block, FP32 C, not yet verified.
+// the grouped W8A8 GEMM 4 columns a warp, 32 a block, FP32 C, not yet verified; the tiled one
+// (sm_90a: tiles of 128 x 128, persistent, one block an SM for its shared memory, kAuto from 16
+// rows an expert; a placeholder elsewhere), not yet verified.
 Published fp8_published(const std::string& target) {
+  namespace gt = metrale::grouped_fp8::tiled;
   Published p = {{"cast_e4m3_block128_n_tile", 8},
                  {"cast_e4m3_block128_block_threads", 256},
                  {"gemm_grouped_e4m3_block128_n_tile", 32},
                  {"gemm_grouped_e4m3_block128_block_threads", 256},
                  {"gemm_grouped_e4m3_block128_out_f32", 1}};
+  if (target == "sm_90a") {
+    p.insert({{"gemm_grouped_e4m3_block128_tiled_n_tile", u32(gt::kNTile)},
+              {"gemm_grouped_e4m3_block128_tiled_m_tile", u32(gt::kMTile)},
+              {"gemm_grouped_e4m3_block128_tiled_smem_bytes", u32(gt::kSmemBytes)},
+              {"gemm_grouped_e4m3_block128_tiled_block_threads", u32(gt::kThreads)},
+              {"gemm_grouped_e4m3_block128_tiled_out_f32", 1},
+              {"gemm_grouped_e4m3_block128_tiled_persistent", 1},
+              {"gemm_grouped_e4m3_block128_tiled_blocks_per_sm", 1},
+              {"gemm_grouped_e4m3_block128_tiled_min_m", 16}});
+  } else {
+    p["gemm_grouped_e4m3_block128_tiled_absent"] = 1;
+  }
   add_run6_verified(p, target, {"cast_e4m3_block128"});
   return p;
 }
@@ -229,7 +245,7 @@ const std::vector<Module>& modules() {
        w4a16_published},
       {"fp8",
        METRALE_FP8_FATBIN,
-       {"cast_e4m3_block128", "gemm_grouped_e4m3_block128"},
+       {"cast_e4m3_block128", "gemm_grouped_e4m3_block128", "gemm_grouped_e4m3_block128_tiled"},
        fp8_published},
       {"moe",
        METRALE_MOE_FATBIN,
@@ -489,26 +505,31 @@ TEST_F(FatbinOffline, PublishedLaunchShapesMatchTheCode) {
 // them (a lost #if or arch macro would silently fall back to the slow kernels).
 TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
   struct Want {
-    std::string target, function, opcode;
+    std::string target, function, opcode, module = "w4a16";
   };
   const std::vector<Want> wants = {
-      {"sm_90a", "gemm_tiled", "HGMMA"},       {"sm_90a", "gemm_e4m3", "QGMMA"},
-      {"sm_80", "gemm_decode", "HMMA"},        {"sm_89", "gemm_decode", "HMMA"},
-      {"sm_90a", "gemm_decode", "HMMA"},       {"sm_80", "gemm_decode_packed", "HMMA"},
-      {"sm_89", "gemm_decode_packed", "HMMA"}, {"sm_90a", "gemm_decode_packed", "HMMA"},
-      {"sm_90a", "gemm_fused", "HGMMA"},       {"sm_90a", "gemm_grouped_fused", "HGMMA"},
+      {"sm_90a", "gemm_tiled", "HGMMA"},
+      {"sm_90a", "gemm_e4m3", "QGMMA"},
+      {"sm_80", "gemm_decode", "HMMA"},
+      {"sm_89", "gemm_decode", "HMMA"},
+      {"sm_90a", "gemm_decode", "HMMA"},
+      {"sm_80", "gemm_decode_packed", "HMMA"},
+      {"sm_89", "gemm_decode_packed", "HMMA"},
+      {"sm_90a", "gemm_decode_packed", "HMMA"},
+      {"sm_90a", "gemm_fused", "HGMMA"},
+      {"sm_90a", "gemm_grouped_fused", "HGMMA"},
+      {"sm_90a", "gemm_grouped_e4m3_block128_tiled", "QGMMA", "fp8"},
   };
-  const Module& w4a16 = module_named("w4a16");
   for (const auto& w : wants) {
-    const Ran r = run(
-        cuobjdump("-sass -arch " + w.target + " -fun " + w.function + " " + quoted(w4a16.fatbin)));
+    const Ran r = run(cuobjdump("-sass -arch " + w.target + " -fun " + w.function + " " +
+                                quoted(module_named(w.module).fatbin)));
     ASSERT_EQ(r.status, 0) << r.output;
     // An unknown -fun or -arch still exits 0, with an empty listing.
     ASSERT_NE(r.output.find("Function : " + w.function + "\n"), std::string::npos)
         << "no SASS for " << w.function << " on " << w.target << ":\n"
         << r.output.substr(0, 2000);
     const int n = count_opcode(r.output, w.opcode);
-    std::printf("%-7s %-12s %-6s x%d\n", w.target.c_str(), w.function.c_str(), w.opcode.c_str(), n);
+    std::printf("%-7s %-32s %-6s x%d\n", w.target.c_str(), w.function.c_str(), w.opcode.c_str(), n);
     EXPECT_GT(n, 0) << w.function << " on " << w.target << " has no " << w.opcode;
   }
 }
@@ -655,8 +676,9 @@ TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
       }
     }
   }
-  // Seven GEMM entries on sm_90a, five (no fused kernels) on sm_80 and sm_89.
-  EXPECT_EQ(checked, 17) << "entries checked; a lost blocks_per_sm must not pass unseen";
+  // Eight GEMM entries on sm_90a (the grouped FP8 tiled one among them), five (no fused or
+  // tiled grouped kernels) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 18) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace

@@ -157,9 +157,9 @@ std::optional<std::size_t> index_of(const std::vector<Instr>& code, std::uint64_
   return static_cast<std::size_t>(it - code.begin());
 }
 
-// A tensor-core MMA: mma.sync (HMMA) or wgmma (HGMMA).
+// A tensor-core MMA: mma.sync (HMMA) or wgmma (HGMMA BF16, QGMMA FP8).
 bool is_mma(const Instr& i) {
-  return i.mnemonic == "HMMA" || i.mnemonic == "HGMMA";
+  return i.mnemonic == "HMMA" || i.mnemonic == "HGMMA" || i.mnemonic == "QGMMA";
 }
 
 bool holds_hmma(const std::vector<Instr>& code, const Loop& l) {
@@ -227,6 +227,7 @@ void Tally::add(const Instr& i) {
   ++by_mnemonic[i.mnemonic];
   if (i.mnemonic == "HMMA") ++hmma;
   if (i.mnemonic == "HGMMA") ++hgmma;
+  if (i.mnemonic == "QGMMA") ++qgmma;
   if (is_bf16_mul(i)) ++bf16_mul;
   if (is_bf16_sub(i)) ++bf16_sub;
   if (integer_pipe(i.mnemonic)) ++integer;

@@ -42,9 +42,9 @@ struct Loop {
 // Every loop of the function, one per head address, in head order.
 std::vector<Loop> loops_of(const std::vector<Instr>& code);
 
-// The loops whose body holds an HMMA or HGMMA and that hold no other such loop: the MMA steady
-// states. A loop that crosses another such loop (starts inside it, ends past it: an out-of-line
-// retry path jumping back in) is not one.
+// The loops whose body holds an HMMA, HGMMA or QGMMA and that hold no other such loop: the MMA
+// steady states. A loop that crosses another such loop (starts inside it, ends past it: an
+// out-of-line retry path jumping back in) is not one.
 std::vector<Loop> innermost_mma_loops(const std::vector<Instr>& code);
 
 // Whether the opcode issues to the integer ALU pipe (the list and its reasons are in sass.cpp).
@@ -54,7 +54,8 @@ bool integer_pipe(const std::string& mnemonic);
 struct Tally {
   int instrs = 0;    // every instruction, NOPs and branches included: all of them issue
   int hmma = 0;      // HMMA (mma.sync)
-  int hgmma = 0;     // HGMMA (wgmma)
+  int hgmma = 0;     // HGMMA (wgmma BF16)
+  int qgmma = 0;     // QGMMA (wgmma E4M3)
   int bf16_mul = 0;  // BF16x2 multiplies: HMUL2.BF16*, or HFMA2.BF16* with a -RZ addend
   int bf16_sub = 0;  // BF16x2 subtractions of a register: HADD2.BF16* whose second operand is -R..
   int integer = 0;   // integer_pipe()

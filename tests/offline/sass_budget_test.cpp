@@ -49,10 +49,10 @@ using metrale::offline::quoted;
 using metrale::offline::Ran;
 using metrale::offline::run;
 
-// cuobjdump with `args` on the w4a16 fatbin.
-Ran cuobjdump(const std::string& args) {
+// cuobjdump with `args` on `fatbin` (the w4a16 module's by default).
+Ran cuobjdump(const std::string& args, const std::string& fatbin = METRALE_W4A16_FATBIN) {
   return run(metrale::offline::cuobjdump_command(METRALE_CUOBJDUMP, METRALE_NVDISASM, args) + " " +
-             quoted(METRALE_W4A16_FATBIN));
+             quoted(fatbin));
 }
 
 // ---- one kernel's loops ----
@@ -470,6 +470,55 @@ void expect_fused_producer(const std::string& kernel) {
     EXPECT_EQ(t.local, 0);
   }
   EXPECT_EQ(found, 2) << "one producer loop per scale format (NVFP4, MXFP4)";
+}
+
+// ---- gemm_grouped_e4m3_block128_tiled: wgmma E4M3, both operands in shared memory ----
+
+// The grouped W8A8 GEMM's prefill kernel (grouped_e4m3_sm90.cuh) streams one-byte weights, so at
+// the 4.2 TB/s that the decode budget's 4.4 issued and 2.2 integer-pipe instructions per 4-bit
+// weight a lane are sized for, it may issue twice as many per weight: 8.8 and 4.4. A stage (one
+// 128-K block of a 128 x 128 tile) is 64 weights a lane over the block's 256 threads, whatever
+// the rows of A beside them. Its steady loop: the stage's eight 16-byte cp.async copies (four of
+// A, four of W), four QGMMA m64n128k32 with one scoreboard wait (unserialized), no call, and no
+// local memory anywhere in the kernel.
+constexpr double kTiledFp8IssuedPerWeight = 8.8;
+constexpr double kTiledFp8IntegerPerWeight = 4.4;
+
+TEST_F(SassBudget, GroupedFp8TiledLoopIsCounted) {
+  const std::string kernel = "gemm_grouped_e4m3_block128_tiled";
+  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel, METRALE_FP8_FATBIN);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
+  ASSERT_FALSE(code.empty()) << kernel << " not in the fp8 cubin (" << kTarget << ")";
+  sass::Tally whole;
+  for (const auto& i : code) whole.add(i);
+  EXPECT_EQ(whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  const std::vector<sass::Loop> loops = sass::innermost_mma_loops(code);
+  ASSERT_EQ(loops.size(), 1u) << "one K loop of QGMMAs";
+  const sass::Loop& l = loops[0];
+  const sass::Tally path =
+      sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kSteady));
+  constexpr int kWeights = 128 * 128 / 256;  // a stage's weights a lane
+  const double issued = static_cast<double>(path.instrs) / kWeights,
+               integer = static_cast<double>(path.integer) / kWeights;
+  int waits = 0;
+  for (std::size_t i = l.head; i <= l.latch; ++i) {
+    if (code[i].mnemonic == "QGMMA") waits += code[i].operands.find("gsb0") != std::string::npos;
+  }
+  std::printf(
+      "%s %s: %d instructions; K loop %#lx-%#lx: steady path %d, %d QGMMA, %d LDGSTS; per weight "
+      "per lane %.2f issued, %.2f integer pipe (%s) [budget %.1f, %.1f]\n",
+      kTarget.c_str(), kernel.c_str(), whole.instrs, static_cast<unsigned long>(code[l.head].addr),
+      static_cast<unsigned long>(code[l.latch].addr), path.instrs, path.qgmma,
+      path.by_mnemonic.contains("LDGSTS") ? path.by_mnemonic.at("LDGSTS") : 0, issued, integer,
+      integer_mix(path).c_str(), kTiledFp8IssuedPerWeight, kTiledFp8IntegerPerWeight);
+  EXPECT_EQ(path.qgmma, 4) << "one 128-K block: 4 wgmma k32 steps";
+  EXPECT_EQ(waits, 1) << "QGMMAs that wait on their own scoreboard: serialized wgmmas";
+  EXPECT_EQ(path.by_mnemonic.contains("LDGSTS") ? path.by_mnemonic.at("LDGSTS") : 0, 8)
+      << "the stage's copies: 4 chunks of A and 4 of W a thread";
+  EXPECT_EQ(path.calls, 0);
+  EXPECT_LE(issued, kTiledFp8IssuedPerWeight);
+  EXPECT_LE(integer, kTiledFp8IntegerPerWeight) << integer_mix(path);
 }
 
 }  // namespace

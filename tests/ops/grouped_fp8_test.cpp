@@ -6,7 +6,8 @@
 // every token, FP32 C; C poisoned first, rows of no expert checked untouched. On the CPU each
 // expert's rows must also be the bytes of the dense W8A8 op on that expert alone (the same kernel
 // per M), and the experts in the CPU's panel layout are checked against the same bounds. On CUDA
-// the kernels run opted in: the device check's verification of them.
+// the kernels run opted in, the tiled one by its own case: the device check's verification of
+// them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -79,8 +80,12 @@ class GroupedFp8 : public GemmBackendTest {
     o.bias = c.bias;
     o.out_f32 = c.out_f32;
     o.allow_unverified = cuda();
+    o.route = route_;
     return o;
   }
+
+  // The route the cases run on (TheTiledRouteAgainstFloat64 sets kTiled).
+  ops::GemmRoute route_ = ops::GemmRoute::kAuto;
 
   // layout kPanels: the experts in the CPU's panel layout, checked against the bounds only (the
   // dense op reads no panels).
@@ -111,7 +116,13 @@ class GroupedFp8 : public GemmBackendTest {
     const std::size_t elem = c.out_f32 ? 4 : 2;
     const DevicePtr out = poisoned(rows * static_cast<std::size_t>(c.n) * elem);
     const ops::GroupedFp8Plan plan = ops::plan_grouped(bk, shape.row_capacity(), w, options(c));
-    EXPECT_EQ(plan.gemm.grid.y, static_cast<std::uint32_t>(c.experts)) << plan.describe();
+    EXPECT_EQ(plan.gemm.grid.y,
+              plan.route == ops::GemmRoute::kTiled ? 1u : static_cast<std::uint32_t>(c.experts))
+        << plan.describe();
+    // The tiled kernel sums each 128-K block on the FP8 tensor cores: four chained k32 MMAs, each
+    // at most twice fp8_gemm_test's allowance for one (toolkit/gemm_tolerance.h) of the running
+    // sum; the decode kernels sum on CUDA cores and the CPU in FP32 (no term).
+    const double mma = plan.route == ops::GemmRoute::kTiled ? 4 * 2 * toolkit::kFp8MmaTerm : 0.0;
     ops::run_grouped(plan, stream(), a, w, r.counts, r.offsets, out,
                      ops::scratch_workspace(plan, stream()), c.bias ? upload(bias) : DevicePtr{});
 
@@ -131,7 +142,7 @@ class GroupedFp8 : public GemmBackendTest {
       const std::vector<std::uint16_t> a_e(a_host.begin() + offsets[e] * c.k,
                                            a_host.begin() + (offsets[e] + m) * c.k);
       const std::uint8_t* got = bytes.data() + static_cast<std::size_t>(offsets[e]) * row_bytes;
-      expect_within_bounds(a_e, m, host[static_cast<std::size_t>(e)], bias, e, c, got);
+      expect_within_bounds(a_e, m, host[static_cast<std::size_t>(e)], bias, e, c, got, mma);
       if (!cuda() && !panels) expect_dense_bytes(w.view(e), offsets[e], m, c, a, bias, e, got);
     }
     EXPECT_GT(checked, 0);
@@ -146,16 +157,16 @@ class GroupedFp8 : public GemmBackendTest {
   }
 
   // Every element of one expert's rows against the aware and the exact float64 references, with
-  // the dense W8A8 op's per-element bounds (fp8_gemm_test.cpp) and, on a GPU, its MMA term set
-  // to the FP32 sums' own (the CUDA kernel sums on CUDA cores: 0).
+  // the dense W8A8 op's per-element bounds (fp8_gemm_test.cpp) plus `mma`, the FP8 tensor cores'
+  // term per unit of Σ|a8·w| (0 for kernels that sum in FP32).
   static void expect_within_bounds(const std::vector<std::uint16_t>& a_e, std::int64_t m,
                                    const f8::HostFp8Weights& hw,
                                    const std::vector<std::uint16_t>& bias, int e, const Case& c,
-                                   const std::uint8_t* got) {
+                                   const std::uint8_t* got, double mma) {
     const f8::CastA a8 = f8::cast_a(a_e, m, c.k);
     // The kernels' roundings: the products exact, at most K additions, and per 16 (GPU) or 128
     // (CPU) K a product by two scales; the dense bound's count covers both (K/16 ≤ K).
-    const double gamma = static_cast<double>(c.k + 2 * (c.k / 16) + 8) * std::ldexp(1.0, -23);
+    const double gamma = static_cast<double>(c.k + 2 * (c.k / 16) + 8) * std::ldexp(1.0, -23) + mma;
     const double u8 = c.out_f32 ? 0.0 : std::ldexp(1.0, -8);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t j = 0; j < c.n; ++j) {
@@ -229,6 +240,22 @@ TEST_P(GroupedFp8, EmptyExpertsAndOneExpertTakingAll) {
   run_case({33, 16, 1, 64, 256, false, false, false, 3.0});
   run_case({50, 4, 1, 32, 128, true, true, false, 12.0});  // nearly every token to expert 0
   run_case({1, 64, 8, 64, 256});                           // one token: 56 experts empty
+}
+
+// The tiled kernel (CUDA sm_90a, opted in): the cases above, and experts of more than 128 rows
+// (slots of 128 and their partial tails), one expert taking nearly all of 300 tokens. The CPU has
+// one grouped W8A8 kernel, its own: there the route is refused (GroupedFp8Launch.* checks how).
+TEST_P(GroupedFp8, TheTiledRouteAgainstFloat64) {
+  if (!cuda()) GTEST_SKIP() << "the tiled route is CUDA's (sm_90a); the CPU has one kernel";
+  route_ = ops::GemmRoute::kTiled;
+  run_case({13, 8, 2, 96, 256});
+  run_case({40, 6, 4, 136, 528, true, true, false, 0.5});
+  run_case({7, 5, 3, 64, 144, false, true, true, 1.0});
+  run_case({5, 3, 1, 200, 2048});
+  run_case({33, 16, 1, 64, 256, false, false, false, 3.0});
+  run_case({1, 64, 8, 64, 256});
+  run_case({300, 4, 2, 256, 512});                           // 150 rows an expert
+  run_case({300, 8, 1, 136, 272, true, true, false, 12.0});  // nearly every token to expert 0
 }
 
 // The experts in the CPU's panel layout (Note [E4M3 panels]), the cases above: ragged N (a

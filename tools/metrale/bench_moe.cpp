@@ -160,12 +160,20 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   const InterruptScope ctrl_c;
   const MoeModel model = moe_model(bench.moe);
   const ops::GemmRoute route = bench.moe_route == "fused"    ? ops::GemmRoute::kFused
+                               : bench.moe_route == "tiled"  ? ops::GemmRoute::kTiled
                                : bench.moe_route == "decode" ? ops::GemmRoute::kDecode
                                                              : ops::GemmRoute::kAuto;
-  if (model.fp8 && route != ops::GemmRoute::kAuto) {
+  if (model.fp8 && route == ops::GemmRoute::kFused) {
     throw Error(ErrorCode::kInvalidArgument, "bench",
-                fmt::format("--moe-route {} is for 4-bit experts; {} has FP8 experts (one route)",
-                            bench.moe_route, model.name));
+                fmt::format("--moe-route fused is for 4-bit experts; {} has FP8 experts (auto, "
+                            "decode or tiled)",
+                            model.name));
+  }
+  if (!model.fp8 && route == ops::GemmRoute::kTiled) {
+    throw Error(ErrorCode::kInvalidArgument, "bench",
+                fmt::format("--moe-route tiled is for FP8 experts; {} has 4-bit experts (auto, "
+                            "decode or fused)",
+                            model.name));
   }
   std::string why;
   std::unique_ptr<Backend> backend = create_backend(options.backend, &why);
@@ -196,6 +204,7 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
   go.route = route;
   ops::GroupedFp8Options go8;
   go8.allow_unverified = bench.allow_unverified;
+  go8.route = route;
 
   struct Layer {
     const char* name;

@@ -35,7 +35,7 @@ struct BenchOptions {
   std::string moe;  // --moe: a built-in MoE layer instead of dense layers (bench_moe.h)
   std::vector<double> skews{0.0, 1.2};  // --skew: routings' skews above one token
   bool allow_unverified = false;        // --allow-unverified: run kernels no device run verified
-  std::string moe_route = "auto";       // --moe-route: auto, decode or fused (4-bit experts)
+  std::string moe_route = "auto";       // --moe-route: auto, decode, fused (4-bit), tiled (FP8)
 };
 
 // One transformer block's linear layers on the chosen backend: checked against float64, timed

@@ -97,9 +97,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 4.0));
   bench
       ->add_option("--moe-route", bench_opts.moe_route,
-                   "--moe, 4-bit experts: the grouped GEMM's route (fused: the prefill kernel on "
-                   "the decode layout)")
-      ->check(CLI::IsMember({"auto", "decode", "fused"}));
+                   "--moe: the grouped GEMM's route (fused: 4-bit experts' prefill kernel on "
+                   "the decode layout; tiled: FP8 experts' prefill kernel, CUDA sm_90a)")
+      ->check(CLI::IsMember({"auto", "decode", "fused", "tiled"}));
   bench->add_flag("--allow-unverified", bench_opts.allow_unverified,
                   "run kernels no device run has verified (--moe on CUDA needs it)");
 

@@ -18,6 +18,7 @@
 #include "metrale/e4m3_block.h"
 #include "metrale/model_scope.h"
 #include "metrale/ops/fp8_gemm.h"
+#include "metrale/ops/gemm.h"  // GemmRoute
 #include "metrale/ops/quant_weights.h"
 
 namespace metrale::ops {
@@ -74,6 +75,12 @@ class GroupedFp8WeightsResource final : public ModelResource {
 struct GroupedFp8Options {
   bool bias = false;     // run() takes a BF16 bias [experts, N]
   bool out_f32 = false;  // C as FP32, the sum not rounded (Fp8GemmOptions::out_f32)
+  // kDecode: gemm_grouped_e4m3_block128, which reads an expert's weights once per 2 of its rows
+  // (the CPU's one kernel). kTiled: gemm_grouped_e4m3_block128_tiled, tiles of 128 rows on the
+  // FP8 tensor cores (CUDA sm_90a; a placeholder elsewhere, refused). kAuto: kTiled where the
+  // backend has it verified and the rows per expert on average reach its published _min_m, else
+  // kDecode. Other routes are Error(kInvalidArgument).
+  GemmRoute route = GemmRoute::kAuto;
   // Run a kernel no device run has verified (the CUDA module's, today); without it such a kernel
   // is Error(kUnavailable).
   bool allow_unverified = false;
@@ -87,8 +94,11 @@ struct GroupedFp8Plan {
   std::int32_t experts = 0;
   bool bias = false, out_f32 = false;
   WeightPacking packing = WeightPacking::kSource;  // of the weights it was made for
+  GemmRoute route = GemmRoute::kDecode;            // kDecode or kTiled, as chosen
   PlannedLaunch cast;                              // fp8::cast_e4m3_block128 over all rows
-  PlannedLaunch gemm;           // fp8::gemm_grouped_e4m3_block128, grid (N tiles, experts)
+  // kDecode: fp8::gemm_grouped_e4m3_block128, grid (N tiles, experts); kTiled:
+  // fp8::gemm_grouped_e4m3_block128_tiled, one wave (or fewer blocks) walking the layer's tiles.
+  PlannedLaunch gemm;
   Fp8WorkspaceBytes workspace;  // the cast A and its scales (no dense part)
   // One line, e.g. "grouped w8a8 rows=64 N=1536 K=2048 x 128 experts: fp8::cast_e4m3_block128
   // 16x1x1 x 256 threads, fp8::gemm_grouped_e4m3_block128 24x128x1 x 256 threads; workspace ...".
@@ -96,11 +106,13 @@ struct GroupedFp8Plan {
 };
 
 // Plans C[rows, N] = expert-wise e4m3(A) · Wₑᵀ (+ biasₑ): checks the row capacity and the weights
-// (K a multiple of 16: the GPU kernel reads 16 codes at a time) and sizes both launches from what
-// their kernels publish. Throws Error(kInvalidArgument) for bad shapes or weights,
-// Error(kUnavailable) for a kernel no device verified without allow_unverified (or one that does
-// not write FP32 C when out_f32 asks it, or weights in the panel layout it does not read),
-// Error(kNotFound) for a missing kernel. Launches nothing.
+// (K a multiple of 16: the GPU kernels read 16 codes at a time), chooses the route and sizes both
+// launches from what their kernels publish; the tiled route's grid from the row capacity alone.
+// Throws Error(kInvalidArgument) for bad shapes, weights or route, Error(kUnavailable) for a
+// kernel no device verified without allow_unverified (or one that does not write FP32 C when
+// out_f32 asks it, reads no weights in the panel layout given, or is a placeholder on this
+// target; for kTiled on a backend without the tiled kernel), Error(kNotFound) for another missing
+// kernel. Launches nothing.
 GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp8Weights& w,
                             const GroupedFp8Options& options = {});
 

@@ -12,12 +12,18 @@
 // 2 of the expert's rows at once. Codes widen to FP32 through FP16 exactly
 // (num::e4m3x4_to_f16_scaled); each lane's 16-product sum is scaled by its block's A and W scales
 // and summed, then the warp's lanes are. Weights are read once per 2 rows, so an expert with many
-// rows (prefill) re-reads them from L2: correct, not fast (a tiled grouped W8A8 kernel is not
-// built yet).
+// rows (prefill) re-reads them from L2: correct, not fast there.
+//
+// The grouped GEMM for prefill, gemm_grouped_e4m3_block128_tiled (grouped_e4m3_sm90.cuh, sm_90a):
+// tiles of 128 of an expert's rows x 128 weight rows on the FP8 tensor cores, each block walking
+// the layer's tiles, so an expert's weights are read once per 128 rows. Without wgmma the entry
+// is a placeholder that publishes _absent.
 #include <cstdint>
 
+#include "grouped_e4m3_sm90.cuh"
 #include "kernels/fp8_cast.h"
 #include "kernels/grouped_fp8_params.h"
+#include "kernels/grouped_fp8_tiles.h"
 #include "kernels/verified_devices.h"
 #include "metrale/numerics.h"
 #include "ptx.cuh"
@@ -25,6 +31,7 @@
 namespace {
 
 namespace f = metrale::fp8;
+namespace gt = metrale::grouped_fp8::tiled;
 namespace num = metrale::num;
 
 constexpr unsigned kThreads = 256;
@@ -57,6 +64,8 @@ __global__ void cast_e4m3_block128(metrale::Fp8CastParams p);
 
 __global__ void gemm_grouped_e4m3_block128(metrale::GroupedFp8Params g);
 
+__global__ void gemm_grouped_e4m3_block128_tiled(metrale::GroupedFp8Params g);
+
 __device__ std::uint32_t cast_e4m3_block128_n_tile = kWarps;
 __device__ std::uint32_t cast_e4m3_block128_block_threads = kThreads;
 
@@ -71,6 +80,24 @@ METRALE_VERIFIED(cast_e4m3_block128, H200, 20261204);
 __device__ std::uint32_t gemm_grouped_e4m3_block128_n_tile = kGemmTile;
 __device__ std::uint32_t gemm_grouped_e4m3_block128_block_threads = kGemmThreads;
 __device__ std::uint32_t gemm_grouped_e4m3_block128_out_f32 = 1;
+
+// The tiled kernel walks the layer's tiles itself (_persistent: one wave of blocks whatever the
+// routing). Its _min_m, rows per expert on average from which kAuto would take it, is modelled,
+// not measured: the decode kernel above reads an expert's weights once per 2 rows, this one once
+// per 128, so from 16 rows (the decode kernels' bound elsewhere) the weights' bytes dominate. No
+// device run has verified it, so kAuto does not take it yet.
+#if defined(METRALE_HAVE_WGMMA)
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_n_tile = gt::kNTile;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_m_tile = gt::kMTile;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_smem_bytes = gt::kSmemBytes;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_block_threads = gt::kThreads;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_persistent = 1;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_blocks_per_sm = 1;
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_min_m = 16;
+#else
+__device__ std::uint32_t gemm_grouped_e4m3_block128_tiled_absent = 1;
+#endif
 
 __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastParams p) {
   const std::int64_t kblocks = (p.k + f::kCastBlock - 1) / f::kCastBlock;
@@ -176,6 +203,19 @@ __global__ void __launch_bounds__(kGemmThreads)
       }
     }
   }
+}
+
+// The prefill kernel (grouped_e4m3_sm90.cuh): one block an SM (its stages take 129 KiB of shared
+// memory). A placeholder without wgmma: the op refuses it, and a launch that got here anyway
+// traps rather than leave C unwritten.
+__global__ void __launch_bounds__(gt::kThreads, 1)
+    gemm_grouped_e4m3_block128_tiled(metrale::GroupedFp8Params g) {
+#if defined(METRALE_HAVE_WGMMA)
+  metrale::kernels::grouped_e4m3_tiled_sm90(g);
+#else
+  (void)g;
+  __trap();
+#endif
 }
 
 }  // extern "C"

@@ -29,6 +29,7 @@
 
 #include "decode_packed.cuh"
 #include "epilogue.cuh"
+#include "grouped_slots.cuh"
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
@@ -227,53 +228,12 @@ __device__ __forceinline__ bool fused_next(const P& params, const FusedSmem<kGro
 }
 
 // The grouped kernel's first slot of each expert into shared memory (FusedSmem::first_slots;
-// entry `experts` is the slots' count): every thread counts the slots of its experts
-// (fused_tile.h's grouped_slots), then a scan, ceil(log2(experts + 1)) rounds of adding the
-// entry d before (Hillis and Steele), each round from one buffer into the other; an odd count of
-// rounds is copied back. The sums saturate at grouped_max_slots, which only experts of
-// overlapping rows reach: the walk then stops there (its tiles counted in 32 bits) and the
-// entries stay in order. Every thread makes the same accesses, over the padded entries, and
-// consecutive threads take consecutive entries: no bank conflicts. Ends with __syncthreads.
+// entry `experts` is the slots' count), by grouped_slots.cuh's scan. Ends with __syncthreads.
 __device__ __forceinline__ void fused_first_slots(const GroupedGemmParams& g,
                                                   const FusedSmem<true>& sm) {
-  constexpr int kPerThread = fu::kGroupedScanEntries / fu::kThreads;
-  const int n = fu::grouped_experts(g.experts) + 1;  // entries: 0 then each expert's slots
-  const std::int64_t most = fu::grouped_max_slots(g.gemm.m, g.experts);
-  const auto cap = static_cast<std::uint32_t>(most < 0x7FFFFFFF ? most : 0x7FFFFFFF);
-  const auto* counts = reinterpret_cast<const std::int32_t*>(g.counts);
-  const auto* offsets = reinterpret_cast<const std::int32_t*>(g.offsets);
-  std::uint32_t from = sm.first_slots(), to = from + fu::kGroupedSlotBufferBytes;
-#pragma unroll
-  for (int r = 0; r < kPerThread; ++r) {
-    const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
-    const int v = i == 0 || i >= n
-                      ? 0
-                      : fu::grouped_slots(__ldg(counts + i - 1), __ldg(offsets + i - 1), g.gemm.m);
-    ptx::st_shared4(from + 4u * i, static_cast<std::uint32_t>(v) < cap ? v : cap);
-  }
-  __syncthreads();
-  for (int d = 1; d < n; d *= 2) {
-#pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
-      const std::uint32_t v = ptx::ld_shared4(from + 4u * i);
-      const std::uint32_t before = ptx::ld_shared4(from + 4u * (i >= d ? i - d : 0));
-      const std::uint32_t sum = v + before;  // both at most cap < 2^31: no wrap
-      ptx::st_shared4(to + 4u * i, i < d ? v : sum < cap ? sum : cap);
-    }
-    __syncthreads();
-    const std::uint32_t t = from;
-    from = to;
-    to = t;
-  }
-  if (from != sm.first_slots()) {  // the sums are in the second buffer
-#pragma unroll
-    for (int r = 0; r < kPerThread; ++r) {
-      const int i = static_cast<int>(threadIdx.x) + r * fu::kThreads;
-      ptx::st_shared4(to + 4u * i, ptx::ld_shared4(from + 4u * i));
-    }
-    __syncthreads();
-  }
+  grouped_first_slots<fu::kThreads, fu::kGroupedScanEntries>(
+      reinterpret_cast<const std::int32_t*>(g.counts),
+      reinterpret_cast<const std::int32_t*>(g.offsets), g.experts, g.gemm.m, sm.first_slots());
 }
 
 // The producer's units: unit c = wtid + 128 i is token c / 4, K chunk column u = c % 4, so four

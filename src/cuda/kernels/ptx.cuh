@@ -225,6 +225,24 @@ __device__ __forceinline__ void wgmma_e4m3_m64n64k32(float (&d)[32], std::uint64
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D (64x128 FP32 per warpgroup) = A · B (+ D when accumulate): E4M3 operands in shared memory,
+// both K-major, 32 K (the m64n64k32 form above with twice the columns).
+__device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], std::uint64_t desc_a,
+                                                      std::uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : METRALE_ACC8(0), METRALE_ACC8(8), METRALE_ACC8(16), METRALE_ACC8(24), METRALE_ACC8(32),
+        METRALE_ACC8(40), METRALE_ACC8(48), METRALE_ACC8(56)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // D (64x128 FP32 per warpgroup) += A · B with A from registers (the RS form): this thread's
 // four BF16-pair registers of A (for warp w of the warpgroup, rows 16w..16w+15 as mma.m16n8k16's
 // A fragment; PTX ISA 9.7.15.5.1.1.1, Matrix Fragments for wgmma.mma_async.m64nNk16) and B

@@ -140,6 +140,18 @@ inline void bulk_copy_g2s(std::uint32_t dst, const void* src, std::uint32_t byte
     emulation::bulk_copy(dst, src, bytes, bar);
   }
 }
+inline void cp_async16(std::uint32_t dst, const void* src, int src_bytes) {
+  if (src_bytes == 0 || emulation::check_load(src, 16, 16, "cp.async")) {
+    emulation::cp_async(dst, src, src_bytes);
+  }
+}
+inline void cp_async_commit() {
+  emulation::cp_async_commit();
+}
+template <int N>
+inline void cp_async_wait() {
+  emulation::cp_async_wait(N);
+}
 inline void wgmma_fence() {
   emulation::wgmma_fence();
 }
@@ -153,6 +165,10 @@ inline void wgmma_wait() {
 inline void wgmma_bf16_m64n128k16_rs(float (&d)[64], const std::uint32_t (&a)[4],
                                      std::uint64_t desc_b) {
   emulation::wgmma_rs_m64n128k16(d, a, desc_b);
+}
+inline void wgmma_e4m3_m64n128k32(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b,
+                                  int accumulate) {
+  emulation::wgmma_ss_e4m3_m64n128k32(d, desc_a, desc_b, accumulate != 0);
 }
 template <int kId>
 inline void named_barrier_sync(int count) {

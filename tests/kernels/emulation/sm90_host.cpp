@@ -29,12 +29,26 @@ struct Copy {
   const unsigned char* src = nullptr;
 };
 
-// One wgmma of a warpgroup: the descriptor and each thread's registers.
+// One wgmma of a warpgroup: its descriptors and each thread's registers. RS BF16 m64n128k16 (A
+// from the threads' registers) or, with e4m3, SS E4M3 m64n128k32 (A through desc_a).
 struct Wgmma {
-  std::uint64_t desc = 0;
+  std::uint64_t desc = 0, desc_a = 0;
+  bool e4m3 = false, accumulate = true;
   std::array<float*, 128> d{};
   std::array<const std::uint32_t*, 128> a{};
   int threads = 0;
+};
+
+// One thread's cp.async copy of 16 bytes; src null: zeros.
+struct AsyncCopy {
+  std::uint32_t dst = 0;
+  const unsigned char* src = nullptr;
+};
+
+// A thread's copies not yet landed: those since its last commit, then its committed groups.
+struct AsyncCopies {
+  std::vector<AsyncCopy> open;
+  std::deque<std::vector<AsyncCopy>> groups;
 };
 
 struct Warpgroup {
@@ -59,6 +73,7 @@ struct State {
   unsigned char* arena = nullptr;
   std::unordered_map<std::uint32_t, Mbarrier> bars;
   std::vector<Copy> copies;
+  std::array<AsyncCopies, 1024> async;  // per thread
   std::array<Warpgroup, kMaxWarpgroups> groups;
   std::vector<int> commit_order;
   std::map<int, Barrier> named;
@@ -118,18 +133,35 @@ void land(std::size_t i) {
   maybe_complete(*b);
 }
 
-// B element (kk, n) of a K-major BF16 tile through its descriptor: start address, stride between
-// 8-row groups, 128-byte rows, the 128-byte swizzle on the address (bits 4-6 XOR bits 7-9).
-float b_element(std::uint64_t desc, int n, int kk) {
+// The shared address of byte `byte` of row `row` of a K-major tile through its descriptor: start
+// address, stride between 8-row groups, 128-byte rows, the 128-byte swizzle on the address (bits
+// 4-6 XOR bits 7-9).
+std::uint32_t operand_address(std::uint64_t desc, int row, int byte) {
   const auto start = static_cast<std::uint32_t>(desc & 0x3FFFu) << 4;
   const auto sbo = static_cast<std::uint32_t>((desc >> 32) & 0x3FFFu) << 4;
-  const std::uint32_t linear = start + static_cast<std::uint32_t>(n / 8) * sbo +
-                               static_cast<std::uint32_t>(n % 8) * 128u +
-                               2u * static_cast<std::uint32_t>(kk);
-  const std::uint32_t addr = linear ^ (((linear >> 7) & 7u) << 4);
+  const std::uint32_t linear = start + static_cast<std::uint32_t>(row / 8) * sbo +
+                               static_cast<std::uint32_t>(row % 8) * 128u +
+                               static_cast<std::uint32_t>(byte);
+  return linear ^ (((linear >> 7) & 7u) << 4);
+}
+
+// B element (kk, n) of a K-major BF16 tile.
+float b_element(std::uint64_t desc, int n, int kk) {
   std::uint16_t b = 0;
-  if (const unsigned char* p = shared_at(addr, 2, 2, "wgmma B operand")) std::memcpy(&b, p, 2);
+  if (const unsigned char* p = shared_at(operand_address(desc, n, 2 * kk), 2, 2, "wgmma B operand"))
+    std::memcpy(&b, p, 2);
   return num::bf16_to_f32(b);
+}
+
+// Element (row, kk) of a K-major E4M3 tile (A or B of an SS wgmma).
+float e4m3_element(std::uint64_t desc, int row, int kk, const char* what) {
+  const unsigned char* p = shared_at(operand_address(desc, row, kk), 1, 1, what);
+  return p == nullptr ? 0.0f : num::e4m3_to_f32(*p);
+}
+
+// Whether desc is what the kernels' tiles are: K-major, 128-byte swizzle, 1024-byte row groups.
+bool swizzled_k_major(std::uint64_t desc) {
+  return desc >> 62 == 1 && ((desc >> 32) & 0x3FFFu) == 1024 / 16;
 }
 
 float bf16_half(std::uint32_t reg, int half) {
@@ -141,9 +173,8 @@ float bf16_half(std::uint32_t reg, int half) {
 // register (r % 16 >= 8) + 2 (kk >= 8), half kk % 2; D element (r, n) is register
 // 4 (n / 8) + 2 ((r % 16) / 8) + n % 2 of thread 32 (r / 16) + 4 (r % 8) + (n % 8) / 2. FP32
 // sums in k order (products of BF16 are exact).
-void retire(const Wgmma& w) {
-  const std::uint64_t layout = w.desc >> 62, sbo = (w.desc >> 32) & 0x3FFFu;
-  if (layout != 1 || sbo != 1024 / 16) {
+void retire_rs(const Wgmma& w) {
+  if (!swizzled_k_major(w.desc)) {
     fault("wgmma: a B descriptor that is not K-major 128-byte swizzled with 1024-byte row groups");
     return;
   }
@@ -166,6 +197,83 @@ void retire(const Wgmma& w) {
       w.d[static_cast<std::size_t>(dt)][di] = sum;
     }
   }
+}
+
+// Retires one SS E4M3 wgmma: D (64 x 128, FP32) = A (64 x 32) x B (32 x 128) (+ D when
+// accumulate), both operands K-major in shared memory, D in the fragments retire_rs describes.
+// FP32 sums in k order (products of E4M3 are exact); the tensor cores' own accumulation keeps
+// fewer bits (toolkit/gemm_tolerance.h), which a device run's bound allows for.
+void retire_ss(const Wgmma& w) {
+  if (!swizzled_k_major(w.desc) || !swizzled_k_major(w.desc_a)) {
+    fault(
+        "wgmma: an operand descriptor that is not K-major 128-byte swizzled with 1024-byte row "
+        "groups");
+    return;
+  }
+  static float a[64][32], b[128][32];
+  for (int kk = 0; kk < 32; ++kk) {
+    for (int r = 0; r < 64; ++r) a[r][kk] = e4m3_element(w.desc_a, r, kk, "wgmma A operand");
+    for (int n = 0; n < 128; ++n) b[n][kk] = e4m3_element(w.desc, n, kk, "wgmma B operand");
+  }
+  for (int r = 0; r < 64; ++r) {
+    for (int n = 0; n < 128; ++n) {
+      const int dt = 32 * (r / 16) + 4 * (r % 8) + (n % 8) / 2;
+      const int di = 4 * (n / 8) + 2 * ((r % 16) / 8) + n % 2;
+      float sum = w.accumulate ? w.d[static_cast<std::size_t>(dt)][di] : 0.0f;
+      for (int kk = 0; kk < 32; ++kk) sum += a[r][kk] * b[n][kk];
+      w.d[static_cast<std::size_t>(dt)][di] = sum;
+    }
+  }
+}
+
+void retire(const Wgmma& w) {
+  if (w.e4m3) {
+    retire_ss(w);
+  } else {
+    retire_rs(w);
+  }
+}
+
+// Lands one cp.async copy.
+void land_async(const AsyncCopy& c) {
+  if (unsigned char* to = shared_at(c.dst, 16, 16, "cp.async")) {
+    if (c.src != nullptr) {
+      std::memcpy(to, c.src, 16);
+    } else {
+      std::memset(to, 0, 16);
+    }
+  }
+}
+
+// Lands one pending cp.async copy of any thread, drawn at random: hardware may complete a copy
+// any time between its issue and the wait for its group.
+// Only while copies are pending, and then only sometimes, so that kernels without cp.async keep
+// the schedules they had.
+bool land_random_async() {
+  State& s = st();
+  std::size_t pending = 0;
+  for (const AsyncCopies& t : s.async) {
+    pending += t.open.size();
+    for (const auto& g : t.groups) pending += g.size();
+  }
+  if (pending == 0 || schedule_draw(4) != 0) return false;
+  std::size_t pick = static_cast<std::size_t>(schedule_draw(pending));
+  const auto take = [&pick](std::vector<AsyncCopy>& v) {
+    if (pick >= v.size()) {
+      pick -= v.size();
+      return false;
+    }
+    land_async(v[pick]);
+    v.erase(v.begin() + static_cast<std::ptrdiff_t>(pick));
+    return true;
+  };
+  for (AsyncCopies& t : s.async) {
+    if (take(t.open)) return true;
+    for (auto& g : t.groups) {
+      if (take(g)) return true;
+    }
+  }
+  return false;
 }
 
 // The phases of one warp instruction and the worst number of distinct words a bank served in one.
@@ -298,8 +406,38 @@ void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uin
   yield();
 }
 
+void cp_async(std::uint32_t dst, const void* src, int src_bytes) {
+  if (src_bytes != 0 && src_bytes != 16) {
+    fault("cp.async: the kernels copy 16 bytes or zero-fill 16 (src-size " +
+          std::to_string(src_bytes) + ")");
+    return;
+  }
+  if (dst % 16 != 0) {
+    fault("cp.async: a shared address that is not 16-byte aligned");
+    return;
+  }
+  const auto* from = src_bytes == 0 ? nullptr : static_cast<const unsigned char*>(src);
+  st().async[static_cast<std::size_t>(current_fiber())].open.push_back(AsyncCopy{dst, from});
+}
+
+void cp_async_commit() {
+  AsyncCopies& t = st().async[static_cast<std::size_t>(current_fiber())];
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void cp_async_wait(int pending) {
+  AsyncCopies& t = st().async[static_cast<std::size_t>(current_fiber())];
+  if (planted(Plant::kNoAsyncWait)) return;
+  while (static_cast<int>(t.groups.size()) > pending) {
+    for (const AsyncCopy& c : t.groups.front()) land_async(c);
+    t.groups.pop_front();
+  }
+}
+
 bool sm90_progress(bool force) {
   State& s = st();
+  if (!force && land_random_async()) return true;
   if (s.copies.empty()) return false;
   if (!force && schedule_draw(2) == 0) return false;
   land(static_cast<std::size_t>(schedule_draw(s.copies.size())));
@@ -322,6 +460,25 @@ void wgmma_rs_m64n128k16(float* d, const std::uint32_t* a, std::uint64_t desc_b)
   w.desc = desc_b;
   w.d[t] = d;
   w.a[t] = a;
+  ++w.threads;
+}
+
+void wgmma_ss_e4m3_m64n128k32(float* d, std::uint64_t desc_a, std::uint64_t desc_b,
+                              bool accumulate) {
+  Warpgroup& g = group_of_caller();
+  const auto t = static_cast<std::size_t>(current_fiber() % 128);
+  const auto i = static_cast<std::size_t>(g.issued[t]++);
+  if (g.open.size() <= i) g.open.resize(i + 1);
+  Wgmma& w = g.open[i];
+  if (w.threads > 0 &&
+      (w.desc != desc_b || w.desc_a != desc_a || !w.e4m3 || w.accumulate != accumulate)) {
+    fault("wgmma: the threads of a warpgroup gave one wgmma different operands");
+  }
+  w.desc = desc_b;
+  w.desc_a = desc_a;
+  w.e4m3 = true;
+  w.accumulate = accumulate;
+  w.d[t] = d;
   ++w.threads;
 }
 
@@ -369,6 +526,7 @@ void sm90_begin_block() {
   std::memset(s.arena, 0xFF, kSharedBytes);
   s.bars.clear();
   s.copies.clear();
+  for (AsyncCopies& t : s.async) t = AsyncCopies{};
   for (Warpgroup& g : s.groups) g = Warpgroup{};
   s.named.clear();
   s.accesses.clear();
@@ -379,6 +537,11 @@ std::string sm90_end_block() {
   State& s = st();
   if (!s.copies.empty()) {
     return "the block ended with " + std::to_string(s.copies.size()) + " bulk copies in flight";
+  }
+  for (const AsyncCopies& t : s.async) {
+    bool waiting = !t.open.empty();
+    for (const auto& g : t.groups) waiting = waiting || !g.empty();
+    if (waiting) return "the block ended with cp.async copies that no wait landed";
   }
   for (const Warpgroup& g : s.groups) {
     if (!g.committed.empty() || !g.open.empty()) {

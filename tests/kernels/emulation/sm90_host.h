@@ -1,12 +1,14 @@
 // The sm_90 units a warp-specialized kernel drives, on the host (the wrappers of
 // kernel_host_ptx.h call these; cuda_host.h's run_grid starts and ends each block): the block's
-// dynamic shared memory, mbarriers with their phases and transaction counts, bulk copies that
-// land later and in random order (the fibers' progress hook), warpgroup MMAs (wgmma.mma_async RS
-// m64n128k16) that read their registers and shared memory only when waited for, named barriers,
-// a bank-conflict check of every shared-memory access a warp makes, and faults a test plants in
-// a kernel. Rules from the PTX ISA: 9.7.13.15 (mbarrier: phases, pending arrivals, tx-count,
-// try_wait.parity), 9.7.9.25 (cp.async.bulk: complete_tx on the barrier when the bytes land),
-// 9.7.15 (wgmma: fragments, descriptors, commit and wait groups, the 128-byte swizzle).
+// dynamic shared memory, mbarriers with their phases and transaction counts, bulk copies and
+// cp.async copies that land later and in random order (the fibers' progress hook), warpgroup
+// MMAs (wgmma.mma_async RS m64n128k16 BF16, SS m64n128k32 E4M3) that read their registers and
+// shared memory only when waited for, named barriers, a bank-conflict check of every
+// shared-memory access a warp makes, and faults a test plants in a kernel. Rules from the PTX
+// ISA: 9.7.13.15 (mbarrier: phases, pending arrivals, tx-count, try_wait.parity), 9.7.9.25
+// (cp.async.bulk: complete_tx on the barrier when the bytes land), 9.7.9.23-24 (cp.async: its
+// groups, wait_group), 9.7.15 (wgmma: fragments, descriptors, commit and wait groups, the
+// 128-byte swizzle).
 #pragma once
 
 #include <cstddef>
@@ -17,18 +19,20 @@
 namespace metrale::emulation {
 
 // Faults a test plants in a kernel to show that the emulation catches them (the kernel asks with
-// METRALE_FUSED_PLANTED). kNone plants nothing.
+// METRALE_FUSED_PLANTED or METRALE_TILED_PLANTED). kNone plants nothing.
 enum class Plant {
   kNone,
   kWrongParity,       // a consumer waits for the wrong phase of a full barrier
   kEarlyRelease,      // a consumer releases a stage before its wgmmas are waited for
   kSkipExpectTx,      // the producer does not announce the bulk copies' bytes
-  kWrongSwizzle,      // the producer stores the activations without the 128-byte swizzle
+  kWrongSwizzle,      // the activations (grouped FP8: both operands) stored without the swizzle
   kDropPartialTile,   // the tile count rounds the last, partial M tile away
   kNoTurns,           // the consumer warpgroups issue their wgmmas without taking turns
-  kExpertZeroTable,   // the grouped kernel copies expert 0's scale table for every expert
+  kExpertZeroTable,   // a grouped kernel takes expert 0's scales (table) for every expert
   kSmallTileRing,     // the grouped kernel's ring of tiles holds 2, not 8
-  kNoExpertRowBound,  // the grouped kernel's epilogue stores past its expert's rows
+  kNoExpertRowBound,  // a grouped kernel's epilogue stores past its expert's rows
+  kNoAsyncWait,       // cp.async.wait_group lands nothing (copies land only when they will)
+  kPartNotReset,      // the grouped FP8 kernel's first MMA of a block adds to the last block's
 };
 void set_plant(Plant p);
 bool planted(Plant p);
@@ -74,6 +78,17 @@ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity);
 // `bar`) at a later switch between fibers.
 void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar);
 
+// ---- cp.async (sm_80's asynchronous copies, per thread) ----
+
+// Starts the calling thread's copy of 16 bytes from global `src` to shared `dst`, the bytes past
+// `src_bytes` (0 or 16) zero (PTX ISA 9.7.9.23, cp.async with src-size); it lands at the
+// thread's wait for its group, or earlier at a random switch between fibers.
+void cp_async(std::uint32_t dst, const void* src, int src_bytes);
+// Closes the thread's open copies into a group (cp.async.commit_group).
+void cp_async_commit();
+// Lands the thread's committed groups but the newest `pending` (cp.async.wait_group).
+void cp_async_wait(int pending);
+
 // ---- warpgroup MMA ----
 
 void wgmma_fence();
@@ -81,6 +96,11 @@ void wgmma_fence();
 // registers: its accumulators d and A registers a are read (and d written) when a wait retires
 // the wgmma, as the hardware may read them any time until then.
 void wgmma_rs_m64n128k16(float* d, const std::uint32_t* a, std::uint64_t desc_b);
+// Records this thread's part of a wgmma.mma_async.m64n128k32.f32.e4m3.e4m3 with both operands
+// K-major in shared memory: D = A (64 x 32) x B (32 x 128) (+ D when accumulate), read and
+// written when a wait retires it.
+void wgmma_ss_e4m3_m64n128k32(float* d, std::uint64_t desc_a, std::uint64_t desc_b,
+                              bool accumulate);
 void wgmma_commit();
 void wgmma_wait(int pending);
 // The warpgroups (threadIdx.x / 128) of the committed wgmma groups of the last grid, in the
