@@ -77,9 +77,10 @@ add_test(NAME cuda.fatbin_offline.sass_int4 COMMAND sass_budget_test
 # The grouped GEMMs' loops against their dense kernels'.
 add_test(NAME cuda.fatbin_offline.sass_grouped COMMAND sass_budget_test
   --gtest_filter=SassBudget.GroupedLoopsAreTheirDenseKernels)
-# The grouped W8A8 GEMM's tiled kernel: its FP8 wgmma loop, counted per one-byte weight.
+# The grouped W8A8 GEMM's kernels: the tiled one's FP8 wgmma loop and the decode one's FFMA
+# loops, counted per one-byte weight.
 add_test(NAME cuda.fatbin_offline.sass_grouped_fp8 COMMAND sass_budget_test
-  --gtest_filter=SassBudget.GroupedFp8TiledLoopIsCounted)
+  --gtest_filter=SassBudget.GroupedFp8*)
 set_tests_properties(cuda.fatbin_offline.sass_budget cuda.fatbin_offline.sass_reader
   cuda.fatbin_offline.sass_fused cuda.fatbin_offline.sass_int4 cuda.fatbin_offline.sass_grouped
   cuda.fatbin_offline.sass_grouped_fp8 PROPERTIES

@@ -521,4 +521,49 @@ TEST_F(SassBudget, GroupedFp8TiledLoopIsCounted) {
   EXPECT_LE(integer, kTiledFp8IntegerPerWeight) << integer_mix(path);
 }
 
+// ---- gemm_grouped_e4m3_block128: FP8 experts' decode kernel on CUDA cores ----
+
+// Its K loops (no MMA: codes widened through FP16, FFMA products) read 16 K of 4 weight rows a
+// lane an iteration, 64 one-byte weights, held to the tiled kernel's budget per one-byte weight:
+// one loop for a pair of rows (128 FFMA) and one for an odd last row (64 FFMA), which must issue
+// at most three quarters of the pair's (a token's expert at decode has one row).
+TEST_F(SassBudget, GroupedFp8DecodeLoopsAreCounted) {
+  const std::string kernel = "gemm_grouped_e4m3_block128";
+  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel, METRALE_FP8_FATBIN);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
+  ASSERT_FALSE(code.empty()) << kernel << " not in the fp8 cubin (" << kTarget << ")";
+  sass::Tally whole;
+  for (const auto& i : code) whole.add(i);
+  EXPECT_EQ(whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  const std::vector<sass::Loop> all = sass::loops_of(code);
+  std::map<int, sass::Tally> by_ffma;  // innermost FFMA loops by their FFMAs
+  for (const sass::Loop& l : all) {
+    const bool inner = std::none_of(all.begin(), all.end(), [&l](const sass::Loop& m) {
+      return (m.head != l.head || m.latch != l.latch) && m.head >= l.head && m.latch <= l.latch;
+    });
+    const sass::Tally body = sass::tally_body(code, l);
+    const int ffma = body.by_mnemonic.contains("FFMA") ? body.by_mnemonic.at("FFMA") : 0;
+    if (!inner || ffma == 0) continue;
+    by_ffma[ffma] = sass::tally_path(code, sass::loop_path(code, l, sass::PathChoice::kSteady));
+  }
+  ASSERT_TRUE(by_ffma.contains(128) && by_ffma.contains(64) && by_ffma.size() == 2)
+      << "one K loop for a pair of rows (128 FFMA) and one for a row alone (64)";
+  constexpr int kWeights = 16 * 4;  // 16 K of 4 weight rows a lane
+  for (const auto& [ffma, path] : by_ffma) {
+    const double issued = static_cast<double>(path.instrs) / kWeights,
+                 integer = static_cast<double>(path.integer) / kWeights;
+    std::printf(
+        "%s %s: K loop of %d row(s): steady path %d; per weight per lane %.2f issued, "
+        "%.2f integer pipe (%s) [budget %.1f, %.1f]\n",
+        kTarget.c_str(), kernel.c_str(), ffma / 64, path.instrs, issued, integer,
+        integer_mix(path).c_str(), kTiledFp8IssuedPerWeight, kTiledFp8IntegerPerWeight);
+    EXPECT_EQ(path.calls, 0);
+    EXPECT_LE(issued, kTiledFp8IssuedPerWeight) << ffma / 64 << " row(s)";
+    EXPECT_LE(integer, kTiledFp8IntegerPerWeight) << ffma / 64 << " row(s)";
+  }
+  EXPECT_LE(4 * by_ffma.at(64).instrs, 3 * by_ffma.at(128).instrs)
+      << "a row alone issues no less than three quarters of a pair";
+}
+
 }  // namespace

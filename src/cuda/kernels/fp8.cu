@@ -9,7 +9,9 @@
 //
 // The grouped GEMM, for decode (few rows per expert): a block per (32 columns, expert), a warp per
 // 4 columns, each lane 16 K at a time (16 bytes of a weight row, inside one 128-K scale block),
-// 2 of the expert's rows at once. Codes widen to FP32 through FP16 exactly
+// 2 of the expert's rows at once and an odd last row alone (decode_pass<2>, decode_pass<1>: a
+// token's expert at decode has one row, and its pass then costs one row's FFMAs and conversions,
+// not two). Codes widen to FP32 through FP16 exactly
 // (num::e4m3x4_to_f16_scaled); each lane's 16-product sum is scaled by its block's A and W scales
 // and summed, then the warp's lanes are. Weights are read once per 2 rows, so an expert with many
 // rows (prefill) re-reads them from L2: correct, not fast there.
@@ -53,6 +55,75 @@ __device__ __forceinline__ void widen16(uint4 v, float (&x)[kChunk]) {
     num::e4m3x4_to_f16_scaled(words[i], &p02, &p13);
     num::f16x2_to_f32(p02, &x[4 * i], &x[4 * i + 2]);
     num::f16x2_to_f32(p13, &x[4 * i + 1], &x[4 * i + 3]);
+  }
+}
+
+// One warp's share of the decode kernel's block: its 4 columns of expert e's rows.
+struct DecodeWarp {
+  const metrale::GroupedFp8Params* g;
+  std::int64_t e, first, n0, cols, lda, ldw;
+  unsigned lane;
+  const std::uint8_t *w, *a;
+  const float *ws, *as;
+};
+
+// Rows [r0, r0 + kRows) of the warp's columns: each lane 16 K at a time, each row's 16 products
+// scaled by its block's A and W scales, the lanes' sums reduced, lane r·4 + c storing (r, c).
+template <int kRows>
+__device__ __forceinline__ void decode_pass(const DecodeWarp& d, std::int64_t r0) {
+  const metrale::GroupedFp8Params& g = *d.g;
+  float acc[kRows][kWarpCols] = {};
+  for (std::int64_t k0 = std::int64_t{d.lane} * kChunk; k0 < g.k; k0 += 32 * kChunk) {
+    const std::int64_t kb = k0 / f::kCastBlock;
+    float x[kRows][kChunk];
+    float xs[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      widen16(metrale::ptx::ldg16(d.a + (r0 + r) * g.k + k0), x[r]);
+      xs[r] = d.as[kb * d.lda + r0 + r];
+    }
+#pragma unroll
+    for (int c = 0; c < kWarpCols; ++c) {
+      if (c >= d.cols) break;
+      float y[kChunk];
+      widen16(metrale::ptx::ldg16(d.w + c * g.k + k0), y);
+      const float s = d.ws[((d.n0 + c) / f::kCastBlock) * d.ldw + kb];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) v = fmaf(x[r][i], y[i], v);
+        acc[r][c] += metrale::grouped_fp8::scaled_partial(v, xs[r], s);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kWarpCols; ++c) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
+      }
+    }
+  }
+  // Lane r·4 + c writes element (r, c): every lane holds every sum after the XOR reduction.
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kWarpCols; ++c) {
+      if (d.lane != static_cast<unsigned>(r * kWarpCols + c) || c >= d.cols) continue;
+      const std::int64_t row = d.first + r0 + r, col = d.n0 + c;
+      float v = acc[r][c];
+      if (g.bias != 0) {
+        v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(g.bias)[d.e * g.n + col]);
+      }
+      if (g.out_f32 != 0) {
+        reinterpret_cast<float*>(g.c)[row * g.n + col] = v;
+      } else {
+        reinterpret_cast<std::uint16_t*>(g.c)[row * g.n + col] = num::f32_to_bf16(v);
+      }
+    }
   }
 }
 
@@ -129,80 +200,36 @@ __global__ void __launch_bounds__(kThreads) cast_e4m3_block128(metrale::Fp8CastP
   if (lane == 0) reinterpret_cast<float*>(p.scales)[kb * f::scales_ld(p.m) + m] = s;
 }
 
-__global__ void __launch_bounds__(kGemmThreads)
+// The second bound (at least 2 blocks an SM) lets ptxas use what the passes need: without it,
+// sm_80 and sm_89 code kept 80 registers and spilled 4 bytes. They take 72-84, 3 blocks an SM.
+__global__ void __launch_bounds__(kGemmThreads, 2)
     gemm_grouped_e4m3_block128(metrale::GroupedFp8Params g) {
   std::int64_t first = 0, m = 0;
   if (!metrale::grouped_fp8::expert_rows(g, blockIdx.y, &first, &m)) return;
   const std::int64_t n0 =
       std::int64_t{blockIdx.x} * kGemmTile + std::int64_t{threadIdx.x / 32} * kWarpCols;
   if (n0 >= g.n) return;  // whole warps leave together: the shuffles stay full
-  const unsigned lane = threadIdx.x % 32;
-  const std::int64_t cols = g.n - n0 < kWarpCols ? g.n - n0 : kWarpCols;
   const auto e = static_cast<std::uint64_t>(blockIdx.y);
-  const auto* w = reinterpret_cast<const std::uint8_t*>(g.b + e * g.b_stride) + n0 * g.k;
-  const auto* ws = reinterpret_cast<const float*>(g.b_scales + e * g.b_scales_stride);
-  const auto* a = reinterpret_cast<const std::uint8_t*>(g.a) + first * g.k;
-  const auto* as = reinterpret_cast<const float*>(g.a_scales) + first;
   const std::int64_t kblocks = (g.k + f::kCastBlock - 1) / f::kCastBlock;
-  const std::int64_t lda = f::scales_ld(g.rows), ldw = (kblocks + 3) / 4 * 4;
-  for (std::int64_t r0 = 0; r0 < m; r0 += kPassRows) {
-    const std::int64_t rows = m - r0 < kPassRows ? m - r0 : kPassRows;
-    float acc[kPassRows][kWarpCols] = {};
-    for (std::int64_t k0 = std::int64_t{lane} * kChunk; k0 < g.k; k0 += 32 * kChunk) {
-      const std::int64_t kb = k0 / f::kCastBlock;
-      float x[kPassRows][kChunk];
-      float xs[kPassRows];
-#pragma unroll
-      for (int r = 0; r < kPassRows; ++r) {
-        const bool live = r < rows;
-        widen16(live ? metrale::ptx::ldg16(a + (r0 + r) * g.k + k0) : uint4{}, x[r]);
-        xs[r] = live ? as[kb * lda + r0 + r] : 0.0f;
-      }
-#pragma unroll
-      for (int c = 0; c < kWarpCols; ++c) {
-        if (c >= cols) break;
-        float y[kChunk];
-        widen16(metrale::ptx::ldg16(w + c * g.k + k0), y);
-        const float s = ws[((n0 + c) / f::kCastBlock) * ldw + kb];
-#pragma unroll
-        for (int r = 0; r < kPassRows; ++r) {
-          float d = 0.0f;
-#pragma unroll
-          for (int i = 0; i < kChunk; ++i) d = fmaf(x[r][i], y[i], d);
-          acc[r][c] += metrale::grouped_fp8::scaled_partial(d, xs[r], s);
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kPassRows; ++r) {
-#pragma unroll
-      for (int c = 0; c < kWarpCols; ++c) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], off);
-        }
-      }
-    }
-    // Lane r·4 + c writes element (r, c): every lane holds every sum after the XOR reduction.
-#pragma unroll
-    for (int r = 0; r < kPassRows; ++r) {
-#pragma unroll
-      for (int c = 0; c < kWarpCols; ++c) {
-        if (lane != static_cast<unsigned>(r * kWarpCols + c) || r >= rows || c >= cols) continue;
-        const std::int64_t row = first + r0 + r, col = n0 + c;
-        float v = acc[r][c];
-        if (g.bias != 0) {
-          v += num::bf16_to_f32(reinterpret_cast<const std::uint16_t*>(
-              g.bias)[static_cast<std::int64_t>(e) * g.n + col]);
-        }
-        if (g.out_f32 != 0) {
-          reinterpret_cast<float*>(g.c)[row * g.n + col] = v;
-        } else {
-          reinterpret_cast<std::uint16_t*>(g.c)[row * g.n + col] = num::f32_to_bf16(v);
-        }
-      }
-    }
-  }
+  DecodeWarp d;
+  d.g = &g;
+  d.e = static_cast<std::int64_t>(e);
+  d.first = first;
+  d.n0 = n0;
+  d.cols = g.n - n0 < kWarpCols ? g.n - n0 : kWarpCols;
+  d.lane = threadIdx.x % 32;
+  d.w = reinterpret_cast<const std::uint8_t*>(g.b + e * g.b_stride) + n0 * g.k;
+  d.ws = reinterpret_cast<const float*>(g.b_scales + e * g.b_scales_stride);
+  d.a = reinterpret_cast<const std::uint8_t*>(g.a) + first * g.k;
+  d.as = reinterpret_cast<const float*>(g.a_scales) + first;
+  d.lda = f::scales_ld(g.rows);
+  d.ldw = (kblocks + 3) / 4 * 4;
+  // Pairs of rows, and a last row alone: a pass's FFMAs and conversions are per row, so an odd
+  // row (one token's expert at decode) costs one row's, not two.
+  std::int64_t r0 = 0;
+#pragma unroll 1
+  for (; r0 + kPassRows <= m; r0 += kPassRows) decode_pass<kPassRows>(d, r0);
+  if (r0 < m) decode_pass<1>(d, r0);
 }
 
 // The prefill kernel (grouped_e4m3_sm90.cuh): one block an SM (its stages take 129 KiB of shared
