@@ -255,7 +255,8 @@ class Model:
 
     def moe_experts(self, x: Any, ids: Any, weights: Any, gate_up: Any, down: Any, *,
                     glu: str = "silu", alpha: float = 1.702, limit: float = 7.0, out: Any = None,
-                    allow_unverified: bool = False, stream: Optional[int] = None) -> Any:
+                    allow_unverified: bool = False, route: str = "auto",
+                    stream: Optional[int] = None) -> Any:
         """An MoE layer's experts on routed tokens: out[t] = Σ_j weights[t, j] ·
         down_e(glu(gate_up_e(x[t]))) with e = ids[t, j], in one call (moe_align, moe_gather,
         the two grouped GEMMs, the activation, moe_combine; docs/CONTRACT.md, MoE routing).
@@ -264,8 +265,11 @@ class Model:
         weights float32 [T, top_k]; gate_up and down GroupedWeights of [2I, H] and [H, I] per
         expert. glu: "silu" (rows [gate | up]: SiLU(gate) · up) or "clamped_swiglu" (gpt-oss:
         gate and up interleaved, clamps at ``limit``, gate · σ(alpha · gate) · (up + 1)).
-        allow_unverified: run kernels no device run has verified (CUDA's, today). Returns
-        ``out`` (BF16 [T, H]) when given, else a new Array; ``stream`` as for gemm.
+        allow_unverified: run kernels no device run has verified (CUDA's, today). route: the
+        grouped GEMMs' route, "auto" (the backend's verified choice), "decode", "fused" (4-bit
+        experts in the decode layout) or "tiled" (FP8 experts on CUDA sm_90a); an unverified
+        one also needs allow_unverified. Returns ``out`` (BF16 [T, H]) when given, else a new
+        Array; ``stream`` as for gemm.
         """
         api = "moe_experts"
         for name, w in (("gate_up", gate_up), ("down", down)):
@@ -286,7 +290,7 @@ class Model:
         ids_obj, _ = as_input(api, "ids", ids, export)
         w_obj, _ = as_input(api, "weights", weights, export)
         self._m.moe_experts(x_obj, x_bits, ids_obj, w_obj, gate_up, down, glu, alpha, limit,
-                            out_obj, out_bits, allow_unverified, stream)
+                            out_obj, out_bits, allow_unverified, route, stream)
         return result
 
     # ---- figures ----

@@ -331,7 +331,7 @@ def swap_linears(module: torch.nn.Module, model: metrale.Model, format: str = "n
 
 
 def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = torch.bfloat16,
-                    allow_unverified: bool = False) -> torch.nn.Module:
+                    allow_unverified: bool = False, moe_route: str = "auto") -> torch.nn.Module:
     """The transformers model of a checkpoint folder, its quantized linears on metrale.
 
     The model is built by transformers from the folder's config.json; every layer the checkpoint
@@ -343,7 +343,8 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     4-bit experts the checkpoint holds, packed (gpt-oss's MXFP4) or as linears of their own
     (Qwen3-MoE from ModelOpt or llm-compressor), gets a MoeExperts module in place of
     transformers' experts: every expert of a layer in one call (on CUDA, kernels no device run
-    has verified yet: ``allow_unverified=True`` runs them). Never a partial load: a
+    has verified yet: ``allow_unverified=True`` runs them; ``moe_route`` names the grouped GEMMs'
+    route as Model.moe_experts takes it). Never a partial load: a
     tensor that looks quantized but that metrale cannot read, a checkpoint tensor the model has
     no place for, a model parameter the checkpoint does not give, or layers that disagree with
     the quantization the folder's config declares raise IoError naming them.
@@ -351,6 +352,9 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     import transformers
 
     api = "metrale.torch.from_pretrained"
+    if moe_route not in torch_moe._ROUTES:
+        raise argument_error(api, f"moe_route: {moe_route!r}, expected one of "
+                             f"{', '.join(torch_moe._ROUTES)}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         what = "is not a folder" if not os.path.isdir(path) else "holds no config.json"
         raise argument_error(api, f"{path}: {what}; give a model folder (config.json and its "
@@ -375,14 +379,15 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     try:
         # Experts stored as linears of their own go to the model's fused experts modules.
         experts = torch_moe.swap_expert_linears(api, model, ckpt, quantized, runtime,
-                                                allow_unverified)
+                                                allow_unverified, moe_route)
         for layer in (layer for layer in fp4 if layer not in experts):
             weights = runtime.upload_weights(ckpt.weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
         for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
-        torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified)
+        torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified,
+                                      moe_route)
         _load_state(api, model, state, dtype)
         # The layers hold what the folder's config declares (metrale.Checkpoint.check_declared):
         # its format in each quantized one, and no Linear left in floats that it quantizes.

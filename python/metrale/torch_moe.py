@@ -28,6 +28,7 @@ from .errors import argument_error
 __all__ = ["MoeExperts", "moe_experts", "register_experts"]
 
 _GLUS = ("silu", "clamped_swiglu")
+_ROUTES = ("auto", "decode", "fused", "tiled")  # Model.moe_experts' grouped GEMM routes
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class _Experts:
     alpha: float
     limit: float
     allow_unverified: bool
+    route: str
 
 
 _entries: dict[int, _Experts] = {}
@@ -48,10 +50,11 @@ _lock = threading.Lock()
 
 def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "silu",
                      alpha: float = 1.702, limit: float = 7.0,
-                     allow_unverified: bool = False) -> int:
+                     allow_unverified: bool = False, route: str = "auto") -> int:
     """The handle of one MoE layer's experts (gate_up and down GroupedWeights on ``model``) for
-    torch.ops.metrale.moe_experts: an int, unique in this process. glu as Model.moe_experts
-    takes it; allow_unverified runs kernels no device run has verified (CUDA's, today)."""
+    torch.ops.metrale.moe_experts: an int, unique in this process. glu and route as
+    Model.moe_experts takes them; allow_unverified runs kernels no device run has verified
+    (CUDA's, today)."""
     api = "metrale.torch.register_experts"
     global _next_handle
     if not isinstance(model, metrale.Model):
@@ -62,6 +65,8 @@ def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "
                                  "(model.upload_grouped_weights)", metrale.DtypeError)
     if glu not in _GLUS:
         raise argument_error(api, f"glu: {glu!r}, expected 'silu' or 'clamped_swiglu'")
+    if route not in _ROUTES:
+        raise argument_error(api, f"route: {route!r}, expected one of {', '.join(_ROUTES)}")
     if (down.experts, down.n, down.k) != (gate_up.experts, gate_up.k, gate_up.n // 2):
         raise argument_error(api, f"down: {down.experts} experts of {down.n} x {down.k}, "
                              f"expected {gate_up.experts} of {gate_up.k} x {gate_up.n // 2} "
@@ -70,7 +75,7 @@ def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "
         handle = _next_handle
         _next_handle += 1
         _entries[handle] = _Experts(model, gate_up, down, glu, float(alpha), float(limit),
-                                    bool(allow_unverified))
+                                    bool(allow_unverified), route)
     return handle
 
 
@@ -126,7 +131,7 @@ def _moe_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
     if x.device.type == "cpu":
         m._m.moe_experts(_bits(x), True, ids.numpy(), weights.numpy(), entry.gate_up, entry.down,
                          entry.glu, entry.alpha, entry.limit, _bits(out), True,
-                         entry.allow_unverified, None)
+                         entry.allow_unverified, entry.route, None)
     else:
         from . import torch as mt
 
@@ -139,7 +144,7 @@ def _moe_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
                                  "metrale.torch.cuda_stream(\"torch\")", metrale.CaptureError)
         m.moe_experts(x, ids, weights, entry.gate_up, entry.down, glu=entry.glu,
                       alpha=entry.alpha, limit=entry.limit, out=out,
-                      allow_unverified=entry.allow_unverified, stream=stream)
+                      allow_unverified=entry.allow_unverified, route=entry.route, stream=stream)
     return out
 
 
@@ -160,9 +165,10 @@ class MoeExperts(torch.nn.Module):
 
     def __init__(self, model: metrale.Model, gate_up: Any, down: Any, glu: str = "silu",
                  alpha: float = 1.702, limit: float = 7.0, *,
-                 allow_unverified: bool = False) -> None:
+                 allow_unverified: bool = False, route: str = "auto") -> None:
         super().__init__()
-        self.handle = register_experts(model, gate_up, down, glu, alpha, limit, allow_unverified)
+        self.handle = register_experts(model, gate_up, down, glu, alpha, limit, allow_unverified,
+                                       route)
         weakref.finalize(self, unregister_experts, self.handle)
         self.num_experts = int(gate_up.experts)
         self.hidden_dim = int(gate_up.k)
@@ -188,7 +194,8 @@ _CLAMPED_SWIGLU = ("GptOssExperts",)
 
 
 def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: list,
-                        runtime: metrale.Model, allow_unverified: bool) -> None:
+                        runtime: metrale.Model, allow_unverified: bool,
+                        route: str = "auto") -> None:
     """Replaces each experts module whose projections the checkpoint packs (``packed``:
     Checkpoint.experts) by a MoeExperts on ``runtime``; IoError naming the module for a
     projection the model has no place for or whose shape, bias or activation does not fit."""
@@ -236,7 +243,7 @@ def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: lis
         alpha = float(getattr(old, "alpha", 1.702))
         limit = float(getattr(old, "limit", 7.0))
         new = MoeExperts(runtime, weights["gate_up_proj"], weights["down_proj"], glu, alpha,
-                         limit, allow_unverified=allow_unverified)
+                         limit, allow_unverified=allow_unverified, route=route)
         model.set_submodule(parent, new)
 
 
@@ -268,7 +275,8 @@ def _fp8_gate_up(api: str, ckpt: Any, gate: str, up: str) -> tuple:
 
 
 def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: list,
-                        runtime: metrale.Model, allow_unverified: bool) -> set:
+                        runtime: metrale.Model, allow_unverified: bool,
+                        route: str = "auto") -> set:
     """Replaces each fused experts module whose experts the checkpoint stores as linears of their
     own ("<experts>.<e>.gate_proj" / up_proj / down_proj: Qwen3-MoE and DeepSeek-V3 as ModelOpt,
     llm-compressor and transformers' FP8 write them) by a MoeExperts on ``runtime``, each
@@ -317,7 +325,7 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                 for leaf in ("gate_up_proj", "down_proj")}
         uploaded = (_upload_fp8_experts if fp8 else _upload_experts)(
             api, ckpt, parent, kind, count, found, want, runtime)
-        new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified)
+        new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified, route=route)
         model.set_submodule(parent, new)
         taken.update(found.values())
     return taken

@@ -145,7 +145,8 @@ void bind_model(nb::module_& m) {
       .def("moe_experts", &Model::moe_experts, nb::arg("x"), nb::arg("x_bits"), nb::arg("ids"),
            nb::arg("weights"), nb::arg("gate_up"), nb::arg("down"), nb::arg("glu"),
            nb::arg("alpha"), nb::arg("limit"), nb::arg("out"), nb::arg("out_bits"),
-           nb::arg("allow_unverified"), nb::arg("stream").none() = nb::none())
+           nb::arg("allow_unverified"), nb::arg("route") = "auto",
+           nb::arg("stream").none() = nb::none())
       .def("moe_route", &Model::moe_route, nb::arg("logits"), nb::arg("ids"), nb::arg("weights"),
            nb::arg("scoring"), nb::arg("top_k"), nb::arg("renormalize"), nb::arg("scale"),
            nb::arg("groups"), nb::arg("topk_groups"), nb::arg("bias").none(),

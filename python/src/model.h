@@ -155,11 +155,13 @@ class Model {
   // glu(gate_up_e(x[t]))) with e = ids[t, j], through moe_align, moe_gather, the grouped GEMMs,
   // moe_glu and moe_combine (ops/moe.h), on the arrays in place: x and out BF16 [T, H], ids int32
   // and weights FP32 [T, top_k]. glu: "silu" or "clamped_swiglu" (alpha, limit).
-  // allow_unverified: run kernels no device run has verified (the CUDA ones, today).
+  // allow_unverified: run kernels no device run has verified (the CUDA ones, today). route: the
+  // grouped GEMMs' ("auto", "decode", "fused" for 4-bit experts, "tiled" for FP8 experts).
   void moe_experts(nanobind::handle x, bool x_bits, nanobind::handle ids, nanobind::handle weights,
                    const GroupedWeights& gate_up, const GroupedWeights& down, std::string_view glu,
                    float alpha, float limit, nanobind::handle out, bool out_bits,
-                   bool allow_unverified, std::optional<std::uint64_t> stream);
+                   bool allow_unverified, std::string_view route,
+                   std::optional<std::uint64_t> stream);
 
   // Each token's top_k experts from the router's logits (FP32 [T, E]) into ids (int32 [T, top_k])
   // and weights (FP32 [T, top_k]): ops::moe_route with scoring "softmax", "topk_softmax" or

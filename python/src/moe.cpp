@@ -57,17 +57,20 @@ struct Carve {
 // or FP8 block-128 through the grouped W8A8 op (ops/grouped_fp8.h, with its cast's workspace).
 class Projection {
  public:
-  Projection(Backend& b, std::int64_t rows, const GroupedWeights& w, bool allow_unverified)
+  Projection(Backend& b, std::int64_t rows, const GroupedWeights& w, bool allow_unverified,
+             ops::GemmRoute route)
       : w_(w) {
     if (w.fp8) {
       ops::GroupedFp8Options o;
       o.bias = static_cast<bool>(w.bias);
       o.allow_unverified = allow_unverified;
+      o.route = route;
       fp8_ = ops::plan_grouped(b, rows, w.f, o);
     } else {
       ops::GroupedGemmOptions o;
       o.bias = static_cast<bool>(w.bias);
       o.allow_unverified = allow_unverified;
+      o.route = route;
       fp4_ = ops::plan_grouped(b, rows, w.q, o);
     }
   }
@@ -85,6 +88,19 @@ class Projection {
   ops::GroupedGemmPlan fp4_;
   ops::GroupedFp8Plan fp8_;
 };
+
+// The grouped GEMMs' route by name: each weight kind's plan refuses the other's own route by
+// name (fused is 4-bit experts', tiled FP8 experts').
+ops::GemmRoute parse_route(std::string_view api, std::string_view route) {
+  if (route == "auto") return ops::GemmRoute::kAuto;
+  if (route == "decode") return ops::GemmRoute::kDecode;
+  if (route == "fused") return ops::GemmRoute::kFused;
+  if (route == "tiled") return ops::GemmRoute::kTiled;
+  throw Error(ErrorCode::kInvalidArgument, api,
+              fmt::format("route: '{}', expected auto, decode, fused (4-bit experts) or tiled "
+                          "(FP8 experts)",
+                          route));
+}
 
 }  // namespace
 
@@ -186,9 +202,11 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
 void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle weights,
                         const GroupedWeights& gate_up, const GroupedWeights& down,
                         std::string_view glu, float alpha, float limit, nb::handle out,
-                        bool out_bits, bool allow_unverified, std::optional<std::uint64_t> stream) {
+                        bool out_bits, bool allow_unverified, std::string_view route,
+                        std::optional<std::uint64_t> stream) {
   constexpr std::string_view api = kExperts;
   Backend& b = open(api);
+  const ops::GemmRoute gemm_route = parse_route(api, route);
   check_owner(api, gate_up.model, gate_up.label, "gate_up");
   check_owner(api, down.model, down.label, "down");
   const ops::MoeActivation activation = parse_glu(glu, alpha, limit);
@@ -231,8 +249,8 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   const Loan lw(b, *probe_, wa, on.ordered()), lo(b, *probe_, oa, on.ordered());
   as_call(api, [&] {
     const ops::MoeOptions mo{allow_unverified};
-    const Projection p1(b, shape.tokens * shape.top_k, gate_up, allow_unverified);
-    const Projection p2(b, shape.tokens * shape.top_k, down, allow_unverified);
+    const Projection p1(b, shape.tokens * shape.top_k, gate_up, allow_unverified, gemm_route);
+    const Projection p2(b, shape.tokens * shape.top_k, down, allow_unverified, gemm_route);
     const auto e = static_cast<std::uint64_t>(experts);
     const auto h = static_cast<std::uint64_t>(hidden), n = static_cast<std::uint64_t>(width);
     Carve c;

@@ -210,11 +210,12 @@ def test_whole_model_on_cuda_matches_the_cpu_backend(rng, name):
         gpu_model.metrale.close()
 
 
-@pytest.mark.parametrize("name", ["gptoss-mxfp4", "qwen3moe-ct-w4a16",
-                                  "qwen3moe-transformers-fp8"])
-def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name):
+@pytest.mark.parametrize("name,route", [("gptoss-mxfp4", "auto"), ("qwen3moe-ct-w4a16", "auto"),
+                                        ("qwen3moe-transformers-fp8", "auto"),
+                                        ("qwen3moe-transformers-fp8", "tiled")])
+def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name, route):
     """An MoE model (gpt-oss MXFP4 experts packed; Qwen3-MoE INT4 experts per expert, and FP8
-    block-128 ones on the grouped W8A8 op) with its
+    block-128 ones on the grouped W8A8 op, on its decode kernel and on its tiled one) with its
     experts on the CUDA backend, opted in to the MoE kernels and grouped GEMMs no device had run
     (allow_unverified): every MoE layer's output against its float64 layer of the same routing
     (test_torch_moe's check), the logits against the CPU backend's within BF16 noise, and a
@@ -227,7 +228,8 @@ def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name):
     _, experts = moe_reference(folder)
     ids = torch.from_numpy(rng.integers(0, 256, (2, 12)))
     cpu, cpu_model = _logits(folder, "cpu", ids)
-    gpu_model = mt.from_pretrained(str(folder), backend="cuda", allow_unverified=True).cuda()
+    gpu_model = mt.from_pretrained(str(folder), backend="cuda", allow_unverified=True,
+                                   moe_route=route).cuda()
     checked = []
 
     def hook(n):

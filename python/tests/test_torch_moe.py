@@ -454,6 +454,51 @@ def test_moe_experts_bad_arguments(rng):
         m.moe_experts(x, ids, w, gu, dn)
 
 
+def test_moe_experts_routes(rng):
+    """Model.moe_experts' route: on the CPU, decode is what auto takes (the same bytes, for 4-bit
+    and FP8 experts); tiled (CUDA's FP8 kernel) is refused by name, as is each kind's other route
+    and an unknown name, nothing written; MoeExperts and from_pretrained refuse an unknown route
+    before anything is loaded."""
+    codes = rng.integers(0, 0x7E, size=(4, 64, 64), dtype=np.uint8)
+    down_codes = rng.integers(0, 0x7E, size=(4, 64, 32), dtype=np.uint8)
+    scales = np.full((4, 1, 1), 2.0 ** -6, np.float32)
+    x = (rng.standard_normal((5, 64))).astype(ml_dtypes.bfloat16)
+    ids = np.stack([rng.choice(4, 2, replace=False) for _ in range(5)]).astype(np.int32)
+    w = rng.random((5, 2)).astype(np.float32)
+    with metrale.Model("cpu") as m:
+        kinds = {
+            "fp8": (m.upload_grouped_fp8_weights(codes, scales, label="gu8"),
+                    m.upload_grouped_fp8_weights(down_codes, scales, label="dn8")),
+            "nvfp4": (m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64),
+                                               label="gu"),
+                      m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32),
+                                               label="dn")),
+        }
+        for kind, (gu, dn) in kinds.items():
+            auto = m.moe_experts(x, ids, w, gu, dn)
+            decode = np.full((5, 64), np.nan, dtype=ml_dtypes.bfloat16)
+            m.moe_experts(x, ids, w, gu, dn, route="decode", out=decode)
+            assert np.asarray(auto).tobytes() == decode.tobytes(), kind
+        refused = [("fp8", "tiled", metrale.UnavailableError,
+                    r"no kernel fp8::gemm_grouped_e4m3_block128_tiled \(the tiled route is CUDA's"),
+                   ("fp8", "fused", metrale.InvalidArgumentError,
+                    "route fused is not a grouped W8A8 route"),
+                   ("nvfp4", "tiled", metrale.InvalidArgumentError,
+                    "route tiled is not a grouped route"),
+                   ("fp8", "dense", metrale.InvalidArgumentError,
+                    r"route: 'dense', expected auto, decode, fused \(4-bit experts\) or tiled")]
+        for kind, route, error, match in refused:
+            out = np.full((5, 64), np.nan, dtype=ml_dtypes.bfloat16)
+            with pytest.raises(error, match=match):
+                m.moe_experts(x, ids, w, *kinds[kind], route=route, out=out)
+            assert np.isnan(out.astype(np.float32)).all(), (kind, route)
+        with pytest.raises(metrale.InvalidArgumentError, match="route: 'dense'"):
+            mt.MoeExperts(m, *kinds["fp8"], route="dense")
+    with pytest.raises(metrale.InvalidArgumentError, match="moe_route: 'dense'"):
+        mt.from_pretrained(str(MODELS / "qwen3moe-transformers-fp8"), backend="cpu",
+                           moe_route="dense")
+
+
 def test_moe_op_compiles_without_a_graph_break(rng):
     """torch.compile(fullgraph=True) traces a MoeExperts call (the op's fake gives the shape) and
     the compiled call gives the eager call's bits."""

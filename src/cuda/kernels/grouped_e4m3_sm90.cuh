@@ -112,7 +112,8 @@ __device__ __forceinline__ void grouped_e4m3_tile(const GroupedFp8Params& g, std
 #pragma unroll 1
   for (std::int64_t kt = 0; kt < k_tiles; ++kt) {
     ptx::cp_async_wait<gt::kStages - 2>();
-    ptx::fence_proxy_async();  // the copies' generic-proxy writes, before wgmma reads them
+    // The copies' generic-proxy writes, before wgmma reads them through the async proxy.
+    if (!METRALE_TILED_PLANTED(kNoProxyFence)) ptx::fence_proxy_async();
     __syncthreads();
 
     // Block next into the stage that iteration kt - 1 multiplied: every warpgroup waited for its

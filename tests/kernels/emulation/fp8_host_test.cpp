@@ -330,13 +330,14 @@ TEST(GroupedFp8Host, TheTiledSourceSkipsExpertsOutsideTheRows) {
 
 // Each fault planted in the tiled kernel or its copies is caught by the same run and check:
 // waits that land nothing, operands stored without the swizzle, a block's first MMA adding to the
-// last block's sums, expert 0's W scales for every expert, stores past an expert's rows.
+// last block's sums, expert 0's W scales for every expert, stores past an expert's rows, and the
+// copies read by wgmma with no fence.proxy.async after them.
 TEST(GroupedFp8Host, PlantedFaultsInTheTiledSourceAreCaught) {
   std::mt19937_64 rng(20261208);
   GroupedData d = make_case(GroupedCase{200, 272, {130, 0, 5, 1}, true, false}, rng);
   for (const emu::Plant plant :
        {emu::Plant::kNoAsyncWait, emu::Plant::kWrongSwizzle, emu::Plant::kPartNotReset,
-        emu::Plant::kExpertZeroTable, emu::Plant::kNoExpertRowBound}) {
+        emu::Plant::kExpertZeroTable, emu::Plant::kNoExpertRowBound, emu::Plant::kNoProxyFence}) {
     SCOPED_TRACE(static_cast<int>(plant));
     emu::set_plant(plant);
     const std::string caught = run_tiled(d, 3, 1);

@@ -79,6 +79,7 @@ inline std::uint32_t smem_addr(const void* p) {
 template <class T>
 inline void st_shared(std::uint32_t addr, const T& v, const char* what) {
   emulation::record_shared(addr, sizeof(T), what);
+  emulation::note_generic_write(addr, sizeof(T));
   if (unsigned char* at = emulation::shared_at(addr, sizeof(T), sizeof(T), what)) {
     std::memcpy(at, &v, sizeof(T));
   }
@@ -118,8 +119,10 @@ inline std::uint32_t ld_shared_lookup(std::uint32_t addr) {
 
 #define METRALE_HAVE_WGMMA 1
 
-// The host has one proxy: nothing to order.
-inline void fence_proxy_async() {}
+// Shared memory's generic writes so far, ordered before the async proxy's reads (wgmma).
+inline void fence_proxy_async() {
+  emulation::fence_proxy_async();
+}
 inline void fence_mbarrier_init() {}
 inline void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
   emulation::mbarrier_init(bar, count);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "fibers.h"
@@ -43,6 +44,7 @@ struct Wgmma {
 struct AsyncCopy {
   std::uint32_t dst = 0;
   const unsigned char* src = nullptr;
+  int thread = 0;  // the issuer: its fence.proxy.async covers the bytes once they have landed
 };
 
 // A thread's copies not yet landed: those since its last commit, then its committed groups.
@@ -74,6 +76,11 @@ struct State {
   std::unordered_map<std::uint32_t, Mbarrier> bars;
   std::vector<Copy> copies;
   std::array<AsyncCopies, 1024> async;  // per thread
+  // Shared memory written through the generic proxy (st.shared, cp.async) and not yet ordered
+  // before the async proxy by its writer's fence.proxy.async: per thread its 16-byte granules,
+  // and per granule how many threads hold it so.
+  std::array<std::unordered_set<std::uint32_t>, 1024> unfenced;
+  std::unordered_map<std::uint32_t, int> unfenced_by;
   std::array<Warpgroup, kMaxWarpgroups> groups;
   std::vector<int> commit_order;
   std::map<int, Barrier> named;
@@ -133,6 +140,28 @@ void land(std::size_t i) {
   maybe_complete(*b);
 }
 
+// Thread t wrote [addr, addr + bytes) through the generic proxy.
+void mark_generic(int t, std::uint32_t addr, std::size_t bytes) {
+  State& s = st();
+  for (std::uint32_t g = addr / 16; g <= (addr + static_cast<std::uint32_t>(bytes) - 1) / 16; ++g) {
+    if (s.unfenced[static_cast<std::size_t>(t)].insert(g).second) ++s.unfenced_by[g];
+  }
+}
+
+// A wgmma operand read at addr: a fault where a generic-proxy write to it has no fence.proxy.async
+// of its writer after it (PTX ISA, "Async Proxy" and wgmma.mma_async: wgmma reads its shared
+// operands through the async proxy, and only fence.proxy.async orders the generic proxy's
+// writes before such reads).
+void check_async_read(std::uint32_t addr, const char* what) {
+  State& s = st();
+  if (s.unfenced_by.empty()) return;
+  const auto it = s.unfenced_by.find(addr / 16);
+  if (it != s.unfenced_by.end() && it->second > 0) {
+    fault(std::string(what) + ": shared address " + std::to_string(addr) +
+          " was written through the generic proxy with no fence.proxy.async after it");
+  }
+}
+
 // The shared address of byte `byte` of row `row` of a K-major tile through its descriptor: start
 // address, stride between 8-row groups, 128-byte rows, the 128-byte swizzle on the address (bits
 // 4-6 XOR bits 7-9).
@@ -147,15 +176,18 @@ std::uint32_t operand_address(std::uint64_t desc, int row, int byte) {
 
 // B element (kk, n) of a K-major BF16 tile.
 float b_element(std::uint64_t desc, int n, int kk) {
+  const std::uint32_t addr = operand_address(desc, n, 2 * kk);
+  check_async_read(addr, "wgmma B operand");
   std::uint16_t b = 0;
-  if (const unsigned char* p = shared_at(operand_address(desc, n, 2 * kk), 2, 2, "wgmma B operand"))
-    std::memcpy(&b, p, 2);
+  if (const unsigned char* p = shared_at(addr, 2, 2, "wgmma B operand")) std::memcpy(&b, p, 2);
   return num::bf16_to_f32(b);
 }
 
 // Element (row, kk) of a K-major E4M3 tile (A or B of an SS wgmma).
 float e4m3_element(std::uint64_t desc, int row, int kk, const char* what) {
-  const unsigned char* p = shared_at(operand_address(desc, row, kk), 1, 1, what);
+  const std::uint32_t addr = operand_address(desc, row, kk);
+  check_async_read(addr, what);
+  const unsigned char* p = shared_at(addr, 1, 1, what);
   return p == nullptr ? 0.0f : num::e4m3_to_f32(*p);
 }
 
@@ -236,6 +268,7 @@ void retire(const Wgmma& w) {
 
 // Lands one cp.async copy.
 void land_async(const AsyncCopy& c) {
+  mark_generic(c.thread, c.dst, 16);
   if (unsigned char* to = shared_at(c.dst, 16, 16, "cp.async")) {
     if (c.src != nullptr) {
       std::memcpy(to, c.src, 16);
@@ -406,6 +439,19 @@ void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uin
   yield();
 }
 
+void note_generic_write(std::uint32_t addr, std::size_t bytes) {
+  mark_generic(current_fiber(), addr, bytes);
+}
+
+void fence_proxy_async() {
+  State& s = st();
+  auto& mine = s.unfenced[static_cast<std::size_t>(current_fiber())];
+  for (const std::uint32_t g : mine) {
+    if (--s.unfenced_by[g] == 0) s.unfenced_by.erase(g);
+  }
+  mine.clear();
+}
+
 void cp_async(std::uint32_t dst, const void* src, int src_bytes) {
   if (src_bytes != 0 && src_bytes != 16) {
     fault("cp.async: the kernels copy 16 bytes or zero-fill 16 (src-size " +
@@ -417,7 +463,8 @@ void cp_async(std::uint32_t dst, const void* src, int src_bytes) {
     return;
   }
   const auto* from = src_bytes == 0 ? nullptr : static_cast<const unsigned char*>(src);
-  st().async[static_cast<std::size_t>(current_fiber())].open.push_back(AsyncCopy{dst, from});
+  st().async[static_cast<std::size_t>(current_fiber())].open.push_back(
+      AsyncCopy{dst, from, current_fiber()});
 }
 
 void cp_async_commit() {
@@ -527,6 +574,8 @@ void sm90_begin_block() {
   s.bars.clear();
   s.copies.clear();
   for (AsyncCopies& t : s.async) t = AsyncCopies{};
+  for (auto& t : s.unfenced) t.clear();
+  s.unfenced_by.clear();
   for (Warpgroup& g : s.groups) g = Warpgroup{};
   s.named.clear();
   s.accesses.clear();

@@ -8,7 +8,9 @@
 // ISA: 9.7.13.15 (mbarrier: phases, pending arrivals, tx-count, try_wait.parity), 9.7.9.25
 // (cp.async.bulk: complete_tx on the barrier when the bytes land), 9.7.9.23-24 (cp.async: its
 // groups, wait_group), 9.7.15 (wgmma: fragments, descriptors, commit and wait groups, the
-// 128-byte swizzle).
+// 128-byte swizzle), the async proxy (wgmma reads its shared operands through it: a generic
+// write needs its writer's fence.proxy.async first). wgmma.fence is modelled as a warpgroup
+// barrier, stronger than the hardware's: a missing one is not caught here.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +35,7 @@ enum class Plant {
   kNoExpertRowBound,  // a grouped kernel's epilogue stores past its expert's rows
   kNoAsyncWait,       // cp.async.wait_group lands nothing (copies land only when they will)
   kPartNotReset,      // the grouped FP8 kernel's first MMA of a block adds to the last block's
+  kNoProxyFence,      // the grouped FP8 kernel's copies reach wgmma without fence.proxy.async
 };
 void set_plant(Plant p);
 bool planted(Plant p);
@@ -77,6 +80,15 @@ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity);
 // Starts a copy of `bytes` from global `src` to shared `dst`; it lands (and completes its bytes on
 // `bar`) at a later switch between fibers.
 void bulk_copy(std::uint32_t dst, const void* src, std::uint32_t bytes, std::uint32_t bar);
+
+// ---- the generic and async proxies ----
+
+// The calling thread wrote [addr, addr + bytes) of shared memory through the generic proxy
+// (st.shared): a wgmma may read it only after the thread's fence.proxy.async (a fault where not).
+void note_generic_write(std::uint32_t addr, std::size_t bytes);
+// fence.proxy.async: the calling thread's generic-proxy writes so far (its landed cp.async copies
+// among them) become visible to the async proxy.
+void fence_proxy_async();
 
 // ---- cp.async (sm_80's asynchronous copies, per thread) ----
 
