@@ -484,15 +484,24 @@ void expect_fused_producer(const std::string& kernel) {
 constexpr double kTiledFp8IssuedPerWeight = 8.8;
 constexpr double kTiledFp8IntegerPerWeight = 4.4;
 
-TEST_F(SassBudget, GroupedFp8TiledLoopIsCounted) {
-  const std::string kernel = "gemm_grouped_e4m3_block128_tiled";
+// The sm_90a SASS of `kernel` in the fp8 module, with its whole-function tally in *whole; a
+// failure of the test where cuobjdump fails, the cubin lacks the kernel, or it touches local
+// memory.
+void fp8_kernel_code(const std::string& kernel, std::vector<sass::Instr>* code,
+                     sass::Tally* whole) {
   const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel, METRALE_FP8_FATBIN);
   ASSERT_EQ(r.status, 0) << r.output;
-  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
-  ASSERT_FALSE(code.empty()) << kernel << " not in the fp8 cubin (" << kTarget << ")";
+  *code = sass::parse_function(r.output, kernel);
+  ASSERT_FALSE(code->empty()) << kernel << " not in the fp8 cubin (" << kTarget << ")";
+  for (const auto& i : *code) whole->add(i);
+  EXPECT_EQ(whole->local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+}
+
+TEST_F(SassBudget, GroupedFp8TiledLoopIsCounted) {
+  const std::string kernel = "gemm_grouped_e4m3_block128_tiled";
+  std::vector<sass::Instr> code;
   sass::Tally whole;
-  for (const auto& i : code) whole.add(i);
-  EXPECT_EQ(whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  ASSERT_NO_FATAL_FAILURE(fp8_kernel_code(kernel, &code, &whole));
   const std::vector<sass::Loop> loops = sass::innermost_mma_loops(code);
   ASSERT_EQ(loops.size(), 1u) << "one K loop of QGMMAs";
   const sass::Loop& l = loops[0];
@@ -529,13 +538,9 @@ TEST_F(SassBudget, GroupedFp8TiledLoopIsCounted) {
 // at most three quarters of the pair's (a token's expert at decode has one row).
 TEST_F(SassBudget, GroupedFp8DecodeLoopsAreCounted) {
   const std::string kernel = "gemm_grouped_e4m3_block128";
-  const Ran r = cuobjdump("-sass -arch " + kTarget + " -fun " + kernel, METRALE_FP8_FATBIN);
-  ASSERT_EQ(r.status, 0) << r.output;
-  const std::vector<sass::Instr> code = sass::parse_function(r.output, kernel);
-  ASSERT_FALSE(code.empty()) << kernel << " not in the fp8 cubin (" << kTarget << ")";
+  std::vector<sass::Instr> code;
   sass::Tally whole;
-  for (const auto& i : code) whole.add(i);
-  EXPECT_EQ(whole.local, 0) << kernel << " reads or writes local memory (LDL/STL)";
+  ASSERT_NO_FATAL_FAILURE(fp8_kernel_code(kernel, &code, &whole));
   const std::vector<sass::Loop> all = sass::loops_of(code);
   std::map<int, sass::Tally> by_ffma;  // innermost FFMA loops by their FFMAs
   for (const sass::Loop& l : all) {
