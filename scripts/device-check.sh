@@ -166,6 +166,15 @@ step bench-moe-fused 60 sh -c "'$build/metrale' bench --backend cuda --moe gpt-o
   > '$out/bench_moe_fused.json' && '$build/metrale' bench --backend cuda --moe gpt-oss-20b \
   --allow-unverified --moe-route decode --m 256,2048 --skew 0 --repeats 5 --json \
   > '$out/bench_moe_decode.json'"
+# INT4 experts' prefill kernel (gemm_grouped_int4_fused, Note [grouped fused INT4]) and their
+# decode kernel on Qwen3-30B-A3B-GPTQ-Int4's layers (groups of 128, FP16 scales) at 16 and 128
+# rows an expert, each case checked against float64 (the fused one held to its weights' one
+# rounding): the ratio that would set where kAuto takes it.
+step bench-moe-int4 90 sh -c "'$build/metrale' bench --backend cuda --moe qwen3-30b-a3b-int4 \
+  --allow-unverified --moe-route fused --m 256,2048 --skew 0 --repeats 5 --json \
+  > '$out/bench_moe_int4_fused.json' && '$build/metrale' bench --backend cuda \
+  --moe qwen3-30b-a3b-int4 --allow-unverified --moe-route decode --m 256,2048 --skew 0 \
+  --repeats 5 --json > '$out/bench_moe_int4_decode.json'"
 # FP8 experts' prefill kernel (gemm_grouped_e4m3_block128_tiled, Note [grouped FP8 tiles]) and
 # their decode kernel on Qwen3-30B-A3B-FP8's layers at 16 and 128 rows an expert (128 experts,
 # top 8), each case checked against float64: the ratio that would set its _min_m.

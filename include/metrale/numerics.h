@@ -289,6 +289,29 @@ METRALE_HD std::uint32_t bf16x2_sub(std::uint32_t a, std::uint32_t b) {
 #endif
 }
 
+// a x b + c on BF16 pairs, element by element, rounded once to nearest even (one BF16x2 FMA on
+// the device). The host computes a x b + c in FP32 and rounds that to BF16: one rounding wherever
+// the FP32 result is exact, as in its one use, (q - z) times the two parts of an FP16 scale
+// (gemm_grouped_int4_fused: 5 + 11 significant bits).
+METRALE_HD std::uint32_t bf16x2_fma(std::uint32_t a, std::uint32_t b, std::uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 x, y, z;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  std::memcpy(&z, &c, 4);
+  const __nv_bfloat162 r = __hfma2(x, y, z);
+  std::uint32_t out;
+  std::memcpy(&out, &r, 4);
+  return out;
+#else
+  const auto half = [](std::uint32_t v, int i) {
+    return bf16_to_f32(static_cast<std::uint16_t>(v >> (16 * i)));
+  };
+  return std::uint32_t{f32_to_bf16(half(a, 0) * half(b, 0) + half(c, 0))} |
+         std::uint32_t{f32_to_bf16(half(a, 1) * half(b, 1) + half(c, 1))} << 16;
+#endif
+}
+
 // A block scale as the BF16 pair (s, s) the kernels multiply code pairs by; exact for every
 // E4M3 scale (3 mantissa bits) and every E8M0 scale in BF16's range.
 METRALE_HD std::uint32_t bf16_pair_of(float scale) {

@@ -381,7 +381,10 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
         experts = torch_moe.swap_expert_linears(api, model, ckpt, quantized, runtime,
                                                 allow_unverified, moe_route)
         for layer in (layer for layer in fp4 if layer not in experts):
-            weights = runtime.upload_weights(ckpt.weights(layer), label=layer)
+            host = ckpt.weights(layer)
+            weights = runtime.upload_weights(
+                host, label=layer,
+                layout=torch_moe.upload_layout(runtime, host, allow_unverified))
             _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
         for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)

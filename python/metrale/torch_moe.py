@@ -31,6 +31,16 @@ _GLUS = ("silu", "clamped_swiglu")
 _ROUTES = ("auto", "decode", "fused", "tiled")  # Model.moe_experts' grouped GEMM routes
 
 
+def upload_layout(runtime: metrale.Model, host: Any, allow_unverified: bool) -> str:
+    """The layout a checkpoint's weights are uploaded in: "auto", but "decode" for INT4 weights on
+    a GPU backend opted in to kernels no device run has verified. CUDA reads INT4 only in the INT4
+    decode layout, whose kernels are unverified, so "auto" leaves INT4 in the source layout there,
+    which every plan on CUDA refuses."""
+    if allow_unverified and runtime.backend != "cpu" and str(host.format) == "int4":
+        return "decode"
+    return "auto"
+
+
 @dataclass(frozen=True)
 class _Experts:
     model: metrale.Model
@@ -238,8 +248,9 @@ def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: lis
             hosts, bias = ckpt.expert_weights(p["projection"])
             if bias is not None:
                 bias = bias.view(ml_dtypes.bfloat16)
-            weights[leaf] = runtime.upload_grouped_weights(hosts, bias=bias,
-                                                           label=p["projection"])
+            weights[leaf] = runtime.upload_grouped_weights(
+                hosts, bias=bias, label=p["projection"],
+                layout=upload_layout(runtime, hosts[0], allow_unverified))
         alpha = float(getattr(old, "alpha", 1.702))
         limit = float(getattr(old, "limit", 7.0))
         new = MoeExperts(runtime, weights["gate_up_proj"], weights["down_proj"], glu, alpha,
@@ -323,8 +334,9 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                                  metrale.IoError)
         want = {leaf: tuple(int(d) for d in getattr(old, leaf).shape)
                 for leaf in ("gate_up_proj", "down_proj")}
-        uploaded = (_upload_fp8_experts if fp8 else _upload_experts)(
-            api, ckpt, parent, kind, count, found, want, runtime)
+        uploaded = (_upload_fp8_experts(api, ckpt, parent, kind, count, found, want, runtime)
+                    if fp8 else _upload_experts(api, ckpt, parent, kind, count, found, want,
+                                                runtime, allow_unverified))
         new = MoeExperts(runtime, *uploaded, allow_unverified=allow_unverified, route=route)
         model.set_submodule(parent, new)
         taken.update(found.values())
@@ -340,8 +352,8 @@ def _check_expert_shape(api: str, parent: str, kind: str, e: int, leaf: str, sha
 
 
 def _upload_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, found: dict,
-                    want: dict, runtime: metrale.Model) -> list:
-    """4-bit experts as GroupedWeights (gate_up, down)."""
+                    want: dict, runtime: metrale.Model, allow_unverified: bool) -> list:
+    """4-bit experts as GroupedWeights (gate_up, down), in upload_layout's layout."""
     gate_up, down = [], []
     for e in range(count):
         parts = [ckpt.weights(found[(e, p)]) for p in ("gate_proj", "up_proj")]
@@ -355,7 +367,9 @@ def _upload_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, fou
         for e, h in enumerate(hosts):
             _check_expert_shape(api, parent, kind, e, leaf, (h.n, h.k), want[leaf])
     try:
-        return [runtime.upload_grouped_weights(hosts, label=f"{parent}.{leaf}")
+        return [runtime.upload_grouped_weights(
+                    hosts, label=f"{parent}.{leaf}",
+                    layout=upload_layout(runtime, hosts[0], allow_unverified))
                 for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down))]
     except metrale.InvalidArgumentError as err:
         raise argument_error(api, f"{parent}: its experts cannot be one grouped weights "

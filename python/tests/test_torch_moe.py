@@ -454,6 +454,26 @@ def test_moe_experts_bad_arguments(rng):
         m.moe_experts(x, ids, w, gu, dn)
 
 
+def test_int4_checkpoints_opted_in_on_a_gpu_upload_in_the_int4_decode_layout(rng):
+    """from_pretrained's upload layout (torch_moe.upload_layout): INT4 weights on a GPU backend
+    opted in to unverified kernels go to the INT4 decode layout, the only one CUDA reads INT4 in
+    (its kernels unverified, "auto" would leave them in the source layout, which every CUDA plan
+    refuses); other formats, the CPU, and no opt-in keep "auto"."""
+    from metrale.torch_moe import upload_layout
+
+    class Runtime:
+        def __init__(self, backend):
+            self.backend = backend
+
+    w = rng.standard_normal((32, 128)).astype(np.float32)
+    int4 = metrale.quantize_int4(w, group=128)
+    nvfp4 = metrale.quantize_nvfp4(w)
+    assert upload_layout(Runtime("cuda"), int4, True) == "decode"
+    assert upload_layout(Runtime("cuda"), int4, False) == "auto"
+    assert upload_layout(Runtime("cuda"), nvfp4, True) == "auto"
+    assert upload_layout(Runtime("cpu"), int4, True) == "auto"
+
+
 def test_moe_experts_routes(rng):
     """Model.moe_experts' route: on the CPU, decode is what auto takes (the same bytes, for 4-bit
     and FP8 experts); tiled (CUDA's FP8 kernel) is refused by name, as is each kind's other route

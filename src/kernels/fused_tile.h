@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/decode_layout.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/tile_math.h"
 #include "metrale/numerics.h"  // METRALE_HD
 
@@ -114,6 +115,50 @@ METRALE_HD int fused_scale_byte(int wg, int wtid, int s, int j, bool mx) {
   const int tile = 2 * wg + warp / 2, rt = warp % 2, r = 2 * rt + j % 2;
   const int per = dl::scale_bytes_per_lane(mx);
   return tile * kScaleSlotBytes + lane * per + (mx ? r : 2 * r + s / 4);
+}
+
+// ---- INT4 weights (kernels/int4_decode_layout.h): gemm_grouped_int4_fused ----
+//
+// The INT4 decode layout keeps the FP4 layout's tile grid and word places, so the consumers load
+// the same chunks and the B tile has the same shape; only the order of K inside a K block
+// differs. Lane t's word of step s holds physical K 32 (s / 2) + 8 t + 4 (s % 2) + j (j as in
+// fused_physical_k) where the FP4 layout's holds 32 t + 4 s + j.
+
+// Physical K (0..127 in the K block) of MMA k `kk` (0..15) of step s in the INT4 layout.
+METRALE_HD int fused_int4_physical_k(int s, int kk) {
+  const int t = (kk % 8) / 2, j = 2 * (kk / 8) + kk % 2;
+  return 32 * (s / 2) + 8 * t + 4 * (s % 2) + j;
+}
+
+// Physical K of the first of the 8 activations that producer unit u (0..3: its thread's place
+// among a token's four) loads as source chunk t (0..3). FP4: 32 t + 8 u. INT4: 32 u + 8 t, so
+// that source chunk t's word d (K 32 u + 8 t + 2 d) is step 2 u + d / 2, pair d % 2 of lane t:
+// the destination fused_act_chunk_offset gives the FP4 unit's word d of chunk t. One transpose
+// and one set of stores serve both layouts; only the loads' addresses differ.
+METRALE_HD constexpr int fused_source_k(int u, int t, bool int4) {
+  return int4 ? 32 * u + 8 * t : 32 * t + 8 * u;
+}
+
+// A decode tile's side bytes a stage holds for INT4 weights: one K block's scales and zero
+// points (int4_decode::side_block_bytes), 96 bytes for groups of 128 and more, 384 for groups of
+// 32 and 64; slots of the larger size, where the FP4 stage keeps its scale codes and the grouped
+// stage its table.
+inline constexpr int kInt4SideSlotBytes = 3 * 32 * 4;
+static_assert(kInt4SideSlotBytes == int4_decode::side_block_bytes(4), "the larger side block");
+
+// Where in its decode tile's side slot consumer thread wtid loads the scales of its two rows
+// (g + 16 rt and g + 16 rt + 8 of the tile; upper 0 and 1) for `entries` entries a row
+// (int4_decode::side_slot's [g][r][entry]): 4 bytes (one entry: upper 0's scale, then upper
+// 1's) or 16 (four: upper 0's entries, then upper 1's).
+METRALE_HD int fused_int4_scale_at(int wtid, int entries) {
+  const int g = (wtid % 32) / 4, rt = (wtid / 32) % 2;
+  return entries == 1 ? 8 * g + 4 * rt : 32 * g + 16 * rt;
+}
+// ... and their zero points: one entry, 4 bytes holding rt 0's two and rt 1's two (the thread's at
+// byte 2 rt + upper); four, 8 bytes (upper 0's four, then upper 1's).
+METRALE_HD int fused_int4_zero_at(int wtid, int entries) {
+  const int g = (wtid % 32) / 4, rt = (wtid / 32) % 2;
+  return entries == 1 ? 64 + 4 * g : 256 + 16 * g + 8 * rt;
 }
 
 // ---- the activations: the B tile in shared memory ----
@@ -232,6 +277,10 @@ inline constexpr int kGroupedMaxExperts = 1024;
 inline constexpr int kGroupedTableInStage = kStageBytes;
 inline constexpr int kGroupedStageBytes = kStageBytes + dl::kTableBytes;
 static_assert(kGroupedStageBytes % 1024 == 0, "stages start on the 1024-byte swizzle atom");
+// gemm_grouped_int4_fused's stages are the grouped ones: its side slots take the place of the
+// scale codes and the table.
+static_assert(kScaleOffset + kTilesPerBlock * kInt4SideSlotBytes <= kGroupedStageBytes,
+              "an INT4 stage's side slots fit the grouped stage");
 inline constexpr int kGroupedEpilogueOffset = kStages * kGroupedStageBytes;
 // Expert e's first slot at entry e (e = 0 .. experts; entry experts is the slots' count), and
 // the second buffer of the scan that fills it.

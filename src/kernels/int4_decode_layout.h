@@ -37,7 +37,7 @@ METRALE_HD int entries(std::int64_t group) {
 // Bytes of one tile x K block of the side buffer: the scales [g 8][r 4][entry] (2 bytes, BF16 or
 // FP16 as the weights came), then the zero points [g][r][entry] (1 byte; symmetric weights store
 // 8). Lane (g, t) reads its 4 rows' entries as one run of 8 e bytes and one of 4 e bytes.
-METRALE_HD std::int64_t side_block_bytes(int e) {
+METRALE_HD constexpr std::int64_t side_block_bytes(int e) {
   return 3 * 32 * e;
 }
 

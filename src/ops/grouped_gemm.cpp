@@ -31,9 +31,10 @@ static_assert(kMaxExperts <= fused::kGroupedMaxExperts, "gemm_grouped_fused hold
 
 // The module's grouped kernel for weights of this packing (and format) on this route.
 const char* entry_for(const QuantWeights& w, GemmRoute route) {
-  if (route == GemmRoute::kFused) return "gemm_grouped_fused";
+  const bool int4 = w.format == WeightFormat::kInt4;
+  if (route == GemmRoute::kFused) return int4 ? "gemm_grouped_int4_fused" : "gemm_grouped_fused";
   if (w.packing == WeightPacking::kDecode) {
-    return w.format == WeightFormat::kInt4 ? "gemm_grouped_int4_decode" : "gemm_grouped_packed";
+    return int4 ? "gemm_grouped_int4_decode" : "gemm_grouped_packed";
   }
   return "gemm_grouped";
 }
@@ -92,21 +93,23 @@ bool same_weights(const QuantWeights& a, const QuantWeights& b) {
          a.act_order == b.act_order && a.a_k == b.a_k;
 }
 
-// The route options ask for, or kAuto's choice: the fused kernel for decode-layout weights whose
-// rows per expert on average pass the decode sizes, where the module's is verified (or the CPU's
-// reference twin); the decode kernels otherwise. Asking for kFused on another packing, or for a
-// route the grouped op does not have, is refused by name.
+// The route options ask for, or kAuto's choice: the fused kernel for decode-layout weights (FP4
+// in the decode layout, INT4 in the INT4 decode layout) whose rows per expert on average pass
+// the decode sizes, where the module's is verified (or the CPU's reference twin); the decode
+// kernels otherwise. Asking for kFused on another packing, or for a route the grouped op does not
+// have, is refused by name.
 GemmRoute route_of(Backend& backend, std::int64_t rows, std::int32_t experts,
                    const QuantWeights& first, const GroupedGemmOptions& options) {
-  const bool decode_layout =
-      first.packing == WeightPacking::kDecode && first.format != WeightFormat::kInt4;
+  const bool decode_layout = first.packing == WeightPacking::kDecode;
+  const bool int4 = first.format == WeightFormat::kInt4;
   switch (options.route) {
     case GemmRoute::kDecode:
       return GemmRoute::kDecode;
     case GemmRoute::kFused:
       if (!decode_layout) {
-        bad(kPlanApi, fmt::format("the fused route reads NVFP4 or MXFP4 weights in the decode "
-                                  "layout; these are {} in packing {}",
+        bad(kPlanApi, fmt::format("the fused route reads weights in the decode layout (NVFP4, "
+                                  "MXFP4; INT4 in the INT4 decode layout); these are {} in "
+                                  "packing {}",
                                   to_string(first.format), static_cast<int>(first.packing)));
       }
       return GemmRoute::kFused;
@@ -116,12 +119,16 @@ GemmRoute route_of(Backend& backend, std::int64_t rows, std::int32_t experts,
       bad(kPlanApi, fmt::format("route {} is not a grouped route (kAuto, kDecode or kFused)",
                                 to_string(options.route)));
   }
-  if (!decode_layout || !backend.has_kernel("w4a16", "gemm_grouped_fused") ||
-      !backend.has_kernel("w4a16", "gemm_decode")) {
+  // The fused kernel for these weights, and the dense decode entry whose largest M says where
+  // decode sizes end.
+  const char* fused_entry = entry_for(first, GemmRoute::kFused);
+  const char* decode_entry = int4 ? "gemm_int4_decode" : "gemm_decode";
+  if (!decode_layout || !backend.has_kernel("w4a16", fused_entry) ||
+      !backend.has_kernel("w4a16", decode_entry)) {
     return GemmRoute::kDecode;
   }
-  const KernelMeta& fused = backend.op_cache().kernel(backend, "w4a16", "gemm_grouped_fused").meta;
-  const KernelMeta& decode = backend.op_cache().kernel(backend, "w4a16", "gemm_decode").meta;
+  const KernelMeta& fused = backend.op_cache().kernel(backend, "w4a16", fused_entry).meta;
+  const KernelMeta& decode = backend.op_cache().kernel(backend, "w4a16", decode_entry).meta;
   const bool large = decode.max_m != 0 && rows > std::int64_t{decode.max_m} * experts;
   return large && !fused.absent && automatic_choice_allowed(fused) ? GemmRoute::kFused
                                                                    : GemmRoute::kDecode;

@@ -21,6 +21,7 @@
 #include "metrale/numerics.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "ops/gemm_reference.h"
+#include "ops/int4_cases.h"
 #include "reliability/fake_model.h"
 #include "support/read_back.h"
 
@@ -143,8 +144,11 @@ TEST(GroupedLaunch, RefusedUnlessOptedInThenOneLaunchOverEveryExpert) {
 // slots of 24 rows, tiles 8 columns wide, each computed by the decode-layout twin): one launch of
 // one wave whatever the routing, or of the tiles the capacity can make where fewer; every
 // expert's rows against float64, with bias, rows of no expert untouched. Routing: 0, 1, 24 (one
-// whole slot), 50 (two whole and a partial) and 9 rows, spare rows after them.
-TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
+// whole slot), 50 (two whole and a partial) and 9 rows, spare rows after them. NVFP4 experts
+// take gemm_grouped_fused; INT4 experts in the INT4 decode layout gemm_grouped_int4_fused (its
+// fake: the INT4 decode twin).
+void expect_fused_route(WeightFormat format) {
+  SCOPED_TRACE(to_string(format));
   const std::uint64_t seed = ref::fresh_seed();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   std::mt19937_64 gen(seed);
@@ -153,10 +157,20 @@ TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
   ASSERT_EQ(b->sm_count(), 132u);
   constexpr std::int64_t kN = 40, kK = 64, kRows = 90;
   const std::vector<std::int32_t> counts = {0, 1, 24, 50, 9}, offsets = {0, 0, 1, 25, 75, 84};
+  const bool int4 = format == WeightFormat::kInt4;
   std::vector<HostQuantWeights> host;
   for (int e = 0; e < 5; ++e) {
-    host.push_back(
-        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, kN, kK), kN, kK));
+    if (int4) {
+      ref::Int4Case c;
+      c.n = kN;
+      c.k = kK;
+      c.group = 32;
+      c.zero_points = true;
+      c.fp16 = true;  // one scale format a layer (GroupedWeightsResource)
+      host.push_back(ref::random_int4(gen, c));
+      continue;
+    }
+    host.push_back(ref::quantize(format, ref::random_weight_values(gen, kN, kK), kN, kK));
     host.back().tensor_scale = 0.25f * static_cast<float>(e + 1);
   }
   ops::GroupedWeightsResource res(*b, host, "experts", ops::UploadLayout::kDecode);
@@ -185,7 +199,7 @@ TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
   b->synchronize(b->default_stream());
   const auto launches = proc.fd.launches();
   ASSERT_EQ(launches.size(), before + 1);
-  EXPECT_EQ(launches.back().function, "gemm_grouped_fused");
+  EXPECT_EQ(launches.back().function, int4 ? "gemm_grouped_int4_fused" : "gemm_grouped_fused");
   const auto c = read<std::uint16_t>(*b, dc, kRows * kN);
   for (int e = 0; e < 5; ++e) {
     if (counts[e] == 0) continue;
@@ -193,7 +207,7 @@ TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
     const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
                                              static_cast<std::size_t>(counts[e] * kK));
     const std::span<const std::uint16_t> bias_e(bias.data() + e * kN, kN);
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kFused, WeightFormat::kNvfp4);
+    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kFused, format);
     const auto reference = toolkit::reference(a_e, counts[e], host[e], bias_e, tol);
     ref::expect_close(
         toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
@@ -208,8 +222,13 @@ TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
   res.release(*b);
 }
 
-// The fused route reads NVFP4 and MXFP4 in the decode layout only, and the grouped op has no
-// other routes: each refused by name before anything launches.
+TEST(GroupedLaunch, TheFusedRouteIsOneWaveOverEveryExpertsTiles) {
+  expect_fused_route(WeightFormat::kNvfp4);
+  expect_fused_route(WeightFormat::kInt4);
+}
+
+// The fused route reads weights in the decode layouts only (FP4's, INT4's), and the grouped op has
+// no other routes: each refused by name before anything launches.
 TEST(GroupedLaunch, RoutesTheGroupedOpDoesNotHaveAreRefused) {
   std::mt19937_64 gen{std::random_device{}()};
   rel::FakeProcess proc;
@@ -224,34 +243,44 @@ TEST(GroupedLaunch, RoutesTheGroupedOpDoesNotHaveAreRefused) {
   opt.allow_unverified = true;
   opt.route = ops::GemmRoute::kFused;
   EXPECT_ERROR(ops::plan_grouped(*b, 64, source.weights(), opt), ErrorCode::kInvalidArgument,
-               "the fused route reads NVFP4 or MXFP4 weights in the decode layout");
+               "the fused route reads weights in the decode layout");
   opt.route = ops::GemmRoute::kTiled;
   EXPECT_ERROR(ops::plan_grouped(*b, 64, source.weights(), opt), ErrorCode::kInvalidArgument,
                "is not a grouped route");
   source.release(*b);
 }
 
-// Where the module's fused kernel is a placeholder (sm_80 and sm_89: no wgmma), asking for the
-// fused route is refused by name and kAuto keeps the decode kernels.
+// Where the module's fused kernels are placeholders (sm_80 and sm_89: no wgmma), asking for the
+// fused route is refused by name and kAuto keeps the decode kernels, for FP4 and INT4 experts.
 TEST(GroupedLaunch, APlaceholderFusedKernelIsRefusedWhenAskedForAndNeverChosen) {
   std::mt19937_64 gen{std::random_device{}()};
   ModuleSpec w4a16 = rel::w4a16_module();
   w4a16.fake.publish_u32("gemm_grouped_fused_absent", 1);
+  w4a16.fake.publish_u32("gemm_grouped_int4_fused_absent", 1);
   Rig rig(RigOptions{.modules = {core_module(), w4a16}});
   CudaBackend& b = rig.b();
-  std::vector<HostQuantWeights> host;
-  for (int e = 0; e < 2; ++e) {
-    host.push_back(
-        ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, 32, 64), 32, 64));
+  for (const bool int4 : {false, true}) {
+    std::vector<HostQuantWeights> host;
+    for (int e = 0; e < 2; ++e) {
+      ref::Int4Case c;
+      c.n = 32;
+      c.k = 64;
+      c.group = 32;
+      host.push_back(int4 ? ref::random_int4(gen, c)
+                          : ref::quantize(WeightFormat::kNvfp4,
+                                          ref::random_weight_values(gen, 32, 64), 32, 64));
+    }
+    ops::GroupedWeightsResource res(b, host, "experts", ops::UploadLayout::kDecode);
+    ops::GroupedGemmOptions opt;
+    opt.allow_unverified = true;
+    EXPECT_EQ(ops::plan_grouped(b, 4096, res.weights(), opt).route, ops::GemmRoute::kDecode);
+    opt.route = ops::GemmRoute::kFused;
+    EXPECT_ERROR(
+        ops::plan_grouped(b, 4096, res.weights(), opt), ErrorCode::kUnavailable,
+        int4 ? "is a placeholder on this target (it publishes gemm_grouped_int4_fused_absent)"
+             : "is a placeholder on this target (it publishes gemm_grouped_fused_absent)");
+    res.release(b);
   }
-  ops::GroupedWeightsResource res(b, host, "experts", ops::UploadLayout::kDecode);
-  ops::GroupedGemmOptions opt;
-  opt.allow_unverified = true;
-  EXPECT_EQ(ops::plan_grouped(b, 4096, res.weights(), opt).route, ops::GemmRoute::kDecode);
-  opt.route = ops::GemmRoute::kFused;
-  EXPECT_ERROR(ops::plan_grouped(b, 4096, res.weights(), opt), ErrorCode::kUnavailable,
-               "is a placeholder on this target (it publishes gemm_grouped_fused_absent)");
-  res.release(b);
 }
 
 }  // namespace

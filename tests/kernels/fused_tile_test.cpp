@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/decode_layout.h"
+#include "kernels/int4_decode_layout.h"
 #include "kernels/tile_math.h"
 
 namespace metrale::fused {
@@ -129,6 +130,76 @@ TEST(FusedTile, ProducerChunksTransposeIntoTheTile) {
     }
   }
   EXPECT_EQ(chunks.size(), static_cast<std::size_t>(kActBytes / 16));
+}
+
+// The INT4 layout (int4_decode::code_slot): every A register half a consumer thread feeds wgmma
+// is the weight the PTX fragment rule puts there, at fused_int4_physical_k; and the scale and
+// zero point the kernel picks for it (fused_int4_scale_at / _zero_at, then fused_int4_pairs'
+// word, half and byte: upper u, entry e) are side_slot's for that row and K, for both shapes.
+TEST(FusedTile, Int4ConsumerWordsAndSidesAreTheWgmmaAFragment) {
+  std::set<int> seen;
+  for (int s = 0; s < kSteps; ++s) {
+    for (int kk = 0; kk < 16; ++kk) EXPECT_TRUE(seen.insert(fused_int4_physical_k(s, kk)).second);
+  }
+  EXPECT_EQ(seen.size(), 128u);
+  EXPECT_EQ(*seen.rbegin(), 127);
+  for (const std::int64_t group : {32, 64, 128, 256}) {
+    const int e = int4_decode::entries(group);
+    for (int wg = 0; wg < kConsumers; ++wg) {
+      for (int wtid = 0; wtid < 128; ++wtid) {
+        const int rt = (wtid / 32) % 2;
+        for (int s = 0; s < kSteps; ++s) {
+          for (int i = 0; i < 8; ++i) {
+            const int row = kRowsPerConsumer * wg + ptx_a_row(wtid, i);
+            const int k = fused_int4_physical_k(s, ptx_a_k(wtid, i));
+            const int4_decode::CodeSlot slot = int4_decode::code_slot(row, k, 1);
+            ASSERT_EQ(slot.byte, fused_word_byte(wg, wtid, s)) << wg << " " << wtid << " " << s;
+            ASSERT_EQ(slot.reg, i / 2);
+            ASSERT_EQ(slot.half, i % 2);
+            const int upper = slot.reg % 2, entry = e == 1 ? 0 : s / 2;
+            const int4_decode::SideSlot side = int4_decode::side_slot(row, k, 1, group);
+            const std::int64_t tile = row / dl::kTileN,
+                               base = tile * int4_decode::side_block_bytes(e);
+            const int scale =
+                fused_int4_scale_at(wtid, e) + (e == 1 ? 2 * upper : 8 * upper + 2 * entry);
+            const int zero =
+                fused_int4_zero_at(wtid, e) + (e == 1 ? 2 * rt + upper : 4 * upper + entry);
+            ASSERT_EQ(side.scale - base, scale) << group << " " << wtid << " " << s << " " << i;
+            ASSERT_EQ(side.zero - base, zero) << group << " " << wtid << " " << s << " " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The INT4 producer: source chunk t of unit (token, u) is K fused_source_k(u, t, true) on; its
+// word d, half e lands (fused_act_chunk_offset, the FP4 unit's stores) where wgmma step s reads
+// MMA k kk through fused_b_desc, for the (s, kk) whose INT4 physical K that is.
+TEST(FusedTile, Int4ProducerChunksLandWhereTheDescriptorReadsTheirK) {
+  const std::uint32_t act = 1024u * 37;
+  std::vector<std::pair<int, int>> step_of(128);
+  for (int s = 0; s < kSteps; ++s) {
+    for (int kk = 0; kk < 16; ++kk) step_of[fused_int4_physical_k(s, kk)] = {s, kk};
+  }
+  std::set<int> loaded;
+  for (int n = 0; n < kTokens; ++n) {
+    for (int u = 0; u < 4; ++u) {
+      for (int d = 0; d < 4; ++d) {
+        for (int t = 0; t < 4; ++t) {
+          for (int e = 0; e < 2; ++e) {
+            const int k = fused_source_k(u, t, true) + 2 * d + e;
+            if (n == 0) loaded.insert(k);
+            const auto [s, kk] = step_of[k];
+            ASSERT_EQ(act + fused_act_chunk_offset(n, u, d) + 4u * t + 2u * e,
+                      ptx_b_address(fused_b_desc(act, s), n, kk))
+                << n << " " << u << " " << d << " " << t << " " << e;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(loaded.size(), 128u);
 }
 
 // D of m64nNk16 (FP32): register i of thread wtid is row 16 warp + groupID + 8 ((i / 2) % 2),

@@ -166,6 +166,16 @@ Published w4a16_published(const std::string& target) {
               {"gemm_grouped_fused_out_f32", 1},
               {"gemm_grouped_fused_persistent", 1},
               {"gemm_grouped_fused_blocks_per_sm", kGemmBlocksPerSm}});
+    // gemm_grouped_int4_fused: the same pipeline on INT4 experts (the INT4 decode layout).
+    p.insert({{"gemm_grouped_int4_fused_n_tile", u32(metrale::fused::kRows)},
+              {"gemm_grouped_int4_fused_m_tile", u32(metrale::fused::kTokens)},
+              {"gemm_grouped_int4_fused_smem_bytes", u32(metrale::fused::kGroupedSmemBytes)},
+              {"gemm_grouped_int4_fused_block_threads", u32(metrale::fused::kThreads)},
+              {"gemm_grouped_int4_fused_layout", metrale::int4_decode::kLayoutId},
+              {"gemm_grouped_int4_fused_out_f32", 1},
+              {"gemm_grouped_int4_fused_int4", 1},
+              {"gemm_grouped_int4_fused_persistent", 1},
+              {"gemm_grouped_int4_fused_blocks_per_sm", kGemmBlocksPerSm}});
     // What run 5 of 2026-11-29 verified on an H200 (docs/GPU.md): this target's code only.
     for (const char* e : {"bf16_to_fp8", "dequant_e4m3", "gemm_decode", "gemm_split_reduce",
                           "gemm_tiled", "gemm_e4m3"}) {
@@ -175,6 +185,7 @@ Published w4a16_published(const std::string& target) {
   } else {
     p["gemm_fused_absent"] = 1;
     p["gemm_grouped_fused_absent"] = 1;
+    p["gemm_grouped_int4_fused_absent"] = 1;
   }
   add_run6_verified(p, target, {"gemm_decode_packed", "gemm_fused", "dequant_bf16"});
   return p;
@@ -518,6 +529,7 @@ TEST_F(FatbinOffline, TensorCoreRoutesUseTensorCores) {
       {"sm_90a", "gemm_decode_packed", "HMMA"},
       {"sm_90a", "gemm_fused", "HGMMA"},
       {"sm_90a", "gemm_grouped_fused", "HGMMA"},
+      {"sm_90a", "gemm_grouped_int4_fused", "HGMMA"},
       {"sm_90a", "gemm_grouped_e4m3_block128_tiled", "QGMMA", "fp8"},
   };
   for (const auto& w : wants) {
@@ -676,9 +688,9 @@ TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
       }
     }
   }
-  // Eight GEMM entries on sm_90a (the grouped FP8 tiled one among them), five (no fused or
-  // tiled grouped kernels) on sm_80 and sm_89.
-  EXPECT_EQ(checked, 18) << "entries checked; a lost blocks_per_sm must not pass unseen";
+  // Nine GEMM entries on sm_90a (the grouped FP8 tiled and fused INT4 ones among them), five (no
+  // fused or tiled grouped kernels) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 19) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace

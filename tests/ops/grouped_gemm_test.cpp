@@ -234,6 +234,32 @@ TEST_P(GroupedGemm, TheFusedRouteOnTheDecodeLayoutAgainstFloat64) {
   }
 }
 
+// The fused route on INT4 experts in the INT4 decode layout (CUDA: gemm_grouped_int4_fused, which
+// rounds each weight to BF16 once as the dequant route does, held to that route's weight
+// rounding; the CPU: the INT4 decode twin): groups of 128 with BF16 scales (one side entry a K
+// block) and of 32 with FP16 scales (one a 32-K span), zero points, experts of a few rows to a few
+// hundred, bias, FP32 C, masked rows, one expert taking nearly every token.
+TEST_P(GroupedGemm, TheFusedRouteOnTheInt4DecodeLayoutAgainstFloat64) {
+  Case c{
+      WeightFormat::kInt4, ops::UploadLayout::kDecode, 300, 8, 2, 96, 256, false, true, false, 1.0};
+  c.route = ops::GemmRoute::kFused;
+  run_case(c);
+  c = Case{WeightFormat::kInt4,
+           ops::UploadLayout::kDecode,
+           200,
+           4,
+           1,
+           160,
+           384,
+           true,
+           false,
+           true,
+           12.0};
+  c.route = ops::GemmRoute::kFused;
+  c.group = 32;
+  run_case(c);
+}
+
 TEST_P(GroupedGemm, RowsOutsideTheBuffersAreSkipped) {
   // A caller's own counts and offsets that put an expert's rows past the row capacity: that
   // expert is skipped (its rows would lie outside A and C), the others run.

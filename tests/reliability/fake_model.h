@@ -113,11 +113,12 @@ fake::FakeFunction grouped_entry(std::uint32_t tile, F f) {
 // gemm_grouped_fused, persistent like the real module's (kernels/fused_tile.h's slots, with this
 // fake's tiles): expert e's rows take ceil(rows / kFusedMTile) slots, none where expert_params
 // skips it; block b of a grid of G blocks takes tiles b, b + G, ... of slots x ceil(N /
-// kDecodeTile), slot fastest, each computed by the decode-layout twin on the slot's rows.
-inline fake::FakeFunction persistent_grouped_fused_entry() {
+// kDecodeTile), slot fastest, each computed by the decode-layout twin on the slot's rows (int4:
+// gemm_grouped_int4_fused, the INT4 decode layout's twin).
+inline fake::FakeFunction persistent_grouped_fused_entry(bool int4 = false) {
   fake::FakeFunction fn;
   fn.param_sizes = {sizeof(GroupedGemmParams)};
-  fn.body = [](const fake::FakeLaunch& l) {
+  fn.body = [int4](const fake::FakeLaunch& l) {
     const auto g = read_param<GroupedGemmParams>(l.params, 0);
     const std::uint64_t c_bytes = (g.gemm.flags & kGemmOutF32) != 0 ? 4 : 2;
     std::vector<GemmParams> slots;  // each slot's rows as a GEMM of their own
@@ -138,8 +139,13 @@ inline fake::FakeFunction persistent_grouped_fused_entry() {
     for (std::int64_t b = 0; b < grid; ++b) {
       for (std::int64_t t = b; t < tiles; t += grid) {
         const std::int64_t n0 = t / count * kDecodeTile;
-        metrale::cpu::w4a16::gemm_decode_packed(slots[static_cast<std::size_t>(t % count)], n0,
-                                                std::min<std::int64_t>(g.gemm.n, n0 + kDecodeTile));
+        const GemmParams& slot = slots[static_cast<std::size_t>(t % count)];
+        const std::int64_t n1 = std::min<std::int64_t>(g.gemm.n, n0 + kDecodeTile);
+        if (int4) {
+          metrale::cpu::w4a16::gemm_int4_decode(slot, n0, n1);
+        } else {
+          metrale::cpu::w4a16::gemm_decode_packed(slot, n0, n1);
+        }
       }
     }
   };
@@ -185,6 +191,7 @@ inline fake::ModuleSpec w4a16_module() {
   f["gemm_grouped_packed"] = grouped_entry(kDecodeTile, k::gemm_decode_packed);
   f["gemm_grouped_int4_decode"] = grouped_entry(kDecodeTile, k::gemm_int4_decode);
   f["gemm_grouped_fused"] = persistent_grouped_fused_entry();
+  f["gemm_grouped_int4_fused"] = persistent_grouped_fused_entry(true);
   f["dequant_int4_bf16"] = tiled_entry<GemmParams>(
       kDequantBf16Tile, k::dequant_int4_bf16,
       [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
@@ -242,7 +249,13 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_grouped_fused_m_tile", kFusedMTile)
       .publish_u32("gemm_grouped_fused_persistent", 1)
       .publish_u32("gemm_grouped_fused_blocks_per_sm", 1)
-      .publish_u32("gemm_grouped_fused_layout", metrale::decode_layout::kLayoutId);
+      .publish_u32("gemm_grouped_fused_layout", metrale::decode_layout::kLayoutId)
+      .publish_u32("gemm_grouped_int4_fused_n_tile", kDecodeTile)
+      .publish_u32("gemm_grouped_int4_fused_m_tile", kFusedMTile)
+      .publish_u32("gemm_grouped_int4_fused_persistent", 1)
+      .publish_u32("gemm_grouped_int4_fused_blocks_per_sm", 1)
+      .publish_u32("gemm_grouped_int4_fused_layout", metrale::int4_decode::kLayoutId)
+      .publish_u32("gemm_grouped_int4_fused_int4", 1);
   // Every entry of the manifest, each with the block size it publishes.
   m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
                    metrale::manifest::kW4a16Entries.end());

@@ -79,12 +79,14 @@ class CaseBuffers {
 HostQuantWeights expert_of(const HostQuantWeights& one, int e) {
   HostQuantWeights w = one;
   const auto turn = static_cast<std::size_t>(e % one.n);
-  const std::size_t code_row = w.codes.size() / static_cast<std::size_t>(w.n);
-  const std::size_t scale_row = w.scales.size() / static_cast<std::size_t>(w.n);
-  std::rotate(w.codes.begin(), w.codes.begin() + static_cast<std::ptrdiff_t>(turn * code_row),
-              w.codes.end());
-  std::rotate(w.scales.begin(), w.scales.begin() + static_cast<std::ptrdiff_t>(turn * scale_row),
-              w.scales.end());
+  // Row-major [N, ...] byte tables turned by `turn` rows: codes, scales, INT4's zero points.
+  const auto rotate_rows = [&](std::vector<std::uint8_t>& v) {
+    const std::size_t row = v.size() / static_cast<std::size_t>(w.n);
+    std::rotate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(turn * row), v.end());
+  };
+  rotate_rows(w.codes);
+  rotate_rows(w.scales);
+  if (!w.zeros.empty()) rotate_rows(w.zeros);
   return w;
 }
 constexpr int kRoutings = 8;
@@ -148,12 +150,14 @@ MoeModel moe_model(const std::string& name) {
   if (name == "gpt-oss-20b") return {name, 32, 4, 2880, 2880, WeightFormat::kMxfp4};
   if (name == "gpt-oss-120b") return {name, 128, 4, 2880, 2880, WeightFormat::kMxfp4};
   if (name == "qwen3-30b-a3b") return {name, 128, 8, 2048, 768, WeightFormat::kNvfp4};
+  // Qwen's GPTQ-Int4 release: INT4 experts in groups of 128 with FP16 scales.
+  if (name == "qwen3-30b-a3b-int4") return {name, 128, 8, 2048, 768, WeightFormat::kInt4};
   if (name == "deepseek-v3") return {name, 256, 8, 7168, 2048, WeightFormat::kNvfp4};
   if (name == "qwen3-30b-a3b-fp8") return {name, 128, 8, 2048, 768, WeightFormat::kNvfp4, true};
   if (name == "deepseek-v3-fp8") return {name, 256, 8, 7168, 2048, WeightFormat::kNvfp4, true};
   throw Error(ErrorCode::kInvalidArgument, "bench",
               fmt::format("unknown MoE model '{}' (gpt-oss-20b, gpt-oss-120b, qwen3-30b-a3b, "
-                          "deepseek-v3, qwen3-30b-a3b-fp8 or deepseek-v3-fp8)",
+                          "qwen3-30b-a3b-int4, deepseek-v3, qwen3-30b-a3b-fp8 or deepseek-v3-fp8)",
                           name));
 }
 
@@ -227,9 +231,13 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
       for (int e = 0; e < model.experts; ++e) views.push_back(lw.host8[e % kFp8Distinct].view());
       lw.expert_bytes = static_cast<std::int64_t>(one.codes.size() + 4 * one.scales.size());
     } else {
-      const HostQuantWeights one = toolkit::random_weights(model.format, layer.n, layer.k, rng);
+      const HostQuantWeights one =
+          model.format == WeightFormat::kInt4
+              ? toolkit::random_int4_weights(layer.n, layer.k, 128, false, rng)
+              : toolkit::random_weights(model.format, layer.n, layer.k, rng);
       for (int e = 0; e < model.experts; ++e) lw.host.push_back(expert_of(one, e));
-      lw.expert_bytes = static_cast<std::int64_t>(one.codes.size() + one.scales.size());
+      lw.expert_bytes =
+          static_cast<std::int64_t>(one.codes.size() + one.scales.size() + one.zeros.size());
     }
     const std::int64_t expert_bytes = lw.expert_bytes;
     const std::int64_t copies = std::max<std::int64_t>(
@@ -245,8 +253,12 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         lw.q.push_back(&scope
                             .add(std::make_unique<ops::GroupedWeightsResource>(
                                 b, lw.host, label,
-                                go.route == ops::GemmRoute::kFused
-                                    ? ops::UploadLayout::kDecode  // the layout it reads
+                                // The fused kernels' layout; and CUDA reads INT4 only in the INT4
+                                // decode layout, which no device run has verified (so no
+                                // preference takes it).
+                                go.route == ops::GemmRoute::kFused ||
+                                        (gpu && model.format == WeightFormat::kInt4)
+                                    ? ops::UploadLayout::kDecode
                                     : ops::UploadLayout::kBackendPreferred))
                             .weights());
       }
@@ -325,12 +337,16 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
                                         ? 4 * 2 * toolkit::kFp8MmaTerm
                                         : 2.0 * static_cast<double>(layer.k / 16) * 0x1p-23;
           const toolkit::SampledCheck s =
-              model.fp8
-                  ? toolkit::sampled_check_w8a8(a_e, c_e, lw.host8[e % kFp8Distinct].view(), count,
-                                                share_term, rng, nullptr, 32)
-                  : toolkit::sampled_check(
-                        a_e, c_e, lw.host[static_cast<std::size_t>(e)], count,
-                        count <= 16 ? ops::GemmRoute::kDecode : ops::GemmRoute::kTiled, rng, 32);
+              model.fp8 ? toolkit::sampled_check_w8a8(a_e, c_e, lw.host8[e % kFp8Distinct].view(),
+                                                      count, share_term, rng, nullptr, 32)
+                        : toolkit::sampled_check(
+                              a_e, c_e, lw.host[static_cast<std::size_t>(e)], count,
+                              // The fused INT4 kernel rounds each weight once (the dequant route's
+                              // rounding, toolkit::gemm_tolerance); the others round none.
+                              gpu && plan.route == ops::GemmRoute::kFused ? ops::GemmRoute::kFused
+                              : count <= 16                               ? ops::GemmRoute::kDecode
+                                                                          : ops::GemmRoute::kTiled,
+                              rng, 32);
           cs.passed = s.passed();
           if (!cs.passed) cs.check = fmt::format("expert {}: {}", e, s.str());
         }

@@ -22,9 +22,9 @@ struct MoeModel {
   std::string format_name() const;
 };
 
-// "gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3" (NVIDIA's NVFP4 export) or the
-// FP8 releases "qwen3-30b-a3b-fp8" and "deepseek-v3-fp8"; Error(kInvalidArgument) naming any
-// other.
+// "gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3" (NVIDIA's NVFP4 export), the
+// INT4 release "qwen3-30b-a3b-int4" (GPTQ, groups of 128, FP16 scales) or the FP8 releases
+// "qwen3-30b-a3b-fp8" and "deepseek-v3-fp8"; Error(kInvalidArgument) naming any other.
 MoeModel moe_model(const std::string& name);
 
 // The layer's gate_up and down at each M (tokens) and skew of bench: checked against float64,

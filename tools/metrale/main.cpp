@@ -88,8 +88,8 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--moe", bench_opts.moe,
                    "an MoE layer's grouped GEMMs at realistic routings instead of dense layers")
-      ->check(CLI::IsMember({"gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "deepseek-v3",
-                             "qwen3-30b-a3b-fp8", "deepseek-v3-fp8"}));
+      ->check(CLI::IsMember({"gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-30b-a3b-int4",
+                             "deepseek-v3", "qwen3-30b-a3b-fp8", "deepseek-v3-fp8"}));
   bench
       ->add_option("--skew", bench_opts.skews,
                    "--moe: routings' skews above one token (0: uniform)")

@@ -62,7 +62,9 @@ struct GroupedGemmOptions {
   bool out_f32 = false;  // C as FP32 (GemmOptions::out_f32)
   // kDecode: the decode kernel of the weights' layout, per expert (every packing). kFused: the
   // prefill kernel over every expert's tiles, for weights in the decode layout (CUDA:
-  // gemm_grouped_fused, wgmma; Error(kUnavailable) where the module has only its placeholder).
+  // gemm_grouped_fused, wgmma; INT4 in the INT4 decode layout: gemm_grouped_int4_fused, which
+  // rounds each weight to BF16 once as the dense dequant route does; Error(kUnavailable) where the
+  // module has only its placeholder).
   // kAuto: kFused where the rows per expert on average pass the decode sizes and the module's
   // fused kernel is verified (the CPU's twin is the reference), else kDecode. Other routes are
   // Error(kInvalidArgument).

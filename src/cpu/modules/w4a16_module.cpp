@@ -191,6 +191,13 @@ void gemm_grouped_int4_decode(const HostBlock& b) {
   if (n0 < n1) w4a16::gemm_int4_decode(p, n0, n1);
 }
 
+// gemm_grouped_int4_fused's twin: the INT4 decode layout's reference per expert, as
+// gemm_grouped_int4_decode (the CUDA kernel rounds each weight to BF16 once, as the dequant route
+// does; this twin rounds none, as the decode route does).
+void gemm_grouped_int4_fused(const HostBlock& b) {
+  gemm_grouped_int4_decode(b);
+}
+
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
@@ -210,6 +217,7 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_grouped_packed", kDecodeTile},
     {"gemm_grouped_int4_decode", kDecodeTile},
     {"gemm_grouped_fused", kDecodeTile},
+    {"gemm_grouped_int4_fused", kDecodeTile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -239,7 +247,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
   // backend's preference keep INT4 in the source or the panel layout, which the fast kernels
   // read).
   if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4" ||
-      entry == "gemm_grouped_int4_decode") {
+      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_int4_fused") {
     m.publish_u32(e + "_layout", int4_decode::kLayoutId);
     m.publish(e + "_int4", {std::byte{1}});
   }
@@ -261,7 +269,8 @@ void publish_meta(HostModule& m, std::string_view entry) {
   if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
       entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
       entry == "gemm_split_reduce" || entry == "gemm_grouped" || entry == "gemm_grouped_packed" ||
-      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_fused") {
+      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_fused" ||
+      entry == "gemm_grouped_int4_fused") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

@@ -25,8 +25,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
+#include "decode_int4.cuh"
 #include "decode_packed.cuh"
 #include "epilogue.cuh"
 #include "grouped_slots.cuh"
@@ -34,6 +36,7 @@
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
 #include "kernels/grouped_params.h"
+#include "kernels/int4_decode_layout.h"
 #include "metrale/numerics.h"
 #include "operands.cuh"
 #include "ptx.cuh"
@@ -84,8 +87,6 @@ __device__ __forceinline__ void fused_a_fragment(std::uint32_t w, const std::uin
   a[3] = num::bf16x2_mul(f[3], sp[1][h]);
 }
 
-#if defined(METRALE_HAVE_WGMMA)
-
 // A fault the host emulation plants to show that its checks catch it
 // (tests/kernels/emulation/fused_host_test.cpp); a constant false on the device.
 #if defined(METRALE_KERNEL_HOST_EMULATION)
@@ -94,6 +95,151 @@ __device__ __forceinline__ void fused_a_fragment(std::uint32_t w, const std::uin
 #else
 #define METRALE_FUSED_PLANTED(what) false
 #endif
+
+// The weights a fused consumer reads: FP4 in the decode layout (MXFP4 where kMx, else NVFP4), or
+// INT4 in the INT4 decode layout (Note [grouped fused INT4]) with kEntries scale entries per row
+// and K block (int4_decode::entries: 1 or 4) and FP16 or BF16 scales.
+template <bool kMx_>
+struct FusedFp4 {
+  static constexpr bool kInt4 = false, kMx = kMx_, kF16 = false;
+  static constexpr int kEntries = 0;
+};
+template <int kEntries_, bool kF16_>
+struct FusedInt4 {
+  static constexpr bool kInt4 = true, kMx = false, kF16 = kF16_;
+  static constexpr int kEntries = kEntries_;
+};
+
+// A consumer lane's INT4 side bytes of one K block, as loaded from its tile's side slot: kE = 1,
+// sc.x holds the scales of its rows upper 0 and 1 (row g + 16 rt + 8 upper of the decode tile)
+// and zz.x their zero points in bytes 0 and 1; kE = 4, sc holds upper 0's four entries' scales
+// (x, y), then upper 1's (z, w), and zz.x upper 0's four zero points, zz.y upper 1's
+// (int4_decode::side_slot: [g][r][entry]).
+template <int kE>
+__device__ __forceinline__ void fused_int4_side(std::uint32_t slot, int wtid, uint4& sc,
+                                                uint2& zz) {
+  const auto scale_at = slot + static_cast<std::uint32_t>(fu::fused_int4_scale_at(wtid, kE));
+  const auto zero_at = slot + static_cast<std::uint32_t>(fu::fused_int4_zero_at(wtid, kE));
+  if constexpr (kE == 1) {
+    sc.x = ptx::ld_shared4(scale_at);
+    zz.x = ptx::ld_shared4(zero_at) >> (16u * static_cast<std::uint32_t>((wtid / 32) % 2));
+  } else {
+    static_assert(kE == 4, "one entry per K block or per 32-K span");
+    sc = ptx::ld_shared16(scale_at);
+    zz = ptx::ld_shared8(zero_at);
+  }
+}
+
+// The BF16 pair (h, h) of half `half` of w: on the device a half-select that ptxas folds into
+// the multiply reading it (an R.H0_H0 or R.H1_H1 operand), no instruction of its own.
+__device__ __forceinline__ std::uint32_t fused_half_pair(std::uint32_t w, int half) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 v;
+  std::memcpy(&v, &w, 4);
+  const __nv_bfloat162 r = half != 0 ? __high2bfloat162(v) : __low2bfloat162(v);
+  std::uint32_t out;
+  std::memcpy(&out, &r, 4);
+  return out;
+#else
+  const std::uint32_t h = (w >> (16 * half)) & 0xFFFFu;
+  return h | h << 16;
+#endif
+}
+
+// An FP16 pair, exact as two BF16 pairs: hi its top 8 significant bits (the 3 low bits of each
+// significand cleared, truncating), lo the rest (at most 3 bits), so that x hi + x lo is x times
+// the scale and one BF16 FMA of x hi onto x lo rounds that once (fused_int4_fragment).
+__device__ __forceinline__ void fused_f16_split(std::uint32_t w, std::uint32_t& hi,
+                                                std::uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  __half2 wh;
+  std::memcpy(&wh, &w, 4);
+  const float2 f = __half22float2(wh);
+#else
+  const float2 f{num::f16_to_f32(static_cast<std::uint16_t>(w)),
+                 num::f16_to_f32(static_cast<std::uint16_t>(w >> 16))};
+#endif
+  // The top 8 significant bits: the FP32 value's top 16 bits. A planted fault rounds the scale to
+  // BF16 instead and drops the rest (two roundings of the product).
+  const bool rounded = METRALE_FUSED_PLANTED(kInt4ScaleRounded);
+  const auto top = [rounded](float v) {
+    return rounded ? num::bf16_to_f32(num::f32_to_bf16(v))
+                   : num::bits_f32(num::f32_bits(v) & 0xFFFF0000u);
+  };
+  const float t0 = top(f.x), t1 = top(f.y);
+  // Both parts have their bits in the FP32 values' top halves: BF16 as they stand (one PRMT each).
+  hi = ptx::prmt2<0x7632u>(num::f32_bits(t0), num::f32_bits(t1));
+  lo = rounded ? 0u : ptx::prmt2<0x7632u>(num::f32_bits(f.x - t0), num::f32_bits(f.y - t1));
+}
+
+// A consumer lane's INT4 scales of one K block as BF16 (kWords words of two: kE = 1, rows upper
+// 0 and 1; kE = 4, word 2 u + e / 2 holds row upper u's entries e, e + 1), and for FP16 scales
+// the low parts beside them (fused_f16_split).
+template <class W>
+struct FusedInt4Scales {
+  static constexpr int kWords = W::kEntries == 1 ? 1 : 4;
+  std::uint32_t hi[kWords], lo[kWords];
+};
+
+template <class W>
+__device__ __forceinline__ FusedInt4Scales<W> fused_int4_scales(const uint4& sc) {
+  FusedInt4Scales<W> s;
+  const std::uint32_t words[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+  for (int i = 0; i < FusedInt4Scales<W>::kWords; ++i) {
+    if constexpr (W::kF16) {
+      fused_f16_split(words[i], s.hi[i], s.lo[i]);
+    } else {
+      s.hi[i] = words[i];
+      s.lo[i] = 0;
+    }
+  }
+  return s;
+}
+
+// The pairs that chunk q's words are dequantized with, for rows upper 0 and 1: zp (128 + z,
+// twice), sp (the scale, or an FP16 scale's top bits, twice) and lo (an FP16 scale's low bits).
+template <class W>
+__device__ __forceinline__ void fused_int4_pairs(const FusedInt4Scales<W>& sc, const uint2& zz,
+                                                 int q, std::uint32_t (&zp)[2],
+                                                 std::uint32_t (&sp)[2], std::uint32_t (&lo)[2]) {
+  const bool planted_entry = METRALE_FUSED_PLANTED(kInt4FirstEntry);
+  const int e = W::kEntries == 1 || planted_entry ? 0 : q;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int word = W::kEntries == 1 ? 0 : 2 * u + e / 2;
+    const int half = W::kEntries == 1 ? u : e % 2;
+    // 128 + z twice: bytes z, 0x43, z, 0x43.
+    const int b = W::kEntries == 1 ? u : e;
+    zp[u] = ptx::prmt<0x43u>(W::kEntries == 1 || u == 0 ? zz.x : zz.y,
+                             static_cast<std::uint32_t>(b | 4 << 4 | b << 8 | 4 << 12));
+    sp[u] = fused_half_pair(sc.hi[word], half);
+    lo[u] = W::kF16 ? fused_half_pair(sc.lo[word], half) : 0u;
+  }
+}
+
+// Step s's A fragment from its INT4-layout word: register j (nibbles j and j + 4, row upper
+// j % 2) as 128 + q by exponent bias, minus 128 + z (exact), times the scale, rounded once: the
+// dequant route's bf16((q - z) x scale) (kernels/dequant_int4.h).
+template <class W>
+__device__ __forceinline__ void fused_int4_fragment(std::uint32_t w, const std::uint32_t (&zp)[2],
+                                                    const std::uint32_t (&sp)[2],
+                                                    const std::uint32_t (&lo)[2],
+                                                    std::uint32_t (&a)[4]) {
+  const std::uint32_t f[4] = {int4_fields<0>(w), int4_fields<4>(w), int4_fields<8>(w),
+                              int4_fields<12>(w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t x = num::bf16x2_sub(f[j], zp[j % 2]);
+    if constexpr (W::kF16) {
+      a[j] = num::bf16x2_fma(x, sp[j % 2], num::bf16x2_mul(x, lo[j % 2]));
+    } else {
+      a[j] = num::bf16x2_mul(x, sp[j % 2]);
+    }
+  }
+}
+
+#if defined(METRALE_HAVE_WGMMA)
 
 // gemm_fused's argument block or gemm_grouped_fused's (kernels/grouped_params.h): the fields
 // every tile shares, and whether tiles belong to experts. One template serves both, so that the
@@ -237,7 +383,8 @@ __device__ __forceinline__ void fused_first_slots(const GroupedGemmParams& g,
 }
 
 // The producer's units: unit c = wtid + 128 i is token c / 4, K chunk column u = c % 4, so four
-// neighbouring threads read a token's 64 contiguous bytes of each 32-K group.
+// neighbouring threads read a token's 64 contiguous bytes of each 32-K group (INT4: a thread its
+// 64 contiguous bytes of a 32-K group, four neighbours 256; fused_source_k).
 constexpr int kFusedUnits = fu::kTokens * 4 / 128;
 
 // One stage of activations into registers: 16 bytes of each unit's four source chunks, zero
@@ -245,13 +392,17 @@ constexpr int kFusedUnits = fu::kTokens * 4 / 128;
 // one row pointer a unit serves its four loads with immediate offsets; a tile wholly inside its
 // rows and K (all but the last of each) takes the branch without bounds checks, the same for the
 // whole block.
-template <class P>
+template <bool kInt4, class P>
 __device__ __forceinline__ void fused_load_act(const P& params, const FusedCursor& c, int wtid,
                                                uint4 (&r)[kFusedUnits][4]) {
   const GemmParams& p = gemm_of(params);
+  // fu::fused_source_k's two terms: the unit's (u) and its chunks' (t).
+  constexpr int kUnitK = kInt4 ? 32 : 8, kChunkK = kInt4 ? 8 : 32;
+  static_assert(fu::fused_source_k(1, 0, kInt4) == kUnitK &&
+                fu::fused_source_k(0, 1, kInt4) == kChunkK);
   const int u = wtid % 4;
   const std::int64_t k0 = std::int64_t{c.kb} * fu::kKBlock, m = std::int64_t{c.at.m0} + wtid / 4;
-  const auto* row = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k + k0 + 8 * u;
+  const auto* row = reinterpret_cast<const std::uint16_t*>(p.a) + m * p.k + k0 + kUnitK * u;
   const std::int64_t unit_step = 32 * p.k;  // 32 tokens further
   // The grouped tile's rows end at its expert's (FusedTile::rows).
   if ((kGrouped<P> ? c.at.rows() == fu::kTokens : c.at.m0 + fu::kTokens <= p.m) &&
@@ -259,33 +410,40 @@ __device__ __forceinline__ void fused_load_act(const P& params, const FusedCurso
 #pragma unroll
     for (int i = 0; i < kFusedUnits; ++i) {
 #pragma unroll
-      for (int t = 0; t < 4; ++t) r[i][t] = ptx::ldg16(row + i * unit_step + 32 * t);
+      for (int t = 0; t < 4; ++t) r[i][t] = ptx::ldg16(row + i * unit_step + kChunkK * t);
     }
     return;
   }
   // K is a multiple of 16: a chunk of 8 lies wholly inside or outside.
   const std::int64_t m_left = kGrouped<P> ? c.at.rows() - wtid / 4 : p.m - m,
-                     k_left = p.k - k0 - 8 * u;
+                     k_left = p.k - k0 - kUnitK * u;
 #pragma unroll
   for (int i = 0; i < kFusedUnits; ++i) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      r[i][t] = 32 * i < m_left && 32 * t < k_left ? ptx::ldg16(row + i * unit_step + 32 * t)
-                                                   : make_uint4(0, 0, 0, 0);
+      r[i][t] = 32 * i < m_left && kChunkK * t < k_left
+                    ? ptx::ldg16(row + i * unit_step + kChunkK * t)
+                    : make_uint4(0, 0, 0, 0);
     }
   }
 }
 
 // The producer warpgroup: every stage of every tile of this block, in the consumers' order. The
 // activations of the next stage are loaded into the second register set before this stage's
-// are stored, so two stages of loads are in flight (Note [fused pipeline]).
-template <bool kMx, class P>
+// are stored, so two stages of loads are in flight (Note [fused pipeline]). INT4 weights
+// (kInt4): each decode tile's side block of the K block, in place of its scale codes, and no
+// table.
+template <bool kInt4, bool kMx, class P>
 __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm, int wtid) {
   const GemmParams& p = gemm_of(params);
   const FusedWalk w = fused_walk(params, sm);
-  const int per = dl::scale_bytes_per_lane(kMx);
+  // A decode tile's scale bytes of a K block, and the stage slot they go to.
+  const int side = kInt4 ? static_cast<int>(i4::side_block_bytes(i4::entries(p.group)))
+                         : dl::kLanes * dl::scale_bytes_per_lane(kMx);
+  const int slot = kInt4 ? fu::kInt4SideSlotBytes : fu::kScaleSlotBytes;
   const auto* codes = reinterpret_cast<const std::uint8_t*>(p.codes);
-  const auto* scales = reinterpret_cast<const std::uint8_t*>(p.scales) + dl::kTableBytes;
+  const auto* scales =
+      reinterpret_cast<const std::uint8_t*>(p.scales) + (kInt4 ? 0 : dl::kTableBytes);
   int stage = 0;
   std::uint32_t phase = 0;
   // A stage's first half: the consumers released it (at first: the phase before the first,
@@ -301,16 +459,16 @@ __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm,
     const int q = wtid / 32;
     if (wtid % 32 != 0 || q >= c.at.dtiles) return;
     const std::uint32_t at = sm.stage(stage), full = sm.full(stage);
-    auto bytes = static_cast<std::uint32_t>(dl::kTileBlockBytes + dl::kLanes * per);
+    auto bytes = static_cast<std::uint32_t>(dl::kTileBlockBytes + side);
     const std::uint8_t *tile_codes = codes, *tile_scales = scales;
     if constexpr (kGrouped<P>) {
       const auto e = static_cast<std::uint64_t>(c.at.expert());
       const std::uint64_t table_e = METRALE_FUSED_PLANTED(kExpertZeroTable) ? 0 : e;
       tile_codes += e * params.codes_stride;
-      tile_scales += e * params.scales_stride;
-      if (q == 0) bytes += dl::kTableBytes;
+      tile_scales += (kInt4 ? table_e : e) * params.scales_stride;
+      if (!kInt4 && q == 0) bytes += dl::kTableBytes;
       if (!METRALE_FUSED_PLANTED(kSkipExpectTx)) ptx::mbarrier_expect_tx(full, bytes);
-      if (q == 0) {
+      if (!kInt4 && q == 0) {
         ptx::bulk_copy_g2s(
             at + fu::kGroupedTableInStage,
             reinterpret_cast<const std::uint8_t*>(p.scales) + table_e * params.scales_stride,
@@ -322,8 +480,8 @@ __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm,
     const std::int64_t block = (std::int64_t{c.at.n0} / dl::kTileN + q) * w.kb_count + c.kb;
     ptx::bulk_copy_g2s(at + fu::kCodeOffset + q * dl::kTileBlockBytes,
                        tile_codes + block * dl::kTileBlockBytes, dl::kTileBlockBytes, full);
-    ptx::bulk_copy_g2s(at + fu::kScaleOffset + q * fu::kScaleSlotBytes,
-                       tile_scales + block * dl::kLanes * per, dl::kLanes * per, full);
+    ptx::bulk_copy_g2s(at + fu::kScaleOffset + q * slot, tile_scales + block * side,
+                       static_cast<std::uint32_t>(side), full);
   };
   // Its second half: the activations stored, published to wgmma's proxy and to the consumers.
   // Unit i's chunk d lies 32 i token rows (4 KiB) past unit 0's: four offsets a thread.
@@ -374,7 +532,7 @@ __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm,
   cur.at = fused_tile_of(params, sm, w, cur.tile);
   publish(cur);
   uint4 ra[kFusedUnits][4], rb[kFusedUnits][4];
-  fused_load_act(params, cur, wtid, ra);
+  fused_load_act<kInt4>(params, cur, wtid, ra);
   // Two stages an iteration, so that which register set holds which stage is known at compile
   // time (an indexed set would live in local memory).
 #pragma unroll 1
@@ -385,7 +543,7 @@ __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm,
       if (more && next.kb == 0) publish(next);
     }
     claim(cur);
-    if (more) fused_load_act(params, next, wtid, rb);
+    if (more) fused_load_act<kInt4>(params, next, wtid, rb);
     fill(ra);
     if (!more) break;
     cur = next;
@@ -394,7 +552,7 @@ __device__ void fused_produce(const P& params, const FusedSmem<kGrouped<P>>& sm,
       if (more && next.kb == 0) publish(next);
     }
     claim(cur);
-    if (more) fused_load_act(params, next, wtid, ra);
+    if (more) fused_load_act<kInt4>(params, next, wtid, ra);
     fill(rb);
     if (!more) break;
     cur = next;
@@ -499,14 +657,19 @@ __device__ __forceinline__ void fused_epilogue(const P& params, const FusedSmem<
   }
 }
 
-// One consumer warpgroup (wg = 0, 1): 64 weight rows of every tile of this block.
-template <bool kMx, class P>
+// One consumer warpgroup (wg = 0, 1): 64 weight rows of every tile of this block, of weights W
+// (FusedFp4 or FusedInt4).
+template <class W, class P>
 __device__ void fused_consume(const P& params, const FusedSmem<kGrouped<P>>& sm, int wg, int wtid) {
+  constexpr bool kMx = W::kMx;
   const GemmParams& p = gemm_of(params);
   const FusedWalk w = fused_walk(params, sm);
   const int lane = wtid % 32, rt = (wtid / 32) % 2;
   const int per = dl::scale_bytes_per_lane(kMx);
   const int tile_in_block = 2 * wg + wtid / 64;
+  // INT4: the lane's decode tile's side slot in a stage.
+  const auto side_slot =
+      static_cast<std::uint32_t>(fu::kScaleOffset + tile_in_block * fu::kInt4SideSlotBytes);
   // This lane's scale codes in a stage: its tile's slot, its 8 (4) bytes.
   const std::uint32_t scale_at =
       fu::kScaleOffset + tile_in_block * fu::kScaleSlotBytes + lane * per;
@@ -530,23 +693,41 @@ __device__ void fused_consume(const P& params, const FusedSmem<kGrouped<P>>& sm,
     const std::uint32_t at = sm.stage(stage);
     const std::uint32_t parity = METRALE_FUSED_PLANTED(kWrongParity) ? phase ^ 1u : phase;
     ptx::mbarrier_wait(sm.full(stage), parity);
-    uint2 sc;
-    if constexpr (kMx) {
-      sc = make_uint2(ptx::ld_shared4(at + scale_at), 0u);
-    } else {
-      sc = ptx::ld_shared8(at + scale_at);
-    }
-    std::uint32_t sp[2][2];
-    if constexpr (kGrouped<P>) {
-      fused_scale_pairs<kMx>(sc, rt, at + fu::kGroupedTableInStage, sp);
-    } else {
-      fused_scale_pairs<kMx>(sc, rt, sm.table(), sp);
-    }
+    if constexpr (W::kInt4) {
+      // The block's scales and zero points of the lane's two rows; pairs per K block (one
+      // entry) or per chunk (a 32-K span each).
+      uint4 sc = make_uint4(0, 0, 0, 0);
+      uint2 zz = make_uint2(0, 0);
+      fused_int4_side<W::kEntries>(at + side_slot, wtid, sc, zz);
+      const FusedInt4Scales<W> scales = fused_int4_scales<W>(sc);
+      std::uint32_t zp[2], sp[2], lo[2];
+      if constexpr (W::kEntries == 1) fused_int4_pairs<W>(scales, zz, 0, zp, sp, lo);
 #pragma unroll
-    for (int q = 0; q < fu::kSteps / 2; ++q) {
-      const uint4 c = ptx::ld_shared16(at + fu::kCodeOffset + fu::fused_chunk_byte(wg, wtid, q));
-      fused_a_fragment(rt != 0 ? c.y : c.x, sp, 2 * q, a[2 * q]);
-      fused_a_fragment(rt != 0 ? c.w : c.z, sp, 2 * q + 1, a[2 * q + 1]);
+      for (int q = 0; q < fu::kSteps / 2; ++q) {
+        if constexpr (W::kEntries != 1) fused_int4_pairs<W>(scales, zz, q, zp, sp, lo);
+        const uint4 c = ptx::ld_shared16(at + fu::kCodeOffset + fu::fused_chunk_byte(wg, wtid, q));
+        fused_int4_fragment<W>(rt != 0 ? c.y : c.x, zp, sp, lo, a[2 * q]);
+        fused_int4_fragment<W>(rt != 0 ? c.w : c.z, zp, sp, lo, a[2 * q + 1]);
+      }
+    } else {
+      uint2 sc;
+      if constexpr (kMx) {
+        sc = make_uint2(ptx::ld_shared4(at + scale_at), 0u);
+      } else {
+        sc = ptx::ld_shared8(at + scale_at);
+      }
+      std::uint32_t sp[2][2];
+      if constexpr (kGrouped<P>) {
+        fused_scale_pairs<kMx>(sc, rt, at + fu::kGroupedTableInStage, sp);
+      } else {
+        fused_scale_pairs<kMx>(sc, rt, sm.table(), sp);
+      }
+#pragma unroll
+      for (int q = 0; q < fu::kSteps / 2; ++q) {
+        const uint4 c = ptx::ld_shared16(at + fu::kCodeOffset + fu::fused_chunk_byte(wg, wtid, q));
+        fused_a_fragment(rt != 0 ? c.y : c.x, sp, 2 * q, a[2 * q]);
+        fused_a_fragment(rt != 0 ? c.w : c.z, sp, 2 * q + 1, a[2 * q + 1]);
+      }
     }
     // All 32 fragment registers are computed here, before the fence: dequantization that the
     // compiler sank between the wgmmas would make ptxas serialize them (C7513).
@@ -605,10 +786,12 @@ __device__ void fused_consume(const P& params, const FusedSmem<kGrouped<P>>& sm,
   }
 }
 
-// One block of gemm_fused (P = GemmParams) or gemm_grouped_fused (GroupedGemmParams) on `smem`,
-// its fu::kSmemBytes (kGroupedSmemBytes) of dynamic shared memory.
-template <class P>
+// One block of gemm_fused (P = GemmParams) or gemm_grouped_fused (GroupedGemmParams; kInt4:
+// gemm_grouped_int4_fused) on `smem`, its fu::kSmemBytes (kGroupedSmemBytes) of dynamic shared
+// memory.
+template <bool kInt4 = false, class P>
 __device__ __forceinline__ void fused_block_on(const P& params, unsigned char* smem) {
+  static_assert(!kInt4 || kGrouped<P>, "INT4 weights take the grouped kernel only");
   const GemmParams& p = gemm_of(params);
   FusedSmem<kGrouped<P>> sm;
   // wgmma's swizzle is a function of the address: the layout starts on a 1024-byte boundary.
@@ -639,18 +822,34 @@ __device__ __forceinline__ void fused_block_on(const P& params, unsigned char* s
   // activations need more than the 168 a thread is launched with, the consumers fewer.
   if (wg == 0) {
     ptx::setmaxnreg_inc<fu::kProducerRegisters>();
-    if (mx) {
-      fused_produce<true>(params, sm, wtid);
+    if constexpr (kInt4) {
+      fused_produce<true, false>(params, sm, wtid);
+    } else if (mx) {
+      fused_produce<false, true>(params, sm, wtid);
     } else {
-      fused_produce<false>(params, sm, wtid);
+      fused_produce<false, false>(params, sm, wtid);
     }
     return;
   }
   ptx::setmaxnreg_dec<fu::kConsumerRegisters>();
-  if (mx) {
-    fused_consume<true>(params, sm, wg - 1, wtid);
+  if constexpr (kInt4) {
+    // The two side shapes (int4_decode::entries) by two scale formats.
+    const bool f16 = (p.flags & kGemmFp16Scales) != 0;
+    if (i4::entries(p.group) == 1) {
+      if (f16) {
+        fused_consume<FusedInt4<1, true>>(params, sm, wg - 1, wtid);
+      } else {
+        fused_consume<FusedInt4<1, false>>(params, sm, wg - 1, wtid);
+      }
+    } else if (f16) {
+      fused_consume<FusedInt4<4, true>>(params, sm, wg - 1, wtid);
+    } else {
+      fused_consume<FusedInt4<4, false>>(params, sm, wg - 1, wtid);
+    }
+  } else if (mx) {
+    fused_consume<FusedFp4<true>>(params, sm, wg - 1, wtid);
   } else {
-    fused_consume<false>(params, sm, wg - 1, wtid);
+    fused_consume<FusedFp4<false>>(params, sm, wg - 1, wtid);
   }
 }
 
@@ -665,6 +864,12 @@ __device__ void fused_block_sm90(const GemmParams& p) {
 __device__ void grouped_fused_block_sm90(const GroupedGemmParams& g) {
   extern __shared__ unsigned char smem_raw[];
   fused_block_on(g, smem_raw);
+}
+
+// One block of gemm_grouped_int4_fused (the entry in w4a16.cu).
+__device__ void grouped_int4_fused_block_sm90(const GroupedGemmParams& g) {
+  extern __shared__ unsigned char smem_raw[];
+  fused_block_on<true>(g, smem_raw);
 }
 #endif
 

@@ -120,6 +120,15 @@ __device__ __forceinline__ std::uint32_t prmt(std::uint32_t x, std::uint32_t sel
   return r;
 }
 
+// The bytes of (b : a) that kSelect picks (prmt.b32, default mode): selector nibble i names the
+// source byte of result byte i, 0-3 from a and 4-7 from b.
+template <std::uint32_t kSelect>
+__device__ __forceinline__ std::uint32_t prmt2(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "n"(kSelect));
+  return r;
+}
+
 // D += A · B for one m16n8k16 tile: A row-major BF16 (4 registers), B column-major BF16
 // (2 registers), D FP32 (4 registers).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4],

@@ -206,6 +206,21 @@ __device__ std::uint32_t gemm_grouped_fused_blocks_per_sm = kFusedBlocksPerSm;
 #else
 __device__ std::uint32_t gemm_grouped_fused_absent = 1;
 #endif
+// gemm_grouped_int4_fused: the same on INT4 experts in the INT4 decode layout (Note [grouped
+// fused INT4]). None has run on a device either.
+#if defined(METRALE_HAVE_WGMMA)
+__device__ std::uint32_t gemm_grouped_int4_fused_n_tile = kFusedN;
+__device__ std::uint32_t gemm_grouped_int4_fused_m_tile = kFusedM;
+__device__ std::uint32_t gemm_grouped_int4_fused_smem_bytes = metrale::fused::kGroupedSmemBytes;
+__device__ std::uint32_t gemm_grouped_int4_fused_block_threads = kFusedThreads;
+__device__ std::uint32_t gemm_grouped_int4_fused_layout = metrale::int4_decode::kLayoutId;
+__device__ std::uint32_t gemm_grouped_int4_fused_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_int4_fused_int4 = 1;
+__device__ std::uint32_t gemm_grouped_int4_fused_persistent = 1;
+__device__ std::uint32_t gemm_grouped_int4_fused_blocks_per_sm = kFusedBlocksPerSm;
+#else
+__device__ std::uint32_t gemm_grouped_int4_fused_absent = 1;
+#endif
 
 #if defined(METRALE_HAVE_WGMMA)
 METRALE_VERIFIED(bf16_to_fp8, H200, 20261129);
@@ -370,6 +385,18 @@ __global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm)
     gemm_grouped_fused(GroupedGemmParams g) {
 #if defined(METRALE_HAVE_WGMMA)
   k::grouped_fused_block_sm90(g);
+#else
+  (void)g;
+  __trap();
+#endif
+}
+
+// gemm_grouped_fused on INT4 experts (fused_sm90.cuh's FusedInt4 consumers). A placeholder
+// without wgmma, as gemm_fused.
+__global__ void __launch_bounds__(kFusedThreads, kFusedBlocksPerSm)
+    gemm_grouped_int4_fused(GroupedGemmParams g) {
+#if defined(METRALE_HAVE_WGMMA)
+  k::grouped_int4_fused_block_sm90(g);
 #else
   (void)g;
   __trap();

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_host_run.h"
 #include "host_data.h"
 #include "kernels/decode_layout.h"
 #include "kernels/fused_tile.h"
@@ -45,9 +46,14 @@ namespace {
 namespace dl = metrale::decode_layout;
 namespace fu = metrale::fused;
 namespace emu = metrale::emulation;
+using fused_host::expect_caught;
+using fused_host::expect_good;
+using fused_host::Outcome;
+using fused_host::run_blocks;
+using fused_host::stride_of;
 
-constexpr std::uint16_t kPoisonBf16 = 0x7FC1;  // NaNs: an element nobody writes fails
-constexpr std::uint32_t kPoisonF32 = 0x7FC00001u;
+using fused_host::kPoisonBf16;
+using fused_host::kPoisonF32;
 
 struct Case {
   bool mx = false;
@@ -63,15 +69,6 @@ std::string name(const Case& c) {
          (c.f32 ? " FP32 C" : "") + " grid=" + std::to_string(c.grid) +
          " seed=" + std::to_string(c.seed);
 }
-
-struct Outcome {
-  std::string error;      // a fault or deadlock the emulation reported
-  long bad = 0;           // elements of C outside the bound
-  std::string first_bad;  // the first few of them
-  double rel = 0.0;       // normalized error of C
-  bool turns = true;      // the consumers' wgmma groups were committed in turns
-  emu::BankReport banks;
-};
 
 // Random weights; MXFP4's scale codes `shift` above the usual range (experts of other folds).
 HostQuantWeights random_weights(bool mx, std::int64_t n, std::int64_t k, std::mt19937_64& rng,
@@ -111,22 +108,6 @@ void compare(double got, const std::uint16_t* a_row, const HostQuantWeights& w, 
     o.first_bad += " C[" + std::to_string(i) + ", " + std::to_string(j) +
                    "] = " + std::to_string(got) + " (want " + std::to_string(sum) + ")";
   }
-}
-
-// Runs `block` (one block of a fused kernel) on a grid of `grid` blocks under schedule `seed`
-// with `plant`, reading `readable`: the emulation's error, the bank report and whether the
-// consumers' wgmma groups were committed in turns, into o.
-void run_blocks(unsigned grid, std::uint64_t seed, emu::Plant plant,
-                std::vector<emu::Region> readable, const std::function<void()>& block, Outcome& o) {
-  emu::set_schedule(seed);
-  emu::set_plant(plant);
-  emu::reset_bank_report();
-  o.error = emu::run_grid(dim3(grid), fu::kThreads, std::move(readable), block);
-  emu::set_schedule(0);
-  emu::set_plant(emu::Plant::kNone);
-  o.banks = emu::bank_report();
-  const std::vector<int>& order = emu::wgmma_commit_order();
-  for (std::size_t i = 0; i < order.size(); ++i) o.turns &= order[i] == 1 + static_cast<int>(i % 2);
 }
 
 Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
@@ -184,16 +165,6 @@ Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   }
   o.rel = std::sqrt(err2 / ref2);
   return o;
-}
-
-// A run with nothing wrong: no fault, C within the bound, turns kept, no bank conflict.
-void expect_good(const Outcome& o) {
-  EXPECT_EQ(o.error, "");
-  EXPECT_EQ(o.bad, 0) << "elements out of the bound:" << o.first_bad;
-  EXPECT_LT(o.rel, 1.0 / 256);
-  EXPECT_TRUE(o.turns) << "the consumer warpgroups' wgmma groups were not committed in turns";
-  EXPECT_GT(o.banks.instructions, 0);
-  EXPECT_EQ(o.banks.conflicted, 0) << o.banks.first;
 }
 
 void expect_right(const Case& c) {
@@ -279,27 +250,6 @@ TEST(FusedBanks, TheCheckFindsTheOldPlacementsConflictsAndNoneToday) {
   EXPECT_EQ(nl.instructions, 16);  // 4 warps x 4 loads
 }
 
-// Each planted fault must fail: the run's fault or deadlock, a wrong C, or wgmmas out of turn.
-// The planted fault `what` must fail one of the runs run_seed(seed) makes for seeds 21 .. 24:
-// the run's fault or deadlock, a wrong C, or wgmmas out of turn.
-void expect_caught(const std::function<Outcome(std::uint64_t)>& run_seed, const char* what) {
-  SCOPED_TRACE(what);
-  bool caught = false;
-  std::string how;
-  for (std::uint64_t seed = 21; seed < 25 && !caught; ++seed) {
-    const Outcome o = run_seed(seed);
-    if (!o.error.empty())
-      how = "the emulation reported: " + o.error;
-    else if (o.bad > 0)
-      how = std::to_string(o.bad) + " elements of C wrong";
-    else if (!o.turns)
-      how = "wgmma groups out of turn";
-    caught = !how.empty();
-  }
-  EXPECT_TRUE(caught) << what << " was not caught";
-  std::printf("  planted %s: %s\n", what, how.c_str());
-}
-
 void expect_caught(emu::Plant plant, const char* what) {
   expect_caught(
       [plant](std::uint64_t seed) {
@@ -339,11 +289,6 @@ std::string name(const GroupedCase& c) {
          " seed=" + std::to_string(c.seed);
 }
 
-// The buffer size rounded up to the 256-byte stride GroupedWeights keeps between experts.
-std::size_t stride_of(std::size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
 Outcome run_grouped(const GroupedCase& c, emu::Plant plant = emu::Plant::kNone) {
   std::mt19937_64 rng = emu::seeded_rng();
   const auto experts = static_cast<int>(c.counts.size());
@@ -357,84 +302,29 @@ Outcome run_grouped(const GroupedCase& c, emu::Plant plant = emu::Plant::kNone) 
   }
   const std::size_t cs = stride_of(pk[0].codes.size()), ss = stride_of(pk[0].scales.size());
   std::vector<std::uint8_t> codes(cs * experts), scales(ss * experts);
-  std::vector<float> table(2 * static_cast<std::size_t>(experts));
+  fused_host::GroupedCall call(c.rows, c.n, c.k, c.counts, c.offsets, c.bias, c.f32, rng);
   for (int e = 0; e < experts; ++e) {
     std::copy(pk[e].codes.begin(), pk[e].codes.end(), codes.begin() + static_cast<long>(cs * e));
     std::copy(pk[e].scales.begin(), pk[e].scales.end(), scales.begin() + static_cast<long>(ss * e));
-    table[e] = pk[e].tensor_scale;
-    const std::int32_t fold = pk[e].fold;
-    std::memcpy(&table[experts + e], &fold, 4);
+    call.set_expert(static_cast<std::size_t>(e), pk[e].tensor_scale, pk[e].fold);
   }
-  std::vector<std::int32_t> counts(c.counts.begin(), c.counts.end()), offsets(experts + 1);
-  for (int e = 0, next = 0; e < experts; ++e) {
-    offsets[e] = c.offsets.empty() || c.offsets[e] < 0 ? next : c.offsets[e];
-    next = offsets[e] + std::max(counts[e], 0);
-  }
-  offsets[experts] = static_cast<std::int32_t>(c.rows);
-  const std::vector<std::uint16_t> a =
-      emu::random_bf16(static_cast<std::size_t>(c.rows * c.k), rng);
-  std::vector<std::uint16_t> bias;
-  if (c.bias) bias = emu::random_bf16(static_cast<std::size_t>(experts * c.n), rng);
-  std::vector<std::uint32_t> out32;
-  std::vector<std::uint16_t> out16;
-  if (c.f32) {
-    out32.assign(static_cast<std::size_t>(c.rows * c.n), kPoisonF32);
-  } else {
-    out16.assign(static_cast<std::size_t>(c.rows * c.n), kPoisonBf16);
-  }
-  GroupedGemmParams g;
-  g.gemm.m = c.rows;
-  g.gemm.n = c.n;
-  g.gemm.k = c.k;
-  g.gemm.a = emu::address(a.data());
-  g.gemm.codes = emu::address(codes.data());
-  g.gemm.scales = emu::address(scales.data());
-  g.gemm.flags = kGemmDecodePacked | (c.mx ? kGemmMxfp4 : 0u) | (c.bias ? kGemmBias : 0u) |
-                 (c.f32 ? kGemmOutF32 : 0u);
-  g.gemm.bias = c.bias ? emu::address(bias.data()) : 0;
-  g.gemm.out = c.f32 ? emu::address(out32.data()) : emu::address(out16.data());
-  g.counts = emu::address(counts.data());
-  g.offsets = emu::address(offsets.data());
-  g.expert_table = emu::address(table.data());
-  g.codes_stride = cs;
-  g.scales_stride = ss;
-  g.experts = experts;
-
-  Outcome o;
-  run_blocks(
-      c.grid, c.seed, plant,
-      {{a.data(), a.size() * 2},
-       {codes.data(), codes.size()},
-       {scales.data(), scales.size()},
-       {bias.data(), bias.size() * 2},
-       {counts.data(), counts.size() * 4},
-       {offsets.data(), offsets.size() * 4},
-       {table.data(), table.size() * 4}},
-      [&g] { kernels::fused_block_on(g, emu::shared_memory()); }, o);
-
-  // Which expert owns each row (-1: none, or an expert the kernel skips).
-  std::vector<int> owner(static_cast<std::size_t>(c.rows), -1);
-  for (int e = 0; e < experts; ++e) {
-    if (fu::grouped_slots(counts[e], offsets[e], c.rows) == 0) continue;
-    for (int r = offsets[e]; r < offsets[e] + counts[e]; ++r)
-      owner[static_cast<std::size_t>(r)] = e;
-  }
+  if (c.mx) call.g.gemm.flags |= kGemmMxfp4;
+  Outcome o = call.run(
+      c.grid, c.seed, plant, codes, cs, scales, ss,
+      [](const GroupedGemmParams& g) { kernels::fused_block_on(g, emu::shared_memory()); });
+  const std::vector<int> owner = call.owners();
   double err2 = 0.0, ref2 = 0.0;
   for (std::int64_t i = 0; i < c.rows; ++i) {
     const int e = owner[static_cast<std::size_t>(i)];
     for (std::int64_t j = 0; j < c.n; ++j) {
-      const auto at = static_cast<std::size_t>(i * c.n + j);
       if (e < 0) {  // left as it was
-        const bool kept = c.f32 ? out32[at] == kPoisonF32 : out16[at] == kPoisonBf16;
-        if (!kept && ++o.bad <= 3) {
-          o.first_bad +=
-              " C[" + std::to_string(i) + ", " + std::to_string(j) + "] of no expert written";
-        }
+        fused_host::expect_kept(call, i, j, o);
         continue;
       }
-      const double got = c.f32 ? double{num::bits_f32(out32[at])} : num::bf16_to_f32(out16[at]);
-      compare(got, &a[static_cast<std::size_t>(i * c.k)], w[static_cast<std::size_t>(e)], j,
-              c.bias ? &bias[static_cast<std::size_t>(e * c.n)] : nullptr, c.f32, i, o, err2, ref2);
+      compare(call.c(i, j), &call.a[static_cast<std::size_t>(i * c.k)],
+              w[static_cast<std::size_t>(e)], j,
+              c.bias ? &call.bias[static_cast<std::size_t>(e * c.n)] : nullptr, c.f32, i, o, err2,
+              ref2);
     }
   }
   o.rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;

@@ -48,16 +48,23 @@ inline std::uint32_t and_or(std::uint32_t x) {
   return (x & kMask) | kOr;
 }
 
-// prmt.b32 (default mode): result byte i is byte (select >> 4 i) & 7 of {kB : x}.
-template <std::uint32_t kB>
-inline std::uint32_t prmt(std::uint32_t x, std::uint32_t select) {
-  const std::uint64_t both = (std::uint64_t{kB} << 32) | x;
+// prmt.b32 (default mode): result byte i is byte (select >> 4 i) & 7 of {b : a}.
+inline std::uint32_t prmt_bytes(std::uint32_t a, std::uint32_t b, std::uint32_t select) {
+  const std::uint64_t both = (std::uint64_t{b} << 32) | a;
   std::uint32_t r = 0;
   for (int i = 0; i < 4; ++i) {
     const unsigned src = (select >> (4 * i)) & 7u;
     r |= static_cast<std::uint32_t>((both >> (8 * src)) & 0xFFu) << (8 * i);
   }
   return r;
+}
+template <std::uint32_t kSelect>
+inline std::uint32_t prmt2(std::uint32_t a, std::uint32_t b) {
+  return prmt_bytes(a, b, kSelect);
+}
+template <std::uint32_t kB>
+inline std::uint32_t prmt(std::uint32_t x, std::uint32_t select) {
+  return prmt_bytes(x, kB, select);
 }
 
 // The warp-collective m16n8k16 BF16 MMA (cuda_host.h).

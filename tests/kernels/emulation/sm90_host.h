@@ -36,6 +36,8 @@ enum class Plant {
   kNoAsyncWait,       // cp.async.wait_group lands nothing (copies land only when they will)
   kPartNotReset,      // the grouped FP8 kernel's first MMA of a block adds to the last block's
   kNoProxyFence,      // the grouped FP8 kernel's copies reach wgmma without fence.proxy.async
+  kInt4FirstEntry,    // the fused INT4 kernel takes every 32-K span's scale from entry 0
+  kInt4ScaleRounded,  // the fused INT4 kernel rounds an FP16 scale to BF16 before its product
 };
 void set_plant(Plant p);
 bool planted(Plant p);
