@@ -262,6 +262,16 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
                                     : ops::UploadLayout::kBackendPreferred))
                             .weights());
       }
+      // The route asked for, planned on the first copy before the others upload: a backend
+      // without it refuses by name now, not after a cycle's worth of copies.
+      if (c == 0) {
+        const std::int64_t rows = ms.front() * model.top_k;
+        if (model.fp8) {
+          (void)ops::plan_grouped(b, rows, *lw.f[0], go8);
+        } else {
+          (void)ops::plan_grouped(b, rows, *lw.q[0], go);
+        }
+      }
     }
     for (const std::int64_t tokens : ms) {
       for (const double skew : tokens == 1 ? std::vector<double>{0.0} : bench.skews) {
