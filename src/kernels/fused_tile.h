@@ -187,9 +187,10 @@ METRALE_HD std::uint32_t fused_act_offset(int token, int k) {
          tiles::swizzle128(static_cast<std::uint32_t>(token), static_cast<std::uint32_t>(2 * col));
 }
 
-// The producer's unit: token `token`, source chunks t = 0..3 (physical K 32 t + 8 u .. + 7,
-// 16 bytes each). Destination chunk d = 2 sh + p (step 2 u + sh, k pair p) gets word t from
-// word d of source chunk t: a 4x4 transpose of 32-bit words. Its byte offset in the stage:
+// The producer's unit: token `token`, source chunks t = 0..3 (physical K fused_source_k(u, t)
+// .. + 7, 16 bytes each: 32 t + 8 u, INT4 32 u + 8 t). Destination chunk d = 2 sh + p (step
+// 2 u + sh, k pair p) gets word t from word d of source chunk t: a 4x4 transpose of 32-bit
+// words, the same for both layouts. Its byte offset in the stage:
 METRALE_HD std::uint32_t fused_act_chunk_offset(int token, int u, int d) {
   const int s = 2 * u + d / 2, p = d % 2;
   return static_cast<std::uint32_t>((s / 4) * kActHalfBytes) +

@@ -75,10 +75,13 @@ void check_grouped_weights(const GroupedWeights& w) {
       bad(kPlanApi, fmt::format("expert {}'s tensor scale {} is not {}", e, s,
                                 int4 ? "1 (int4 weights have none)" : "a positive finite number"));
     }
+    // INT4 weights carry no fold either (the INT4 decode kernel reads none; the fused one would
+    // apply it).
     const std::int32_t fold = w.folds[static_cast<std::size_t>(e)];
-    if (fold < -128 || fold > 127 || (w.expert.packing != WeightPacking::kDecode && fold != 0)) {
+    if (fold < -128 || fold > 127 ||
+        ((w.expert.packing != WeightPacking::kDecode || int4) && fold != 0)) {
       bad(kPlanApi, fmt::format("expert {}'s fold {} is outside [-128, 127] or set on weights "
-                                "outside the decode layout",
+                                "outside the FP4 decode layout",
                                 e, fold));
     }
   }

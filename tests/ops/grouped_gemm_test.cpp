@@ -334,6 +334,19 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
                "expert 1's tensor scale nan");
   EXPECT_ERROR(ops::run_grouped(plan, stream(), a, nan_scale, counts, offsets, out),
                ErrorCode::kInvalidArgument, "expert 1's tensor scale nan");
+  // INT4 experts in the INT4 decode layout carry no fold (the INT4 decode kernel reads none, the
+  // fused one would apply it): one set by hand is refused.
+  Int4Case i4;
+  i4.n = 64;
+  i4.k = 128;
+  ops::GroupedWeightsResource int4(
+      bk, std::vector<HostQuantWeights>{random_int4(gen(), i4), random_int4(gen(), i4)}, "int4",
+      ops::UploadLayout::kDecode);
+  ops::GroupedWeights folded = int4.weights();
+  folded.folds[1] = 3;
+  EXPECT_ERROR(ops::plan_grouped(bk, 4, folded, opt), ErrorCode::kInvalidArgument,
+               "expert 1's fold 3");
+  int4.release(bk);
   // Weights described with fewer scale bytes than the plan's (a side buffer without the zero
   // points the plan reads, say) are refused, not read past their end.
   ops::GroupedWeights short_scales = res.weights();

@@ -388,7 +388,8 @@ __device__ __forceinline__ void fused_first_slots(const GroupedGemmParams& g,
 constexpr int kFusedUnits = fu::kTokens * 4 / 128;
 
 // One stage of activations into registers: 16 bytes of each unit's four source chunks, zero
-// past the tile's rows and K. A thread's units are 32 tokens apart and its chunks 32 K apart, so
+// past the tile's rows and K. A thread's units are 32 tokens apart and its chunks 32 K apart (INT4:
+// 8), so
 // one row pointer a unit serves its four loads with immediate offsets; a tile wholly inside its
 // rows and K (all but the last of each) takes the branch without bounds checks, the same for the
 // whole block.

@@ -34,6 +34,7 @@
 #include "kernels/fused_tile.h"
 #include "kernels/gemm_params.h"
 #include "kernels/grouped_params.h"
+#include "kernels/int4_decode_layout.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 #include "ops/int4_pack.h"
@@ -59,6 +60,9 @@ struct Case {
   bool bias = false, f32 = false;
   unsigned grid = 1;
   std::uint64_t seed = 1;  // the schedule's (the data are drawn fresh, their seed printed)
+  // Every scale drawn from edge values instead (subnormal, zero and negative ones; FP16 or BF16)
+  // and every zero point from 0..15, written into the packed side bytes.
+  bool edge_scales = false;
 };
 
 std::string name(const Case& c) {
@@ -86,6 +90,26 @@ Outcome run(const Case& c, emu::Plant plant = emu::Plant::kNone) {
   const auto experts = static_cast<int>(c.counts.size());
   std::vector<ops::PackedInt4Weights> pk;
   for (int e = 0; e < experts; ++e) pk.push_back(ops::pack_int4_for_decode(random_int4(c, rng)));
+  if (c.edge_scales) {
+    constexpr std::uint16_t kF16[] = {0x0001, 0x03FF, 0x8201, 0x0000, 0x8000, 0x0401,
+                                      0xB3FF, 0x2BFF, 0x07FF, 0x8155, 0x3C01};
+    constexpr std::uint16_t kBf16[] = {0x0001, 0x807F, 0x0000, 0x8000,
+                                       0x3F81, 0xBFFF, 0x0080, 0x3E2B};
+    std::uniform_int_distribution<std::size_t> f16(0, std::size(kF16) - 1),
+        bf16(0, std::size(kBf16) - 1);
+    std::uniform_int_distribution<int> zero(0, 15);
+    for (auto& p : pk) {
+      for (std::int64_t j = 0; j < c.n; ++j) {
+        for (std::int64_t kk = 0; kk < c.k; kk += 32) {
+          const auto at = int4_decode::side_slot(j, kk, (c.k + 127) / 128, c.group);
+          const std::uint16_t v = c.fp16 ? kF16[f16(rng)] : kBf16[bf16(rng)];
+          std::memcpy(p.side.data() + at.scale, &v, 2);
+          if (c.zero_points)
+            p.side[static_cast<std::size_t>(at.zero)] = static_cast<std::uint8_t>(zero(rng));
+        }
+      }
+    }
+  }
   const std::size_t cs = stride_of(pk[0].codes.size()), ss = stride_of(pk[0].side.size());
   std::vector<std::uint8_t> codes(cs * experts), side(ss * experts);
   fused_host::GroupedCall call(c.rows, c.n, c.k, c.counts, {}, c.bias, c.f32, rng);
@@ -171,6 +195,20 @@ TEST(GroupedFusedInt4Pipeline, OneExpertTakingAllRowsAndLongWalksMatchFloat64) {
   counts[6] = 300;
   expect_right({32, true, true, 256, 128, 300, counts, false, false, 1, 5});
   expect_right({128, true, false, 256, 128, 1100, {300, 0, 500, 1, 128, 150}, true, false, 1, 7});
+}
+
+// Scales at the edges of their formats: FP16 subnormal, zero, negative and with all 11 bits set,
+// BF16 subnormal, zero and negative; zero points anywhere in 0..15. Each weight is still the
+// dequant route's one rounding.
+TEST(GroupedFusedInt4Pipeline, EdgeScalesMatchFloat64) {
+  for (const bool fp16 : {true, false}) {
+    Case c{32, true, fp16, 256, 256, 330, {0, 1, 128, 130, 40}, true, true, 2, 1};
+    c.edge_scales = true;
+    expect_right(c);
+    c = Case{128, true, fp16, 100, 384, 200, {60, 17, 33, 50}, false, true, 2, 3};
+    c.edge_scales = true;
+    expect_right(c);
+  }
 }
 
 TEST(GroupedFusedInt4Pipeline, ResultsHoldUnderOtherSchedules) {
