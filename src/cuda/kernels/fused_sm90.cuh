@@ -22,6 +22,10 @@
 // Every piece runs on the host (tests/kernels/emulation/fused_host_test.cpp) as the GPU would run
 // it: the three warpgroups as fibers, the mbarriers, bulk copies landing in random order, and
 // wgmma from the PTX ISA's fragment rules.
+// The same template is gemm_grouped_fused (every expert's tiles in one wave, Note [grouped fused
+// tiles]) and gemm_grouped_int4_fused (INT4 experts in the INT4 decode layout: its consumers
+// dequantize with FusedInt4's pieces, its producer reads A in that layout's K order; Note [grouped
+// fused INT4]; tests/kernels/emulation/fused_int4_host_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -388,11 +392,10 @@ __device__ __forceinline__ void fused_first_slots(const GroupedGemmParams& g,
 constexpr int kFusedUnits = fu::kTokens * 4 / 128;
 
 // One stage of activations into registers: 16 bytes of each unit's four source chunks, zero
-// past the tile's rows and K. A thread's units are 32 tokens apart and its chunks 32 K apart (INT4:
-// 8), so
-// one row pointer a unit serves its four loads with immediate offsets; a tile wholly inside its
-// rows and K (all but the last of each) takes the branch without bounds checks, the same for the
-// whole block.
+// past the tile's rows and K. A thread's units are 32 tokens apart and its chunks 32 K apart
+// (INT4: 8), so one row pointer a unit serves its four loads with immediate offsets; a tile
+// wholly inside its rows and K (all but the last of each) takes the branch without bounds
+// checks, the same for the whole block.
 template <bool kInt4, class P>
 __device__ __forceinline__ void fused_load_act(const P& params, const FusedCursor& c, int wtid,
                                                uint4 (&r)[kFusedUnits][4]) {
