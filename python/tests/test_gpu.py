@@ -212,11 +212,13 @@ def test_whole_model_on_cuda_matches_the_cpu_backend(rng, name):
 
 @pytest.mark.parametrize("name,route", [("gptoss-mxfp4", "auto"), ("qwen3moe-ct-w4a16", "auto"),
                                         ("qwen3moe-ct-w4a16", "fused"),
+                                        ("qwen3moe-gptq", "auto"), ("qwen3moe-awq", "fused"),
                                         ("qwen3moe-transformers-fp8", "auto"),
                                         ("qwen3moe-transformers-fp8", "tiled")])
 def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name, route):
     """An MoE model (gpt-oss MXFP4 experts packed; Qwen3-MoE INT4 experts per expert, on the
-    decode kernels and on the fused one, and FP8 block-128 ones on the grouped W8A8 op, on its
+    decode kernels and on the fused one, with BF16 scales (compressed-tensors) and FP16 ones
+    (GPTQ's groups of 128, AWQ's groups of 64 with zero points), and FP8 block-128 ones on the grouped W8A8 op, on its
     decode kernel and on its tiled one) with its
     experts on the CUDA backend, opted in to the MoE kernels and grouped GEMMs no device had run
     (allow_unverified): every MoE layer's output against its float64 layer of the same routing

@@ -23,6 +23,7 @@ import json
 import math
 import pathlib
 import shutil
+import sys
 
 import pytest
 from conftest import need
@@ -39,6 +40,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 CHECKPOINTS = ROOT / "checkpoints"
+sys.path.insert(0, str(CHECKPOINTS))
+import int4_readers  # noqa: E402  (the GPTQ and AWQ readers the fixture scripts check against)
 MODELS = [f"{arch}-{kind}" for arch in ("llama", "qwen3")
           for kind in ("ct-nvfp4a16", "ct-mxfp4a16", "modelopt-nvfp4", "transformers-fp8")] + [
               "llama-transformers-fp8-ue8m0", "llama-modelopt-fp8pb"]
@@ -70,11 +73,9 @@ def library_weights(folder: pathlib.Path) -> dict:
     if any(_is_fp8_weight(k, t) for k, t in tensors.items()):
         return fp8_weights(tensors)
     if config["quant_method"] in ("gptq", "awq"):
-        # No GPTQ or AWQ library is installed here: their readers' dequantization, as
-        # make_int4.py wrote it from their code (exact: FP16 scales times small integers).
-        ref = load_file(folder / "reference.safetensors")
-        return {k[: -len(".dequantized")]: v.double() for k, v in ref.items()
-                if k.endswith(".dequantized")}
+        # No GPTQ or AWQ library is installed here: their readers' dequantization, written from
+        # their code (fixtures/checkpoints/int4_readers.py; exact: FP16 scales times integers).
+        return int4_readers.library_weights(tensors, config)
     if config["quant_method"] == "modelopt":
         from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
 

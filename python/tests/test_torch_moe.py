@@ -4,8 +4,9 @@ call under them (Model.moe_experts) against float64.
 The checkpoints (tests/fixtures/models, each with the script that made it): gpt-oss's MXFP4
 experts packed as openai/gpt-oss-20b ships them (make_gptoss.py; ModelOpt's MXFP4 quantizer, read
 back here by transformers' own reader, integrations/mxfp4.py), a small Qwen3-MoE quantized by
-ModelOpt (NVFP4), llm-compressor (NVFP4A16, W4A16) and transformers' FP8 block quantization, and
-a small DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
+ModelOpt (NVFP4), llm-compressor (NVFP4A16, W4A16), transformers' FP8 block quantization, and
+GPTQ (Qwen's own GPTQ-Int4 settings) and AWQ packed from those libraries' code, and a small
+DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
 first layer, MLA attention) quantized by ModelOpt (NVFP4) and transformers (FP8, DeepSeek-V3's own
 layout), experts as linears of their own (make_moe_models.py, make_deepseek.py; read back by the
 library that wrote them, test_torch_model.library_weights). FP8 experts run W8A8 (the grouped
@@ -44,8 +45,8 @@ from test_torch_model import (ROOT, casts_activations, check_gemm_in_place,  # n
 MODELS = ROOT / "models"
 MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
                                      "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
-                                     "qwen3moe-transformers-fp8", "deepseek-modelopt-nvfp4",
-                                     "deepseek-transformers-fp8")]
+                                     "qwen3moe-transformers-fp8", "qwen3moe-gptq", "qwen3moe-awq",
+                                     "deepseek-modelopt-nvfp4", "deepseek-transformers-fp8")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
