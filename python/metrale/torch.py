@@ -341,7 +341,8 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     loaded by torch as the file holds it (BF16 layers stay BF16, in ``dtype``). FP8 layers run
     the W8A8 op, which casts activations to E4M3 per row per 128 K. A mixture of experts whose
     4-bit experts the checkpoint holds, packed (gpt-oss's MXFP4) or as linears of their own
-    (Qwen3-MoE from ModelOpt or llm-compressor), gets a MoeExperts module in place of
+    (Qwen3-MoE from ModelOpt, llm-compressor, GPTQ or AWQ; Mixtral's w1, w3, w2, named as
+    transformers' own conversion mapping names them), gets a MoeExperts module in place of
     transformers' experts: every expert of a layer in one call (on CUDA, kernels no device run
     has verified yet: ``allow_unverified=True`` runs them; ``moe_route`` names the grouped GEMMs'
     route as Model.moe_experts takes it). Never a partial load: a
@@ -373,22 +374,27 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = _read_tensors(_tensor_files(ckpt.path), quantized,
-                          tuple(p["projection"] + "_" for p in packed))
+    # The checkpoint's names as the model's, by transformers' own renaming (Mixtral's
+    # block_sparse_moe is the model's mlp); quantized layers keep their names in the checkpoint.
+    names = torch_moe.naming(model)
+    state = {names.rename(k): v for k, v in _read_tensors(
+        _tensor_files(ckpt.path), quantized, tuple(p["projection"] + "_" for p in packed)).items()}
     runtime = metrale.Model(backend)
     try:
         # Experts stored as linears of their own go to the model's fused experts modules.
         experts = torch_moe.swap_expert_linears(api, model, ckpt, quantized, runtime,
-                                                allow_unverified, moe_route)
+                                                allow_unverified, moe_route, names)
         for layer in (layer for layer in fp4 if layer not in experts):
             host = ckpt.weights(layer)
             weights = runtime.upload_weights(
                 host, label=layer,
                 layout=torch_moe.upload_layout(runtime, host, allow_unverified))
-            _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
+            _swap_linear(api, model, names.layer(layer), weights,
+                         state.pop(names.layer(layer) + ".bias", None), runtime)
         for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
-            _swap_linear(api, model, layer, weights, state.pop(layer + ".bias", None), runtime)
+            _swap_linear(api, model, names.layer(layer), weights,
+                         state.pop(names.layer(layer) + ".bias", None), runtime)
         torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified,
                                       moe_route)
         _load_state(api, model, state, dtype)

@@ -258,7 +258,60 @@ def swap_packed_experts(api: str, model: torch.nn.Module, ckpt: Any, packed: lis
         model.set_submodule(parent, new)
 
 
-_EXPERT_LINEAR = re.compile(r"^(?P<parent>.+)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)$")
+_ROLES = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How transformers maps a checkpoint's names onto its model (its conversion mapping for the
+    model, transformers/conversion_mapping.py): ``rename`` applies its WeightRenamings to a tensor
+    name (Mixtral: ".block_sparse_moe." -> ".mlp."), and ``leaves`` names each expert linear's
+    role by the leaf its WeightConverters read into the fused experts (Mixtral's w1, w3, w2 into
+    gate_up_proj = [gate; up] and down_proj; "gate_proj", "up_proj", "down_proj" where none)."""
+    renamings: tuple = ()
+    leaves: tuple = (("gate_proj", "gate_proj"), ("up_proj", "up_proj"),
+                     ("down_proj", "down_proj"))
+
+    def rename(self, name: str) -> str:
+        if not self.renamings:
+            return name
+        from transformers.core_model_loading import rename_source_key
+
+        return rename_source_key(name, list(self.renamings), [])[0]
+
+    def layer(self, layer: str) -> str:
+        """A checkpoint's linear layer name as the model's module path."""
+        return self.rename(layer + ".weight")[: -len(".weight")]
+
+    def role(self, leaf: str) -> str | None:
+        return dict(self.leaves).get(leaf)
+
+
+def naming(model: torch.nn.Module) -> Naming:
+    """transformers' own renaming of checkpoint names for ``model`` (Naming)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = tuple(t for t in transforms if isinstance(t, WeightRenaming))
+    leaves = dict(Naming.leaves)
+    for t in transforms:
+        if not isinstance(t, WeightConverter) or len(t.target_patterns) != 1:
+            continue
+        # ".experts.*.w1.weight" reads leaf "w1"; gate_up_proj concatenates its sources in order.
+        target = t.target_patterns[0]
+        sources = [p.split(".")[-2] for p in t.source_patterns if re.search(
+            r"experts\.\*\.\w+\.weight$", p)]
+        if target.endswith("experts.gate_up_proj") and len(sources) == 2:
+            leaves.pop("gate_proj", None), leaves.pop("up_proj", None)
+            leaves[sources[0]], leaves[sources[1]] = "gate_proj", "up_proj"
+        elif target.endswith("experts.down_proj") and len(sources) == 1:
+            leaves.pop("down_proj", None)
+            leaves[sources[0]] = "down_proj"
+    return Naming(renamings, tuple(leaves.items()))
+
+
+_EXPERT_LINEAR = re.compile(r"^(?P<parent>.+)\.(?P<expert>\d+)\.(?P<leaf>\w+)$")
 
 
 def _fused_experts(model: torch.nn.Module, parent: str) -> Any:
@@ -287,10 +340,11 @@ def _fp8_gate_up(api: str, ckpt: Any, gate: str, up: str) -> tuple:
 
 def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: list,
                         runtime: metrale.Model, allow_unverified: bool,
-                        route: str = "auto") -> set:
+                        route: str = "auto", names: Naming = Naming()) -> set:
     """Replaces each fused experts module whose experts the checkpoint stores as linears of their
     own ("<experts>.<e>.gate_proj" / up_proj / down_proj: Qwen3-MoE and DeepSeek-V3 as ModelOpt,
-    llm-compressor and transformers' FP8 write them) by a MoeExperts on ``runtime``, each
+    llm-compressor, transformers' FP8, GPTQ and AWQ write them; "<e>.w1" / w3 / w2 under
+    "block_sparse_moe" in Mixtral's, as ``names`` reads them) by a MoeExperts on ``runtime``, each
     expert's gate and up stacked into its gate_up: 4-bit experts on the grouped GEMM, FP8
     block-128 ones on the grouped W8A8 op (activations cast to E4M3 per row per 128 K, as the
     checkpoint's dynamic scheme casts them). Returns the layers it took; IoError naming the module
@@ -299,16 +353,20 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
     fp8_layers = set(ckpt.fp8_layers)
     by_module: dict = {}
     for layer in layers:
-        m = _EXPERT_LINEAR.match(layer)
-        if m and _fused_experts(model, m["parent"]) is not None:
-            by_module.setdefault(m["parent"], {})[(int(m["expert"]), m["proj"])] = layer
+        m = _EXPERT_LINEAR.match(names.layer(layer))
+        role = names.role(m["leaf"]) if m else None
+        if role and _fused_experts(model, m["parent"]) is not None:
+            by_module.setdefault(m["parent"], {})[(int(m["expert"]), role)] = layer
     taken = set()
     for parent, found in sorted(by_module.items()):
         old = _fused_experts(model, parent)
         kind = type(old).__name__
         count, width, hidden = (int(d) for d in old.gate_up_proj.shape)
-        missing = [f"{parent}.{e}.{p}" for e in range(count)
-                   for p in ("gate_proj", "up_proj", "down_proj") if (e, p) not in found]
+        # Missing linears by their names in the checkpoint (Mixtral's "block_sparse_moe...w3").
+        leaf = {role: leaf for leaf, role in names.leaves}
+        stored = next(iter(found.values())).rsplit(".", 2)[0]
+        missing = [f"{stored}.{e}.{leaf[p]}" for e in range(count) for p in _ROLES
+                   if (e, p) not in found]
         extra = sorted(layer for (e, _), layer in found.items() if e >= count)
         if missing or extra:
             raise argument_error(api, f"{parent} ({kind}, {count} experts): " + "; ".join(

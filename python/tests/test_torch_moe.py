@@ -5,7 +5,8 @@ The checkpoints (tests/fixtures/models, each with the script that made it): gpt-
 experts packed as openai/gpt-oss-20b ships them (make_gptoss.py; ModelOpt's MXFP4 quantizer, read
 back here by transformers' own reader, integrations/mxfp4.py), a small Qwen3-MoE quantized by
 ModelOpt (NVFP4), llm-compressor (NVFP4A16, W4A16), transformers' FP8 block quantization, and
-GPTQ (Qwen's own GPTQ-Int4 settings) and AWQ packed from those libraries' code, and a small
+GPTQ (Qwen's own GPTQ-Int4 settings) and AWQ packed from those libraries' code, the same two of
+a small Mixtral (its checkpoints' own names: block_sparse_moe, w1 / w3 / w2), and a small
 DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
 first layer, MLA attention) quantized by ModelOpt (NVFP4) and transformers (FP8, DeepSeek-V3's own
 layout), experts as linears of their own (make_moe_models.py, make_deepseek.py; read back by the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 
 import ml_dtypes
 import numpy as np
@@ -46,7 +48,8 @@ MODELS = ROOT / "models"
 MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
                                      "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
                                      "qwen3moe-transformers-fp8", "qwen3moe-gptq", "qwen3moe-awq",
-                                     "deepseek-modelopt-nvfp4", "deepseek-transformers-fp8")]
+                                     "mixtral-gptq", "mixtral-awq", "deepseek-modelopt-nvfp4",
+                                     "deepseek-transformers-fp8")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
@@ -100,6 +103,28 @@ def check_experts_in_place(name: str, inputs, output, layer: dict) -> None:
     assert err <= MOE_BOUND, f"{name}: normalized error is {err:.3g} (bound {MOE_BOUND:.3g})"
 
 
+# Mixtral's checkpoints name its experts' linears as Mixtral's own expert module did
+# (MixtralBlockSparseTop2MLP.forward: w2(act_fn(w1(x)) * w3(x)): w1 the gate, w3 the up, w2 the down
+# projection), under "block_sparse_moe"; transformers 5's MixtralForCausalLM holds the router and
+# the fused experts under "mlp". Written here from Mixtral's module, not from metrale's reading.
+CHECKPOINT_NAMES = {"mixtral": ((".block_sparse_moe.", ".mlp."),
+                                {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"})}
+
+
+def model_name(folder: pathlib.Path, name: str) -> str:
+    """A checkpoint's tensor or layer name as the model's: the module renamed, an expert's
+    linear ("<experts>.<e>.<leaf>") by its role."""
+    kind = json.loads((folder / "config.json").read_text())["model_type"]
+    if kind not in CHECKPOINT_NAMES:
+        return name
+    (old, new), roles = CHECKPOINT_NAMES[kind]
+    name = name.replace(old, new)
+    parent, _, leaf = name.rpartition(".")
+    if parent.rpartition(".")[0].endswith(".experts") and leaf in roles:
+        return f"{parent}.{roles[leaf]}"
+    return name
+
+
 def is_gptoss(folder: pathlib.Path) -> bool:
     return json.loads((folder / "config.json").read_text())["model_type"] == "gpt_oss"
 
@@ -127,7 +152,7 @@ def moe_reference(folder: pathlib.Path) -> tuple:
                     layer[proj + "_bias"] = tensors[p + "_bias"].double()
                 experts[parent] = layer
         return {}, experts
-    linears = library_weights(folder)
+    linears = {model_name(folder, k): v for k, v in library_weights(folder).items()}
     fp8 = casts_activations(folder) and bool(fp8_layers(folder))
     for name in list(linears):
         parent, _, proj = name.rpartition(".")
@@ -179,7 +204,8 @@ def fed_model(folder: pathlib.Path, linears: dict, experts: dict, feed: dict):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     quantized = tuple(p + "." for p in list(linears) + list(experts))
-    plain = {k: v for k, v in checkpoint_tensors(folder).items()
+    plain = {model_name(folder, k): v for k, v in checkpoint_tensors(folder).items()}
+    plain = {k: v for k, v in plain.items()
              if not k.startswith(quantized) or k.endswith("_proj_bias") or k.endswith(".bias")}
     plain = {k: v for k, v in plain.items() if not k.endswith(("_blocks", "_scales"))}
     model.load_state_dict(plain, strict=False)
@@ -367,16 +393,19 @@ def test_fp8_experts_upload_layouts(rng):
             m.upload_grouped_fp8_weights(codes, scales, layout="tiles")
 
 
-def test_expert_linears_missing_an_expert_are_refused(tmp_path):
-    """A Qwen3-MoE checkpoint without one expert's up_proj: refused by name, nothing loaded."""
-    src = MODELS / "qwen3moe-ct-w4a16"
+@pytest.mark.parametrize("name,up", [("qwen3moe-ct-w4a16", "model.layers.1.mlp.experts.5.up_proj"),
+                                     ("mixtral-gptq",
+                                      "model.layers.1.block_sparse_moe.experts.5.w3")])
+def test_expert_linears_missing_an_expert_are_refused(tmp_path, name, up):
+    """A checkpoint without one expert's up projection: refused by its name in the checkpoint,
+    nothing loaded."""
+    src = MODELS / name
     from safetensors.torch import save_file
 
-    tensors = {k: v for k, v in checkpoint_tensors(src).items()
-               if not k.startswith("model.layers.1.mlp.experts.5.up_proj.")}
+    tensors = {k: v for k, v in checkpoint_tensors(src).items() if not k.startswith(up + ".")}
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((src / "config.json").read_text())
-    with pytest.raises(metrale.IoError, match=r"model\.layers\.1\.mlp\.experts\.5\.up_proj"):
+    with pytest.raises(metrale.IoError, match=f"not in the checkpoint: {re.escape(up)}"):
         mt.from_pretrained(str(tmp_path), backend="cpu")
 
 
