@@ -144,13 +144,18 @@ def load(path: str, backend: str = "auto") -> Loaded:
     return loaded
 
 
+# An MoE block's routers: its router over the experts ("gate", "router") and Qwen2-MoE's gate on
+# its shared expert (Linear(H, 1), which no 4-bit layout packs and GPTQModel and AutoAWQ leave in
+# floats).
+ROUTER_LEAVES = ("gate", "router", "shared_expert_gate")
+
+
 def _routers(layers: list, tensors: list) -> set:
-    """The layers named as an MoE block's router ("<block>.gate" or "<block>.router") beside
-    experts of the same block ("<block>.experts...")."""
+    """The layers named as an MoE block's router (ROUTER_LEAVES) beside experts of the same block
+    ("<block>.experts...")."""
     blocks = {t.split(".experts.")[0] for t in tensors if ".experts." in t}
     return {layer for layer in layers
-            if layer.rpartition(".")[2] in ("gate", "router") and
-            layer.rpartition(".")[0] in blocks}
+            if layer.rpartition(".")[2] in ROUTER_LEAVES and layer.rpartition(".")[0] in blocks}
 
 
 def _is_embedding(layer: str) -> bool:

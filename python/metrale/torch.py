@@ -40,7 +40,7 @@ import metrale
 
 from . import torch_moe, torch_native
 from .errors import argument_error
-from .folder import FOUR_BIT_SOURCES
+from .folder import FOUR_BIT_SOURCES, ROUTER_LEAVES
 
 from .torch_moe import MoeExperts, moe_experts, register_experts  # noqa: E402,F401
 
@@ -400,7 +400,12 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
         _load_state(api, model, state, dtype)
         # The layers hold what the folder's config declares (metrale.Checkpoint.check_declared):
         # its format in each quantized one, and no Linear left in floats that it quantizes.
-        plain = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+        # An MoE block's routers are no skipped Linear (metrale.load's rule: folder.ROUTER_LEAVES).
+        blocks = {n.rpartition(".")[0] for n, m in model.named_modules()
+                  if isinstance(m, torch_moe.MoeExperts)}
+        plain = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and
+                       not (n.rpartition(".")[2] in ROUTER_LEAVES and
+                            n.rpartition(".")[0] in blocks))
         ckpt.check_declared([(layer, ckpt.source(layer)) for layer in quantized] +
                             [(p["projection"], p["source"]) for p in packed], plain, api)
     except BaseException:
@@ -460,10 +465,14 @@ def _read_tensors(files: list, quantized: list, packed: tuple = ()) -> dict:
 def _load_state(api: str, model: torch.nn.Module, state: dict, dtype: torch.dtype) -> None:
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     result = model.load_state_dict(state, strict=False)
-    # A parameter tied to a loaded one (lm_head to embed_tokens) is loaded with it.
+    # A parameter tied to a loaded one (lm_head to embed_tokens) is loaded with it, and a metrale
+    # Linear's bias buffer was given it by _swap_linear (Qwen2's q, k and v biases).
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded = {id(params[k]) for k in state if k in params}
-    missing = [k for k in result.missing_keys if not (k in params and id(params[k]) in loaded)]
+    swapped = {f"{n}.bias" for n, m in model.named_modules()
+               if isinstance(m, Linear) and m.bias is not None}
+    missing = [k for k in result.missing_keys
+               if not (k in params and id(params[k]) in loaded) and k not in swapped]
     parts = []
     if missing:
         parts.append("not in the checkpoint: " + ", ".join(sorted(missing)))

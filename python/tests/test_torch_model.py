@@ -293,20 +293,29 @@ def check_gemm_in_place(name: str, x, y, w: torch.Tensor, bias, fp8: bool = Fals
     assert excess <= 0, f"{name}: an element is {excess:.3g} past its bound"
 
 
+def checkpoint_biases(folder: pathlib.Path, rename=lambda name: name) -> dict:
+    """{layer: bias} of the checkpoint's tensors ("<layer>.bias", named as ``rename`` maps
+    them): the GEMM checks add the file's bias, not the one metrale's Linear holds, so a bias
+    lost or misplaced on load fails them."""
+    return {rename(k)[: -len(".bias")]: v for k, v in checkpoint_tensors(folder).items()
+            if k.endswith(".bias")}
+
+
 @torch.no_grad()
 def checked_forward(model, folder: pathlib.Path, ids: torch.Tensor) -> torch.Tensor:
     """metrale's logits, every metrale GEMM checked where it ran and every quantized layer
     required to have run; then the exact-GEMM model fed those outputs must give the same logits
     bit for bit."""
     weights = library_weights(folder)
+    biases = checkpoint_biases(folder)
     fp8, cast = fp8_layers(folder), casts_activations(folder)
     magnitudes = int4_magnitudes(folder)
     seen: dict = {}
 
     def hook(name):
         def check(module, inputs, output):
-            check_gemm_in_place(name, inputs[0], output, weights[name], module.bias, name in fp8,
-                                cast, magnitudes.get(name))
+            check_gemm_in_place(name, inputs[0], output, weights[name], biases.get(name),
+                                name in fp8, cast, magnitudes.get(name))
             seen.setdefault(name, []).append(output.to(inputs[0].dtype))
         return check
 

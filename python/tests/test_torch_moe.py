@@ -6,8 +6,8 @@ experts packed as openai/gpt-oss-20b ships them (make_gptoss.py; ModelOpt's MXFP
 back here by transformers' own reader, integrations/mxfp4.py), a small Qwen3-MoE quantized by
 ModelOpt (NVFP4), llm-compressor (NVFP4A16, W4A16), transformers' FP8 block quantization, and
 GPTQ (Qwen's own GPTQ-Int4 settings) and AWQ packed from those libraries' code, the same two of
-a small Mixtral (its checkpoints' own names: block_sparse_moe, w1 / w3 / w2), and a small
-DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
+a small Mixtral (its checkpoints' own names: block_sparse_moe, w1 / w3 / w2), GPTQ of a small
+Qwen2-MoE (biases on quantized q, k, v; a shared expert and its gate), and a small DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
 first layer, MLA attention) quantized by ModelOpt (NVFP4) and transformers (FP8, DeepSeek-V3's own
 layout), experts as linears of their own (make_moe_models.py, make_deepseek.py; read back by the
 library that wrote them, test_torch_model.library_weights). FP8 experts run W8A8 (the grouped
@@ -41,15 +41,15 @@ mt = need("metrale.torch")
 need("compressed_tensors")
 need("modelopt")
 from test_torch_model import (ROOT, casts_activations, check_gemm_in_place,  # noqa: E402
-                              checkpoint_tensors, fp8_layers, library_weights, prompts,
-                              quantize_activations)
+                              checkpoint_biases, checkpoint_tensors, fp8_layers,
+                              library_weights, prompts, quantize_activations)
 
 MODELS = ROOT / "models"
 MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
                                      "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
                                      "qwen3moe-transformers-fp8", "qwen3moe-gptq", "qwen3moe-awq",
-                                     "mixtral-gptq", "mixtral-awq", "deepseek-modelopt-nvfp4",
-                                     "deepseek-transformers-fp8")]
+                                     "mixtral-gptq", "mixtral-awq", "qwen2moe-gptq",
+                                     "deepseek-modelopt-nvfp4", "deepseek-transformers-fp8")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
@@ -221,12 +221,13 @@ def checked_moe_forward(model, folder: pathlib.Path, ids: torch.Tensor):
     """metrale's logits with every metrale call checked where it ran and every quantized layer
     required to have run; the fed transformers model must give the same logits bit for bit."""
     linears, experts = moe_reference(folder)
+    biases = checkpoint_biases(folder, lambda name: model_name(folder, name))
     fp8 = fp8_layers(folder) if casts_activations(folder) else set()
     seen: dict = {}
 
     def linear_hook(name):
         def check(module, inputs, output):
-            check_gemm_in_place(name, inputs[0], output, linears[name], module.bias,
+            check_gemm_in_place(name, inputs[0], output, linears[name], biases.get(name),
                                 fp8=name in fp8)
             seen.setdefault(name, []).append(output.to(inputs[0].dtype))
         return check
@@ -610,6 +611,15 @@ def test_planted_moe_model_faults_fail_the_check(rng, monkeypatch, plant):
             checked_moe_forward(model, folder, prompts(rng, model.config.vocab_size))
     finally:
         model.metrale.close()
+
+
+def test_load_keeps_the_shared_experts_gate_in_floats():
+    """metrale.load on GPTQ's Qwen2-MoE: its shared expert's gate, Linear(H, 1), which no 4-bit
+    layout packs, is a router kept in floats, not a layer the config's every-Linear
+    quantization skipped."""
+    with metrale.load(str(MODELS / "qwen2moe-gptq"), backend="cpu") as loaded:
+        assert "model.layers.1.mlp.shared_expert_gate" in loaded.dense
+        assert "62 layer(s) GPTQ INT4" in loaded.summary
 
 
 def test_load_uploads_packed_experts():
