@@ -414,13 +414,21 @@ def _upload_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, fou
     """4-bit experts as GroupedWeights (gate_up, down), in upload_layout's layout."""
     gate_up, down = [], []
     for e in range(count):
-        parts = [ckpt.weights(found[(e, p)]) for p in ("gate_proj", "up_proj")]
+        parts = [ckpt.weights(found[(e, p)]) for p in _ROLES]
+        ordered = [found[(e, p)] for p, h in zip(_ROLES, parts) if h.k_perm is not None]
+        if ordered:
+            raise argument_error(api, f"{', '.join(ordered)}: INT4 act order (GPTQ desc_act: a "
+                                 "g_idx that reorders K) in MoE experts, which metrale's grouped "
+                                 "GEMM does not run (each expert would gather its tokens in its "
+                                 "own K order); desc_act=False checkpoints load",
+                                 metrale.IoError)
+        down_part = parts.pop()
         try:
             gate_up.append(metrale.stack_rows(parts))
         except metrale.Error as err:
             raise argument_error(api, f"{parent}.{e}: its gate_proj and up_proj cannot be "
                                  f"one gate_up ({err})", metrale.IoError) from None
-        down.append(ckpt.weights(found[(e, "down_proj")]))
+        down.append(down_part)
     for leaf, hosts in (("gate_up_proj", gate_up), ("down_proj", down)):
         for e, h in enumerate(hosts):
             _check_expert_shape(api, parent, kind, e, leaf, (h.n, h.k), want[leaf])

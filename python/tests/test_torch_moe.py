@@ -410,6 +410,24 @@ def test_expert_linears_missing_an_expert_are_refused(tmp_path, name, up):
         mt.from_pretrained(str(tmp_path), backend="cpu")
 
 
+def test_act_ordered_experts_are_refused_by_name(tmp_path, rng):
+    """GPTQ experts with act order (desc_act: a g_idx that reorders K; here one expert's up_proj
+    of qwen3moe-gptq given a shuffled one) are refused naming the linear, nothing loaded."""
+    from safetensors.torch import save_file
+
+    src = MODELS / "qwen3moe-gptq"
+    tensors = checkpoint_tensors(src)
+    name = "model.layers.1.mlp.experts.3.up_proj"
+    g_idx = tensors[name + ".g_idx"]
+    tensors[name + ".g_idx"] = g_idx[torch.from_numpy(rng.permutation(g_idx.numel()))]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["desc_act"] = True
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(metrale.IoError, match=f"{re.escape(name)}: INT4 act order"):
+        mt.from_pretrained(str(tmp_path), backend="cpu")
+
+
 def _quantized_experts(rng, fmt: str, count: int, n: int, k: int) -> list:
     quantize = {"nvfp4": metrale.quantize_nvfp4, "mxfp4": metrale.quantize_mxfp4,
                 "int4": lambda w: metrale.quantize_int4(w, 32, True)}[fmt]
