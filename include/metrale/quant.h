@@ -115,9 +115,20 @@ HostQuantWeights slice_rows(const HostQuantWeights& w, std::int64_t begin, std::
 
 // The rows of `parts` one after another: W = [parts[0]; parts[1]; ...] (an MoE expert's gate and
 // up projections as one gate_up, say). Every part row-major, of one format, K, tensor scale and
-// (INT4) group, scale type and zero-point kind, without act order. Throws Error(kInvalidArgument)
-// naming the part and the field that differs, or for no parts.
+// (INT4) group, scale type, zero-point kind and act order (none, or one k_perm for all). Throws
+// Error(kInvalidArgument) naming the part and the field that differs, or for no parts.
 HostQuantWeights stack_rows(std::span<const HostQuantWeights> parts);
+
+// W' = W[rows, :]: row i of the result is row rows[i] of row-major W (an MoE expert's gate_up
+// reordered to the K order of its down projection's act order: Note [Experts' act order]). Throws
+// Error(kInvalidArgument) for no rows, a row outside W, or the transposed layout.
+HostQuantWeights take_rows(const HostQuantWeights& w, std::span<const std::int64_t> rows);
+
+// The act-ordered INT4 weights as weights without act order whose K is the stored order:
+// W' = W[:, k_perm], so A' · W'ᵀ = A · Wᵀ for A' = A[:, k_perm] (a caller that gives A in the
+// stored order; other weights come back as they are). Throws Error(kInvalidArgument) for
+// inconsistent weights or a K slice (padded k_perm).
+HostQuantWeights in_stored_order(const HostQuantWeights& w);
 
 // Columns [begin, end) of row-major W, both at multiples of the format's group (INT4 with one
 // scale per row: of 2): a row-parallel rank's shard, A's columns [begin, end) its input. Act-

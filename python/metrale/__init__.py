@@ -50,8 +50,23 @@ def quantize_int4(w: Any, group: int = 128, zero_points: bool = False,
 def stack_rows(parts: list) -> HostWeights:
     """HostWeights whose rows are each part's in turn (an MoE expert's gate and up projections as
     one gate_up [2I, H]): every part of one format, K and tensor scale (INT4: group, scale type
-    and zero-point kind), row-major, without act order."""
+    and zero-point kind), row-major, and one act order (none, or the same k_perm)."""
     return _metrale.stack_rows(list(parts))
+
+
+def take_rows(w: HostWeights, rows: Any) -> HostWeights:
+    """W[rows, :] of row-major HostWeights: row i of the result is row rows[i] (an MoE expert's
+    gate and up rows in its down projection's act order, Note [Experts' act order])."""
+    import numpy as np
+
+    return _metrale.take_rows(w, np.ascontiguousarray(np.asarray(rows).reshape(-1),
+                                                       dtype=np.int64))
+
+
+def in_stored_order(w: HostWeights) -> HostWeights:
+    """Act-ordered INT4 weights as weights without act order whose K is the stored order,
+    W[:, k_perm] (for a caller that gives A in that order); other weights as they are."""
+    return _metrale.in_stored_order(w)
 
 
 def quantize_e4m3_block128(w: Any) -> tuple:
@@ -66,5 +81,5 @@ __all__ = [
     "Error", "Fp8Weights", "GroupedWeights", "HostWeights", "InternalError", "InvalidArgumentError", "IoError", "LeakError", "Loaded",
     "Model", "NotFoundError", "OutOfMemoryError", "Plan", "StateError", "TeardownReport", "TimedOutError",
     "UnavailableError", "Weights", "backends", "load", "load_safetensors", "quantize_e4m3_block128", "quantize_int4",
-    "quantize_mxfp4", "quantize_nvfp4", "stack_rows",
+    "quantize_mxfp4", "quantize_nvfp4", "stack_rows", "take_rows", "in_stored_order",
 ]

@@ -185,7 +185,9 @@ class Model:
     def upload_grouped_weights(self, experts: list, *, bias: Any = None, layout: str = "auto",
                                label: str = "experts") -> _metrale.GroupedWeights:
         """Uploads one MoE projection's experts: a list of HostWeights, one per expert, all of
-        one format and shape [N, K] (NVFP4, MXFP4 or INT4 without act order), as one grouped
+        one format and shape [N, K] (NVFP4, MXFP4 or INT4; act-ordered INT4 experts in their
+        stored K order, which moe_experts gathers x in for gate_up: a down projection's order
+        must be folded into gate_up's rows first, take_rows and in_stored_order), as one grouped
         resource; ``bias`` an optional BF16 array [E, N]. They live until the model closes."""
         if not isinstance(experts, (list, tuple)):
             raise argument_error("upload_grouped_weights", f"experts: {type(experts).__name__}, "

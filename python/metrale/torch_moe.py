@@ -411,18 +411,19 @@ def _check_expert_shape(api: str, parent: str, kind: str, e: int, leaf: str, sha
 
 def _upload_experts(api: str, ckpt: Any, parent: str, kind: str, count: int, found: dict,
                     want: dict, runtime: metrale.Model, allow_unverified: bool) -> list:
-    """4-bit experts as GroupedWeights (gate_up, down), in upload_layout's layout."""
+    """4-bit experts as GroupedWeights (gate_up, down), in upload_layout's layout. INT4 act order
+    (GPTQ desc_act): gate_up keeps its own, which the MoE call gathers x in; down's is folded
+    into gate_up's rows (Note [Experts' act order])."""
     gate_up, down = [], []
     for e in range(count):
         parts = [ckpt.weights(found[(e, p)]) for p in _ROLES]
-        ordered = [found[(e, p)] for p, h in zip(_ROLES, parts) if h.k_perm is not None]
-        if ordered:
-            raise argument_error(api, f"{', '.join(ordered)}: INT4 act order (GPTQ desc_act: a "
-                                 "g_idx that reorders K) in MoE experts, which metrale's grouped "
-                                 "GEMM does not run (each expert would gather its tokens in its "
-                                 "own K order); desc_act=False checkpoints load",
-                                 metrale.IoError)
         down_part = parts.pop()
+        if down_part.k_perm is not None:
+            # down reads its input in its stored K order: the activation's element j is then
+            # row order[j] of gate and of up.
+            order = down_part.k_perm.reshape(-1)
+            parts = [metrale.take_rows(p, order) for p in parts]
+            down_part = metrale.in_stored_order(down_part)
         try:
             gate_up.append(metrale.stack_rows(parts))
         except metrale.Error as err:

@@ -347,8 +347,28 @@ void bind_host_weights(nb::module_& m) {
       },
       nb::arg("parts"),
       "The rows of each part one after another (an MoE expert's gate and up projections as one "
-      "gate_up): one format, K, tensor scale and INT4 group and zero-point kind, row-major, no "
-      "act order.");
+      "gate_up): one format, K, tensor scale and INT4 group and zero-point kind, row-major, one "
+      "act order (none, or the same k_perm) for all.");
+  m.def(
+      "take_rows",
+      // nanobind refuses (TypeError) rows that are not a contiguous 1-D int64 array in host memory.
+      [](const HostQuantWeights& w,
+         const nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>& rows) {
+        const std::vector<std::int64_t> picked(rows.data(), rows.data() + rows.shape(0));
+        nb::gil_scoped_release unlocked;
+        return take_rows(w, picked);
+      },
+      nb::arg("w"), nb::arg("rows"),
+      "W[rows, :] of row-major weights: row i of the result is row rows[i] (int64).");
+  m.def(
+      "in_stored_order",
+      [](const HostQuantWeights& w) {
+        nb::gil_scoped_release unlocked;
+        return in_stored_order(w);
+      },
+      nb::arg("w"),
+      "Act-ordered INT4 weights as weights without act order whose K is the stored order "
+      "(W[:, k_perm]): for a caller that gives A in that order. Others come back as they are.");
   m.def(
       "quantize_nvfp4",
       [](const nb::ndarray<nb::ro>& w) {

@@ -57,8 +57,9 @@ struct Carve {
 // or FP8 block-128 through the grouped W8A8 op (ops/grouped_fp8.h, with its cast's workspace).
 class Projection {
  public:
+  // a_in_k_order: A comes gathered in the experts' K order (gate_up's, by moe_gather).
   Projection(Backend& b, std::int64_t rows, const GroupedWeights& w, bool allow_unverified,
-             ops::GemmRoute route)
+             ops::GemmRoute route, bool a_in_k_order)
       : w_(w) {
     if (w.fp8) {
       ops::GroupedFp8Options o;
@@ -71,6 +72,7 @@ class Projection {
       o.bias = static_cast<bool>(w.bias);
       o.allow_unverified = allow_unverified;
       o.route = route;
+      o.a_in_k_order = a_in_k_order;
       fp4_ = ops::plan_grouped(b, rows, w.q, o);
     }
   }
@@ -219,6 +221,15 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
                             down.experts(), down.n(), down.k(), experts, hidden, width / 2, width,
                             hidden, width / 2));
   }
+  // Act order: gate_up's K order is gathered with x (moe_gather's column order); down's would
+  // have to be gathered from the activation, so it is folded into gate_up's rows before upload
+  // (Note [Experts' act order]).
+  if (!down.fp8 && down.q.k_order) {
+    throw Error(ErrorCode::kInvalidArgument, api,
+                "down: act-ordered experts; fold each one's K order into its gate_up rows "
+                "(gate and up rows taken in that order with take_rows, down in_stored_order) "
+                "before upload, as metrale.torch does");
+  }
   ArraySpec spec{Element::kBf16, 2, -1, hidden, device_type()};
   const ArrayArg xa = check_array(api, "x", as_array(api, "x", x, false), x_bits, spec);
   spec.rows = xa.rows;
@@ -249,8 +260,12 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   const Loan lw(b, *probe_, wa, on.ordered()), lo(b, *probe_, oa, on.ordered());
   as_call(api, [&] {
     const ops::MoeOptions mo{allow_unverified};
-    const Projection p1(b, shape.tokens * shape.top_k, gate_up, allow_unverified, gemm_route);
-    const Projection p2(b, shape.tokens * shape.top_k, down, allow_unverified, gemm_route);
+    const ops::MoeColumnOrder order = gate_up.fp8 || !gate_up.q.k_order
+                                          ? ops::MoeColumnOrder{}
+                                          : ops::MoeColumnOrder{ia.ptr, gate_up.q.k_order};
+    const Projection p1(b, shape.tokens * shape.top_k, gate_up, allow_unverified, gemm_route,
+                        static_cast<bool>(order.columns));
+    const Projection p2(b, shape.tokens * shape.top_k, down, allow_unverified, gemm_route, false);
     const auto e = static_cast<std::uint64_t>(experts);
     const auto h = static_cast<std::uint64_t>(hidden), n = static_cast<std::uint64_t>(width);
     Carve c;
@@ -262,7 +277,7 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
     const ops::MoeRows r{base.offset(counts), base.offset(offsets), base.offset(row)};
     const StreamHandle s = on.handle();
     ops::moe_align(b, s, ia.ptr, shape, r, mo);
-    ops::moe_gather(b, s, xa.ptr, shape, hidden, r.rows, base.offset(xp), mo);
+    ops::moe_gather(b, s, xa.ptr, shape, hidden, r.rows, base.offset(xp), mo, order);
     p1.run(s, base.offset(xp), r, base.offset(y1));
     ops::moe_glu(b, s, base.offset(y1), shape, width / 2, activation, r, base.offset(act), mo);
     p2.run(s, base.offset(act), r, base.offset(y2));

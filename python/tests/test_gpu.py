@@ -213,6 +213,7 @@ def test_whole_model_on_cuda_matches_the_cpu_backend(rng, name):
 @pytest.mark.parametrize("name,route", [("gptoss-mxfp4", "auto"), ("qwen3moe-ct-w4a16", "auto"),
                                         ("qwen3moe-ct-w4a16", "fused"),
                                         ("qwen3moe-gptq", "auto"), ("qwen3moe-awq", "fused"),
+                                        ("qwen3moe-gptq-desc-act", "auto"),
                                         ("qwen3moe-transformers-fp8", "auto"),
                                         ("qwen3moe-transformers-fp8", "tiled")])
 def test_moe_model_on_cuda_against_float64_and_the_cpu_backend(rng, name, route):

@@ -7,10 +7,12 @@ back here by transformers' own reader, integrations/mxfp4.py), a small Qwen3-MoE
 ModelOpt (NVFP4), llm-compressor (NVFP4A16, W4A16), transformers' FP8 block quantization, and
 GPTQ (Qwen's own GPTQ-Int4 settings) and AWQ packed from those libraries' code, the same two of
 a small Mixtral (its checkpoints' own names: block_sparse_moe, w1 / w3 / w2), GPTQ of a small
-Qwen2-MoE (biases on quantized q, k, v; a shared expert and its gate), and a small DeepSeek-V3 (sigmoid routing in groups with its correction bias, a shared expert, a dense
-first layer, MLA attention) quantized by ModelOpt (NVFP4) and transformers (FP8, DeepSeek-V3's own
-layout), experts as linears of their own (make_moe_models.py, make_deepseek.py; read back by the
-library that wrote them, test_torch_model.library_weights). FP8 experts run W8A8 (the grouped
+Qwen2-MoE (biases on quantized q, k, v; a shared expert and its gate), GPTQ with desc_act of the
+Qwen3-MoE (every expert's columns in orders of its own), and a small DeepSeek-V3 (sigmoid
+routing in groups with its correction bias, a shared expert, a dense first layer, MLA attention)
+quantized by ModelOpt (NVFP4) and transformers (FP8, DeepSeek-V3's own layout), experts as
+linears of their own (make_moe_models.py, make_deepseek.py; read back by the library that wrote
+them, test_torch_model.library_weights). FP8 experts run W8A8 (the grouped
 W8A8 op), their reference casting each GEMM's input as the checkpoint's dynamic scheme does.
 
 The whole-model check is test_torch_model's (Note [whole-model check]) with the experts in it:
@@ -49,7 +51,8 @@ MOE_FIXTURES = [MODELS / m for m in ("gptoss-mxfp4", "qwen3moe-modelopt-nvfp4",
                                      "qwen3moe-ct-nvfp4a16", "qwen3moe-ct-w4a16",
                                      "qwen3moe-transformers-fp8", "qwen3moe-gptq", "qwen3moe-awq",
                                      "mixtral-gptq", "mixtral-awq", "qwen2moe-gptq",
-                                     "deepseek-modelopt-nvfp4", "deepseek-transformers-fp8")]
+                                     "qwen3moe-gptq-desc-act", "deepseek-modelopt-nvfp4",
+                                     "deepseek-transformers-fp8")]
 U = 2.0**-8
 # A layer's output against its float64 layer: four BF16 roundings stand between them (gate_up's
 # C, the activation, down's C, the combine), each within 2^-8 of its value (Note [MoE routing]).
@@ -410,21 +413,21 @@ def test_expert_linears_missing_an_expert_are_refused(tmp_path, name, up):
         mt.from_pretrained(str(tmp_path), backend="cpu")
 
 
-def test_act_ordered_experts_are_refused_by_name(tmp_path, rng):
-    """GPTQ experts with act order (desc_act: a g_idx that reorders K; here one expert's up_proj
-    of qwen3moe-gptq given a shuffled one) are refused naming the linear, nothing loaded."""
+def test_experts_whose_gate_and_up_orders_differ_are_refused(tmp_path, rng):
+    """GPTQ's desc_act orders an expert's gate_proj and up_proj alike (they read one input); a
+    checkpoint whose up_proj has another order (here expert 3's of qwen3moe-gptq-desc-act, its
+    g_idx shuffled) cannot stack them into one gate_up: refused naming the expert."""
     from safetensors.torch import save_file
 
-    src = MODELS / "qwen3moe-gptq"
+    src = MODELS / "qwen3moe-gptq-desc-act"
     tensors = checkpoint_tensors(src)
     name = "model.layers.1.mlp.experts.3.up_proj"
     g_idx = tensors[name + ".g_idx"]
     tensors[name + ".g_idx"] = g_idx[torch.from_numpy(rng.permutation(g_idx.numel()))]
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"]["desc_act"] = True
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(metrale.IoError, match=f"{re.escape(name)}: INT4 act order"):
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    with pytest.raises(metrale.IoError, match=r"experts\.3: its gate_proj and up_proj cannot be "
+                                              r"one gate_up .*act order in another K order"):
         mt.from_pretrained(str(tmp_path), backend="cpu")
 
 
@@ -501,6 +504,38 @@ def test_moe_experts_bad_arguments(rng):
             m.upload_grouped_weights(mixed)
     with pytest.raises(metrale.StateError):
         m.moe_experts(x, ids, w, gu, dn)
+
+
+def test_act_ordered_experts_through_model_moe_experts(rng):
+    """Model.moe_experts on GPTQ desc_act experts: gate_up's order is gathered with x, a down
+    that still has its own is refused (fold it first, Note [Experts' act order]); folded with
+    take_rows and in_stored_order, the call runs and matches the float64 layer."""
+    ckpt = metrale.load_safetensors(str(MODELS / "qwen3moe-gptq-desc-act"))
+    p = "model.layers.0.mlp.experts"
+    gate = [ckpt.weights(f"{p}.{e}.gate_proj") for e in range(8)]
+    up = [ckpt.weights(f"{p}.{e}.up_proj") for e in range(8)]
+    down = [ckpt.weights(f"{p}.{e}.down_proj") for e in range(8)]
+    assert all(w.k_perm is not None for w in gate + up + down)
+    x = (rng.standard_normal((5, 256)) / 4).astype(ml_dtypes.bfloat16)
+    ids = np.stack([rng.permutation(8)[:2] for _ in range(5)]).astype(np.int32)
+    w = rng.uniform(0.2, 1.0, (5, 2)).astype(np.float32)
+    with metrale.Model("cpu") as m:
+        gu = m.upload_grouped_weights([metrale.stack_rows([g, u]) for g, u in zip(gate, up)])
+        with pytest.raises(metrale.InvalidArgumentError,
+                           match=r"\[moe_experts\] down: act-ordered experts"):
+            m.moe_experts(x, ids, w, gu, m.upload_grouped_weights(down))
+        folded = [[metrale.take_rows(h, d.k_perm) for h in (g, u)] for g, u, d in
+                  zip(gate, up, down)]
+        gu = m.upload_grouped_weights([metrale.stack_rows(parts) for parts in folded])
+        dn = m.upload_grouped_weights([metrale.in_stored_order(d) for d in down])
+        got = torch.from_numpy(np.asarray(m.moe_experts(x, ids, w, gu, dn)).astype(np.float32))
+    layer = {"glu": "silu", "gate_up_bias": None, "down_bias": None,
+             "gate_up": torch.stack([torch.cat([torch.from_numpy(g.dequantize(exact=True)),
+                                                torch.from_numpy(u.dequantize(exact=True))])
+                                     for g, u in zip(gate, up)]),
+             "down": torch.stack([torch.from_numpy(d.dequantize(exact=True)) for d in down])}
+    check_experts_in_place("layer 0", (torch.from_numpy(x.astype(np.float32)).bfloat16(),
+                                       torch.from_numpy(ids), torch.from_numpy(w)), got, layer)
 
 
 def test_int4_checkpoints_opted_in_on_a_gpu_upload_in_the_int4_decode_layout(rng):

@@ -416,12 +416,64 @@ HostQuantWeights stack_rows(std::span<const HostQuantWeights> parts) {
       differs("zero points", w.zeros.empty() ? "none" : "stored",
               first.zeros.empty() ? "none" : "stored");
     }
-    if (!w.k_perm.empty()) differs("act order", "stored", "none allowed");
+    // One K order for every row: act-ordered parts only with parts[0]'s order (GPTQ's gate and up
+    // of an expert, which see the same inputs and so sort K alike).
+    if (w.k_perm != first.k_perm) {
+      differs("act order",
+              w.k_perm.empty() ? "none" : (first.k_perm.empty() ? "stored" : "in another K order"),
+              first.k_perm.empty() ? "none" : (w.k_perm.empty() ? "one" : "its own"));
+    }
     out.n += w.n;
     out.codes.insert(out.codes.end(), w.codes.begin(), w.codes.end());
     out.scales.insert(out.scales.end(), w.scales.begin(), w.scales.end());
     out.zeros.insert(out.zeros.end(), w.zeros.begin(), w.zeros.end());
   }
+  return out;
+}
+
+HostQuantWeights take_rows(const HostQuantWeights& w, std::span<const std::int64_t> rows) {
+  constexpr std::string_view kApi = "take_rows";
+  check_weights(kApi, w);
+  if (w.layout != WeightLayout::kRowMajor) {
+    throw Error(ErrorCode::kInvalidArgument, kApi, "the transposed layout; take row-major rows");
+  }
+  if (rows.empty()) throw Error(ErrorCode::kInvalidArgument, kApi, "no rows to take");
+  const auto code_row = static_cast<std::size_t>(w.k / 2);
+  const std::size_t scale_row = w.scales.size() / static_cast<std::size_t>(w.n);
+  const std::size_t zero_row = w.zeros.size() / static_cast<std::size_t>(w.n);
+  HostQuantWeights out = w;
+  out.n = static_cast<std::int64_t>(rows.size());
+  out.codes.clear();
+  out.scales.clear();
+  out.zeros.clear();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t r = rows[i];
+    if (r < 0 || r >= w.n) {
+      throw Error(ErrorCode::kInvalidArgument, kApi,
+                  fmt::format("rows[{}] = {} is outside the {} rows", i, r, w.n));
+    }
+    const auto at = static_cast<std::size_t>(r);
+    const auto take = [&](std::vector<std::uint8_t>& to, const std::vector<std::uint8_t>& from,
+                          std::size_t row) {
+      to.insert(to.end(), from.begin() + static_cast<std::ptrdiff_t>(at * row),
+                from.begin() + static_cast<std::ptrdiff_t>((at + 1) * row));
+    };
+    take(out.codes, w.codes, code_row);
+    take(out.scales, w.scales, scale_row);
+    take(out.zeros, w.zeros, zero_row);
+  }
+  return out;
+}
+
+HostQuantWeights in_stored_order(const HostQuantWeights& w) {
+  constexpr std::string_view kApi = "in_stored_order";
+  check_weights(kApi, w);
+  if (std::find(w.k_perm.begin(), w.k_perm.end(), -1) != w.k_perm.end()) {
+    throw Error(ErrorCode::kInvalidArgument, kApi,
+                "the weights are a K slice (padded act order); take the whole layer's");
+  }
+  HostQuantWeights out = w;
+  out.k_perm.clear();
   return out;
 }
 

@@ -39,6 +39,11 @@ struct MoePermuteParams {
   // Rows of x_perm or y: a row index at or past it (only a caller's own rows can hold one) is
   // skipped like -1, so no index read from memory reaches outside the buffer the op checked.
   std::int64_t row_capacity = 0;
+  // gather with a column order (act-ordered experts, Note [Experts' act order]): ids int32
+  // [tokens · top_k], columns int32 [experts, width]; 0 without one.
+  std::uint64_t ids = 0, columns = 0;
+  std::int32_t experts = 0;
+  std::int32_t pad2 = 0;
 };
 
 namespace moe {
@@ -71,6 +76,17 @@ METRALE_HD void write_offsets(const MoeAlignParams& p) {
 // Whether a row read from rows names a row of the buffer.
 METRALE_HD bool has_row(const MoePermuteParams& p, std::int32_t row) {
   return row >= 0 && row < p.row_capacity;
+}
+
+// x_perm[rows[i], c] for gather with a column order: x[i / top_k, columns[e, c]] for entry i's
+// expert e. An expert or column index outside its range (only a caller's own ids and orders can
+// hold one) gives 0, so no index read from memory reaches outside x.
+METRALE_HD std::uint16_t gather_element(const MoePermuteParams& p, std::int64_t i, std::int64_t c) {
+  const std::int32_t e = reinterpret_cast<const std::int32_t*>(p.ids)[i];
+  if (!valid_id(e, p.experts)) return 0;
+  const std::int32_t from = reinterpret_cast<const std::int32_t*>(p.columns)[e * p.width + c];
+  if (from < 0 || from >= p.width) return 0;
+  return reinterpret_cast<const std::uint16_t*>(p.in)[i / p.top_k * p.width + from];
 }
 
 // out[t, c] for combine: the weighted sum over token t's slots with a row, in slot order.

@@ -64,7 +64,9 @@ void check_grouped_weights(const GroupedWeights& w) {
                               w.expert.scales_bytes, kWorkspaceAlign));
   }
   if (w.expert.act_order) {
-    bad(kPlanApi, "act-ordered INT4 experts are not grouped (each would gather A in its order)");
+    bad(kPlanApi,
+        "the experts' description has an act order: upload act-ordered experts with "
+        "GroupedWeightsResource, which stores them in their K order (k_order)");
   }
   // Every expert's tensor scale and fold as plan() checks one expert's (the table is read as
   // given: a NaN scale would make that expert's C NaN).
@@ -152,6 +154,12 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
     bad(kPlanApi, fmt::format("rows = {} is outside [1, 2^31 - 1]", rows));
   }
   check_grouped_weights(w);
+  if (static_cast<bool>(w.k_order) != options.a_in_k_order) {
+    bad(kPlanApi, w.k_order ? "the experts are act-ordered (k_order): give each expert's rows of "
+                              "A in its K order (moe_gather with MoeColumnOrder) and set "
+                              "GroupedGemmOptions::a_in_k_order"
+                            : "a_in_k_order is set for experts without act order (no k_order)");
+  }
   // One expert's weights through the dense planner on the decode route: every check plan() makes
   // of weights, and the kernels' flags for them (format, layout, packing, INT4, bias, FP32 C).
   GemmOptions dense;
@@ -228,6 +236,7 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   p.expert.codes = p.expert.scales = DevicePtr{};
   p.bias = options.bias;
   p.out_f32 = options.out_f32;
+  p.a_in_k_order = options.a_in_k_order;
   p.flags = (one.flags & ~kGemmBias) | (options.bias ? kGemmBias : 0u);
   p.route = route;
   p.launch = PlannedLaunch{k, grid, published_block(kPlanApi, backend, k), k.meta.smem_bytes};
@@ -253,6 +262,10 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
                     to_string(plan.format), static_cast<int>(plan.packing), plan.expert.codes_bytes,
                     plan.expert.scales_bytes, plan.expert.zero_points ? ", zero points" : "",
                     plan.expert.fp16_scales ? ", fp16 scales" : ""));
+  }
+  if (plan.a_in_k_order != static_cast<bool>(w.k_order)) {
+    bad(kRunApi, plan.a_in_k_order ? "the plan is for act-ordered experts, the weights have none"
+                                   : "the weights are act-ordered (k_order), the plan is not");
   }
   if (plan.bias != static_cast<bool>(bias)) {
     bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"

@@ -2,8 +2,10 @@
 // would, copied into its place in one buffer per tensor.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -35,11 +37,17 @@ void check_like_first(const HostQuantWeights& first, const HostQuantWeights& x, 
   differs("group", first.group, x.group);
   differs("fp16 scales", first.fp16_scales, x.fp16_scales);
   differs("zero points", !first.zeros.empty(), !x.zeros.empty());
-  if (!x.k_perm.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, kApi,
-                fmt::format("expert {} has an act order (k_perm): grouped experts would each "
-                            "gather A in their own order, which no grouped kernel does",
-                            e));
+  // Act order: a whole layer's order of K, or none (an expert whose GPTQ order came out as K's
+  // own, one no calibration token reached, say: its order is the identity).
+  if (!x.k_perm.empty() && x.k_perm.size() != static_cast<std::size_t>(x.k)) {
+    throw Error(
+        ErrorCode::kInvalidArgument, kApi,
+        fmt::format("expert {} has {} act-order entries for K = {}", e, x.k_perm.size(), x.k));
+  }
+  if (std::find(x.k_perm.begin(), x.k_perm.end(), -1) != x.k_perm.end()) {
+    throw Error(
+        ErrorCode::kInvalidArgument, kApi,
+        fmt::format("expert {} is a K slice (padded act order); experts are whole layers", e));
   }
 }
 
@@ -71,22 +79,46 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
                 fmt::format("{} experts is outside [1, 1024]", experts.size()));
   }
   for (std::size_t e = 0; e < experts.size(); ++e) check_like_first(experts[0], experts[e], e);
+  // Act order (any expert's): each expert's codes in its stored K order, the order itself in
+  // k_order, where the gather of A reads it; an expert without one reads K in its own order
+  // (Note [Experts' act order]). A packed expert's spans point into the weights it was packed
+  // from, so expert 0's stored copy lives as long as `first`, the others' one loop turn each.
+  const bool act_order = std::any_of(experts.begin(), experts.end(),
+                                     [](const HostQuantWeights& x) { return !x.k_perm.empty(); });
+  const auto stored = [&](std::size_t e) {
+    return experts[e].k_perm.empty() ? HostQuantWeights{} : in_stored_order(experts[e]);
+  };
+  const HostQuantWeights stored0 = stored(0);
+  const HostQuantWeights& host0 = stored0.codes.empty() ? experts[0] : stored0;
   // Expert 0 packed first: its sizes give the strides (every expert of one shape packs to the
-  // same sizes; checked as each is packed).
-  HostPacked first = pack_host_weights(backend, experts[0], upload);
+  // same sizes; checked as each is packed). Its description is of the weights as stored.
+  const QuantWeights described = describe_weights(host0);
+  HostPacked first = pack_host_weights(backend, host0, upload);
   const std::size_t codes0 = first.codes.size(), scales0 = first.scales.size();
   const WeightPacking packing0 = first.packing;
   const std::uint64_t codes_stride = align_up(first.codes.size());
   const std::uint64_t scales_stride = align_up(first.scales.size());
   const auto count = static_cast<std::uint64_t>(experts.size());
-  DevicePtr codes, scales, table;
+  DevicePtr codes, scales, table, k_order;
   GroupedWeights w;
   try {
     codes = alloc_weights(backend, codes_stride * count, loc);
     scales = alloc_weights(backend, scales_stride * count, loc);
     table = alloc_weights(backend, 8 * count, loc);
+    if (act_order) {
+      const auto k = static_cast<std::uint64_t>(experts[0].k);
+      k_order = alloc_weights(backend, 4 * k * count, loc);
+      std::vector<std::int32_t> identity(k);
+      std::iota(identity.begin(), identity.end(), 0);
+      for (std::size_t e = 0; e < experts.size(); ++e) {
+        const auto& order = experts[e].k_perm.empty() ? identity : experts[e].k_perm;
+        backend.copy_h2d(k_order.offset(4 * k * e), order.data(), 4 * k);
+      }
+    }
     for (std::size_t e = 0; e < experts.size(); ++e) {
-      HostPacked p = e == 0 ? std::move(first) : pack_host_weights(backend, experts[e], upload);
+      const HostQuantWeights reordered = e == 0 ? HostQuantWeights{} : stored(e);
+      const HostQuantWeights& host = reordered.codes.empty() ? experts[e] : reordered;
+      HostPacked p = e == 0 ? std::move(first) : pack_host_weights(backend, host, upload);
       if (p.codes.size() != codes0 || p.scales.size() != scales0 || p.packing != packing0) {
         throw Error(ErrorCode::kInvalidArgument, kApi,
                     fmt::format("expert {} packs to {} code and {} scale bytes in packing {}, "
@@ -97,7 +129,7 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
       backend.copy_h2d(codes.offset(e * codes_stride), p.codes.data(), p.codes.size());
       backend.copy_h2d(scales.offset(e * scales_stride), p.scales.data(), p.scales.size());
       if (e == 0) {
-        w.expert = describe_weights(experts[0]);
+        w.expert = described;
         w.expert.packing = p.packing;
         w.expert.codes_bytes = p.codes.size();
         w.expert.scales_bytes = p.scales.size();
@@ -114,6 +146,7 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
     free_quietly(backend, codes);
     free_quietly(backend, scales);
     free_quietly(backend, table);
+    free_quietly(backend, k_order);
     throw;
   }
   w.expert.codes = codes;
@@ -123,12 +156,13 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
   w.codes_stride = codes_stride;
   w.scales_stride = scales_stride;
   w.table = table;
+  w.k_order = k_order;
   w_ = std::move(w);
 }
 
 void GroupedWeightsResource::release(Backend& backend) {
-  const DevicePtr ptrs[] = {w_.expert.codes, w_.expert.scales, w_.table};
-  w_.expert.codes = w_.expert.scales = w_.table = DevicePtr{};
+  const DevicePtr ptrs[] = {w_.expert.codes, w_.expert.scales, w_.table, w_.k_order};
+  w_.expert.codes = w_.expert.scales = w_.table = w_.k_order = DevicePtr{};
   std::exception_ptr first;
   for (const DevicePtr p : ptrs) {
     if (!p) continue;

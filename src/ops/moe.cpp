@@ -203,7 +203,8 @@ void moe_align(Backend& backend, StreamHandle stream, DevicePtr ids, const MoeSh
 }
 
 void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeShape& shape,
-                std::int64_t width, DevicePtr rows, DevicePtr x_perm, const MoeOptions& options) {
+                std::int64_t width, DevicePtr rows, DevicePtr x_perm, const MoeOptions& options,
+                const MoeColumnOrder& order) {
   constexpr std::string_view kApi = "moe_gather";
   const nvtx::Range range("metrale::ops::moe_gather");
   check_shape(kApi, shape);
@@ -216,8 +217,22 @@ void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeSha
   check_no_overlap(
       kApi, Range{"x_perm", x_perm.address(), perm_bytes},
       {Range{"x", x.address(), x_bytes}, Range{"rows", rows.address(), entries(shape) * 4}});
+  if (static_cast<bool>(order.ids) != static_cast<bool>(order.columns)) {
+    bad(kApi, "order: ids and columns go together (both for act-ordered experts, or neither)");
+  }
+  const std::uint64_t columns_bytes = static_cast<std::uint64_t>(shape.experts) * width * 4;
+  if (order.columns) {
+    check_buffer(backend, kApi, "order.ids", order.ids, entries(shape) * 4, 4);
+    check_buffer(backend, kApi, "order.columns", order.columns, columns_bytes, 4);
+    check_no_overlap(kApi, Range{"x_perm", x_perm.address(), perm_bytes},
+                     {Range{"order.ids", order.ids.address(), entries(shape) * 4},
+                      Range{"order.columns", order.columns.address(), columns_bytes}});
+  }
   const ResolvedKernel& k = kernel(backend, kApi, "moe_gather", options);
-  const MoePermuteParams p = permute_params(x, x_perm, rows, shape, width);
+  MoePermuteParams p = permute_params(x, x_perm, rows, shape, width);
+  p.ids = order.ids.address();
+  p.columns = order.columns.address();
+  p.experts = shape.experts;
   launch(backend, kApi, k, static_cast<std::int64_t>(entries(shape)), stream, p);
 }
 

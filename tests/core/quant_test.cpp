@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -789,8 +790,66 @@ TEST(QuantStack, RowsAreThePartsRowsInOrder) {
   for (std::int64_t c = 0; c < k; ++c)
     g_idx[static_cast<std::size_t>(c)] = static_cast<std::int32_t>((k - 1 - c) / 32);
   bad[1] = with_act_order(bad[1], g_idx);
-  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: act order");
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument, "parts[1]: act order stored");
+  // One K order for all (an expert's gate and up under GPTQ's desc_act): stacked, order kept.
+  bad[0] = with_act_order(bad[0], g_idx);
+  const HostQuantWeights ordered = stack_rows(bad);
+  EXPECT_EQ(ordered.k_perm, bad[0].k_perm);
+  for (std::int64_t c = 0; c < k; ++c) {
+    ASSERT_EQ(ordered.exact_weight(16 + 3, c), bad[1].exact_weight(3, c)) << "col " << c;
+  }
+  std::shuffle(g_idx.begin(), g_idx.end(), gen);
+  bad[1] = with_act_order(ints()[1], g_idx);
+  EXPECT_ERROR(stack_rows(bad), ErrorCode::kInvalidArgument,
+               "parts[1]: act order in another K order, but parts[0] has its own");
   EXPECT_ERROR(stack_rows({}), ErrorCode::kInvalidArgument, "no parts");
+}
+
+// take_rows: row i is W's row rows[i], exactly, in every format (INT4 with zero points, FP16
+// scales and act order); in_stored_order: W'[:, j] = W[:, k_perm[j]] and no act order left, the
+// fold of an expert's down act order into its gate_up rows (Note [Experts' act order]).
+TEST(QuantRows, TakenRowsAndTheStoredOrderKeepEveryWeight) {
+  const unsigned seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 gen(seed);
+  const std::int64_t n = 24, k = 256;
+  const std::vector<float> values = random_weights(gen, Dist::kGaussian, n * k);
+  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+  for (std::int64_t c = 0; c < k; ++c)
+    g_idx[static_cast<std::size_t>(c)] = static_cast<std::int32_t>(c / 64);
+  std::shuffle(g_idx.begin(), g_idx.end(), gen);
+  const HostQuantWeights act = with_act_order(quantize_int4(values, n, k, 64, true, true), g_idx);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), gen);
+  rows.push_back(rows[0]);  // a row twice is still that row
+  for (const HostQuantWeights& w :
+       {act, quantize_nvfp4(values, n, k), quantize_mxfp4(values, n, k)}) {
+    SCOPED_TRACE(to_string(w.format));
+    const HostQuantWeights t = take_rows(w, rows);
+    ASSERT_EQ(t.n, n + 1);
+    EXPECT_EQ(t.k_perm, w.k_perm);
+    for (std::int64_t r = 0; r <= n; ++r) {
+      for (std::int64_t c = 0; c < k; ++c) {
+        ASSERT_EQ(t.exact_weight(r, c), w.exact_weight(rows[r], c)) << "row " << r << " col " << c;
+      }
+    }
+  }
+  const HostQuantWeights stored = in_stored_order(act);
+  ASSERT_TRUE(stored.k_perm.empty());
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t j = 0; j < k; ++j) {
+      ASSERT_EQ(stored.exact_weight(r, j), act.exact_weight(r, act.k_perm[j])) << r << ", " << j;
+    }
+  }
+  EXPECT_ERROR(take_rows(act, std::vector<std::int64_t>{0, n}), ErrorCode::kInvalidArgument,
+               "rows[1] = 24 is outside the 24 rows");
+  EXPECT_ERROR(take_rows(act, {}), ErrorCode::kInvalidArgument, "no rows");
+  EXPECT_ERROR(
+      take_rows(with_layout(quantize_nvfp4(values, n, k), WeightLayout::kTransposed), rows),
+      ErrorCode::kInvalidArgument, "transposed");
+  EXPECT_ERROR(in_stored_order(slice_columns(act, 0, k / 2)), ErrorCode::kInvalidArgument,
+               "a K slice");
 }
 
 }  // namespace

@@ -296,10 +296,30 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   Int4Case ic;
   ic.n = 64;
   ic.k = 128;
+  const HostQuantWeights plain = random_int4(gen(), ic);
   ic.act_order = true;
+  const HostQuantWeights ordered = random_int4(gen(), ic);
+  // Act order on some experts (Note [Experts' act order]): the others read K in its own order.
+  ops::GroupedWeightsResource mixed(bk, std::vector<HostQuantWeights>{plain, ordered});
+  ASSERT_TRUE(mixed.weights().k_order);
+  EXPECT_FALSE(mixed.weights().expert.act_order);
+  const auto order = read<std::int32_t>(mixed.weights().k_order, 2 * 128);
+  for (std::size_t j = 0; j < 128; ++j) {
+    ASSERT_EQ(order[j], static_cast<std::int32_t>(j));
+    ASSERT_EQ(order[128 + j], ordered.k_perm[j]);
+  }
+  ops::GroupedGemmOptions plain_a;
+  plain_a.allow_unverified = cuda();
+  EXPECT_ERROR(ops::plan_grouped(bk, 4, mixed.weights(), plain_a), ErrorCode::kInvalidArgument,
+               "the experts are act-ordered (k_order)");
+  mixed.release(bk);
   EXPECT_ERROR(
-      ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{random_int4(gen(), ic)}),
-      ErrorCode::kInvalidArgument, "act order");
+      ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{slice_columns(ordered, 0, 64)}),
+      ErrorCode::kInvalidArgument, "expert 0 is a K slice");
+  HostQuantWeights short_order = ordered;
+  short_order.k_perm.pop_back();
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{plain, short_order}),
+               ErrorCode::kInvalidArgument, "expert 1 has 127 act-order entries for K = 128");
   EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::span<const HostQuantWeights>{}),
                ErrorCode::kInvalidArgument, "0 experts");
   ops::GroupedWeightsResource res(bk, host);
@@ -320,6 +340,15 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
                ErrorCode::kInvalidArgument, "a bias was given to a plan made without one");
   EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, counts, out),
                ErrorCode::kInvalidArgument, "offsets");
+  ops::GroupedWeights said_ordered = res.weights();
+  said_ordered.k_order = counts;
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, said_ordered, counts, offsets, out),
+               ErrorCode::kInvalidArgument,
+               "the weights are act-ordered (k_order), the plan is not");
+  ops::GroupedGemmOptions in_order = opt;
+  in_order.a_in_k_order = true;
+  EXPECT_ERROR(ops::plan_grouped(bk, 4, res.weights(), in_order), ErrorCode::kInvalidArgument,
+               "a_in_k_order is set for experts without act order");
   ops::GroupedWeights other = res.weights();
   other.experts = 1;
   other.tensor_scales.resize(1);

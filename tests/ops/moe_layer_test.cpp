@@ -12,14 +12,17 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <vector>
 
+#include "core/expect_error.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/ops/moe.h"
 #include "metrale/quant.h"
 #include "ops/gemm_reference.h"
+#include "ops/int4_cases.h"
 
 namespace metrale::testing::gemm {
 namespace {
@@ -29,6 +32,66 @@ INSTANTIATE_TEST_SUITE_P(, MoeLayer, ::testing::Values("cpu", "cuda"), backend_n
 
 double silu(double x) {
   return x / (1.0 + std::exp(-x));
+}
+
+// SiLU(gate) · up of every row of gate_up's C [rows, 2 · inter], in FP32 from BF16 and rounded
+// to BF16 as the model's dtype (rows of no expert hold whatever; down skips them).
+std::vector<std::uint16_t> silu_times_up(const std::vector<std::uint16_t>& h1, std::int64_t inter) {
+  const auto rows = static_cast<std::int64_t>(h1.size()) / (2 * inter);
+  std::vector<std::uint16_t> act(static_cast<std::size_t>(rows * inter));
+  for (std::int64_t row = 0; row < rows; ++row) {
+    for (std::int64_t j = 0; j < inter; ++j) {
+      const double g = num::bf16_to_f32(h1[row * 2 * inter + j]);
+      const double u = num::bf16_to_f32(h1[row * 2 * inter + inter + j]);
+      act[row * inter + j] = num::f32_to_bf16(static_cast<float>(silu(g) * u));
+    }
+  }
+  return act;
+}
+
+// The float64 layer of a routing against its output: per token Σ_j w_j · down_e(SiLU(gate_e · x) ·
+// (up_e · x)) with e = id[t, j], weights through gate(e, i, h), up(e, i, h) and down(e, h, i);
+// every output element must have been written (poison). Returns the normalized error.
+template <class Gate, class Up, class Down>
+double layer_error(const std::vector<std::uint16_t>& x, const std::vector<std::int32_t>& id,
+                   const std::vector<float>& wt, const std::vector<std::uint16_t>& got,
+                   std::int64_t hidden, std::int64_t inter, int top_k, Gate gate, Up up,
+                   Down down) {
+  const auto tokens = static_cast<std::int64_t>(id.size()) / top_k;
+  double err = 0.0, norm = 0.0;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> y(static_cast<std::size_t>(hidden), 0.0);
+    for (int j = 0; j < top_k; ++j) {
+      const int e = id[t * top_k + j];
+      std::vector<double> a(static_cast<std::size_t>(inter));
+      for (std::int64_t i = 0; i < inter; ++i) {
+        double g = 0.0, u = 0.0;
+        for (std::int64_t h = 0; h < hidden; ++h) {
+          const double xv = num::bf16_to_f32(x[t * hidden + h]);
+          g += xv * gate(e, i, h);
+          u += xv * up(e, i, h);
+        }
+        a[i] = silu(g) * u;
+      }
+      for (std::int64_t h = 0; h < hidden; ++h) {
+        double d = 0.0;
+        for (std::int64_t i = 0; i < inter; ++i) d += a[i] * down(e, h, i);
+        y[h] += wt[t * top_k + j] * d;
+      }
+    }
+    for (std::int64_t h = 0; h < hidden; ++h) {
+      const std::uint16_t bits = got[t * hidden + h];
+      if (bits == toolkit::kPoisonBf16) {
+        ADD_FAILURE() << "token " << t << " column " << h << " was not written";
+        return INFINITY;
+      }
+      const double diff = num::bf16_to_f32(bits) - y[h];
+      err += diff * diff;
+      norm += y[h] * y[h];
+    }
+  }
+  EXPECT_GT(norm, 0.0);
+  return std::sqrt(err / norm);
 }
 
 TEST_P(MoeLayer, Qwen3ExpertsAgainstFloat64) {
@@ -71,15 +134,8 @@ TEST_P(MoeLayer, Qwen3ExpertsAgainstFloat64) {
       ops::run_grouped(ops::plan_grouped(bk, rows, w1.weights(), go), stream(), xp, w1.weights(),
                        r.counts, r.offsets, c1);
       // SiLU(gate) · up on every row (rows of no expert hold whatever; down skips them).
-      const auto h1 = read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * kI));
-      std::vector<std::uint16_t> act(static_cast<std::size_t>(rows * kI));
-      for (std::int64_t row = 0; row < rows; ++row) {
-        for (std::int64_t j = 0; j < kI; ++j) {
-          const double g = num::bf16_to_f32(h1[row * 2 * kI + j]);
-          const double u = num::bf16_to_f32(h1[row * 2 * kI + kI + j]);
-          act[row * kI + j] = num::f32_to_bf16(static_cast<float>(silu(g) * u));
-        }
-      }
+      const std::vector<std::uint16_t> act =
+          silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * kI)), kI);
       const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * kH) * 2);
       ops::run_grouped(ops::plan_grouped(bk, rows, w2.weights(), go), stream(), upload(act),
                        w2.weights(), r.counts, r.offsets, c2);
@@ -90,41 +146,114 @@ TEST_P(MoeLayer, Qwen3ExpertsAgainstFloat64) {
       const auto wt = read<float>(weights, static_cast<std::size_t>(tokens * kTopK));
 
       // The float64 layer of the same routing.
-      double err = 0.0, norm = 0.0;
-      for (std::int64_t t = 0; t < tokens; ++t) {
-        std::vector<double> y(kH, 0.0);
-        for (int j = 0; j < kTopK; ++j) {
-          const int e = id[t * kTopK + j];
-          std::vector<double> a(kI);
-          for (std::int64_t i = 0; i < kI; ++i) {
-            double g = 0.0, u = 0.0;
-            for (std::int64_t h = 0; h < kH; ++h) {
-              const double xv = num::bf16_to_f32(x[t * kH + h]);
-              g += xv * gate_up[e].weight(i, h);
-              u += xv * gate_up[e].weight(kI + i, h);
-            }
-            a[i] = silu(g) * u;
-          }
-          for (std::int64_t h = 0; h < kH; ++h) {
-            double d = 0.0;
-            for (std::int64_t i = 0; i < kI; ++i) d += a[i] * down[e].weight(h, i);
-            y[h] += wt[t * kTopK + j] * d;
-          }
-        }
-        for (std::int64_t h = 0; h < kH; ++h) {
-          const std::uint16_t bits = got[t * kH + h];
-          ASSERT_NE(bits, toolkit::kPoisonBf16) << "token " << t << " column " << h;
-          const double diff = num::bf16_to_f32(bits) - y[h];
-          err += diff * diff;
-          norm += y[h] * y[h];
-        }
-      }
-      ASSERT_GT(norm, 0.0);
-      EXPECT_LE(std::sqrt(err / norm), 4.0 / 256.0);
+      const double err = layer_error(
+          x, id, wt, got, kH, kI, kTopK,
+          [&](int e, std::int64_t i, std::int64_t h) { return gate_up[e].weight(i, h); },
+          [&](int e, std::int64_t i, std::int64_t h) { return gate_up[e].weight(kI + i, h); },
+          [&](int e, std::int64_t h, std::int64_t i) { return down[e].weight(h, i); });
+      EXPECT_LE(err, 4.0 / 256.0);
       w1.release(bk);
       w2.release(bk);
       free_all();
     }
+  }
+}
+
+// GPTQ's desc_act experts (Note [Experts' act order]): each expert's gate and up share one K order
+// (they see the same inputs), its down has another; down's is folded into gate_up's rows
+// (take_rows, in_stored_order) and gate_up's gathered with x (MoeColumnOrder). Against the float64
+// layer of the act-ordered weights in their own K order, as Qwen3ExpertsAgainstFloat64. Either
+// order left out (A gathered plainly, or down's fold skipped) fails it.
+TEST_P(MoeLayer, ActOrderedInt4ExpertsAgainstFloat64) {
+  const bool cuda = GetParam() == "cuda";
+  constexpr std::int64_t kH = 256, kI = 64, kTokens = 13;
+  constexpr std::int32_t kE = 4, kTopK = 2;
+  for (const bool masked : {false, true}) {
+    SCOPED_TRACE(masked ? "masked" : "contiguous");
+    Backend& bk = b();
+    const auto g_idx = [&](std::int64_t k, std::int64_t group) {
+      std::vector<std::int32_t> g(static_cast<std::size_t>(k));
+      for (std::int64_t j = 0; j < k; ++j)
+        g[static_cast<std::size_t>(j)] = static_cast<int>(j / group);
+      std::shuffle(g.begin(), g.end(), gen());
+      return g;
+    };
+    const Int4Case half{1, kI, kH, 64, true, true};
+    const Int4Case lower{1, kH, kI, 32, true, true};
+    std::vector<HostQuantWeights> gate, up, down, gate_up, down_stored;
+    for (int e = 0; e < kE; ++e) {
+      // Expert 0 without an order of its own (no calibration token reached it, say).
+      const auto order_of = [&](const HostQuantWeights& w, const std::vector<std::int32_t>& g) {
+        return e == 0 ? w : with_act_order(w, g);
+      };
+      const std::vector<std::int32_t> shared = g_idx(kH, half.group);
+      gate.push_back(order_of(random_int4(gen(), half), shared));
+      up.push_back(order_of(random_int4(gen(), half), shared));
+      down.push_back(order_of(random_int4(gen(), lower), g_idx(kI, lower.group)));
+      // down reads the activation in its stored order: gate's and up's rows taken in it.
+      std::vector<std::int64_t> order(static_cast<std::size_t>(kI));
+      std::iota(order.begin(), order.end(), 0);
+      if (e > 0) order.assign(down[e].k_perm.begin(), down[e].k_perm.end());
+      const HostQuantWeights parts[] = {take_rows(gate[e], order), take_rows(up[e], order)};
+      gate_up.push_back(stack_rows(parts));
+      down_stored.push_back(in_stored_order(down[e]));
+    }
+    const ops::UploadLayout layout =
+        cuda ? ops::UploadLayout::kDecode : ops::UploadLayout::kBackendPreferred;
+    ops::GroupedWeightsResource w1(bk, gate_up, "gate_up", layout),
+        w2(bk, down_stored, "down", layout);
+    ASSERT_TRUE(w1.weights().k_order);
+    ASSERT_FALSE(w2.weights().k_order);
+    const ops::MoeShape shape{kTokens, kE, kTopK, masked ? kTokens : 0};
+    const std::int64_t rows = shape.row_capacity();
+    const ops::MoeOptions mo{cuda};
+    ops::GroupedGemmOptions go;
+    go.allow_unverified = cuda;
+    // Act-ordered experts take A only from a caller that says it gathered A in their order.
+    EXPECT_ERROR(ops::plan_grouped(bk, rows, w1.weights(), go), ErrorCode::kInvalidArgument,
+                 "the experts are act-ordered (k_order)");
+    ops::GroupedGemmOptions ordered = go;
+    ordered.a_in_k_order = true;
+    EXPECT_ERROR(ops::plan_grouped(bk, rows, w2.weights(), ordered), ErrorCode::kInvalidArgument,
+                 "a_in_k_order is set for experts without act order");
+
+    std::vector<std::int32_t> id(static_cast<std::size_t>(kTokens * kTopK));
+    std::vector<float> wt(id.size());
+    std::uniform_real_distribution<float> unit(0.1f, 1.0f);
+    for (std::int64_t t = 0; t < kTokens; ++t) {
+      id[t * kTopK] = static_cast<std::int32_t>(t % kE);
+      id[t * kTopK + 1] = static_cast<std::int32_t>((t + 1 + t % 3) % kE);  // never t % kE
+      wt[t * kTopK] = unit(gen());
+      wt[t * kTopK + 1] = unit(gen());
+    }
+    const DevicePtr ids = upload(id), weights = upload(wt);
+    const ops::MoeRows r{alloc(kE * 4), alloc(kE * 4 + 4), alloc(id.size() * 4)};
+    ops::moe_align(bk, stream(), ids, shape, r, mo);
+    const auto x = random_activations(gen(), static_cast<std::size_t>(kTokens * kH), -3, 0);
+    const DevicePtr xp = alloc(static_cast<std::size_t>(rows * kH) * 2);
+    ops::moe_gather(bk, stream(), upload(x), shape, kH, r.rows, xp, mo,
+                    ops::MoeColumnOrder{ids, w1.weights().k_order});
+    const DevicePtr c1 = alloc(static_cast<std::size_t>(rows * 2 * kI) * 2);
+    ops::run_grouped(ops::plan_grouped(bk, rows, w1.weights(), ordered), stream(), xp, w1.weights(),
+                     r.counts, r.offsets, c1);
+    const std::vector<std::uint16_t> act =
+        silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * kI)), kI);
+    const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * kH) * 2);
+    ops::run_grouped(ops::plan_grouped(bk, rows, w2.weights(), go), stream(), upload(act),
+                     w2.weights(), r.counts, r.offsets, c2);
+    const DevicePtr out = poisoned(static_cast<std::size_t>(kTokens * kH) * 2);
+    ops::moe_combine(bk, stream(), c2, shape, kH, r.rows, weights, out, mo);
+    const auto got = read<std::uint16_t>(out, static_cast<std::size_t>(kTokens * kH));
+
+    const double err = layer_error(
+        x, id, wt, got, kH, kI, kTopK,
+        [&](int e, std::int64_t i, std::int64_t h) { return gate[e].exact_weight(i, h); },
+        [&](int e, std::int64_t i, std::int64_t h) { return up[e].exact_weight(i, h); },
+        [&](int e, std::int64_t h, std::int64_t i) { return down[e].exact_weight(h, i); });
+    EXPECT_LE(err, 4.0 / 256.0);
+    w1.release(bk);
+    w2.release(bk);
+    free_all();
   }
 }
 

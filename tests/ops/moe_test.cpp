@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -270,6 +271,28 @@ TEST_P(MoeOps, MoeAlignIdsOutsideTheExpertsGetNoRow) {
   check_align(b, s, std::vector<std::int32_t>(12, 2), {6, 4, 2, 6}, opt());
 }
 
+// x_perm after a gather: entry i's row (rows[i] >= 0) holds want(i, token, column) in every
+// column; rows of no entry are untouched (poison_buffer's 0xABAB).
+template <class Want>
+void expect_gathered(const std::vector<std::uint16_t>& got, const std::vector<std::int32_t>& rows,
+                     int top_k, std::int64_t width, Want want) {
+  std::vector<bool> used(got.size() / static_cast<std::size_t>(width), false);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0) continue;
+    used[rows[i]] = true;
+    const auto t = static_cast<std::int64_t>(i) / top_k;
+    for (std::int64_t c = 0; c < width; ++c) {
+      ASSERT_EQ(got[rows[i] * width + c], want(i, t, c)) << "entry " << i << " col " << c;
+    }
+  }
+  for (std::size_t r = 0; r < used.size(); ++r) {
+    if (used[r]) continue;
+    for (std::int64_t c = 0; c < width; ++c) {
+      ASSERT_EQ(got[r * width + c], 0xABAB) << "row " << r << " without an entry was written";
+    }
+  }
+}
+
 TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
   Backend& b = this->b();
   const StreamHandle s = stream();
@@ -290,21 +313,8 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
     ops::moe_gather(b, s, d_x, shape, width, d_rows, x_perm, opt());
     b.synchronize(s);
     const auto got = testing::read<std::uint16_t>(b, x_perm, rows_n * width);
-    std::vector<bool> used(rows_n, false);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      if (al.rows[i] < 0) continue;
-      used[al.rows[i]] = true;
-      const auto t = static_cast<std::int64_t>(i) / top_k;
-      for (std::int64_t c = 0; c < width; ++c) {
-        ASSERT_EQ(got[al.rows[i] * width + c], x[t * width + c]) << "entry " << i << " col " << c;
-      }
-    }
-    for (std::size_t r = 0; r < rows_n; ++r) {
-      if (used[r]) continue;
-      for (std::int64_t c = 0; c < width; ++c) {
-        ASSERT_EQ(got[r * width + c], 0xABAB) << "row " << r << " without an entry was written";
-      }
-    }
+    expect_gathered(got, al.rows, top_k, width,
+                    [&](std::size_t, std::int64_t t, std::int64_t c) { return x[t * width + c]; });
     // Combine: y random over every row, weights random.
     const auto y = testing::random_bf16(rows_n * width);
     std::vector<float> w(ids.size());
@@ -334,6 +344,44 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
       }
     }
     for (DevicePtr p : {d_x, d_rows, x_perm, d_y, d_w, out}) b.free(p);
+  }
+}
+
+// moe_gather with a column order (act-ordered experts, Note [Experts' act order]): each entry's
+// row holds x's row in its expert's order, a column index outside [0, width) reads 0, rows
+// without an entry are untouched.
+TEST_P(MoeOps, MoeGatherInEachExpertsColumnOrder) {
+  Backend& b = this->b();
+  const StreamHandle s = stream();
+  for (const auto& [tokens, top_k, experts, width, masked] :
+       {std::tuple{1, 1, 4, 8, false}, {9, 2, 8, 64, true}, {40, 4, 16, 136, false}}) {
+    SCOPED_TRACE(
+        fmt::format("T={} k={} E={} width {} masked {}", tokens, top_k, experts, width, masked));
+    auto ids = random_ids(tokens, top_k, experts, 1.0);
+    ids[0] = -1;  // one entry without a row
+    const ops::MoeShape shape{tokens, experts, top_k, masked ? tokens : 0};
+    const Aligned al = align_reference(ids, experts, shape.capacity);
+    std::vector<std::int32_t> columns(static_cast<std::size_t>(experts * width));
+    for (int e = 0; e < experts; ++e) {
+      auto* order = columns.data() + e * width;
+      std::iota(order, order + width, 0);
+      std::shuffle(order, order + width, rng());
+    }
+    columns[static_cast<std::size_t>(width) - 1] = width;  // outside: reads 0
+    const auto rows_n = static_cast<std::size_t>(shape.row_capacity());
+    const auto x = testing::random_bf16(static_cast<std::size_t>(tokens * width));
+    const DevicePtr d_x = testing::upload(b, x), d_rows = testing::upload(b, al.rows);
+    const DevicePtr d_ids = testing::upload(b, ids), d_cols = testing::upload(b, columns);
+    const DevicePtr x_perm = poison_buffer(b, rows_n * width * 2);
+    ops::moe_gather(b, s, d_x, shape, width, d_rows, x_perm, opt(),
+                    ops::MoeColumnOrder{d_ids, d_cols});
+    b.synchronize(s);
+    const auto got = testing::read<std::uint16_t>(b, x_perm, rows_n * width);
+    expect_gathered(got, al.rows, top_k, width, [&](std::size_t i, std::int64_t t, std::int64_t c) {
+      const std::int32_t from = columns[ids[i] * width + c];
+      return from < width ? x[t * width + from] : std::uint16_t{0};
+    });
+    for (DevicePtr p : {d_x, d_rows, d_ids, d_cols, x_perm}) b.free(p);
   }
 }
 
@@ -453,6 +501,15 @@ TEST_P(MoeOps, BadArgumentsAreRefusedBeforeAnyLaunch) {
                ErrorCode::kInvalidArgument, "width = 12");
   EXPECT_ERROR(ops::moe_gather(b, s, buf, ok, 16, other, other.offset(16)),
                ErrorCode::kInvalidArgument, "overlaps");
+  EXPECT_ERROR(ops::moe_gather(b, s, buf, ok, 16, other, other.offset(64), {},
+                               ops::MoeColumnOrder{buf.offset(8192), DevicePtr{}}),
+               ErrorCode::kInvalidArgument, "ids and columns go together");
+  EXPECT_ERROR(ops::moe_gather(b, s, buf, ok, 16, other, other.offset(64), {},
+                               ops::MoeColumnOrder{buf.offset(8192), other.offset(128)}),
+               ErrorCode::kInvalidArgument, "overlaps");
+  EXPECT_ERROR(ops::moe_gather(b, s, buf, ok, 16, other, other.offset(64), {},
+                               ops::MoeColumnOrder{buf.offset(8192), buf.offset((1 << 16) - 64)}),
+               ErrorCode::kInvalidArgument, "order.columns");
   EXPECT_ERROR(ops::moe_combine(b, s, buf, ok, 16, other, other.offset(64), buf.offset(64)),
                ErrorCode::kInvalidArgument, "overlaps");
   EXPECT_ERROR(ops::moe_align(b, s, buf, ok, {other, other, other.offset(256)}),

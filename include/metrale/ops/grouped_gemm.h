@@ -28,27 +28,32 @@ struct GroupedWeights {
   QuantWeights expert;
   std::int32_t experts = 0;
   std::uint64_t codes_stride = 0, scales_stride = 0;  // bytes, multiples of 256
-  DevicePtr table;                   // FP32 tensor scales [experts], then int32 folds [experts]
+  DevicePtr table;  // FP32 tensor scales [experts], then int32 folds [experts]
+  // Act-ordered INT4 experts (GPTQ desc_act): int32 [experts, K], expert e's stored K order
+  // (k_perm); its codes are uploaded in that order (in_stored_order), so its rows of A must come
+  // gathered in it: moe_gather with MoeColumnOrder (Note [Experts' act order]). Null otherwise.
+  DevicePtr k_order;
   std::vector<float> tensor_scales;  // host copies of the table
   std::vector<std::int32_t> folds;
-  // Expert e as weights of its own, for ops/gemm.h (buffers inside this one's); Error
-  // (kInvalidArgument) for e outside [0, experts) or a table of another size.
+  // Expert e as weights of its own, for ops/gemm.h (buffers inside this one's; with k_order, its
+  // K is the stored order: A's columns must come in it); Error (kInvalidArgument) for e outside
+  // [0, experts) or a table of another size.
   QuantWeights view(std::int32_t e) const;
 };
 
 // Host weights of E experts uploaded as GroupedWeights, owned as a model resource: three
-// allocations (codes, scales, the table), each expert rearranged as WeightsResource would
-// (UploadLayout) and copied into its place.
+// allocations (codes, scales, the table), and k_order for act-ordered experts, each expert
+// rearranged as WeightsResource would (UploadLayout) and copied into its place.
 class GroupedWeightsResource final : public ModelResource {
  public:
-  // Checks that every expert has expert 0's format, shape, layout and INT4 fields (an act order
-  // is refused: each expert would gather A in its own order), then allocates and fills; on any
-  // failure frees what it allocated and throws (Error(kInvalidArgument) naming the expert).
+  // Checks that every expert has expert 0's format, shape, layout and INT4 fields (act order on
+  // all experts or none, each a whole layer's), then allocates and fills; on any failure frees
+  // what it allocated and throws (Error(kInvalidArgument) naming the expert).
   GroupedWeightsResource(Backend& backend, std::span<const HostQuantWeights> experts,
                          std::string label = "experts", UploadLayout upload = UploadLayout::kSource,
                          std::source_location loc = std::source_location::current());
   std::string label() const override { return label_; }
-  // Frees the three buffers (each even when another fails); a second call does nothing.
+  // Frees the buffers (each even when another fails); a second call does nothing.
   void release(Backend& backend) override;
   const GroupedWeights& weights() const noexcept { return w_; }
 
@@ -72,6 +77,9 @@ struct GroupedGemmOptions {
   // Run a kernel no device run has verified (the CUDA module's, today); without it such a kernel
   // is Error(kUnavailable).
   bool allow_unverified = false;
+  // The caller gives each expert's rows of A in the expert's K order (GroupedWeights::k_order):
+  // required for weights that have one, refused for weights that do not.
+  bool a_in_k_order = false;
 };
 
 // Everything decided before a grouped GEMM runs; reusable for any routing of its row capacity on
@@ -87,6 +95,7 @@ struct GroupedGemmPlan {
   // Every expert's description as planned (no buffers): run() refuses weights described otherwise.
   QuantWeights expert;
   bool bias = false, out_f32 = false;
+  bool a_in_k_order = false;             // planned for act-ordered experts (k_order)
   std::uint32_t flags = 0;               // the kernels' GemmFlags
   GemmRoute route = GemmRoute::kDecode;  // kDecode or kFused, as chosen
   // Grid (N tiles, experts); for a persistent kernel (gemm_grouped_fused) one wave of blocks, or
@@ -100,9 +109,9 @@ struct GroupedGemmPlan {
 // Plans C[rows, N] = expert-wise A · dequant(W_e)ᵀ (+ bias_e): checks the row capacity and the
 // weights (as plan() does for one expert), picks the module's grouped kernel for their packing and
 // sizes the launch from what it publishes. Throws Error(kInvalidArgument) for bad shapes or
-// weights, Error(kUnavailable) for weights the backend's grouped kernel does not read or a kernel
-// no device verified without allow_unverified, Error(kNotFound) for a missing kernel. Launches
-// nothing.
+// weights (act-ordered ones without options.a_in_k_order, or that option for others),
+// Error(kUnavailable) for weights the backend's grouped kernel does not read or a kernel no device
+// verified without allow_unverified, Error(kNotFound) for a missing kernel. Launches nothing.
 GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedWeights& w,
                              const GroupedGemmOptions& options = {});
 

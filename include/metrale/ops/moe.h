@@ -97,12 +97,20 @@ void moe_glu(Backend& backend, StreamHandle stream, DevicePtr y, const MoeShape&
              std::int64_t inter, const MoeActivation& activation, const MoeRows& rows,
              DevicePtr act, const MoeOptions& options = {});
 
+// Each expert's own order of x's columns, for experts whose weights read A in it (act-ordered
+// INT4 experts: GroupedWeights::k_order; Note [Experts' act order]).
+struct MoeColumnOrder {
+  DevicePtr ids;      // int32 [tokens, top_k]: each (token, slot)'s expert, as moe_align took it
+  DevicePtr columns;  // int32 [experts, width]: expert e's row c takes x's column columns[e, c]
+};
+
 // x_perm[rows[t, j]] = x[t] for every (token, slot) with a row: x BF16 [tokens, width], x_perm BF16
 // [row_capacity, width] (rows without an entry left as they are). width a multiple of 8, x and
-// x_perm 16-byte aligned.
+// x_perm 16-byte aligned. With `order` (both or neither of its buffers, 4-byte aligned),
+// x_perm[rows[t, j], c] = x[t, columns[ids[t, j], c]]; a column outside [0, width) gives 0.
 void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeShape& shape,
                 std::int64_t width, DevicePtr rows, DevicePtr x_perm,
-                const MoeOptions& options = {});
+                const MoeOptions& options = {}, const MoeColumnOrder& order = {});
 
 // out[t] = Σ_j weights[t, j] · y[rows[t, j]] over the slots with a row, summed in FP32 in slot
 // order and rounded once to BF16: y BF16 [row_capacity, width], out BF16 [tokens, width].

@@ -89,8 +89,14 @@ void moe_gather(const HostBlock& b) {
   auto* out = at<std::uint16_t>(p.out);
   const auto bytes = static_cast<std::size_t>(p.width) * 2;
   for (std::int64_t i = i0; i < i1; ++i) {
-    if (moe::has_row(p, rows[i]))
+    if (!moe::has_row(p, rows[i])) continue;
+    if (p.columns == 0) {
       std::memcpy(out + rows[i] * p.width, in + i / p.top_k * p.width, bytes);
+      continue;
+    }
+    for (std::int64_t c = 0; c < p.width; ++c) {
+      out[rows[i] * p.width + c] = moe::gather_element(p, i, c);
+    }
   }
 }
 

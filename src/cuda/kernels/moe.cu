@@ -9,8 +9,8 @@
 // moe_count: one block; a shared histogram, then the offsets by a block scan.
 // moe_scatter: a block per expert, walking the entries in order, 256 at a time: a ballot gives
 // each match its rank, so the rows follow the entries' order as on the CPU.
-// moe_gather: a warp per entry, 16-byte copies. moe_combine: a block per token. moe_glu: a block
-// per row.
+// moe_gather: a warp per entry, 16-byte copies (2-byte elements with a column order). moe_combine:
+// a block per token. moe_glu: a block per row.
 #include <cstdint>
 
 #include "kernels/moe_glu.h"
@@ -256,6 +256,12 @@ __global__ void __launch_bounds__(kThreads) moe_gather(MoePermuteParams p) {
   if (i >= p.tokens * p.top_k) return;
   const std::int32_t row = reinterpret_cast<const std::int32_t*>(p.rows)[i];
   if (!moe::has_row(p, row)) return;
+  if (p.columns != 0) {  // act-ordered experts: each element from its expert's column
+    auto* dst = reinterpret_cast<std::uint16_t*>(p.out) + row * p.width;
+    for (std::int64_t c = threadIdx.x % 32; c < p.width; c += 32)
+      dst[c] = moe::gather_element(p, i, c);
+    return;
+  }
   const auto* src = reinterpret_cast<const uint4*>(p.in) + (i / p.top_k) * (p.width / 8);
   auto* dst = reinterpret_cast<uint4*>(p.out) + row * (p.width / 8);
   for (std::int64_t v = threadIdx.x % 32; v < p.width / 8; v += 32) dst[v] = src[v];

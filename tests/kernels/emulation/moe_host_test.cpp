@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -214,6 +215,33 @@ TEST(MoeHost, AlignGatherCombineAndGluAreTheCpusBytes) {
     b.copy_d2h(c_perm.data(), dp, c_perm.size() * 2);
     EXPECT_EQ(perm, c_perm);
 
+    // The same with each expert's column order (act-ordered experts), one column outside.
+    std::vector<std::int32_t> columns(e_n * wn);
+    for (std::size_t e = 0; e < e_n; ++e) {
+      std::iota(columns.begin() + e * wn, columns.begin() + (e + 1) * wn, 0);
+      std::shuffle(columns.begin() + e * wn, columns.begin() + (e + 1) * wn, gen());
+    }
+    columns[wn - 1] = -3;
+    std::vector<std::uint16_t> ordered(rows_n * wn, 0xABAB);
+    MoePermuteParams o = g;
+    o.out = addr(ordered);
+    o.ids = addr(ids);
+    o.columns = addr(columns);
+    o.experts = experts;
+    ASSERT_EQ(
+        emu::run_grid(dim3(blocks(static_cast<std::int64_t>(n), moe_gather_n_tile)),
+                      static_cast<int>(moe_gather_block_threads), {}, [&o] { moe_gather(o); }),
+        "");
+    const DevicePtr dc = upload_to(b, columns.data(), columns.size() * 4);
+    b.memset(dp, 0xAB, rows_n * wn * 2);
+    ops::moe_gather(b, s, dx, shape, width, dr.rows, dp, {}, ops::MoeColumnOrder{di, dc});
+    b.synchronize(s);
+    b.copy_d2h(c_perm.data(), dp, c_perm.size() * 2);
+    EXPECT_EQ(ordered, c_perm);
+    if (std::any_of(rows.begin(), rows.end(), [](std::int32_t r) { return r >= 0; })) {
+      EXPECT_NE(ordered, perm);  // the order was applied
+    }
+
     std::vector<std::uint16_t> y(rows_n * wn), out(static_cast<std::size_t>(tokens) * wn, 0xABAB);
     for (auto& v : y) v = num::f32_to_bf16(u(gen()));
     std::vector<float> w(n);
@@ -269,7 +297,7 @@ TEST(MoeHost, AlignGatherCombineAndGluAreTheCpusBytes) {
       EXPECT_EQ(act, c_act) << "glu " << static_cast<int>(glu);
       b.free(da);
     }
-    for (DevicePtr d : {di, dr.counts, dr.offsets, dr.rows, dx, dp, dy, dw, dout}) b.free(d);
+    for (DevicePtr d : {di, dr.counts, dr.offsets, dr.rows, dx, dp, dc, dy, dw, dout}) b.free(d);
   }
 }
 
