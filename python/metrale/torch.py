@@ -389,12 +389,10 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
             weights = runtime.upload_weights(
                 host, label=layer,
                 layout=torch_moe.upload_layout(runtime, host, allow_unverified))
-            _swap_linear(api, model, names.layer(layer), weights,
-                         state.pop(names.layer(layer) + ".bias", None), runtime)
+            _swap_linear(api, model, names.layer(layer), weights, state, runtime)
         for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
-            _swap_linear(api, model, names.layer(layer), weights,
-                         state.pop(names.layer(layer) + ".bias", None), runtime)
+            _swap_linear(api, model, names.layer(layer), weights, state, runtime)
         torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified,
                                       moe_route)
         _load_state(api, model, state, dtype)
@@ -415,8 +413,11 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     return model.eval()
 
 
-def _swap_linear(api: str, model: torch.nn.Module, layer: str, weights: Any,
-                 bias: Optional[torch.Tensor], runtime: metrale.Model) -> None:
+def _swap_linear(api: str, model: torch.nn.Module, layer: str, weights: Any, state: dict,
+                 runtime: metrale.Model) -> None:
+    """The model's Linear ``layer`` replaced by a metrale Linear of ``weights``, taking its bias
+    out of ``state`` (the checkpoint's other tensors, named as the model's)."""
+    bias = state.pop(layer + ".bias", None)
     try:
         old = model.get_submodule(layer)
     except AttributeError:

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -85,11 +86,13 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
   // from, so expert 0's stored copy lives as long as `first`, the others' one loop turn each.
   const bool act_order = std::any_of(experts.begin(), experts.end(),
                                      [](const HostQuantWeights& x) { return !x.k_perm.empty(); });
-  const auto stored = [&](std::size_t e) {
-    return experts[e].k_perm.empty() ? HostQuantWeights{} : in_stored_order(experts[e]);
+  const auto as_stored = [&](std::size_t e,
+                             std::optional<HostQuantWeights>& hold) -> const HostQuantWeights& {
+    if (experts[e].k_perm.empty()) return experts[e];
+    return hold.emplace(in_stored_order(experts[e]));
   };
-  const HostQuantWeights stored0 = stored(0);
-  const HostQuantWeights& host0 = stored0.codes.empty() ? experts[0] : stored0;
+  std::optional<HostQuantWeights> hold0;
+  const HostQuantWeights& host0 = as_stored(0, hold0);
   // Expert 0 packed first: its sizes give the strides (every expert of one shape packs to the
   // same sizes; checked as each is packed). Its description is of the weights as stored.
   const QuantWeights described = describe_weights(host0);
@@ -116,9 +119,9 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
       }
     }
     for (std::size_t e = 0; e < experts.size(); ++e) {
-      const HostQuantWeights reordered = e == 0 ? HostQuantWeights{} : stored(e);
-      const HostQuantWeights& host = reordered.codes.empty() ? experts[e] : reordered;
-      HostPacked p = e == 0 ? std::move(first) : pack_host_weights(backend, host, upload);
+      std::optional<HostQuantWeights> hold;
+      HostPacked p =
+          e == 0 ? std::move(first) : pack_host_weights(backend, as_stored(e, hold), upload);
       if (p.codes.size() != codes0 || p.scales.size() != scales0 || p.packing != packing0) {
         throw Error(ErrorCode::kInvalidArgument, kApi,
                     fmt::format("expert {} packs to {} code and {} scale bytes in packing {}, "

@@ -27,9 +27,6 @@
 namespace metrale::testing::gemm {
 namespace {
 
-class MoeLayer : public GemmBackendTest {};
-INSTANTIATE_TEST_SUITE_P(, MoeLayer, ::testing::Values("cpu", "cuda"), backend_name);
-
 double silu(double x) {
   return x / (1.0 + std::exp(-x));
 }
@@ -48,6 +45,41 @@ std::vector<std::uint16_t> silu_times_up(const std::vector<std::uint16_t>& h1, s
   }
   return act;
 }
+
+class MoeLayer : public GemmBackendTest {
+ protected:
+  // The layer after routing and align (rows r): gather x (in `order` where given), grouped
+  // gate_up, SiLU(gate) · up on the host (rounded to BF16 as the model's dtype), grouped down,
+  // combine. Returns the combined output [tokens, hidden], poisoned before the combine.
+  std::vector<std::uint16_t> run_layer(const ops::MoeShape& shape,
+                                       const std::vector<std::uint16_t>& x, DevicePtr weights,
+                                       const ops::MoeRows& r, const ops::GroupedWeights& w1,
+                                       const ops::GroupedWeights& w2,
+                                       const ops::MoeColumnOrder& order = {}) {
+    const bool cuda = GetParam() == "cuda";
+    const std::int64_t rows = shape.row_capacity(), hidden = w1.expert.k, inter = w2.expert.k;
+    const ops::MoeOptions mo{cuda};
+    ops::GroupedGemmOptions go;
+    go.allow_unverified = cuda;
+    const DevicePtr xp = alloc(static_cast<std::size_t>(rows * hidden) * 2);
+    ops::moe_gather(b(), stream(), upload(x), shape, hidden, r.rows, xp, mo, order);
+    const DevicePtr c1 = alloc(static_cast<std::size_t>(rows * 2 * inter) * 2);
+    ops::GroupedGemmOptions first = go;
+    first.a_in_k_order = static_cast<bool>(order.columns);
+    ops::run_grouped(ops::plan_grouped(b(), rows, w1, first), stream(), xp, w1, r.counts, r.offsets,
+                     c1);
+    // Rows of no expert hold whatever; down skips them.
+    const std::vector<std::uint16_t> act =
+        silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * inter)), inter);
+    const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * hidden) * 2);
+    ops::run_grouped(ops::plan_grouped(b(), rows, w2, go), stream(), upload(act), w2, r.counts,
+                     r.offsets, c2);
+    const DevicePtr out = poisoned(static_cast<std::size_t>(shape.tokens * hidden) * 2);
+    ops::moe_combine(b(), stream(), c2, shape, hidden, r.rows, weights, out, mo);
+    return read<std::uint16_t>(out, static_cast<std::size_t>(shape.tokens * hidden));
+  }
+};
+INSTANTIATE_TEST_SUITE_P(, MoeLayer, ::testing::Values("cpu", "cuda"), backend_name);
 
 // The float64 layer of a routing against its output: per token Σ_j w_j · down_e(SiLU(gate_e · x) ·
 // (up_e · x)) with e = id[t, j], weights through gate(e, i, h), up(e, i, h) and down(e, h, i);
@@ -110,10 +142,7 @@ TEST_P(MoeLayer, Qwen3ExpertsAgainstFloat64) {
       }
       ops::GroupedWeightsResource w1(bk, gate_up), w2(bk, down);
       const ops::MoeShape shape{tokens, kE, kTopK, masked ? tokens : 0};
-      const std::int64_t rows = shape.row_capacity();
       const ops::MoeOptions mo{cuda};
-      ops::GroupedGemmOptions go;
-      go.allow_unverified = cuda;
 
       std::normal_distribution<float> normal(0.0f, 1.0f);
       std::vector<float> logits(static_cast<std::size_t>(tokens * kE));
@@ -128,20 +157,7 @@ TEST_P(MoeLayer, Qwen3ExpertsAgainstFloat64) {
       const ops::MoeRows r{alloc(kE * 4), alloc(kE * 4 + 4),
                            alloc(static_cast<std::size_t>(tokens * kTopK) * 4)};
       ops::moe_align(bk, stream(), ids, shape, r, mo);
-      const DevicePtr xp = alloc(static_cast<std::size_t>(rows * kH) * 2);
-      ops::moe_gather(bk, stream(), upload(x), shape, kH, r.rows, xp, mo);
-      const DevicePtr c1 = alloc(static_cast<std::size_t>(rows * 2 * kI) * 2);
-      ops::run_grouped(ops::plan_grouped(bk, rows, w1.weights(), go), stream(), xp, w1.weights(),
-                       r.counts, r.offsets, c1);
-      // SiLU(gate) · up on every row (rows of no expert hold whatever; down skips them).
-      const std::vector<std::uint16_t> act =
-          silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * kI)), kI);
-      const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * kH) * 2);
-      ops::run_grouped(ops::plan_grouped(bk, rows, w2.weights(), go), stream(), upload(act),
-                       w2.weights(), r.counts, r.offsets, c2);
-      const DevicePtr out = poisoned(static_cast<std::size_t>(tokens * kH) * 2);
-      ops::moe_combine(bk, stream(), c2, shape, kH, r.rows, weights, out, mo);
-      const auto got = read<std::uint16_t>(out, static_cast<std::size_t>(tokens * kH));
+      const auto got = run_layer(shape, x, weights, r, w1.weights(), w2.weights());
       const auto id = read<std::int32_t>(ids, static_cast<std::size_t>(tokens * kTopK));
       const auto wt = read<float>(weights, static_cast<std::size_t>(tokens * kTopK));
 
@@ -230,20 +246,8 @@ TEST_P(MoeLayer, ActOrderedInt4ExpertsAgainstFloat64) {
     const ops::MoeRows r{alloc(kE * 4), alloc(kE * 4 + 4), alloc(id.size() * 4)};
     ops::moe_align(bk, stream(), ids, shape, r, mo);
     const auto x = random_activations(gen(), static_cast<std::size_t>(kTokens * kH), -3, 0);
-    const DevicePtr xp = alloc(static_cast<std::size_t>(rows * kH) * 2);
-    ops::moe_gather(bk, stream(), upload(x), shape, kH, r.rows, xp, mo,
-                    ops::MoeColumnOrder{ids, w1.weights().k_order});
-    const DevicePtr c1 = alloc(static_cast<std::size_t>(rows * 2 * kI) * 2);
-    ops::run_grouped(ops::plan_grouped(bk, rows, w1.weights(), ordered), stream(), xp, w1.weights(),
-                     r.counts, r.offsets, c1);
-    const std::vector<std::uint16_t> act =
-        silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * kI)), kI);
-    const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * kH) * 2);
-    ops::run_grouped(ops::plan_grouped(bk, rows, w2.weights(), go), stream(), upload(act),
-                     w2.weights(), r.counts, r.offsets, c2);
-    const DevicePtr out = poisoned(static_cast<std::size_t>(kTokens * kH) * 2);
-    ops::moe_combine(bk, stream(), c2, shape, kH, r.rows, weights, out, mo);
-    const auto got = read<std::uint16_t>(out, static_cast<std::size_t>(kTokens * kH));
+    const auto got = run_layer(shape, x, weights, r, w1.weights(), w2.weights(),
+                               ops::MoeColumnOrder{ids, w1.weights().k_order});
 
     const double err = layer_error(
         x, id, wt, got, kH, kI, kTopK,
