@@ -93,9 +93,10 @@ void BM_MoeGrouped(benchmark::State& state) {
   const metrale::ops::GroupedGemmPlan plan =
       metrale::ops::plan_grouped(backend, rows, weights.front()->weights());
   const auto stream = backend.default_stream();
+  const metrale::ops::GroupedGemmWorkspace ws = metrale::ops::scratch_workspace(plan, stream);
   const auto run = [&](std::size_t copy, const Routing& r) {
     metrale::ops::run_grouped(plan, stream, da, weights[copy]->weights(), r.d_counts, r.d_offsets,
-                              dc);
+                              dc, ws);
   };
   // One pass: every copy with every routing.
   const auto pass = [&] {

@@ -81,7 +81,8 @@ class Projection {
       ops::run_grouped(fp8_, s, a, w_.f, r.counts, r.offsets, c, ops::scratch_workspace(fp8_, s),
                        w_.bias);
     } else {
-      ops::run_grouped(fp4_, s, a, w_.q, r.counts, r.offsets, c, w_.bias);
+      ops::run_grouped(fp4_, s, a, w_.q, r.counts, r.offsets, c, ops::scratch_workspace(fp4_, s),
+                       w_.bias);
     }
   }
 

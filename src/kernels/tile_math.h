@@ -59,7 +59,8 @@ struct SplitK {
 };
 
 // The split of K (in units of `unit` elements) that brings `blocks` (the grid without split)
-// to at least `target` blocks, with at most `max_splits` slices and no empty slice.
+// to at least `target` blocks, with at most `max_splits` slices and no empty slice. One slice is
+// all of K (k_per_split = k, whatever the unit), the plan the GEMM ops check a run against.
 METRALE_HD SplitK plan_split_k(std::int64_t k, std::int64_t unit, std::int64_t blocks,
                                std::int64_t target, std::int64_t max_splits) {
   const std::int64_t units = (k + unit - 1) / unit;
@@ -71,6 +72,7 @@ METRALE_HD SplitK plan_split_k(std::int64_t k, std::int64_t unit, std::int64_t b
   SplitK s;
   s.k_per_split = per_units * unit;
   s.splits = (units + per_units - 1) / per_units;  // drops slices that would start past K
+  if (s.splits == 1) s.k_per_split = k;
   return s;
 }
 

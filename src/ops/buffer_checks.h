@@ -51,6 +51,17 @@ inline void check_no_overlap(std::string_view api, const Range& out,
   }
 }
 
+// A workspace part a plan needs (part: its name, address and the planned bytes; nothing to check
+// where those are 0) must be there, aligned, inside one of the backend's own allocations (a
+// kernel writes it) and clear of every other buffer of the call.
+inline void check_workspace_part(std::string_view api, const Backend& backend, const Range& part,
+                                 DevicePtr p, std::initializer_list<Range> others) {
+  if (part.bytes == 0) return;
+  check_pointer(api, part.name, p);
+  backend.check_owned_range(api, part.name, p, part.bytes);
+  check_no_overlap(api, part, others);
+}
+
 // The byte ranges of one quantized GEMM call's buffers.
 struct CallRanges {
   Range a, c, codes, scales, bias;

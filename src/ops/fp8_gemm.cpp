@@ -66,14 +66,6 @@ CallRanges check_buffers(std::string_view api, Backend& backend, const DenseGemm
                             w.codes, w.codes_bytes, w.scales, w.scales_bytes, bias, un * 2);
 }
 
-void check_workspace_part(std::string_view api, Backend& backend, const Range& part, DevicePtr p,
-                          std::initializer_list<Range> others) {
-  if (part.bytes == 0) return;
-  check_pointer(api, part.name, p);
-  backend.check_owned_range(api, part.name, p, part.bytes);
-  check_no_overlap(api, part, others);
-}
-
 Fp8GemmPlan plan_checked(std::string_view api, Backend& backend, const DenseGemmShape& shape) {
   if (std::string why = backend.dense_gemm_unavailable(shape.kind); !why.empty()) {
     throw Error(ErrorCode::kUnavailable, api,

@@ -32,9 +32,6 @@ namespace metrale::ops {
 namespace {
 
 constexpr std::string_view kModule = "w4a16";
-// Split-K: at most this many K slices (each slice adds an M x N FP32 plane to the workspace and
-// to the reduction's reads).
-constexpr std::int64_t kMaxSplits = 16;
 
 // METRALE_GEMM_SHAPE_LOG=1 adds one info line per (route, M, N, K) with its FLOP count.
 bool shape_log_enabled() {
@@ -513,16 +510,6 @@ const char* packing_name(WeightPacking packing) {
   return "source";
 }
 
-// A workspace part the plan needs must be there, aligned, inside one of the backend's own
-// allocations (a kernel writes it), and clear of every buffer of the call.
-void check_workspace_part(std::string_view api, Backend& backend, const char* name, DevicePtr p,
-                          std::uint64_t bytes, std::initializer_list<Range> others) {
-  if (bytes == 0) return;
-  check_pointer(api, name, p);
-  backend.check_owned_range(api, name, p, bytes);
-  check_no_overlap(api, Range{name, p.address(), bytes}, others);
-}
-
 // The kernels' GemmFlags for weights of this format, source layout and packing, with or without
 // a bias. Packed weights carry no source layout for a kernel to read: their flag says the
 // decode one.
@@ -983,17 +970,17 @@ void run_as(std::string_view api, const GemmPlan& plan, StreamHandle stream, Dev
       rwb{"BF16 weights workspace", workspace.w_bf16.address(), need.w_bf16},
       rdense{"dense GEMM workspace", workspace.dense.address(), need.dense},
       rperm{"permuted A workspace", workspace.a_perm.address(), need.a_perm};
-  check_workspace_part(api, backend, rsplit.name, workspace.split_k, need.split_k,
+  check_workspace_part(api, backend, rsplit, workspace.split_k,
                        {r.a, r.c, r.codes, r.scales, r.bias, ra8, rw8, rwb, rdense, rperm});
-  check_workspace_part(api, backend, ra8.name, workspace.a_e4m3, need.a_e4m3,
+  check_workspace_part(api, backend, ra8, workspace.a_e4m3,
                        {r.a, r.c, r.codes, r.scales, r.bias, rw8, rwb, rdense, rperm});
-  check_workspace_part(api, backend, rw8.name, workspace.w_e4m3, need.w_e4m3,
+  check_workspace_part(api, backend, rw8, workspace.w_e4m3,
                        {r.a, r.c, r.codes, r.scales, r.bias, rwb, rdense, rperm});
-  check_workspace_part(api, backend, rwb.name, workspace.w_bf16, need.w_bf16,
+  check_workspace_part(api, backend, rwb, workspace.w_bf16,
                        {r.a, r.c, r.codes, r.scales, r.bias, rdense, rperm});
-  check_workspace_part(api, backend, rdense.name, workspace.dense, need.dense,
+  check_workspace_part(api, backend, rdense, workspace.dense,
                        {r.a, r.c, r.codes, r.scales, r.bias, rperm});
-  check_workspace_part(api, backend, rperm.name, workspace.a_perm, need.a_perm,
+  check_workspace_part(api, backend, rperm, workspace.a_perm,
                        {r.a, r.c, r.codes, r.scales, r.bias});
 
   launch_planned(plan, stream, a, w, c, workspace, bias);

@@ -111,13 +111,6 @@ std::uint32_t grid_of(std::string_view api, std::uint64_t count, std::uint64_t t
   return static_cast<std::uint32_t>(blocks);
 }
 
-void check_workspace_part(Backend& backend, const Range& part, DevicePtr p,
-                          std::initializer_list<Range> others) {
-  check_pointer(kRunApi, part.name, p);
-  backend.check_owned_range(kRunApi, part.name, p, part.bytes);
-  check_no_overlap(kRunApi, part, others);
-}
-
 // The layout an upload with `upload` stores on backend (weights N x K), or why not.
 WeightPacking upload_packing(Backend& backend, UploadLayout upload, std::int64_t k) {
   switch (upload) {
@@ -458,9 +451,9 @@ void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
   }
   const Range wc{"E4M3 A workspace", workspace.a_codes.address(), plan.workspace.a_codes},
       ws{"A scales workspace", workspace.a_scales.address(), plan.workspace.a_scales};
-  check_workspace_part(backend, wc, workspace.a_codes,
+  check_workspace_part(kRunApi, backend, wc, workspace.a_codes,
                        {r.a, r.c, r.codes, r.scales, r.bias, rc, ro, ws});
-  check_workspace_part(backend, ws, workspace.a_scales,
+  check_workspace_part(kRunApi, backend, ws, workspace.a_scales,
                        {r.a, r.c, r.codes, r.scales, r.bias, rc, ro});
   const Fp8CastParams cast{a.address(), workspace.a_codes.address(), workspace.a_scales.address(),
                            plan.rows, plan.k};

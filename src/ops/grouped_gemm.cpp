@@ -12,6 +12,7 @@
 #include "core/published.h"
 #include "kernels/fused_tile.h"
 #include "kernels/grouped_params.h"
+#include "kernels/tile_math.h"
 #include "metrale/error.h"
 #include "metrale/op_cache.h"
 #include "ops/buffer_checks.h"
@@ -139,12 +140,64 @@ GemmRoute route_of(Backend& backend, std::int64_t rows, std::int32_t experts,
                                                                    : GemmRoute::kDecode;
 }
 
+// Whether the plan's reduction is the one plan_grouped makes: gemm_grouped_split_reduce over (N
+// tiles of its published width, experts) blocks of its published size. Another grid or kernel
+// would leave columns or experts of C unsummed.
+bool reduce_fits(const GroupedGemmPlan& plan) {
+  Backend& backend = *plan.backend;
+  const PlannedLaunch& r = plan.reduce;
+  if (r.kernel.handle !=
+      backend.op_cache().kernel(backend, "w4a16", "gemm_grouped_split_reduce").handle) {
+    return false;
+  }
+  const std::uint64_t tile = backend.kernel_n_tile(r.kernel);
+  return tile != 0 && r.grid.x == (static_cast<std::uint64_t>(plan.n) + tile - 1) / tile &&
+         r.grid.y == static_cast<std::uint64_t>(plan.experts) && r.grid.z == 1 &&
+         r.block == Dim3{r.kernel.meta.block_threads} && r.block.x != 0;
+}
+
+// Whether the plan's K slices are those plan_grouped makes: none, or `splits` slices of
+// k_per_split (a multiple of the kernel's split unit, none empty, the last reaching K) over grid
+// z, with partials of splits x rows x N and the reduction planned. An edited plan would leave part
+// of K unsummed or the reduction reading partials nobody wrote: refused.
+void check_split(const GroupedGemmPlan& plan) {
+  const auto fits = [&plan] {
+    if (plan.launch.grid.z != static_cast<std::uint64_t>(plan.splits)) return false;
+    if (plan.splits == 1) return plan.k_per_split == plan.k && plan.workspace_bytes == 0;
+    std::int64_t covered = 0;
+    std::uint64_t bytes = 0;
+    const std::uint32_t unit = plan.launch.kernel.meta.split_k;
+    return plan.splits > 1 && plan.splits <= kMaxSplits && plan.k_per_split > 0 && unit != 0 &&
+           plan.k_per_split % unit == 0 &&
+           !__builtin_mul_overflow(plan.splits, plan.k_per_split, &covered) && covered >= plan.k &&
+           covered - plan.k_per_split < plan.k &&
+           !__builtin_mul_overflow(
+               static_cast<std::uint64_t>(plan.splits) * static_cast<std::uint64_t>(plan.rows),
+               static_cast<std::uint64_t>(plan.n) * sizeof(float), &bytes) &&
+           bytes == plan.workspace_bytes && static_cast<bool>(plan.reduce.kernel) &&
+           reduce_fits(plan);
+  };
+  if (!fits()) {
+    bad(kRunApi,
+        fmt::format("the plan's split of K ({} x {} over grid z {}, workspace {} B) is not "
+                    "one plan_grouped makes for K = {}, rows = {}, N = {}",
+                    plan.splits, plan.k_per_split, plan.launch.grid.z, plan.workspace_bytes, plan.k,
+                    plan.rows, plan.n));
+  }
+}
+
 }  // namespace
 
 std::string GroupedGemmPlan::describe() const {
-  return fmt::format("grouped rows={} N={} K={} x {} experts: {} {}x{}x{} x {} threads", rows, n, k,
-                     experts, backend->kernel_name(launch.kernel), launch.grid.x, launch.grid.y,
-                     launch.grid.z, launch.block.x);
+  std::string s = fmt::format("grouped rows={} N={} K={} x {} experts: {} {}x{}x{} x {} threads",
+                              rows, n, k, experts, backend->kernel_name(launch.kernel),
+                              launch.grid.x, launch.grid.y, launch.grid.z, launch.block.x);
+  if (splits > 1) {
+    s += fmt::format(", {} {}x{}x{} x {} threads; split-K {} x {}; workspace {} B",
+                     backend->kernel_name(reduce.kernel), reduce.grid.x, reduce.grid.y,
+                     reduce.grid.z, reduce.block.x, splits, k_per_split, workspace_bytes);
+  }
+  return s;
 }
 
 GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedWeights& w,
@@ -222,6 +275,23 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
     grid = Dim3{static_cast<std::uint32_t>(std::min<std::uint64_t>(
         most * n_tiles, static_cast<std::uint64_t>(wave_blocks(kPlanApi, backend, k))))};
   }
+  // Split-K on the decode route, as the dense decode route splits: the experts that can have rows
+  // (no more than the rows routed: the capacity unless the caller says fewer) make at most
+  // n_tiles x min(experts, rows) blocks that do work (the others leave at once), and where those
+  // fill the device's waves poorly K is cut into slices. Sized from the shape, never the routing.
+  if (options.routed_rows < 0 || options.routed_rows > rows) {
+    bad(kPlanApi,
+        fmt::format("routed_rows = {} is outside [0, rows = {}]", options.routed_rows, rows));
+  }
+  tiles::SplitK split{1, first.k};
+  if (!k.meta.persistent && k.meta.split_k != 0) {
+    const std::int64_t routed = options.routed_rows > 0 ? options.routed_rows : rows;
+    const auto working =
+        static_cast<std::int64_t>(n_tiles) * std::min<std::int64_t>(w.experts, routed);
+    split = tiles::plan_split_k_waves(first.k, k.meta.split_k, working,
+                                      wave_blocks(kPlanApi, backend, k), kMaxSplits);
+  }
+  grid.z = static_cast<std::uint32_t>(split.splits);
   GroupedGemmPlan p;
   p.backend = &backend;
   p.rows = rows;
@@ -240,17 +310,50 @@ GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedW
   p.flags = (one.flags & ~kGemmBias) | (options.bias ? kGemmBias : 0u);
   p.route = route;
   p.launch = PlannedLaunch{k, grid, published_block(kPlanApi, backend, k), k.meta.smem_bytes};
+  p.splits = split.splits;
+  p.k_per_split = split.k_per_split;
+  if (split.splits > 1) {
+    // FP32 partials [splits, rows, N], each expert's slices beside its rows (grouped_params.h);
+    // the reduction a block per published tile of an expert's columns.
+    if (__builtin_mul_overflow(
+            static_cast<std::uint64_t>(split.splits) * static_cast<std::uint64_t>(rows),
+            static_cast<std::uint64_t>(first.n) * sizeof(float), &p.workspace_bytes)) {
+      bad(kPlanApi, fmt::format("the split-K partials of {} x {} rows x N = {} would be more "
+                                "bytes than 64 bits can count",
+                                split.splits, rows, first.n));
+    }
+    const char* reducer = "gemm_grouped_split_reduce";
+    if (!backend.has_kernel("w4a16", reducer)) {
+      throw Error(ErrorCode::kNotFound, kPlanApi,
+                  fmt::format("{} has no w4a16::{} to sum the K slices of {}", backend.name(),
+                              reducer, backend.kernel_name(k)));
+    }
+    const ResolvedKernel& r = backend.op_cache().kernel(backend, "w4a16", reducer);
+    if (options.out_f32 && !r.meta.out_f32) {
+      throw Error(ErrorCode::kUnavailable, kPlanApi,
+                  fmt::format("{} writes C in BF16 only (it publishes no out_f32)",
+                              backend.kernel_name(r)));
+    }
+    const std::uint64_t reduce_tile = backend.kernel_n_tile(r);
+    p.reduce = PlannedLaunch{
+        r,
+        Dim3{static_cast<std::uint32_t>((static_cast<std::uint64_t>(first.n) + reduce_tile - 1) /
+                                        reduce_tile),
+             static_cast<std::uint32_t>(w.experts), 1},
+        published_block(kPlanApi, backend, r), r.meta.smem_bytes};
+  }
   return p;
 }
 
 void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
                  const GroupedWeights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
-                 DevicePtr bias) {
+                 const GroupedGemmWorkspace& workspace, DevicePtr bias) {
   const nvtx::Range range("metrale::ops::run_grouped");
   if (plan.backend == nullptr) bad(kRunApi, "the plan was made by no backend (plan_grouped)");
   Backend& backend = *plan.backend;
   check_grouped_weights(w);
-  if (w.experts != plan.experts || !same_weights(w.expert, plan.expert)) {
+  if (w.experts != plan.experts || !same_weights(w.expert, plan.expert) ||
+      plan.n != plan.expert.n || plan.k != plan.expert.k) {
     bad(kRunApi,
         fmt::format("the weights ({} experts of {} x {}, {} packing {}, {} code and {} scale "
                     "bytes{}{}) are not the plan's ({} experts of {} x {}, {} packing {}, {} and "
@@ -267,6 +370,7 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
     bad(kRunApi, plan.a_in_k_order ? "the plan is for act-ordered experts, the weights have none"
                                    : "the weights are act-ordered (k_order), the plan is not");
   }
+  check_split(plan);
   if (plan.bias != static_cast<bool>(bias)) {
     bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"
                            : "a bias was given to a plan made without one");
@@ -285,6 +389,8 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   const CallRanges r =
       check_call_buffers(kRunApi, backend, a, a_bytes, c, c_bytes, w.expert.codes, codes_bytes,
                          w.expert.scales, scales_bytes, bias, bias_bytes);
+  std::array<Range, 3> tables;
+  std::size_t t = 0;
   for (const auto& [name, p, bytes] : {std::tuple{"counts", counts, 4 * experts},
                                        {"offsets", offsets, 4 * experts + 4},
                                        {"expert table", w.table, 8 * experts}}) {
@@ -293,8 +399,13 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
       bad(kRunApi, fmt::format("{} = 0x{:x} is not 4-byte aligned", name, p.address()));
     }
     backend.check_range(kRunApi, name, p, bytes);
-    check_no_overlap(kRunApi, r.c, {Range{name, p.address(), bytes}});
+    tables[t] = Range{name, p.address(), bytes};
+    check_no_overlap(kRunApi, r.c, {tables[t++]});
   }
+  // The partials: the decode kernel writes them, the reduction reads them and writes C.
+  const Range split{"split-K workspace", workspace.split_k.address(), plan.workspace_bytes};
+  check_workspace_part(kRunApi, backend, split, workspace.split_k,
+                       {r.a, r.c, r.codes, r.scales, r.bias, tables[0], tables[1], tables[2]});
   GroupedGemmParams g;
   g.gemm.a = a.address();
   g.gemm.codes = w.expert.codes.address();
@@ -305,7 +416,9 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   g.gemm.n = plan.n;
   g.gemm.k = plan.k;
   g.gemm.flags = plan.flags;
-  g.gemm.k_per_split = plan.k;
+  g.gemm.workspace = plan.splits > 1 ? workspace.split_k.address() : 0;
+  g.gemm.splits = plan.splits;
+  g.gemm.k_per_split = plan.k_per_split;
   g.gemm.group = w.expert.group;
   g.gemm.a_k = plan.k;
   g.counts = counts.address();
@@ -316,6 +429,20 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   g.experts = plan.experts;
   backend.launch_typed(plan.launch.kernel, plan.launch.grid, plan.launch.block,
                        plan.launch.smem_bytes, stream, std::array{KernelArg::value(g)});
+  if (plan.splits > 1) {
+    backend.launch_typed(plan.reduce.kernel, plan.reduce.grid, plan.reduce.block,
+                         plan.reduce.smem_bytes, stream, std::array{KernelArg::value(g)});
+  }
+}
+
+GroupedGemmWorkspace scratch_workspace(const GroupedGemmPlan& plan, StreamHandle stream) {
+  if (plan.backend == nullptr) {
+    bad("scratch_workspace", "the plan is empty (made by no call to plan_grouped)");
+  }
+  if (plan.workspace_bytes == 0) return {};
+  Backend& backend = *plan.backend;
+  return GroupedGemmWorkspace{backend.op_cache().scratch(
+      backend, gemm_scratch_tag(backend, stream, "gemm_split_k"), plan.workspace_bytes, stream)};
 }
 
 }  // namespace metrale::ops

@@ -14,6 +14,10 @@
 
 namespace metrale::ops {
 
+// Split-K: at most this many K slices (each slice adds an M x N FP32 plane to the workspace and
+// to the reduction's reads), in the dense and the grouped op alike.
+inline constexpr std::int64_t kMaxSplits = 16;
+
 // The block k publishes; Error(kNotFound) naming api and the kernel when it publishes none (a
 // kernel's tile is strided by the block it was written for, so another size would skip or repeat
 // elements).

@@ -258,6 +258,39 @@ TEST(GemmLaunch, EnoughColumnBlocksMeanNoSplitAndNoWorkspace) {
   EXPECT_EQ(rig.b().live_bytes(), 0u);  // no workspace was taken
 }
 
+// A plan that does not split K has one slice of all of K, not of K rounded up to the split unit:
+// ops::run checks the plan it is given, and refused the unit's round-up ("does not fit itself")
+// for every unsplit decode plan of a K off the unit (gpt-oss's 2880 against CUDA's 1024).
+TEST(GemmLaunch, AnUnsplitPlanOfKOffTheUnitRunsAsPlanned) {
+  const std::uint64_t seed = ref::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  std::mt19937_64 gen(seed);
+  Rig rig(RigOptions{.modules = {core_module(), launch_module()}});
+  CudaBackend& b = rig.b();
+  const std::int64_t n = kDecodeBlocksPerSm * static_cast<std::int64_t>(b.sm_count()) * kDecodeTile;
+  const Case c{1, n, kSplitUnit + 32};
+  const HostQuantWeights hw =
+      ref::quantize(WeightFormat::kNvfp4, ref::random_weight_values(gen, c.n, c.k), c.n, c.k);
+  ops::QuantWeights w = ops::upload_weights(b, hw);
+  const auto a = ref::random_activations(gen, static_cast<std::size_t>(c.m * c.k));
+  const DevicePtr da = b.alloc(a.size() * 2);
+  b.copy_h2d(da, a.data(), a.size() * 2);
+  const DevicePtr dc = b.alloc(static_cast<std::size_t>(c.m * c.n) * 2);
+  b.memset(dc, ref::kPoisonByte, static_cast<std::size_t>(c.m * c.n) * 2);
+  const ops::GemmPlan p = ops::plan(b, c.m, w);
+  EXPECT_EQ(p.splits, 1) << p.describe();
+  EXPECT_EQ(p.k_per_split, c.k) << p.describe();
+  ops::run(p, b.default_stream(), da, w, dc, ops::GemmWorkspace{});
+  b.synchronize(b.default_stream());
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(c.m * c.n));
+  b.copy_d2h(out.data(), dc, out.size() * 2);
+  ref::expect_close(ref::compare(out, ref::reference(a, c.m, hw, {}, ref::AMode::kBf16)),
+                    ref::kNormTol, "against float64");
+  b.free(dc);
+  b.free(da);
+  ops::free_weights(b, w);
+}
+
 // A grid past one wave splits K where that fills its last wave: N = 4752 is 594 blocks, 1.5 waves
 // of 396 (75% busy); 2 slices make 1188 blocks, 3 full waves. Computed through the fake kernels
 // and the reduction, checked against the reference.

@@ -85,7 +85,8 @@ TEST(SplitK, SlicesCoverKOnceWithNoEmptySliceAndWholeUnits) {
     const SplitK s = plan_split_k(k, unit, blocks, target, max);
     ASSERT_GE(s.splits, 1);
     ASSERT_LE(s.splits, max);
-    ASSERT_EQ(s.k_per_split % unit, 0);
+    // Several slices start on whole units; one slice is all of K, as the ops' plans check.
+    ASSERT_EQ(s.splits > 1 ? s.k_per_split % unit : s.k_per_split - k, 0);
     std::int64_t covered = 0;
     for (std::int64_t z = 0; z < s.splits; ++z) {
       std::int64_t b = 0, e = 0;
@@ -119,9 +120,14 @@ TEST(SplitK, KnownShapes) {
   s = plan_split_k(4096, kDecodeSplitUnit, 896, 264, 16);
   EXPECT_EQ(s.splits, 1);
   EXPECT_EQ(s.k_per_split, 4096);
-  // A K of less than one unit cannot split.
+  // A K of less than one unit cannot split, and its one slice is K itself (not the unit's
+  // round-up, which the ops' run-time checks of a plan refused: gpt-oss's K = 2880 unsplit).
   s = plan_split_k(48, kDecodeSplitUnit, 1, 264, 16);
   EXPECT_EQ(s.splits, 1);
+  EXPECT_EQ(s.k_per_split, 48);
+  s = plan_split_k_waves(2880, kDecodeSplitUnit, 2880, 132, 16);
+  EXPECT_EQ(s.splits, 1);
+  EXPECT_EQ(s.k_per_split, 2880);
 }
 
 TEST(Swizzle128, IsABijectionOfEachAtomThatKeepsSixteenByteChunksWhole) {

@@ -131,19 +131,30 @@ Published w4a16_published(const std::string& target) {
       {"permute_a_int4_block_threads", kW4a16Threads},
       {"permute_a_int4_layout", metrale::int4_decode::kLayoutId},
       {"permute_a_int4_int4", 1},
-      // The grouped GEMMs: the decode kernels' grids per expert (grid y). No verification yet.
+      // The grouped GEMMs: the decode kernels' grids per expert (grid y), K split as theirs (grid
+      // z) and summed by the grouped reduction, a block per 256 columns of an expert. No
+      // verification yet.
       {"gemm_grouped_n_tile", u32(tl::kDecodeNTile)},
       {"gemm_grouped_block_threads", u32(tl::kDecodeThreads)},
       {"gemm_grouped_out_f32", 1},
+      {"gemm_grouped_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_grouped_blocks_per_sm", kGemmBlocksPerSm},
       {"gemm_grouped_packed_n_tile", u32(dl::kTileN)},
       {"gemm_grouped_packed_block_threads", u32(tl::kDecodeThreads)},
       {"gemm_grouped_packed_layout", dl::kLayoutId},
       {"gemm_grouped_packed_out_f32", 1},
+      {"gemm_grouped_packed_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_grouped_packed_blocks_per_sm", kGemmBlocksPerSm},
       {"gemm_grouped_int4_decode_n_tile", u32(dl::kTileN)},
       {"gemm_grouped_int4_decode_block_threads", u32(tl::kDecodeThreads)},
       {"gemm_grouped_int4_decode_layout", metrale::int4_decode::kLayoutId},
       {"gemm_grouped_int4_decode_out_f32", 1},
       {"gemm_grouped_int4_decode_int4", 1},
+      {"gemm_grouped_int4_decode_split_k", u32(tl::kDecodeSplitUnit)},
+      {"gemm_grouped_int4_decode_blocks_per_sm", kGemmBlocksPerSm},
+      {"gemm_grouped_split_reduce_n_tile", kW4a16Threads},
+      {"gemm_grouped_split_reduce_block_threads", kW4a16Threads},
+      {"gemm_grouped_split_reduce_out_f32", 1},
   };
   if (wgmma) {
     // gemm_fused: wgmma on sm_90a; elsewhere a placeholder that publishes only that it is absent.
@@ -688,9 +699,9 @@ TEST_F(FatbinOffline, PublishedBlocksPerSmFitTheCubinsResources) {
       }
     }
   }
-  // Nine GEMM entries on sm_90a (the grouped FP8 tiled and fused INT4 ones among them), five (no
-  // fused or tiled grouped kernels) on sm_80 and sm_89.
-  EXPECT_EQ(checked, 19) << "entries checked; a lost blocks_per_sm must not pass unseen";
+  // Twelve GEMM entries on sm_90a (the grouped FP8 tiled, fused INT4 and three grouped decode
+  // ones among them), eight (no fused or tiled grouped kernels) on sm_80 and sm_89.
+  EXPECT_EQ(checked, 28) << "entries checked; a lost blocks_per_sm must not pass unseen";
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ struct Case {
   // columns as the dense one.
   bool extreme_scale = false;
   ops::GemmRoute route = ops::GemmRoute::kAuto;
+  bool split = false;  // CUDA's plan must split K (the CPU's never does)
 
   std::string str() const {
     return fmt::format("{} upload {} T={} E={} k={} N={} K={} {}{}{} skew {} route {}",
@@ -116,8 +117,15 @@ class GroupedGemm : public GemmBackendTest {
     const bool persistent = cuda() && plan.route == ops::GemmRoute::kFused;
     EXPECT_EQ(plan.launch.grid.y, persistent ? 1u : static_cast<std::uint32_t>(c.experts))
         << plan.describe();
+    // The CPU's twins write C themselves (no _split_k); CUDA's decode kernels split K where the
+    // blocks of the experts that can have rows fill the device's waves poorly.
+    if (!cuda()) {
+      EXPECT_EQ(plan.splits, 1) << plan.describe();
+    } else if (c.split) {
+      EXPECT_GT(plan.splits, 1) << plan.describe();
+    }
     ops::run_grouped(plan, stream(), a, w, r.counts, r.offsets, out,
-                     c.bias ? upload(bias) : DevicePtr{});
+                     ops::scratch_workspace(plan, stream()), c.bias ? upload(bias) : DevicePtr{});
 
     const auto counts = read<std::int32_t>(r.counts, e_n);
     const auto offsets = read<std::int32_t>(r.offsets, e_n + 1);
@@ -218,6 +226,26 @@ TEST_P(GroupedGemm, EmptyExpertsOneExpertTakingAllAndFp32C) {
   run_case(extreme);
 }
 
+// Split-K on the decode route (CUDA: K = 2560 in slices of 1024 over grid z, the last short, each
+// expert's partials summed by gemm_grouped_split_reduce, 256 columns a block; the CPU runs the
+// same cases unsplit): every decode kernel's layout, N past one reduction block, bias, FP32 C,
+// masked rows, one expert taking nearly all of 40 rows (the decode kernel's passes of 16 rows).
+TEST_P(GroupedGemm, SplitKOnTheDecodeRouteAgainstFloat64) {
+  using U = ops::UploadLayout;
+  for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    for (const U u : {U::kSource, U::kDecode}) {
+      if (cuda() && f == WeightFormat::kInt4 && u == U::kSource) continue;  // INT4 decode layout
+      Case c{f, u, 3, 8, 2, 288, 2560, false, true, false, 1.0};
+      c.split = true;
+      run_case(c);
+      c = Case{f, u, 40, 4, 1, 40, 2560, true, false, true, 12.0};
+      c.route = ops::GemmRoute::kDecode;
+      c.split = true;
+      run_case(c);
+    }
+  }
+}
+
 // The fused route (decode-layout weights; CUDA: gemm_grouped_fused, the CPU: its decode twin):
 // experts of a few rows to a few hundred (slots of 128 whole and partial), partial N tiles, bias,
 // FP32 C, masked rows, one expert taking every token. Asked for by route: the automatic choice
@@ -274,7 +302,8 @@ TEST_P(GroupedGemm, RowsOutsideTheBuffersAreSkipped) {
   const std::vector<std::int32_t> counts = {3, 4, 2}, offsets = {0, 6, -1, 8};
   const DevicePtr a = upload(random_activations(gen(), 8 * 128));
   const DevicePtr out = poisoned(8 * 64 * 2);
-  ops::run_grouped(plan, stream(), a, res.weights(), upload(counts), upload(offsets), out);
+  ops::run_grouped(plan, stream(), a, res.weights(), upload(counts), upload(offsets), out,
+                   ops::scratch_workspace(plan, stream()));
   const auto got = read<std::uint16_t>(out, 8 * 64);
   for (int row = 0; row < 8; ++row) {
     const bool written = row < 3;  // expert 0 only: expert 1 ends at 10, expert 2 starts at -1
@@ -332,17 +361,17 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   const DevicePtr counts = upload(std::vector<std::int32_t>{2, 2});
   const DevicePtr offsets = upload(std::vector<std::int32_t>{0, 2, 4});
   const DevicePtr out = poisoned(4 * 64 * 2);
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, a),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, a, {}),
                ErrorCode::kInvalidArgument, "overlaps");
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), DevicePtr{}, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), DevicePtr{}, offsets, out, {}),
                ErrorCode::kInvalidArgument, "counts is null");
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, out, a),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, offsets, out, {}, a),
                ErrorCode::kInvalidArgument, "a bias was given to a plan made without one");
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, counts, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, res.weights(), counts, counts, out, {}),
                ErrorCode::kInvalidArgument, "offsets");
   ops::GroupedWeights said_ordered = res.weights();
   said_ordered.k_order = counts;
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, said_ordered, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, said_ordered, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument,
                "the weights are act-ordered (k_order), the plan is not");
   ops::GroupedGemmOptions in_order = opt;
@@ -353,7 +382,7 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   other.experts = 1;
   other.tensor_scales.resize(1);
   other.folds.resize(1);
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, other, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, other, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument, "not the plan's");
   EXPECT_ERROR(res.weights().view(2), ErrorCode::kInvalidArgument, "expert 2");
   // Every expert's tensor scale is checked, not expert 0's alone.
@@ -361,7 +390,7 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   nan_scale.tensor_scales[1] = std::nanf("");
   EXPECT_ERROR(ops::plan_grouped(bk, 4, nan_scale, opt), ErrorCode::kInvalidArgument,
                "expert 1's tensor scale nan");
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, nan_scale, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, nan_scale, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument, "expert 1's tensor scale nan");
   // INT4 experts in the INT4 decode layout carry no fold (the INT4 decode kernel reads none, the
   // fused one would apply it): one set by hand is refused.
@@ -380,16 +409,16 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   // points the plan reads, say) are refused, not read past their end.
   ops::GroupedWeights short_scales = res.weights();
   short_scales.expert.scales_bytes /= 2;
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, short_scales, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, short_scales, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument, "not the plan's");
   // Weights described by hand with null codes, or scales off the kernels' 16-byte loads.
   ops::GroupedWeights null_codes = res.weights();
   null_codes.expert.codes = {};
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, null_codes, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, null_codes, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument, "weight codes is null");
   ops::GroupedWeights shifted = res.weights();
   shifted.expert.scales = shifted.expert.scales.offset(8);
-  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, shifted, counts, offsets, out),
+  EXPECT_ERROR(ops::run_grouped(plan, stream(), a, shifted, counts, offsets, out, {}),
                ErrorCode::kInvalidArgument, "is not 16-byte aligned");
   res.release(bk);
   const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);

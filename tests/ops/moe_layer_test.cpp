@@ -66,14 +66,16 @@ class MoeLayer : public GemmBackendTest {
     const DevicePtr c1 = alloc(static_cast<std::size_t>(rows * 2 * inter) * 2);
     ops::GroupedGemmOptions first = go;
     first.a_in_k_order = static_cast<bool>(order.columns);
-    ops::run_grouped(ops::plan_grouped(b(), rows, w1, first), stream(), xp, w1, r.counts, r.offsets,
-                     c1);
+    const ops::GroupedGemmPlan p1 = ops::plan_grouped(b(), rows, w1, first);
+    ops::run_grouped(p1, stream(), xp, w1, r.counts, r.offsets, c1,
+                     ops::scratch_workspace(p1, stream()));
     // Rows of no expert hold whatever; down skips them.
     const std::vector<std::uint16_t> act =
         silu_times_up(read<std::uint16_t>(c1, static_cast<std::size_t>(rows * 2 * inter)), inter);
     const DevicePtr c2 = alloc(static_cast<std::size_t>(rows * hidden) * 2);
-    ops::run_grouped(ops::plan_grouped(b(), rows, w2, go), stream(), upload(act), w2, r.counts,
-                     r.offsets, c2);
+    const ops::GroupedGemmPlan p2 = ops::plan_grouped(b(), rows, w2, go);
+    ops::run_grouped(p2, stream(), upload(act), w2, r.counts, r.offsets, c2,
+                     ops::scratch_workspace(p2, stream()));
     const DevicePtr out = poisoned(static_cast<std::size_t>(shape.tokens * hidden) * 2);
     ops::moe_combine(b(), stream(), c2, shape, hidden, r.rows, weights, out, mo);
     return read<std::uint16_t>(out, static_cast<std::size_t>(shape.tokens * hidden));

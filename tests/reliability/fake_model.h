@@ -192,6 +192,13 @@ inline fake::ModuleSpec w4a16_module() {
   f["gemm_grouped_int4_decode"] = grouped_entry(kDecodeTile, k::gemm_int4_decode);
   f["gemm_grouped_fused"] = persistent_grouped_fused_entry();
   f["gemm_grouped_int4_fused"] = persistent_grouped_fused_entry(true);
+  // Never launched here (no grouped entry publishes _split_k, as no CPU twin splits K).
+  f["gemm_grouped_split_reduce"] =
+      grouped_entry(kDecodeTile, [](const GemmParams& p, std::int64_t a, std::int64_t b) {
+        for (std::int64_t row = 0; row < p.m; ++row) {
+          k::split_reduce(p, row * p.n + a, row * p.n + b);
+        }
+      });
   f["dequant_int4_bf16"] = tiled_entry<GemmParams>(
       kDequantBf16Tile, k::dequant_int4_bf16,
       [](const GemmParams& p) { return metrale::dequant_int4::unit_count(p.n, p.k); });
@@ -255,7 +262,8 @@ inline fake::ModuleSpec w4a16_module() {
       .publish_u32("gemm_grouped_int4_fused_persistent", 1)
       .publish_u32("gemm_grouped_int4_fused_blocks_per_sm", 1)
       .publish_u32("gemm_grouped_int4_fused_layout", metrale::int4_decode::kLayoutId)
-      .publish_u32("gemm_grouped_int4_fused_int4", 1);
+      .publish_u32("gemm_grouped_int4_fused_int4", 1)
+      .publish_u32("gemm_grouped_split_reduce_n_tile", kDecodeTile);
   // Every entry of the manifest, each with the block size it publishes.
   m.entries.assign(metrale::manifest::kW4a16Entries.begin(),
                    metrale::manifest::kW4a16Entries.end());

@@ -306,13 +306,18 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
         ops::GroupedGemmPlan plan;
         ops::GroupedFp8Plan plan8;
         ops::Fp8Workspace ws8;
+        ops::GroupedGemmWorkspace ws;
         if (model.fp8) {
           plan8 = ops::plan_grouped(b, rows, *lw.f[0], go8);
           ws8 = ops::scratch_workspace(plan8, stream);
           cs.kernel = b.kernel_name(plan8.gemm.kernel);
         } else {
           plan = ops::plan_grouped(b, rows, *lw.q[0], go);
-          cs.kernel = b.kernel_name(plan.launch.kernel);
+          ws = ops::scratch_workspace(plan, stream);
+          // The split of K where the plan makes one (CUDA's decode kernels), so the figures say
+          // which path they timed.
+          cs.kernel = b.kernel_name(plan.launch.kernel) +
+                      (plan.splits > 1 ? fmt::format(" / {} K slices", plan.splits) : "");
         }
         // Run i: copy i mod W, routing (i / W) mod R. The copy changes from one run to the next,
         // so a skewed routing's popular experts are not found in the caches by the next run.
@@ -322,7 +327,8 @@ int run_bench_moe(const CommonOptions& options, const BenchOptions& bench) {
             ops::run_grouped(plan8, stream, da, *lw.f[i % lw.copies()], r.d_counts, r.d_offsets, dc,
                              ws8);
           } else {
-            ops::run_grouped(plan, stream, da, *lw.q[i % lw.copies()], r.d_counts, r.d_offsets, dc);
+            ops::run_grouped(plan, stream, da, *lw.q[i % lw.copies()], r.d_counts, r.d_offsets, dc,
+                             ws);
           }
         };
         // The check: routing 0's every touched expert against float64 on its own rows.

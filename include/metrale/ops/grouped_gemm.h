@@ -80,6 +80,11 @@ struct GroupedGemmOptions {
   // The caller gives each expert's rows of A in the expert's K order (GroupedWeights::k_order):
   // required for weights that have one, refused for weights that do not.
   bool a_in_k_order = false;
+  // The most rows a routing gives the experts in all (tokens x top k), where the layout holds
+  // more (the masked one: experts x capacity); 0: the row capacity. Only split-K reads it, to
+  // bound the experts that can have rows: a routing past it is still computed exactly, with
+  // the split planned for fewer. Error(kInvalidArgument) outside [0, rows].
+  std::int64_t routed_rows = 0;
 };
 
 // Everything decided before a grouped GEMM runs; reusable for any routing of its row capacity on
@@ -98,11 +103,20 @@ struct GroupedGemmPlan {
   bool a_in_k_order = false;             // planned for act-ordered experts (k_order)
   std::uint32_t flags = 0;               // the kernels' GemmFlags
   GemmRoute route = GemmRoute::kDecode;  // kDecode or kFused, as chosen
-  // Grid (N tiles, experts); for a persistent kernel (gemm_grouped_fused) one wave of blocks, or
-  // fewer where the row capacity cannot make that many tiles.
+  // Grid (N tiles, experts, K slices); for a persistent kernel (gemm_grouped_fused) one wave of
+  // blocks, or fewer where the row capacity cannot make that many tiles.
   PlannedLaunch launch;
-  // One line, e.g. "grouped rows=512 N=2880 K=2880 x 32 experts: w4a16::gemm_grouped 12x32x1 x
-  // 256 threads".
+  // Split-K (the decode route, where the kernel publishes _split_k): K in `splits` slices of
+  // k_per_split, sized from the blocks the experts that can have rows make (at most min(experts,
+  // rows) of them, whatever the routing) against the device's waves. Each slice writes FP32
+  // partials, `workspace_bytes` = splits x rows x N x 4, which `reduce`
+  // (gemm_grouped_split_reduce, grid (N / its tile, experts)) sums into C in slice order.
+  std::int64_t splits = 1, k_per_split = 0;
+  std::uint64_t workspace_bytes = 0;
+  PlannedLaunch reduce;  // empty without split-K
+  // One line, e.g. "grouped rows=4 N=5760 K=2880 x 32 experts: w4a16::gemm_grouped 180x32x2 x
+  // 256 threads, w4a16::gemm_grouped_split_reduce 23x32x1 x 256 threads; split-K 2 x 2048;
+  // workspace 184320 B".
   std::string describe() const;
 };
 
@@ -115,13 +129,25 @@ struct GroupedGemmPlan {
 GroupedGemmPlan plan_grouped(Backend& backend, std::int64_t rows, const GroupedWeights& w,
                              const GroupedGemmOptions& options = {});
 
+// The scratch of one grouped run: the split-K partials (GroupedGemmPlan::workspace_bytes; null
+// where the plan does not split K).
+struct GroupedGemmWorkspace {
+  DevicePtr split_k;
+};
+
 // Queues the planned GEMM on stream: A BF16 [rows, K], C [rows, N] (BF16, FP32 with out_f32),
 // counts int32 [experts], offsets int32 [experts + 1] (moe_align's), bias BF16 [experts, N]
-// when planned; all inside the backend's allocations, C overlapping no input, weights those the
-// plan was made for. An expert whose rows a caller's counts and offsets put outside [0, rows) is
-// skipped by the kernel, never read or written outside A and C.
+// when planned, the workspace the plan sizes (scratch_workspace); all inside the backend's
+// allocations, C and the workspace overlapping no input nor each other, weights those the plan
+// was made for. An expert whose rows a caller's counts and offsets put outside [0, rows) is
+// skipped by the kernels, never read or written outside A, C and the workspace. Nothing is queued
+// when it throws.
 void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
                  const GroupedWeights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
-                 DevicePtr bias = {});
+                 const GroupedGemmWorkspace& workspace, DevicePtr bias = {});
+
+// The workspace of plan for work queued on stream: the OpCache's grow-only scratch under
+// gemm_scratch_tag (the dense op's "gemm_split_k"), null where the plan does not split K.
+GroupedGemmWorkspace scratch_workspace(const GroupedGemmPlan& plan, StreamHandle stream);
 
 }  // namespace metrale::ops

@@ -37,11 +37,12 @@ constexpr std::uint32_t kTiledTile = 64;
 // every thread busy on few columns.
 constexpr std::uint32_t kTiledMTile = 256;
 constexpr std::uint32_t kE4m3Tile = 64;
-constexpr std::uint32_t kCastTile = 1 << 16;      // elements
-constexpr std::uint32_t kDequantTile = 16;        // rows
-constexpr std::uint32_t kDequantBf16Tile = 4096;  // units of 32 weights (kernels/dequant_bf16.h)
-constexpr std::uint32_t kReduceTile = 1 << 14;    // outputs of M x N
-constexpr std::uint32_t kDequantInt4Tile = 4096;  // units of 8 weights (kernels/dequant_int4.h)
+constexpr std::uint32_t kCastTile = 1 << 16;       // elements
+constexpr std::uint32_t kDequantTile = 16;         // rows
+constexpr std::uint32_t kDequantBf16Tile = 4096;   // units of 32 weights (kernels/dequant_bf16.h)
+constexpr std::uint32_t kReduceTile = 1 << 14;     // outputs of M x N
+constexpr std::uint32_t kGroupedReduceTile = 256;  // columns of an expert's rows, as CUDA's
+constexpr std::uint32_t kDequantInt4Tile = 4096;   // units of 8 weights (kernels/dequant_int4.h)
 // The block size every entry publishes: the CPU runs a block as one host call, so this is only
 // the shape the launch checks see, kept equal to the GPU module's.
 constexpr std::uint32_t kBlockThreads = 256;
@@ -198,6 +199,17 @@ void gemm_grouped_int4_fused(const HostBlock& b) {
   gemm_grouped_int4_decode(b);
 }
 
+// gemm_grouped_split_reduce's twin: columns of tile x of expert y's rows, its slices summed in
+// order. Never launched here (no CPU entry publishes _split_k); the manifest's twin all the same.
+void gemm_grouped_split_reduce(const HostBlock& b) {
+  const auto g = read_param<GroupedGemmParams>(b.params, 0);
+  GemmParams p;
+  if (!grouped::expert_params(g, b.block_idx.y, &p)) return;
+  const auto [n0, n1] = span_of<kGroupedReduceTile>(b, p.n);
+  for (std::int64_t m = 0; n0 < n1 && m < p.m; ++m)
+    w4a16::split_reduce(p, m * p.n + n0, m * p.n + n1);
+}
+
 // Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
 // module is made (every CPU test makes it).
 constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
@@ -218,6 +230,7 @@ constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
     {"gemm_grouped_int4_decode", kDecodeTile},
     {"gemm_grouped_fused", kDecodeTile},
     {"gemm_grouped_int4_fused", kDecodeTile},
+    {"gemm_grouped_split_reduce", kGroupedReduceTile},
 };
 
 // Publishes the entry's N tile and block size, the decode route's largest M, and the layout
@@ -270,7 +283,7 @@ void publish_meta(HostModule& m, std::string_view entry) {
       entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
       entry == "gemm_split_reduce" || entry == "gemm_grouped" || entry == "gemm_grouped_packed" ||
       entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_fused" ||
-      entry == "gemm_grouped_int4_fused") {
+      entry == "gemm_grouped_int4_fused" || entry == "gemm_grouped_split_reduce") {
     m.publish(e + "_out_f32", {std::byte{1}});
   }
 }

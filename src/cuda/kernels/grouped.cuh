@@ -6,6 +6,7 @@
 
 #include "kernels/gemm_params.h"
 #include "kernels/grouped_params.h"
+#include "split_reduce.cuh"
 
 namespace metrale::kernels {
 
@@ -18,6 +19,16 @@ __device__ __forceinline__ void grouped_block(const GroupedGemmParams& g, Block 
   if (threadIdx.x == 0) has_rows = grouped::expert_params(g, blockIdx.y, &p);
   __syncthreads();
   if (has_rows) block(p);
+}
+
+// gemm_grouped_split_reduce's block: columns [Tile·blockIdx.x, Tile·blockIdx.x + Tile) of expert
+// blockIdx.y's rows, a thread per column (Tile threads a block), each expert's K slices summed in
+// order into its rows of C.
+template <int Tile>
+__device__ __forceinline__ void grouped_split_reduce_block(const GroupedGemmParams& g) {
+  grouped_block(g, [](const GemmParams& p) {
+    split_reduce_column(p, static_cast<std::int64_t>(blockIdx.x) * Tile + threadIdx.x);
+  });
 }
 
 }  // namespace metrale::kernels

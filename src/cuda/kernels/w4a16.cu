@@ -172,19 +172,30 @@ __device__ std::uint32_t permute_a_int4_int4 = 1;
 
 // The grouped GEMMs (kernels/grouped_params.h): grid y the expert, each block the decode kernel of
 // its layout on its expert's rows and weights (M beyond 16 repeats the weights once per 16 rows,
-// as the decode route does). No split-K. None has run on a device: no METRALE_VERIFIED line, so
-// ops/grouped_gemm.h runs them only for a caller that opts in.
+// as the decode route does), splitting K as the decode route does (grid z; each expert's slices
+// summed by gemm_grouped_split_reduce, a block per 256 columns of an expert's rows). None has run
+// on a device: no METRALE_VERIFIED line, so ops/grouped_gemm.h runs them only for a caller that
+// opts in.
 __device__ std::uint32_t gemm_grouped_n_tile = tl::kDecodeNTile;
 __device__ std::uint32_t gemm_grouped_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_grouped_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_grouped_blocks_per_sm = kDecodeBlocksPerSm;
 __device__ std::uint32_t gemm_grouped_packed_n_tile = metrale::decode_layout::kTileN;
 __device__ std::uint32_t gemm_grouped_packed_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_grouped_packed_layout = metrale::decode_layout::kLayoutId;
 __device__ std::uint32_t gemm_grouped_packed_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_packed_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_grouped_packed_blocks_per_sm = kDecodePackedBlocksPerSm;
 __device__ std::uint32_t gemm_grouped_int4_decode_n_tile = metrale::decode_layout::kTileN;
 __device__ std::uint32_t gemm_grouped_int4_decode_block_threads = tl::kDecodeThreads;
 __device__ std::uint32_t gemm_grouped_int4_decode_layout = metrale::int4_decode::kLayoutId;
 __device__ std::uint32_t gemm_grouped_int4_decode_out_f32 = 1;
+__device__ std::uint32_t gemm_grouped_int4_decode_split_k = tl::kDecodeSplitUnit;
+__device__ std::uint32_t gemm_grouped_int4_decode_blocks_per_sm = kDecodeInt4BlocksPerSm;
+__device__ std::uint32_t gemm_grouped_split_reduce_n_tile = kThreads;  // columns of an expert
+__device__ std::uint32_t gemm_grouped_split_reduce_block_threads = kThreads;
+__device__ std::uint32_t gemm_grouped_split_reduce_out_f32 = 1;
 __device__ std::uint32_t gemm_grouped_int4_decode_int4 = 1;
 
 // What a device run verified against the CPU reference: run 5 of 2026-11-29 on an H200
@@ -377,6 +388,12 @@ __global__ void __launch_bounds__(tl::kDecodeThreads) gemm_grouped_packed(Groupe
 __global__ void __launch_bounds__(tl::kDecodeThreads)
     gemm_grouped_int4_decode(GroupedGemmParams g) {
   k::grouped_block(g, [](const GemmParams& p) { k::decode_int4_block(p); });
+}
+
+// The grouped decode kernels' split-K reduction: block (x, y) sums columns [256 x, 256 x + 256)
+// of expert y's rows, its slices in order (split_reduce.cuh), or nothing where it has no rows.
+__global__ void __launch_bounds__(kThreads) gemm_grouped_split_reduce(GroupedGemmParams g) {
+  k::grouped_split_reduce_block<kThreads>(g);
 }
 
 // gemm_fused over the experts (fused_sm90.cuh with GroupedGemmParams): each block walks the

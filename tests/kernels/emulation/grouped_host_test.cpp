@@ -24,6 +24,7 @@ void decode_packed_block(const GemmParams& p);
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -59,10 +60,16 @@ HostQuantWeights random_expert(WeightFormat f, std::int64_t n, std::int64_t k) {
 }
 
 // source: NVFP4 or MXFP4 in their source layout (gemm_grouped: decode.cuh's block); else the
-// decode layouts (gemm_grouped_packed, gemm_grouped_int4_decode).
-void run(WeightFormat format, bool source = false) {
-  SCOPED_TRACE(fmt::format("{}{}", to_string(format), source ? " source layout" : ""));
-  constexpr std::int64_t kN = 64, kK = 256, kRows = 24;
+// decode layouts (gemm_grouped_packed, gemm_grouped_int4_decode). split: K = 2560 in three slices
+// of the kernels' split unit (1024, 1024 and a short 512; grid z), each expert's partials summed
+// by gemm_grouped_split_reduce's block (grouped.cuh), 256 columns a block over N = 320; the
+// partials of rows no expert runs are never written.
+void run(WeightFormat format, bool source = false, bool split = false) {
+  SCOPED_TRACE(fmt::format("{}{}{}", to_string(format), source ? " source layout" : "",
+                           split ? ", split-K" : ""));
+  constexpr std::int64_t kRows = 24;
+  // Split: N past one reduction block of 256 columns.
+  const std::int64_t kN = split ? 320 : 64, kK = split ? 2560 : 256, splits = split ? 3 : 1;
   const std::vector<std::int32_t> counts = {2, 0, 17, 3}, offsets = {0, 2, 2, 22, 24};
   const auto experts = static_cast<std::int64_t>(counts.size());
   CpuBackend cpu;  // only for the upload's packing rules
@@ -96,8 +103,14 @@ void run(WeightFormat format, bool source = false) {
   g.gemm.m = kRows;
   g.gemm.n = kN;
   g.gemm.k = kK;
-  g.gemm.k_per_split = kK;
+  g.gemm.splits = splits;
+  g.gemm.k_per_split = split ? metrale::tiles::kDecodeSplitUnit : kK;
   g.gemm.a_k = kK;
+  // FP32 partials [splits, rows, N] and a tail, all NaN until written.
+  constexpr std::size_t kTail = 64;
+  std::vector<float> partials(static_cast<std::size_t>(splits * kRows * kN) + kTail,
+                              std::numeric_limits<float>::quiet_NaN());
+  if (split) g.gemm.workspace = reinterpret_cast<std::uintptr_t>(partials.data());
   if (format == WeightFormat::kInt4) {
     g.gemm.flags = kGemmInt4 | kGemmZeroPoints;
     g.gemm.group = 128;
@@ -113,9 +126,12 @@ void run(WeightFormat format, bool source = false) {
   g.scales_stride = scales_stride;
   g.experts = experts;
   const std::int64_t tile = source ? metrale::tiles::kDecodeNTile : decode_layout::kTileN;
-  const dim3 grid(static_cast<unsigned>((kN + tile - 1) / tile), static_cast<unsigned>(experts));
-  const std::vector<emu::Region> readable = {
-      {a.data(), a.size() * 2}, {codes.data(), codes.size()}, {scales.data(), scales.size()}};
+  const dim3 grid(static_cast<unsigned>((kN + tile - 1) / tile), static_cast<unsigned>(experts),
+                  static_cast<unsigned>(splits));
+  const std::vector<emu::Region> readable = {{a.data(), a.size() * 2},
+                                             {codes.data(), codes.size()},
+                                             {scales.data(), scales.size()},
+                                             {partials.data(), partials.size() * 4}};
   const std::string error = emu::run_grid(
       grid, static_cast<int>(metrale::tiles::kDecodeThreads), readable, [&g, format, source] {
         if (format == WeightFormat::kInt4) {
@@ -127,6 +143,17 @@ void run(WeightFormat format, bool source = false) {
         }
       });
   ASSERT_EQ(error, "");
+  if (split) {
+    // Rows 19 to 24 (no expert's, and the skipped expert's) hold no partials: their slices,
+    // from row 19 x splits on, and the tail stay NaN.
+    for (std::size_t i = static_cast<std::size_t>(19 * splits * kN); i < partials.size(); ++i) {
+      ASSERT_TRUE(std::isnan(partials[i])) << "partial " << i << " of no expert was written";
+    }
+    const dim3 reduce_grid(static_cast<unsigned>((kN + 255) / 256), static_cast<unsigned>(experts));
+    const std::string reduced =
+        emu::run_grid(reduce_grid, 256, readable, [&g] { kk::grouped_split_reduce_block<256>(g); });
+    ASSERT_EQ(reduced, "");
+  }
   const toolkit::GemmTolerance tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, format);
   for (std::int64_t e = 0; e < experts; ++e) {
     const bool runs = counts[e] > 0 && offsets[e] + counts[e] <= kRows;
@@ -156,6 +183,12 @@ TEST(GroupedHost, EachLayoutPerExpert) {
   run(WeightFormat::kInt4);
   run(WeightFormat::kNvfp4, true);
   run(WeightFormat::kMxfp4, true);
+}
+
+TEST(GroupedHost, SplitKPerExpertThenTheGroupedReduction) {
+  run(WeightFormat::kNvfp4, false, true);
+  run(WeightFormat::kInt4, false, true);
+  run(WeightFormat::kMxfp4, true, true);
 }
 
 }  // namespace
