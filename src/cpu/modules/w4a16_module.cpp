@@ -210,82 +210,90 @@ void gemm_grouped_split_reduce(const HostBlock& b) {
     w4a16::split_reduce(p, m * p.n + n0, m * p.n + n1);
 }
 
-// Each entry's N tile; a manifest entry missing here is a bug of this file, caught when the
-// module is made (every CPU test makes it).
-constexpr std::pair<std::string_view, std::uint32_t> kTiles[] = {
+// The layout an entry reads (and publishes as <entry>_layout), where it is not the source one.
+enum class Reads : std::uint8_t {
+  kSource,  // the source layout (nothing published)
+  // The source and panel layouts, INT4 among them (_int4; _panels where AVX-512 BF16 reads the
+  // panels fast, so that uploads following the backend's preference take them there): the
+  // decode and tiled kernels (cpu/kernels/int4_cpu.h).
+  kSourceAndPanels,
+  // The decode layout: its reference, with no largest M (it is not the CPU's best decode, so
+  // uploads that follow the backend's preference keep the source layout).
+  kDecodeLayout,
+  // The INT4 decode layout (_int4): its reference, with no largest M (uploads that follow the
+  // backend's preference keep INT4 in the source or the panel layout, which the fast kernels
+  // read).
+  kInt4DecodeLayout,
+};
+
+// What each entry publishes besides its block size. A manifest entry missing here is a bug of
+// this file, caught when the module is made (every CPU test makes it).
+struct EntryMeta {
+  std::string_view entry;
+  std::uint32_t n_tile;
+  Reads reads = Reads::kSource;
+  // Writes C through detail::store, which honours kGemmOutF32.
+  bool out_f32 = false;
+};
+constexpr EntryMeta kEntries[] = {
     {"bf16_to_fp8", kCastTile},
     {"dequant_e4m3", kDequantTile},
     {"dequant_bf16", kDequantBf16Tile},
-    {"gemm_decode", kDecodeTile},
-    {"gemm_decode_packed", kDecodeTile},
-    {"gemm_split_reduce", kReduceTile},
-    {"gemm_tiled", kTiledTile},
-    {"gemm_e4m3", kE4m3Tile},
-    {"gemm_fused", kDecodeTile},
-    {"gemm_int4_decode", kDecodeTile},
-    {"dequant_int4_bf16", kDequantInt4Tile},
-    {"permute_a_int4", kDequantInt4Tile},
-    {"gemm_grouped", kDecodeTile},
-    {"gemm_grouped_packed", kDecodeTile},
-    {"gemm_grouped_int4_decode", kDecodeTile},
-    {"gemm_grouped_fused", kDecodeTile},
-    {"gemm_grouped_int4_fused", kDecodeTile},
-    {"gemm_grouped_split_reduce", kGroupedReduceTile},
+    {"gemm_decode", kDecodeTile, Reads::kSourceAndPanels, true},
+    {"gemm_decode_packed", kDecodeTile, Reads::kDecodeLayout, true},
+    {"gemm_split_reduce", kReduceTile, Reads::kSource, true},
+    {"gemm_tiled", kTiledTile, Reads::kSourceAndPanels, true},
+    {"gemm_e4m3", kE4m3Tile, Reads::kSource, true},
+    {"gemm_fused", kDecodeTile, Reads::kDecodeLayout, true},
+    {"gemm_int4_decode", kDecodeTile, Reads::kInt4DecodeLayout, true},
+    {"dequant_int4_bf16", kDequantInt4Tile, Reads::kInt4DecodeLayout},
+    {"permute_a_int4", kDequantInt4Tile, Reads::kInt4DecodeLayout},
+    {"gemm_grouped", kDecodeTile, Reads::kSourceAndPanels, true},
+    {"gemm_grouped_packed", kDecodeTile, Reads::kDecodeLayout, true},
+    {"gemm_grouped_int4_decode", kDecodeTile, Reads::kInt4DecodeLayout, true},
+    {"gemm_grouped_fused", kDecodeTile, Reads::kDecodeLayout, true},
+    {"gemm_grouped_int4_fused", kDecodeTile, Reads::kInt4DecodeLayout, true},
+    {"gemm_grouped_split_reduce", kGroupedReduceTile, Reads::kSource, true},
 };
 
-// Publishes the entry's N tile and block size, the decode route's largest M, and the layout
-// gemm_decode_packed reads (with no largest M: it is the CPU's reference for that layout, not its
-// best decode, so uploads that follow the backend's preference keep the source layout). No entry
-// publishes _split_k: the CPU GEMM kernels write C themselves and ignore GemmParams::splits, so
-// a split would leave gemm_split_reduce summing partials nobody wrote.
+// Publishes the entry's N tile and block size, what it reads (kEntries), the decode route's
+// largest M and the tiled route's M tile. No entry publishes _split_k: the CPU GEMM kernels write
+// C themselves and ignore GemmParams::splits, so a split would leave gemm_split_reduce summing
+// partials nobody wrote.
 void publish_meta(HostModule& m, std::string_view entry) {
-  const auto* t = std::find_if(std::begin(kTiles), std::end(kTiles),
-                               [&](const auto& x) { return x.first == entry; });
-  if (t == std::end(kTiles)) {
+  const auto* t = std::find_if(std::begin(kEntries), std::end(kEntries),
+                               [&](const EntryMeta& x) { return x.entry == entry; });
+  if (t == std::end(kEntries)) {
     throw Error(ErrorCode::kInternal, "w4a16 module",
                 fmt::format("the CPU module has no N tile for manifest entry {}", entry));
   }
   const std::string e(entry);
-  m.publish_u32(e + "_n_tile", t->second).publish_u32(e + "_block_threads", kBlockThreads);
+  m.publish_u32(e + "_n_tile", t->n_tile).publish_u32(e + "_block_threads", kBlockThreads);
   if (entry == "gemm_decode") m.publish_u32(e + "_max_m", decode_max_m());
   if (entry == "gemm_tiled") m.publish_u32(e + "_m_tile", kTiledMTile);
   // No gemm_e4m3_min_m: kAuto never takes the e4m3 route here. Side by side on this VM it ran
   // 30x slower than the exact tiled route at M = 64 and 256 (docs/PERF.md, routes side by side),
   // so allowing E4M3 activations must not choose it.
-  if (entry == "gemm_decode_packed" || entry == "gemm_fused" || entry == "gemm_grouped_packed" ||
-      entry == "gemm_grouped_fused") {
-    m.publish_u32(e + "_layout", decode_layout::kLayoutId);
-  }
-  // The INT4 decode layout's twins: its reference, with no largest M (uploads that follow the
-  // backend's preference keep INT4 in the source or the panel layout, which the fast kernels
-  // read).
-  if (entry == "gemm_int4_decode" || entry == "dequant_int4_bf16" || entry == "permute_a_int4" ||
-      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_int4_fused") {
-    m.publish_u32(e + "_layout", int4_decode::kLayoutId);
-    m.publish(e + "_int4", {std::byte{1}});
-  }
-  // The decode and tiled entries read the panel layout too; they publish it where they read it
-  // fast (AVX-512 BF16), so that uploads following the backend's preference take it there.
-  if ((entry == "gemm_decode" || entry == "gemm_tiled" || entry == "gemm_grouped") &&
-      w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) {
-    m.publish(e + "_panels", {std::byte{1}});
+  switch (t->reads) {
+    case Reads::kSource:
+      break;
+    case Reads::kSourceAndPanels:
+      if (w4a16::best_isa() == w4a16::Isa::kAvx512Bf16) m.publish(e + "_panels", {std::byte{1}});
+      m.publish(e + "_int4", {std::byte{1}});
+      break;
+    case Reads::kDecodeLayout:
+      m.publish_u32(e + "_layout", decode_layout::kLayoutId);
+      break;
+    case Reads::kInt4DecodeLayout:
+      m.publish_u32(e + "_layout", int4_decode::kLayoutId);
+      m.publish(e + "_int4", {std::byte{1}});
+      break;
   }
   // The host modules are the reference every device result is compared with, run by every test
   // run: verified as such (kernels/verified_devices.h), so the automatic choices that gate CUDA
   // on device runs leave the CPU's unchanged.
   m.publish_u32(e + "_verified_on", verified::kHostReference);
-  // The decode and tiled entries read INT4 weights (cpu/kernels/int4_cpu.h).
-  if (entry == "gemm_decode" || entry == "gemm_tiled" || entry == "gemm_grouped") {
-    m.publish(e + "_int4", {std::byte{1}});
-  }
-  // Every CPU kernel that writes C does it through detail::store, which honours kGemmOutF32.
-  if (entry == "gemm_decode" || entry == "gemm_decode_packed" || entry == "gemm_fused" ||
-      entry == "gemm_int4_decode" || entry == "gemm_tiled" || entry == "gemm_e4m3" ||
-      entry == "gemm_split_reduce" || entry == "gemm_grouped" || entry == "gemm_grouped_packed" ||
-      entry == "gemm_grouped_int4_decode" || entry == "gemm_grouped_fused" ||
-      entry == "gemm_grouped_int4_fused" || entry == "gemm_grouped_split_reduce") {
-    m.publish(e + "_out_f32", {std::byte{1}});
-  }
+  if (t->out_f32) m.publish(e + "_out_f32", {std::byte{1}});
 }
 
 }  // namespace
