@@ -351,6 +351,12 @@ void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
   const nvtx::Range range("metrale::ops::run_grouped");
   if (plan.backend == nullptr) bad(kRunApi, "the plan was made by no backend (plan_grouped)");
   Backend& backend = *plan.backend;
+  // A plan's handles belong to its backend's modules: refused once teardown released them.
+  if (backend.op_cache().released()) {
+    throw Error(ErrorCode::kState, kRunApi,
+                "the plan's backend was torn down (its op cache is released); plan again on a "
+                "live backend");
+  }
   check_grouped_weights(w);
   if (w.experts != plan.experts || !same_weights(w.expert, plan.expert) ||
       plan.n != plan.expert.n || plan.k != plan.expert.k) {

@@ -13,11 +13,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/expect_error.h"
+#include "metrale/cpu_backend.h"
+#include "metrale/model_scope.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "metrale/ops/moe.h"
@@ -423,6 +426,27 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   res.release(bk);
   const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);
   EXPECT_EQ(std::count(untouched.begin(), untouched.end(), toolkit::kPoisonBf16), 4 * 64);
+}
+
+// A plan's kernels belong to its backend's modules: once teardown released them, the plan is
+// refused (kState) before anything is checked or launched.
+TEST(GroupedGemmLifetime, APlanIsRefusedOnceItsModelIsTornDown) {
+  std::mt19937_64 gen{std::random_device{}()};
+  ModelScope model(std::make_unique<CpuBackend>());
+  Backend& b = model.backend();
+  std::vector<HostQuantWeights> host;
+  for (int e = 0; e < 2; ++e) {
+    host.push_back(quantize(WeightFormat::kNvfp4, random_weight_values(gen, 32, 64), 32, 64));
+  }
+  ops::GroupedWeightsResource res(b, host);
+  const DevicePtr a = b.alloc(4 * 64 * 2), c = b.alloc(4 * 32 * 2), counts = b.alloc(8),
+                  offsets = b.alloc(12);
+  const ops::GroupedGemmPlan plan = ops::plan_grouped(b, 4, res.weights());
+  b.op_cache().release(b);
+  EXPECT_ERROR(ops::run_grouped(plan, b.default_stream(), a, res.weights(), counts, offsets, c, {}),
+               ErrorCode::kState, "[run_grouped] the plan's backend was torn down");
+  res.release(b);
+  for (const DevicePtr p : {a, c, counts, offsets}) b.free(p);
 }
 
 }  // namespace
