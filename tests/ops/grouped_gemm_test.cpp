@@ -229,10 +229,11 @@ TEST_P(GroupedGemm, EmptyExpertsOneExpertTakingAllAndFp32C) {
   run_case(extreme);
 }
 
-// Split-K on the decode route (CUDA: K = 2560 in slices of 1024 over grid z, the last short, each
-// expert's partials summed by gemm_grouped_split_reduce, 256 columns a block; the CPU runs the
-// same cases unsplit): every decode kernel's layout, N past one reduction block, bias, FP32 C,
-// masked rows, one expert taking nearly all of 40 rows (the decode kernel's passes of 16 rows).
+// Split-K on the decode route (CUDA, 132 SMs: K = 2560 cut at 1024-K units into 2 or 3 slices over
+// grid z, the last short, each expert's partials summed by gemm_grouped_split_reduce, 256 columns
+// a block; the CPU runs the same cases unsplit): every decode kernel's layout, N past one reduction
+// block, bias, FP32 C, masked rows, one expert taking nearly all of 40 rows (the decode kernel's
+// passes of 16 rows).
 TEST_P(GroupedGemm, SplitKOnTheDecodeRouteAgainstFloat64) {
   using U = ops::UploadLayout;
   for (const WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4, WeightFormat::kInt4}) {

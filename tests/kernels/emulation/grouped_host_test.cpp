@@ -144,7 +144,7 @@ void run(WeightFormat format, bool source = false, bool split = false) {
       });
   ASSERT_EQ(error, "");
   if (split) {
-    // Rows 19 to 24 (no expert's, and the skipped expert's) hold no partials: their slices,
+    // Rows 19 to 23 (no expert's, and the skipped expert's) hold no partials: their slices,
     // from row 19 x splits on, and the tail stay NaN.
     for (std::size_t i = static_cast<std::size_t>(19 * splits * kN); i < partials.size(); ++i) {
       ASSERT_TRUE(std::isnan(partials[i])) << "partial " << i << " of no expert was written";
