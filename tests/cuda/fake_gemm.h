@@ -36,6 +36,29 @@ inline void store_c(const GemmParams& p, std::int64_t m, std::int64_t n, float s
 // W[n, k] as a fake kernel reads it from the buffers GemmParams points at.
 using FakeWeight = std::function<float(const GemmParams&, std::int64_t n, std::int64_t k)>;
 
+// A split-K decode block: columns [n0, n1) of every row of p over K slice z (tile_math.h's
+// split_k_range), into C, or with K split into the FP32 partials at (z · M + m) · N + n of
+// p.workspace, as epilogue.cuh's store_output writes them.
+inline void fake_split_decode_block(const GemmParams& p, std::int64_t z, std::int64_t n0,
+                                    std::int64_t n1, const FakeWeight& weight) {
+  const auto* a = at<const std::uint16_t>(p.a);
+  std::int64_t k0 = 0, k1 = p.k;
+  if (p.splits > 1) tiles::split_k_range(p.k, p.k_per_split, z, &k0, &k1);
+  for (std::int64_t n = n0; n < n1 && n < p.n; ++n) {
+    for (std::int64_t m = 0; m < p.m; ++m) {
+      float sum = 0.0f;
+      for (std::int64_t k = k0; k < k1; ++k) {
+        sum += num::bf16_to_f32(a[m * p.k + k]) * weight(p, n, k);
+      }
+      if (p.splits > 1) {
+        at<float>(p.workspace)[(z * p.m + m) * p.n + n] = sum;
+      } else {
+        store_c(p, m, n, sum);
+      }
+    }
+  }
+}
+
 // A split-K decode kernel over `tile` columns per block; it writes nothing for a launch whose
 // parameters `accepts` refuses (a layout it does not read).
 inline FakeFunction fake_split_decode(std::uint32_t tile, FakeWeight weight,
@@ -45,24 +68,9 @@ inline FakeFunction fake_split_decode(std::uint32_t tile, FakeWeight weight,
   f.body = [tile, weight = std::move(weight), accepts = std::move(accepts)](const FakeLaunch& l) {
     const auto p = read_param<GemmParams>(l.params, 0);
     if (accepts && !accepts(p)) return;
-    const auto* a = at<const std::uint16_t>(p.a);
     for (std::int64_t z = 0; z < l.grid[2]; ++z) {
-      std::int64_t k0 = 0, k1 = p.k;
-      if (p.splits > 1) tiles::split_k_range(p.k, p.k_per_split, z, &k0, &k1);
       for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
-        for (std::int64_t n = bx * tile; n < (bx + 1) * tile && n < p.n; ++n) {
-          for (std::int64_t m = 0; m < p.m; ++m) {
-            float sum = 0.0f;
-            for (std::int64_t k = k0; k < k1; ++k) {
-              sum += num::bf16_to_f32(a[m * p.k + k]) * weight(p, n, k);
-            }
-            if (p.splits > 1) {
-              at<float>(p.workspace)[(z * p.m + m) * p.n + n] = sum;
-            } else {
-              store_c(p, m, n, sum);
-            }
-          }
-        }
+        fake_split_decode_block(p, z, bx * tile, (bx + 1) * tile, weight);
       }
     }
   };

@@ -21,7 +21,6 @@
 #include "cuda/rig.h"
 #include "kernels/gemm_params.h"
 #include "kernels/grouped_params.h"
-#include "kernels/tile_math.h"
 #include "metrale/numerics.h"
 #include "metrale/ops/grouped_gemm.h"
 #include "ops/gemm_reference.h"
@@ -63,6 +62,34 @@ FakeFunction recorded(std::vector<FakeLaunch>* launches, std::function<void(cons
   return g;
 }
 
+// Every expert's rows of C (BF16, N columns) against the float64 reference of its own weights on
+// its rows of A (K columns) and its bias row where given, under the route's tolerance; experts
+// without rows are skipped.
+void expect_experts_close(const std::vector<std::uint16_t>& c, const std::vector<std::uint16_t>& a,
+                          const std::vector<HostQuantWeights>& host,
+                          const std::vector<std::int32_t>& counts,
+                          const std::vector<std::int32_t>& offsets, std::int64_t n, std::int64_t k,
+                          ops::GemmRoute route, WeightFormat format,
+                          const std::vector<std::uint16_t>& bias = {}) {
+  const auto tol = toolkit::gemm_tolerance(route, format);
+  for (std::size_t e = 0; e < host.size(); ++e) {
+    if (counts[e] == 0) continue;
+    SCOPED_TRACE(fmt::format("expert {}", e));
+    const auto rows = static_cast<std::size_t>(counts[e]),
+               first = static_cast<std::size_t>(offsets[e]);
+    const auto un = static_cast<std::size_t>(n), uk = static_cast<std::size_t>(k);
+    const std::span<const std::uint16_t> a_e(a.data() + first * uk, rows * uk);
+    const std::span<const std::uint16_t> bias_e =
+        bias.empty() ? std::span<const std::uint16_t>{}
+                     : std::span<const std::uint16_t>(bias.data() + e * un, un);
+    const auto reference = toolkit::reference(a_e, counts[e], host[e], bias_e, tol);
+    ref::expect_close(
+        toolkit::compare(std::span<const std::uint16_t>(c.data() + first * un, rows * un),
+                         reference),
+        tol.normalized, "against float64");
+  }
+}
+
 // gemm_grouped as kernels/grouped_params.h says the grouped kernels work: block (x, y, z) takes
 // columns of tile x of expert y's rows over K slice z (tile_math.h's split_k_range), writing C
 // or, with K split, FP32 partials at (z · rows_e + row) · N + n of the expert's workspace, which
@@ -78,23 +105,8 @@ ModuleSpec grouped_module(std::vector<FakeLaunch>* launches, bool split = false)
       for (std::int64_t by = 0; by < l.grid[1]; ++by) {
         GemmParams p;
         if (!grouped::expert_params(gp, by, &p)) continue;
-        std::int64_t k0 = 0, k1 = p.k;
-        if (p.splits > 1) tiles::split_k_range(p.k, p.k_per_split, z, &k0, &k1);
         for (std::int64_t bx = 0; bx < l.grid[0]; ++bx) {
-          for (std::int64_t n = bx * kTile; n < (bx + 1) * kTile && n < p.n; ++n) {
-            for (std::int64_t row = 0; row < p.m; ++row) {
-              float sum = 0.0f;
-              for (std::int64_t k = k0; k < k1; ++k) {
-                sum += num::bf16_to_f32(at<const std::uint16_t>(p.a)[row * p.k + k]) *
-                       nvfp4_weight(p, n, k);
-              }
-              if (p.splits > 1) {
-                at<float>(p.workspace)[(z * p.m + row) * p.n + n] = sum;
-              } else {
-                store_c(p, row, n, sum);
-              }
-            }
-          }
+          fake_split_decode_block(p, z, bx * kTile, (bx + 1) * kTile, nvfp4_weight);
         }
       }
     }
@@ -167,19 +179,8 @@ TEST(GroupedLaunch, RefusedUnlessOptedInThenOneLaunchOverEveryExpert) {
   EXPECT_EQ(r.launches[0].grid[1], 4u);
   EXPECT_EQ(r.launches[0].block[0], kBlockThreads);
   const auto c = read<std::uint16_t>(b, dc, kRows * kN);
-  for (int e = 0; e < 4; ++e) {
-    if (counts[e] == 0) continue;
-    SCOPED_TRACE(fmt::format("expert {}", e));
-    const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
-                                             static_cast<std::size_t>(counts[e] * kK));
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, WeightFormat::kNvfp4);
-    const auto reference = toolkit::reference(a_e, counts[e], host[e], {}, tol);
-    ref::expect_close(
-        toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
-                                                        static_cast<std::size_t>(counts[e] * kN)),
-                         reference),
-        tol.normalized, "against float64");
-  }
+  expect_experts_close(c, a, host, counts, offsets, kN, kK, ops::GemmRoute::kDecode,
+                       WeightFormat::kNvfp4);
   for (std::size_t i = 10 * kN; i < c.size(); ++i) {
     ASSERT_EQ(c[i], ref::kPoisonBf16) << "row " << i / kN << " of no expert was written";
   }
@@ -266,20 +267,8 @@ TEST(GroupedLaunch, SplitKSlicesEachExpertThenOneReductionSumsThem) {
   EXPECT_EQ(r.launches[1].grid[0], 4u);
   EXPECT_EQ(r.launches[1].grid[1], 4u);
   const auto c = read<std::uint16_t>(b, dc, kRows * kN);
-  for (int e = 0; e < 4; ++e) {
-    if (counts[e] == 0) continue;
-    SCOPED_TRACE(fmt::format("expert {}", e));
-    const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
-                                             static_cast<std::size_t>(counts[e] * kK));
-    const std::span<const std::uint16_t> bias_e(bias.data() + e * kN, kN);
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, WeightFormat::kNvfp4);
-    const auto reference = toolkit::reference(a_e, counts[e], host[e], bias_e, tol);
-    ref::expect_close(
-        toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
-                                                        static_cast<std::size_t>(counts[e] * kN)),
-                         reference),
-        tol.normalized, "against float64");
-  }
+  expect_experts_close(c, a, host, counts, offsets, kN, kK, ops::GemmRoute::kDecode,
+                       WeightFormat::kNvfp4, bias);
   for (std::size_t i = 10 * kN; i < c.size(); ++i) {
     ASSERT_EQ(c[i], ref::kPoisonBf16) << "row " << i / kN << " of no expert was written";
   }
@@ -329,22 +318,14 @@ TEST(GroupedLaunch, RoutedRowsBoundTheExpertsOfTheMaskedLayoutForSplitK) {
   ops::run_grouped(plan, b.default_stream(), da, res.weights(), dcounts, doffsets, dc, {dws});
   b.synchronize(b.default_stream());
   const auto c = read<std::uint16_t>(b, dc, kRows * kN);
+  expect_experts_close(c, a, host, counts, offsets, kN, kK, ops::GemmRoute::kDecode,
+                       WeightFormat::kNvfp4);
   for (int e = 0; e < kExperts; ++e) {
-    SCOPED_TRACE(fmt::format("expert {}", e));
     const auto at = static_cast<std::size_t>(offsets[e] * kN);
     for (std::int64_t i = counts[e] * kN; i < kCapacity * kN; ++i) {
-      ASSERT_EQ(c[at + static_cast<std::size_t>(i)], ref::kPoisonBf16) << "a spare row written";
+      ASSERT_EQ(c[at + static_cast<std::size_t>(i)], ref::kPoisonBf16)
+          << "a spare row of expert " << e << " written";
     }
-    if (counts[e] == 0) continue;
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, WeightFormat::kNvfp4);
-    const auto reference =
-        toolkit::reference(std::span<const std::uint16_t>(a.data() + offsets[e] * kK,
-                                                          static_cast<std::size_t>(counts[e] * kK)),
-                           counts[e], host[e], {}, tol);
-    ref::expect_close(toolkit::compare(std::span<const std::uint16_t>(
-                                           c.data() + at, static_cast<std::size_t>(counts[e] * kN)),
-                                       reference),
-                      tol.normalized, "against float64");
   }
   for (DevicePtr p : {da, dc, dcounts, doffsets, dws}) b.free(p);
   res.release(b);
@@ -379,15 +360,8 @@ TEST(GroupedLaunch, FullWavesRunUnsplitWithOneSliceOfAllOfK) {
   b.synchronize(b.default_stream());
   ASSERT_EQ(r.launches.size(), 1u);
   const auto c = read<std::uint16_t>(b, dc, kRows * kN);
-  for (int e = 0; e < 4; ++e) {
-    SCOPED_TRACE(fmt::format("expert {}", e));
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kDecode, WeightFormat::kNvfp4);
-    const auto reference = toolkit::reference(std::span<const std::uint16_t>(a.data() + e * kK, kK),
-                                              1, host[e], {}, tol);
-    ref::expect_close(
-        toolkit::compare(std::span<const std::uint16_t>(c.data() + e * kN, kN), reference),
-        tol.normalized, "against float64");
-  }
+  expect_experts_close(c, a, host, counts, offsets, kN, kK, ops::GemmRoute::kDecode,
+                       WeightFormat::kNvfp4);
   for (DevicePtr p : {da, dc, dcounts, doffsets}) b.free(p);
   res.release(b);
 }
@@ -453,20 +427,7 @@ void expect_fused_route(WeightFormat format) {
   ASSERT_EQ(launches.size(), before + 1);
   EXPECT_EQ(launches.back().function, int4 ? "gemm_grouped_int4_fused" : "gemm_grouped_fused");
   const auto c = read<std::uint16_t>(*b, dc, kRows * kN);
-  for (int e = 0; e < 5; ++e) {
-    if (counts[e] == 0) continue;
-    SCOPED_TRACE(fmt::format("expert {}", e));
-    const std::span<const std::uint16_t> a_e(a.data() + offsets[e] * kK,
-                                             static_cast<std::size_t>(counts[e] * kK));
-    const std::span<const std::uint16_t> bias_e(bias.data() + e * kN, kN);
-    const auto tol = toolkit::gemm_tolerance(ops::GemmRoute::kFused, format);
-    const auto reference = toolkit::reference(a_e, counts[e], host[e], bias_e, tol);
-    ref::expect_close(
-        toolkit::compare(std::span<const std::uint16_t>(c.data() + offsets[e] * kN,
-                                                        static_cast<std::size_t>(counts[e] * kN)),
-                         reference),
-        tol.normalized, "against float64");
-  }
+  expect_experts_close(c, a, host, counts, offsets, kN, kK, ops::GemmRoute::kFused, format, bias);
   for (std::size_t i = 84 * kN; i < c.size(); ++i) {
     ASSERT_EQ(c[i], ref::kPoisonBf16) << "row " << i / kN << " of no expert was written";
   }
