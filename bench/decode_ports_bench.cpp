@@ -1,9 +1,10 @@
 // What one core of an AVX-512 BF16 processor can issue for the decode kernels' product loop, in
 // registers (no memory stream): the cycles of single instructions over eight independent chains,
-// and of one 64-byte panel line (16 columns x 8 K of E2M1 codes, 128 weights) for the loop the
-// kernels run (panel_sums_avx512.h: three shifts, four vpermw, four vdpbf16ps a line) and for
-// the FP32 alternative (seven shifts, eight vpermps, eight FMAs a line). The line figure bounds
-// the M = 1 decode's rate per core before scales, prefetches and loads: 64 bytes x clock / cycles.
+// and of one 64-byte panel line (16 columns x 8 K of E2M1 codes, 128 weights) for 1 to 8 rows of
+// A, in the loop the kernels run (panel_sums_avx512.h: three shifts and four vpermw a line, four
+// vdpbf16ps a row) and in an FP32 alternative (seven shifts and eight vpermps a line, eight FMAs a
+// row). At one row the line figure bounds the decode's rate per core before scales, prefetches
+// and loads: 64 bytes x clock / cycles.
 // Last, the decode kernel itself (w4a16_gemm at M = 1 on the CPU backend, every thread) on one
 // copy of NVFP4 weights small enough to stay in the caches, so no memory stream limits it.
 // Cycles are counted against a chain of dependent imuls (3 cycles each on every x86-64 core this
@@ -94,59 +95,92 @@ template <Op O>
 }
 
 alignas(64) std::uint8_t g_codes[64 * 64];
-alignas(64) std::uint16_t g_a_bf16[64 * 8];
-alignas(64) float g_a_f32[64 * 8];
+constexpr int kMaxRows = 8, kRowStride = 1024;  // A's rows, as the kernels read them: lda apart
+alignas(64) std::uint16_t g_a_bf16[kMaxRows * kRowStride];
+alignas(64) float g_a_f32[kMaxRows * kRowStride];
 
-// The kernels' loop over two groups' lines (M = 1): each line's words shifted by 0, 4, 8, 12 look
-// up BF16 pairs by vpermw, and each pair vector meets the broadcast A pair in a vdpbf16ps; two
-// accumulators a group, as the kernels keep.
+// The kernels' loop (add_block in panel_sums_avx512.h) over two groups' lines, MR rows: each
+// line's words shifted by 0, 4, 8, 12 look up BF16 pairs by vpermw, and each pair vector meets
+// every row's broadcast A pair in a vdpbf16ps. One row keeps two sums a group so its products do
+// not wait on each other (the kernels' block sums are as independent across blocks).
+template <int MR>
 [[PROBE_TARGET]] float dot_lines() {
+  constexpr int P = MR == 1 ? 2 : 1;
   const __m512i lut = _mm512_set1_epi16(0x3F80);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()};
+  __m512 acc[MR][2][P];
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) x = _mm512_setzero_ps();
+    }
+  }
   for (long it = 0; it < kIterations / 2; ++it) {
     const std::uint8_t* c = g_codes + (it & 31) * 128;
     const std::uint16_t* a = g_a_bf16 + (it & 63) * 8;
     const __m512i v[2] = {_mm512_load_si512(c), _mm512_load_si512(c + 64)};
 #pragma GCC unroll 4
     for (int s = 0; s < 4; ++s) {
-      const auto x = reinterpret_cast<__m512bh>(_mm512_broadcastd_epi32(_mm_loadu_si32(a + 2 * s)));
+      __m512bh w[2];
 #pragma GCC unroll 2
       for (int g = 0; g < 2; ++g) {
         const __m512i idx = s == 0 ? v[g] : _mm512_srli_epi16(v[g], 4 * s);
-        const auto w = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, lut));
-        acc[2 * g + (s & 1)] = _mm512_dpbf16_ps(acc[2 * g + (s & 1)], w, x);
+        w[g] = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, lut));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const auto x = reinterpret_cast<__m512bh>(
+            _mm512_broadcastd_epi32(_mm_loadu_si32(a + r * kRowStride + 2 * s)));
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; ++g) acc[r][g][s % P] = _mm512_dpbf16_ps(acc[r][g][s % P], w[g], x);
       }
     }
   }
-  return _mm512_reduce_add_ps(
-      _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  __m512 total = _mm512_setzero_ps();
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) total = _mm512_add_ps(total, x);
+    }
+  }
+  return _mm512_reduce_add_ps(total);
 }
 
-// The FP32 alternative over the same lines: each column's dword shifted by 4q puts nibble q
-// under vpermps' 4 index bits (an FP32 table of the 16 codes), and one FMA with the broadcast
-// A[q] adds it; four accumulators a group.
+// The FP32 alternative over the same lines: each column's dword shifted by 4q puts nibble q under
+// vpermps' 4 index bits (an FP32 table of the 16 codes), and one FMA a row with the broadcast A[q]
+// adds it; with fewer than four rows, 4 / MR sums a row and group keep eight chains in flight.
+template <int MR>
 [[PROBE_TARGET]] float fma_lines() {
+  constexpr int P = MR >= 4 ? 1 : 4 / MR;
   const __m512 lut = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __m512 acc[8];
-  for (__m512& x : acc) x = _mm512_setzero_ps();
+  __m512 acc[MR][2][P];
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) x = _mm512_setzero_ps();
+    }
+  }
   for (long it = 0; it < kIterations / 2; ++it) {
     const std::uint8_t* c = g_codes + (it & 31) * 128;
     const float* a = g_a_f32 + (it & 63) * 8;
-#pragma GCC unroll 2
-    for (int g = 0; g < 2; ++g) {
-      const __m512i v = _mm512_load_si512(c + 64 * g);
+    const __m512i v[2] = {_mm512_load_si512(c), _mm512_load_si512(c + 64)};
 #pragma GCC unroll 8
-      for (int q = 0; q < 8; ++q) {
-        const __m512i idx = q == 0 ? v : _mm512_srli_epi32(v, 4 * q);
-        const __m512 w = _mm512_permutexvar_ps(idx, lut);
-        __m512& x = acc[4 * g + (q & 3)];
-        x = _mm512_fmadd_ps(w, _mm512_set1_ps(a[q]), x);
+    for (int q = 0; q < 8; ++q) {
+      __m512 w[2];
+#pragma GCC unroll 2
+      for (int g = 0; g < 2; ++g) {
+        w[g] = _mm512_permutexvar_ps(q == 0 ? v[g] : _mm512_srli_epi32(v[g], 4 * q), lut);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m512 x = _mm512_set1_ps(a[r * kRowStride + q]);
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; ++g) acc[r][g][q % P] = _mm512_fmadd_ps(w[g], x, acc[r][g][q % P]);
       }
     }
   }
-  __m512 total = acc[0];
-  for (int i = 1; i < 8; ++i) total = _mm512_add_ps(total, acc[i]);
+  __m512 total = _mm512_setzero_ps();
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) total = _mm512_add_ps(total, x);
+    }
+  }
   return _mm512_reduce_add_ps(total);
 }
 
@@ -197,14 +231,20 @@ int main() {
   per_op("vpermw zmm", eight_chains<Op::kPermw>);
   per_op("vpermps zmm", eight_chains<Op::kPermps>);
   per_op("vpsrlw zmm", eight_chains<Op::kShift>);
-  std::printf("\none 64-byte line of codes (128 weights), M = 1, in registers:\n");
-  const auto per_line = [&](const char* name, auto f) {
-    const double cycles = ns_per_iteration(f) / cycle_ns;
-    std::printf("  %-50s %5.2f cycles, %5.1f GB/s a core\n", name, cycles,
-                64.0 / (cycles * cycle_ns));
+  std::printf(
+      "\none 64-byte line of codes (128 weights) in registers, cycles (GB/s of codes a core):\n"
+      "  kernels' loop: 3 shifts and 4 vpermw a line, 4 vdpbf16ps a row; FP32: 7 shifts and 8 "
+      "vpermps a line, 8 FMAs a row\n  rows  kernels' loop       FP32                FP32's time / "
+      "loop's\n");
+  const auto rows = [&](int m, auto dot, auto fma) {
+    const double d = ns_per_iteration(dot) / cycle_ns, f = ns_per_iteration(fma) / cycle_ns;
+    std::printf("  %4d  %6.2f (%5.1f)      %6.2f (%5.1f)      %.2f\n", m, d, 64.0 / (d * cycle_ns),
+                f, 64.0 / (f * cycle_ns), f / d);
   };
-  per_line("kernels' loop (3 shifts, 4 vpermw, 4 vdpbf16ps)", dot_lines);
-  per_line("FP32 (7 shifts, 8 vpermps, 8 FMAs)", fma_lines);
+  rows(1, dot_lines<1>, fma_lines<1>);
+  rows(2, dot_lines<2>, fma_lines<2>);
+  rows(4, dot_lines<4>, fma_lines<4>);
+  rows(8, dot_lines<8>, fma_lines<8>);
   std::printf("\nthe decode kernel (w4a16_gemm, M = 1, NVFP4, every thread), weights in cache:\n");
   for (const auto& [n, k, calls] : {std::tuple{2048, 2048, 2000}, std::tuple{4096, 4096, 200}}) {
     std::printf("  %5d x %-5d %5.1f GB/s\n", n, k, kernel_in_cache(n, k, calls));
