@@ -55,8 +55,10 @@ std::uint64_t codes_bytes(std::string_view api, WeightPacking packing, std::int6
                           std::int64_t k) {
   const Fp8Weights need = describe_fp8_weights(api, n, k);
   if (packing != WeightPacking::kPanels) return need.codes_bytes;
+  // Whole panels, counted unsigned: fp8_panels::panels' n + 31 overflows for n near 2^63.
+  constexpr auto kCols = static_cast<std::uint64_t>(fp8_panels::kCols);
   return product(api, "the panels' codes",
-                 static_cast<std::uint64_t>(fp8_panels::panels(n) * fp8_panels::kCols),
+                 (static_cast<std::uint64_t>(n) + kCols - 1) / kCols * kCols,
                  static_cast<std::uint64_t>(k));
 }
 
@@ -196,10 +198,10 @@ GemmRoute route_of(Backend& backend, std::int64_t rows, const GroupedFp8Weights&
 // ceil(rows_e / 128) slots, at most grouped_max_slots(rows, experts) of them whatever the
 // routing (its scan counts no more), times the N tiles; one wave, or a block per tile where the
 // capacity makes fewer.
-std::uint32_t tiled_blocks(Backend& backend, const ResolvedKernel& k, std::int64_t rows,
-                           std::int32_t experts, std::int64_t n) {
+std::uint32_t tiled_blocks(std::string_view api, Backend& backend, const ResolvedKernel& k,
+                           std::int64_t rows, std::int32_t experts, std::int64_t n) {
   if (k.meta.m_tile != fused::kTokens || !k.meta.persistent) {
-    throw Error(ErrorCode::kNotFound, kPlanApi,
+    throw Error(ErrorCode::kNotFound, api,
                 fmt::format("{} publishes M tile {}{}; the grouped tiled kernel walks slots of {} "
                             "rows as one persistent wave",
                             backend.kernel_name(k), k.meta.m_tile,
@@ -209,12 +211,49 @@ std::uint32_t tiled_blocks(Backend& backend, const ResolvedKernel& k, std::int64
       static_cast<std::uint64_t>(fused::grouped_max_slots(rows, experts)) *
       static_cast<std::uint64_t>((n + backend.kernel_n_tile(k) - 1) / backend.kernel_n_tile(k));
   if (tiles > 0x7FFFFFFFu) {
-    bad(kPlanApi, fmt::format("rows = {} and N = {} may make {} tiles for {}, which counts at "
-                              "most 2^31 - 1",
-                              rows, n, tiles, backend.kernel_name(k)));
+    bad(api, fmt::format("rows = {} and N = {} may make {} tiles for {}, which counts at most "
+                         "2^31 - 1",
+                         rows, n, tiles, backend.kernel_name(k)));
   }
-  return static_cast<std::uint32_t>(std::min<std::uint64_t>(
-      tiles, static_cast<std::uint64_t>(wave_blocks(kPlanApi, backend, k))));
+  return static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(tiles, static_cast<std::uint64_t>(wave_blocks(api, backend, k))));
+}
+
+// What a plan launches and the workspace it needs, for its rows, N, K, experts and route: the
+// cast over all rows, the GEMM's grid, the cast A and its scales. plan_grouped sets them;
+// run_grouped refuses a plan whose own are not these (edited rows or K would cast past the
+// workspace it checks).
+struct Launches {
+  PlannedLaunch cast, gemm;
+  Fp8WorkspaceBytes workspace;
+};
+Launches launches_of(std::string_view api, Backend& backend, std::int64_t rows, std::int64_t n,
+                     std::int64_t k, std::int32_t experts, GemmRoute route) {
+  const ResolvedKernel& cast = kernel(api, backend, "cast_e4m3_block128");
+  const ResolvedKernel& gemm =
+      kernel(api, backend, route == GemmRoute::kTiled ? kTiledEntry : kDecodeEntry);
+  const auto urows = static_cast<std::uint64_t>(rows);
+  const auto kblocks = static_cast<std::uint64_t>(dense_scale_blocks(k));
+  Launches l;
+  l.cast = PlannedLaunch{cast,
+                         Dim3{grid_of(api, product(api, "the cast's blocks", urows, kblocks),
+                                      backend.kernel_n_tile(cast))},
+                         published_block(api, backend, cast), 0};
+  const Dim3 grid =
+      route == GemmRoute::kTiled
+          ? Dim3{tiled_blocks(api, backend, gemm, rows, experts, n)}
+          : Dim3{grid_of(api, static_cast<std::uint64_t>(n), backend.kernel_n_tile(gemm)),
+                 static_cast<std::uint32_t>(experts), 1};
+  l.gemm = PlannedLaunch{gemm, grid, published_block(api, backend, gemm), gemm.meta.smem_bytes};
+  l.workspace.a_codes = product(api, "the cast A", urows, static_cast<std::uint64_t>(k));
+  l.workspace.a_scales =
+      product(api, "A's scales", kblocks, 4 * static_cast<std::uint64_t>(fp8::scales_ld(rows)));
+  return l;
+}
+
+bool same_launch(const PlannedLaunch& a, const PlannedLaunch& b) {
+  return a.kernel == b.kernel && a.grid == b.grid && a.block == b.block &&
+         a.smem_bytes == b.smem_bytes;
 }
 
 }  // namespace
@@ -370,8 +409,6 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
                               backend.kernel_name(*k), verification_text(k->meta)));
     }
   }
-  const auto urows = static_cast<std::uint64_t>(rows);
-  const auto kblocks = static_cast<std::uint64_t>(dense_scale_blocks(w.expert.k));
   GroupedFp8Plan p;
   p.backend = &backend;
   p.rows = rows;
@@ -382,21 +419,10 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   p.out_f32 = options.out_f32;
   p.packing = w.packing;
   p.route = route;
-  p.cast =
-      PlannedLaunch{cast,
-                    Dim3{grid_of(kPlanApi, product(kPlanApi, "the cast's blocks", urows, kblocks),
-                                 backend.kernel_n_tile(cast))},
-                    published_block(kPlanApi, backend, cast), 0};
-  const Dim3 grid =
-      route == GemmRoute::kTiled
-          ? Dim3{tiled_blocks(backend, gemm, rows, w.experts, p.n)}
-          : Dim3{grid_of(kPlanApi, static_cast<std::uint64_t>(p.n), backend.kernel_n_tile(gemm)),
-                 static_cast<std::uint32_t>(w.experts), 1};
-  p.gemm =
-      PlannedLaunch{gemm, grid, published_block(kPlanApi, backend, gemm), gemm.meta.smem_bytes};
-  p.workspace.a_codes = product(kPlanApi, "the cast A", urows, static_cast<std::uint64_t>(p.k));
-  p.workspace.a_scales = product(kPlanApi, "A's scales", kblocks,
-                                 4 * static_cast<std::uint64_t>(fp8::scales_ld(rows)));
+  Launches l = launches_of(kPlanApi, backend, rows, p.n, p.k, p.experts, route);
+  p.cast = l.cast;
+  p.gemm = l.gemm;
+  p.workspace = l.workspace;
   return p;
 }
 
@@ -426,6 +452,21 @@ void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
   if (plan.bias != static_cast<bool>(bias)) {
     bad(kRunApi, plan.bias ? "the plan takes a bias and none was given"
                            : "a bias was given to a plan made without one");
+  }
+  if (plan.rows < 1 || plan.rows > std::numeric_limits<std::int32_t>::max() ||
+      (plan.route != GemmRoute::kDecode && plan.route != GemmRoute::kTiled)) {
+    bad(kRunApi, fmt::format("the plan's rows = {} or route {} is not one plan_grouped makes",
+                             plan.rows, to_string(plan.route)));
+  }
+  const Launches want =
+      launches_of(kRunApi, backend, plan.rows, plan.n, plan.k, plan.experts, plan.route);
+  if (!same_launch(plan.cast, want.cast) || !same_launch(plan.gemm, want.gemm) ||
+      plan.workspace.a_codes != want.workspace.a_codes ||
+      plan.workspace.a_scales != want.workspace.a_scales || plan.workspace.dense != 0) {
+    bad(kRunApi, fmt::format("the plan's launches or workspace are not those plan_grouped makes "
+                             "for its own rows = {}, N = {}, K = {}, {} experts: make it with "
+                             "plan_grouped",
+                             plan.rows, plan.n, plan.k, plan.experts));
   }
   const auto experts = static_cast<std::uint64_t>(plan.experts);
   const auto rows = static_cast<std::uint64_t>(plan.rows);

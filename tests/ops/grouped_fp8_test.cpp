@@ -412,6 +412,30 @@ TEST_P(GroupedFp8, RefusesBadInputsByName) {
     ops::run_grouped(plan, stream(), a, res.weights(), dc, doff, out, ops::Fp8Workspace{});
   });
   EXPECT_NE(message(e).find("E4M3 A workspace is null"), std::string::npos) << e.what();
+  // An edited plan: 64 rows on a workspace planned for 4 would cast 16x past it (A and C of 64
+  // rows given, so only the plan's own check stands in the way); its launches or workspace
+  // edited alone likewise.
+  const DevicePtr a64 = upload(random_a(gen(), 64 * 144)), out64 = poisoned(64 * 64 * 2);
+  std::vector<std::pair<const char*, ops::GroupedFp8Plan>> edits(4, {"", plan});
+  edits[0].first = "rows";
+  edits[0].second.rows = 64;
+  edits[1].first = "the cast's grid";
+  edits[1].second.cast.grid.x += 1;
+  edits[2].first = "the GEMM's grid";
+  edits[2].second.gemm.grid.y = 2;
+  edits[3].first = "the workspace";
+  edits[3].second.workspace.a_codes *= 16;
+  for (const auto& [what, edited] : edits) {
+    SCOPED_TRACE(what);
+    e = expect_error(
+        [&] { ops::run_grouped(edited, stream(), a64, res.weights(), dc, doff, out64, ws); });
+    EXPECT_NE(message(e).find("are not those plan_grouped makes for its own rows = "),
+              std::string::npos)
+        << e.what();
+  }
+  const auto got64 = read<std::uint8_t>(out64, 64 * 64 * 2);
+  EXPECT_TRUE(
+      std::all_of(got64.begin(), got64.end(), [](std::uint8_t v) { return v == kPoisonByte; }));
   const auto got = read<std::uint8_t>(out, 4 * 64 * 2);
   EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](std::uint8_t v) { return v == kPoisonByte; }));
   res.release(bk);

@@ -122,7 +122,10 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
 // allocations, C and the workspace overlapping no input, weights of the shape and layout the plan
 // was made for.
 // Rows of no expert are cast but not written in C; an expert whose rows a caller's counts and
-// offsets put outside [0, rows) is skipped. Nothing is queued when it throws.
+// offsets put outside [0, rows) is skipped. A plan whose launches or workspace are not those
+// plan_grouped makes for its own rows, N, K and experts (an edited plan) is refused. When it
+// throws, C is unwritten: a refused argument queues nothing, and a failed GEMM launch leaves the
+// cast queued into the workspace.
 void run_grouped(const GroupedFp8Plan& plan, StreamHandle stream, DevicePtr a,
                  const GroupedFp8Weights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
                  const Fp8Workspace& workspace, DevicePtr bias = {});

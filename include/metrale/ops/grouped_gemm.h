@@ -140,8 +140,9 @@ struct GroupedGemmWorkspace {
 // when planned, the workspace the plan sizes (scratch_workspace); all inside the backend's
 // allocations, C and the workspace overlapping no input nor each other, weights those the plan
 // was made for. An expert whose rows a caller's counts and offsets put outside [0, rows) is
-// skipped by the kernels, never read or written outside A, C and the workspace. Nothing is queued
-// when it throws.
+// skipped by the kernels, never read or written outside A, C and the workspace. When it throws,
+// C is unwritten: a refused argument queues nothing, and a failed reduction launch leaves the
+// split GEMM queued into the workspace.
 void run_grouped(const GroupedGemmPlan& plan, StreamHandle stream, DevicePtr a,
                  const GroupedWeights& w, DevicePtr counts, DevicePtr offsets, DevicePtr c,
                  const GroupedGemmWorkspace& workspace, DevicePtr bias = {});

@@ -73,7 +73,9 @@ void reference_gemm(const DenseParams& p, std::int64_t n0, std::int64_t n1, Offs
         const std::int64_t len = std::min<std::int64_t>(kDenseScaleBlock, p.k - k0);
         const float block =
             dot(aw.data() + k0, bw.data() + j * k + static_cast<std::size_t>(k0), len);
-        v += block * sa[kb * lda + m] * sbrow[kb];
+        // The two scales' product first, as the vector kernels and the GPU's grouped kernels
+        // (and DeepGEMM) take it: the same FP32 roundings on every path.
+        v += block * (sa[kb * lda + m] * sbrow[kb]);
       }
       if (bias != nullptr) v += num::bf16_to_f32(bias[n]);
       store_c(
