@@ -41,9 +41,10 @@ void check_shape(std::string_view api, const MoeShape& s) {
   if (s.experts < 1 || s.experts > moe::kMaxExperts) {
     bad(api, fmt::format("experts = {} is outside [1, {}]", s.experts, moe::kMaxExperts));
   }
-  if (s.top_k < 1 || s.top_k > moe::kMaxTopK || s.top_k > s.experts) {
-    bad(api, fmt::format("top_k = {} is outside [1, min({}, experts = {})]", s.top_k, moe::kMaxTopK,
-                         s.experts));
+  // Not bounded by experts: a rank holding some of a layer's experts takes each token's top_k
+  // ids, those held elsewhere as -1 (moe_permute.h's valid_id). Routing bounds it (moe_route).
+  if (s.top_k < 1 || s.top_k > moe::kMaxTopK) {
+    bad(api, fmt::format("top_k = {} is outside [1, {}]", s.top_k, moe::kMaxTopK));
   }
   if (s.capacity < 0 || (s.capacity > 0 && s.capacity < s.tokens)) {
     bad(api, fmt::format("capacity = {} is neither 0 (contiguous) nor at least tokens = {} "
@@ -73,14 +74,27 @@ const ResolvedKernel& kernel(Backend& backend, std::string_view api, std::string
   return k;
 }
 
+// A kernel's grid over `items` in tiles of its published width, and its published block; sized
+// before anything is queued, since the block's lookup can throw.
+struct Sized {
+  const ResolvedKernel& kernel;
+  Dim3 grid, block;
+};
+Sized sized(Backend& backend, std::string_view api, const ResolvedKernel& k, std::int64_t items) {
+  const std::uint64_t tile = backend.kernel_n_tile(k);
+  const auto blocks = (static_cast<std::uint64_t>(items) + tile - 1) / tile;
+  return Sized{k, Dim3{static_cast<std::uint32_t>(blocks), 1, 1}, published_block(api, backend, k)};
+}
+
+template <class Params>
+void queue(Backend& backend, const Sized& s, StreamHandle stream, const Params& params) {
+  backend.launch_typed(s.kernel, s.grid, s.block, 0, stream, std::array{KernelArg::value(params)});
+}
+
 template <class Params>
 void launch(Backend& backend, std::string_view api, const ResolvedKernel& k, std::int64_t items,
             StreamHandle stream, const Params& params) {
-  const std::uint64_t tile = backend.kernel_n_tile(k);
-  const auto blocks = (static_cast<std::uint64_t>(items) + tile - 1) / tile;
-  const Dim3 block = published_block(api, backend, k);
-  backend.launch_typed(k, Dim3{static_cast<std::uint32_t>(blocks), 1, 1}, block, 0, stream,
-                       std::array{KernelArg::value(params)});
+  queue(backend, sized(backend, api, k, items), stream, params);
 }
 
 std::uint64_t entries(const MoeShape& s) {
@@ -117,6 +131,13 @@ void moe_route(Backend& backend, StreamHandle stream, DevicePtr logits, const Mo
   constexpr std::string_view kApi = "moe_route";
   const nvtx::Range range("metrale::ops::moe_route");
   check_shape(kApi, shape);
+  if (r.scoring != MoeScoring::kSoftmax && r.scoring != MoeScoring::kTopkSoftmax &&
+      r.scoring != MoeScoring::kSigmoid) {
+    bad(kApi, fmt::format("scoring = {} is not a MoeScoring", static_cast<int>(r.scoring)));
+  }
+  if (!std::isfinite(r.scale)) {
+    bad(kApi, fmt::format("scale = {} is not finite (every weight is multiplied by it)", r.scale));
+  }
   const bool sigmoid = r.scoring == MoeScoring::kSigmoid;
   if (r.top_k != shape.top_k) {
     bad(kApi,
@@ -137,8 +158,10 @@ void moe_route(Backend& backend, StreamHandle stream, DevicePtr logits, const Mo
   }
   const std::int64_t allowed = shape.experts / r.groups * r.topk_groups;
   if (shape.top_k > allowed) {
-    bad(kApi, fmt::format("top_k = {} exceeds the {} experts of the topk_groups = {} groups",
-                          shape.top_k, allowed, r.topk_groups));
+    bad(kApi, r.groups == 1
+                  ? fmt::format("top_k = {} exceeds experts = {}", shape.top_k, shape.experts)
+                  : fmt::format("top_k = {} exceeds the {} experts of the topk_groups = {} groups",
+                                shape.top_k, allowed, r.topk_groups));
   }
   const std::uint64_t logit_bytes = static_cast<std::uint64_t>(shape.tokens) * shape.experts * 4;
   check_buffer(backend, kApi, "logits", logits, logit_bytes, 4);
@@ -196,10 +219,13 @@ void moe_align(Backend& backend, StreamHandle stream, DevicePtr ids, const MoeSh
   p.entries = static_cast<std::int64_t>(entries(shape));
   p.experts = shape.experts;
   p.capacity = shape.capacity;
-  // moe_count is one block whatever its tile: it counts every entry and scans every expert.
-  backend.launch_typed(count, Dim3{1, 1, 1}, published_block(kApi, backend, count), 0, stream,
-                       std::array{KernelArg::value(p)});
-  launch(backend, kApi, scatter, shape.experts, stream, p);
+  // moe_count is one block whatever its tile: it counts every entry and scans every expert. Both
+  // launches are sized before either is queued: counts and offsets are not written when the
+  // scatter's lookup throws.
+  const Sized counting{count, Dim3{1, 1, 1}, published_block(kApi, backend, count)};
+  const Sized scattering = sized(backend, kApi, scatter, shape.experts);
+  queue(backend, counting, stream, p);
+  queue(backend, scattering, stream, p);
 }
 
 void moe_gather(Backend& backend, StreamHandle stream, DevicePtr x, const MoeShape& shape,

@@ -28,6 +28,10 @@ struct Choice {
   std::vector<double> value;
   std::vector<bool> allowed;
   std::vector<int> order;
+  // Grouped routing: each group's score (the sum of its two best values) and the score of the
+  // last group chosen; a group within FP32's rounding of that cut may stand in for a chosen one.
+  std::vector<double> group_score;
+  double group_cut = 0.0;
 };
 
 inline double sigmoid(double x) {
@@ -64,6 +68,8 @@ inline Choice choose(const float* logits, int experts, const Routing& r) {
     for (int j = 0; j < r.topk_groups; ++j) {
       for (int e = gs[j] * per_group; e < (gs[j] + 1) * per_group; ++e) c.allowed[e] = true;
     }
+    c.group_score = gscore;
+    c.group_cut = gscore[gs[r.topk_groups - 1]];
   }
   for (int e = 0; e < experts; ++e) {
     if (c.allowed[e]) c.order.push_back(e);

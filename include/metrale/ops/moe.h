@@ -45,9 +45,11 @@ struct MoeShape {
 };
 
 // Throws Error(kInvalidArgument) naming api and the bad value unless shape is one every op of
-// this header takes (tokens in [1, 2^26], experts in [1, 1024], top_k in [1, min(32, experts)],
-// capacity 0 or at least tokens, rows below 2^31): for a caller that sizes buffers from a shape
-// before it calls the ops.
+// this header takes (tokens in [1, 2^26], experts in [1, 1024], top_k in [1, 32], capacity 0 or
+// at least tokens, rows below 2^31): for a caller that sizes buffers from a shape before it calls
+// the ops. top_k may exceed experts: a rank holding some of a layer's experts aligns, gathers and
+// combines each token's top_k ids, those held elsewhere as -1; moe_route alone needs top_k <=
+// experts.
 void check_moe_shape(std::string_view api, const MoeShape& shape);
 
 struct MoeOptions {
@@ -60,7 +62,8 @@ struct MoeOptions {
 // best first (ties: the lower expert), from logits (FP32 [tokens, experts]). Throws
 // Error(kInvalidArgument) naming the bad value (top_k outside 1..min(32, allowed experts), groups
 // not dividing experts or above 64, topk_groups outside 1..groups, a bias or grouping on another
-// scoring, a buffer null, misaligned (4 bytes) or outside the backend's allocations).
+// scoring, a scoring that is no MoeScoring, a scale that is not finite, a buffer null, misaligned
+// (4 bytes) or outside the backend's allocations).
 void moe_route(Backend& backend, StreamHandle stream, DevicePtr logits, const MoeShape& shape,
                const MoeRouting& routing, DevicePtr ids, DevicePtr weights,
                const MoeOptions& options = {});

@@ -130,12 +130,17 @@ TEST(MoeHost, RouteChoosesTheCpusExpertsWithinTheSumBound) {
 
 TEST(MoeHost, AlignGatherCombineAndGluAreTheCpusBytes) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f), uw(0.0f, 1.0f);
-  for (const auto& [tokens, top_k, experts, capacity, width] : {std::tuple{1, 1, 1, 0, 8},
-                                                                {37, 4, 16, 0, 24},
+  // Widths of 16s, so that every case runs the gated activation too (its inter = width / 2 is
+  // a multiple of 8). The last two: a rank holding 2 experts, top_k 4 above them (expert
+  // parallelism: the ids of experts held elsewhere get no row).
+  for (const auto& [tokens, top_k, experts, capacity, width] : {std::tuple{1, 1, 1, 0, 16},
+                                                                {37, 4, 16, 0, 48},
                                                                 {300, 8, 64, 0, 16},
                                                                 {40, 2, 8, 40, 64},
-                                                                {129, 8, 1000, 0, 8},
-                                                                {6, 2, 4, 6, 8}}) {
+                                                                {129, 8, 1000, 0, 16},
+                                                                {6, 2, 4, 6, 16},
+                                                                {20, 4, 2, 0, 16},
+                                                                {20, 4, 2, 20, 32}}) {
     SCOPED_TRACE(fmt::format("T={} k={} E={} capacity {} width {}", tokens, top_k, experts,
                              capacity, width));
     const auto n = static_cast<std::size_t>(tokens * top_k);
@@ -268,8 +273,8 @@ TEST(MoeHost, AlignGatherCombineAndGluAreTheCpusBytes) {
     std::uniform_real_distribution<float> wide(-10.0f, 10.0f);
     for (auto& v : y) v = num::f32_to_bf16(wide(gen()));
     b.copy_h2d(dy, y.data(), y.size() * 2);
+    ASSERT_EQ(inter % 8, 0) << "the case's width leaves the activation unchecked";
     for (const ops::MoeGlu glu : {ops::MoeGlu::kSilu, ops::MoeGlu::kClampedSwiglu}) {
-      if (inter % 8 != 0) break;
       std::vector<std::uint16_t> act(rows_n * static_cast<std::size_t>(inter), 0xABAB);
       MoeGluParams q;
       q.y = addr(y);
