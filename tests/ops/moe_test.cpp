@@ -293,7 +293,7 @@ void expect_gathered(const std::vector<std::uint16_t>& got, const std::vector<st
                      int top_k, std::int64_t width, Want want) {
   std::vector<bool> used(got.size() / static_cast<std::size_t>(width), false);
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i] < 0) continue;
+    if (rows[i] < 0 || static_cast<std::size_t>(rows[i]) >= used.size()) continue;
     used[rows[i]] = true;
     const auto t = static_cast<std::int64_t>(i) / top_k;
     for (std::int64_t c = 0; c < width; ++c) {
@@ -328,9 +328,14 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
       for (auto& id : ids) id = id < held ? id : -1;
     }
     const ops::MoeShape shape{tokens, held > 0 ? held : experts, top_k, masked ? tokens : 0};
-    const Aligned al = align_reference(ids, shape.experts, shape.capacity);
+    Aligned al = align_reference(ids, shape.experts, shape.capacity);
     if (held > 0) check_align(b, s, ids, shape, opt());
     const auto rows_n = static_cast<std::size_t>(shape.row_capacity());
+    // A caller's rows need not be moe_align's: one at the row capacity is no row (gathered
+    // nowhere, added to nothing), and the row it had stays untouched.
+    const auto with_row =
+        std::find_if(al.rows.begin(), al.rows.end(), [](auto r) { return r >= 0; });
+    if (with_row != al.rows.end() && tokens > 1) *with_row = static_cast<std::int32_t>(rows_n);
     const auto x = testing::random_bf16(static_cast<std::size_t>(tokens * width));
     const DevicePtr d_x = testing::upload(b, x), d_rows = testing::upload(b, al.rows);
     const DevicePtr x_perm = poison_buffer(b, rows_n * width * 2);
@@ -355,7 +360,7 @@ TEST_P(MoeOps, MoeGatherCombinePermuteThenCombineAgainstFloat64) {
         double sum = 0.0, mag = 0.0;
         for (int j = 0; j < top_k; ++j) {
           const std::int32_t row = al.rows[t * top_k + j];
-          if (row < 0) continue;
+          if (row < 0 || static_cast<std::size_t>(row) >= rows_n) continue;
           const double term = double{w[t * top_k + j]} * num::bf16_to_f32(y[row * width + c]);
           sum += term;
           mag += std::abs(term);
@@ -392,6 +397,12 @@ TEST_P(MoeOps, MoeGatherInEachExpertsColumnOrder) {
       std::shuffle(order, order + width, rng());
     }
     columns[static_cast<std::size_t>(width) - 1] = width;  // outside: reads 0
+    // A caller's ids need not be those the rows came from: an entry with a row whose id names no
+    // expert has no column order, and its row reads zeros.
+    const auto last = static_cast<std::size_t>(
+        std::find_if(al.rows.rbegin(), al.rows.rend(), [](auto r) { return r >= 0; }).base() -
+        al.rows.begin() - 1);
+    if (tokens > 1) ids[last] = experts + 3;
     const auto rows_n = static_cast<std::size_t>(shape.row_capacity());
     const auto x = testing::random_bf16(static_cast<std::size_t>(tokens * width));
     const DevicePtr d_x = testing::upload(b, x), d_rows = testing::upload(b, al.rows);
@@ -402,6 +413,7 @@ TEST_P(MoeOps, MoeGatherInEachExpertsColumnOrder) {
     b.synchronize(s);
     const auto got = testing::read<std::uint16_t>(b, x_perm, rows_n * width);
     expect_gathered(got, al.rows, top_k, width, [&](std::size_t i, std::int64_t t, std::int64_t c) {
+      if (ids[i] < 0 || ids[i] >= experts) return std::uint16_t{0};
       const std::int32_t from = columns[ids[i] * width + c];
       return from < width ? x[t * width + from] : std::uint16_t{0};
     });
