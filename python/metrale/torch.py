@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -377,8 +378,21 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
     # The checkpoint's names as the model's, by transformers' own renaming (Mixtral's
     # block_sparse_moe is the model's mlp); quantized layers keep their names in the checkpoint.
     names = torch_moe.naming(model)
+    # What transformers itself leaves unread (_keys_to_ignore_on_load_unexpected): DeepSeek-V3's
+    # multi-token-prediction layer 61, which its official checkpoints ship and no model module
+    # takes. Left out here too, quantized or not, rather than refused as a layer without a module.
+    ignored = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None)
+                                       or [])]
+
+    def kept(name: str) -> bool:
+        return not any(p.search(name) or p.search(names.rename(name)) for p in ignored)
+
+    fp4 = [layer for layer in fp4 if kept(layer)]
+    quantized = [layer for layer in quantized if kept(layer)]
+    packed = [p for p in packed if kept(p["projection"])]
     state = {names.rename(k): v for k, v in _read_tensors(
-        _tensor_files(ckpt.path), quantized, tuple(p["projection"] + "_" for p in packed)).items()}
+        _tensor_files(ckpt.path), quantized, tuple(p["projection"] + "_" for p in packed),
+        kept).items()}
     runtime = metrale.Model(backend)
     try:
         # Experts stored as linears of their own go to the model's fused experts modules.
@@ -390,7 +404,7 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
                 host, label=layer,
                 layout=torch_moe.upload_layout(runtime, host, allow_unverified))
             _swap_linear(api, model, names.layer(layer), weights, state, runtime)
-        for layer in (layer for layer in ckpt.fp8_layers if layer not in experts):
+        for layer in (layer for layer in ckpt.fp8_layers if layer not in experts and kept(layer)):
             weights = runtime.upload_fp8_weights(*ckpt.fp8_weights(layer), label=layer)
             _swap_linear(api, model, names.layer(layer), weights, state, runtime)
         torch_moe.swap_packed_experts(api, model, ckpt, packed, runtime, allow_unverified,
@@ -447,9 +461,10 @@ def _tensor_files(path: str) -> list:
     return [os.path.join(os.path.dirname(path), s) for s in shards]
 
 
-def _read_tensors(files: list, quantized: list, packed: tuple = ()) -> dict:
-    """Every tensor of the files but the quantized layers' own (their bias aside) and those of
-    the packed expert projections (names starting with one of ``packed``)."""
+def _read_tensors(files: list, quantized: list, packed: tuple = (),
+                  kept: Any = lambda name: True) -> dict:
+    """Every tensor of the files that ``kept`` takes but the quantized layers' own (their bias
+    aside) and those of the packed expert projections (names starting with one of ``packed``)."""
     from safetensors import safe_open
 
     prefixes = tuple(layer + "." for layer in quantized) + packed
@@ -458,7 +473,7 @@ def _read_tensors(files: list, quantized: list, packed: tuple = ()) -> dict:
     for f in files:
         with safe_open(f, framework="pt") as st:
             for name in st.keys():
-                if not name.startswith(prefixes) or name in biases:
+                if kept(name) and (not name.startswith(prefixes) or name in biases):
                     state[name] = st.get_tensor(name)
     return state
 

@@ -137,6 +137,8 @@ def _moe_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torc
                       torch.full_like(top_k_index, -1), top_k_index).to(torch.int32).contiguous()
     weights = top_k_weights.to(torch.float32).contiguous()
     x = x.contiguous()
+    if x.data_ptr() % 16 != 0:  # contiguous at an odd offset of its storage: the kernels' 16 bytes
+        x = x.clone()
     m = entry.model
     if x.device.type == "cpu":
         m._m.moe_experts(_bits(x), True, ids.numpy(), weights.numpy(), entry.gate_up, entry.down,
@@ -380,15 +382,22 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
                                  "4-bit); one grouped GEMM runs one format", metrale.IoError)
         fp8 = fp8.pop()
         # What transformers says of the module's layout (use_experts_implementation): stacked
-        # gate and up are [gate; up] rows, read as x · Wᵀ, without biases, SiLU(gate) · up.
+        # gate and up are [gate; up] rows, read as x · Wᵀ, without biases, and the decorator's
+        # default gate, act_fn(gate) · up, with SiLU. A class without the decorator's layout, or
+        # with a gate of its own (DeepSeek-V4's and Step-3.7's clamp gate and up), computes
+        # something else: refused, never run as plain SiLU(gate) · up.
         layout = {"is_concatenated": True, "is_transposed": False, "has_bias": False,
                   "has_gate": True}
-        differs = [f"{a}={getattr(old, a)}" for a, want in layout.items()
-                   if getattr(old, a, want) != want]
-        if differs or type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
-            raise argument_error(api, f"{parent}: a {kind} ({', '.join(differs) or 'its act_fn'}"
-                                 ") is not SiLU(gate) · up on [gate; up] rows without biases, "
-                                 "the experts metrale builds from linears of their own",
+        differs = [f"{a}={getattr(old, a, 'unset')}" for a, want in layout.items()
+                   if getattr(old, a, None) != want]
+        if type(getattr(old, "act_fn", None)).__name__ != "SiLUActivation":
+            differs.append("its act_fn")
+        if getattr(type(old), "_apply_gate", None) is not _default_apply_gate():
+            differs.append("its _apply_gate")
+        if differs:
+            raise argument_error(api, f"{parent}: a {kind} ({', '.join(differs)}) is not "
+                                 "SiLU(gate) · up on [gate; up] rows without biases, the "
+                                 "experts metrale builds from linears of their own",
                                  metrale.IoError)
         want = {leaf: tuple(int(d) for d in getattr(old, leaf).shape)
                 for leaf in ("gate_up_proj", "down_proj")}
@@ -399,6 +408,12 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
         model.set_submodule(parent, new)
         taken.update(found.values())
     return taken
+
+
+def _default_apply_gate() -> Any:
+    """transformers' default gate of a decorated experts class: act_fn(gate) · up."""
+    from transformers.integrations import moe as tf_moe
+    return tf_moe._default_apply_gate
 
 
 def _check_expert_shape(api: str, parent: str, kind: str, e: int, leaf: str, shape: tuple,

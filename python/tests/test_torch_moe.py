@@ -431,6 +431,76 @@ def test_experts_whose_gate_and_up_orders_differ_are_refused(tmp_path, rng):
         mt.from_pretrained(str(tmp_path), backend="cpu")
 
 
+def test_experts_of_another_gate_are_refused(rng):
+    """An experts class with a gate of its own (DeepSeek-V4's and Step-3.7's clamp gate and up
+    before SiLU(gate) · up) or without transformers' experts decorator computes something else
+    than the grouped GEMMs' SiLU(gate) · up: refused naming what differs, the module left in
+    place and nothing held (a review found DeepseekV4Experts taken and run unclamped)."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    experts, hidden, inter = 4, 64, 32
+    config = Qwen3MoeConfig(num_experts=experts, hidden_size=hidden, moe_intermediate_size=inter)
+
+    class Clamped(Qwen3MoeExperts):
+        def _apply_gate(self, gate_up_out):
+            gate, up = gate_up_out.clamp(max=1.0).chunk(2, dim=-1)
+            return self.act_fn(gate) * up
+
+    class Undecorated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            inner = Qwen3MoeExperts(config)
+            self.gate_up_proj, self.down_proj, self.act_fn = (inner.gate_up_proj,
+                                                              inner.down_proj, inner.act_fn)
+
+    shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+              "down_proj": (hidden, inter)}
+    hosts = {f"experts.{e}.{p}": metrale.quantize_mxfp4(
+        rng.standard_normal(shape).astype(np.float32)) for e in range(experts)
+        for p, shape in shapes.items()}
+
+    class Checkpoint:
+        fp8_layers: list = []
+
+        def weights(self, name):
+            return hosts[name]
+
+    undecorated = r"\(is_concatenated=unset, .*has_gate=unset, its _apply_gate\)"
+    for make, why in ((lambda: Clamped(config), r"\(its _apply_gate\)"),
+                      (Undecorated, undecorated)):
+        holder = torch.nn.Module()
+        holder.experts = make()
+        runtime = metrale.Model("cpu")
+        with pytest.raises(metrale.IoError, match=r"\[load\] experts: a \w+ " + why):
+            mt.torch_moe.swap_expert_linears("load", holder, Checkpoint(), list(hosts), runtime,
+                                             False)
+        assert not isinstance(holder.experts, mt.MoeExperts)
+        assert runtime.close().clean
+
+
+def test_layers_transformers_ignores_are_left_out(tmp_path, rng):
+    """DeepSeek-V3's official checkpoints ship a multi-token-prediction layer 61, quantized like
+    the others, which transformers leaves unread (_keys_to_ignore_on_load_unexpected). The FP8
+    fixture with its layer 1 copied to layer 61 loads as the fixture does, the same logits bit
+    for bit (a review found it refused: 'a quantized layer the model has no module for')."""
+    from safetensors.torch import save_file
+
+    src = MODELS / "deepseek-transformers-fp8"
+    tensors = checkpoint_tensors(src)
+    tensors.update({k.replace("model.layers.1.", "model.layers.61."): v.clone()
+                    for k, v in tensors.items() if k.startswith("model.layers.1.")})
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    plain, with_mtp = (mt.from_pretrained(str(f), backend="cpu") for f in (src, tmp_path))
+    try:
+        ids = prompts(rng, plain.config.vocab_size)
+        with torch.no_grad():
+            assert torch.equal(plain(ids).logits, with_mtp(ids).logits)
+    finally:
+        assert plain.metrale.close().clean and with_mtp.metrale.close().clean
+
+
 def _quantized_experts(rng, fmt: str, count: int, n: int, k: int) -> list:
     quantize = {"nvfp4": metrale.quantize_nvfp4, "mxfp4": metrale.quantize_mxfp4,
                 "int4": lambda w: metrale.quantize_int4(w, 32, True)}[fmt]
@@ -640,11 +710,19 @@ def _plant_no_correction_bias(monkeypatch, model):
         model.model.layers[1].mlp.gate.e_score_correction_bias.zero_()
 
 
-PLANTS = {"gpt-oss activation as silu": ("gptoss-mxfp4", _plant_silu_for_gptoss, None),
+# Each plant's folder, its changes before and after the load, and the failure it must give: the
+# experts' own check (their normalized error) or, for a change outside the experts, the fed
+# transformers model (its experts fed another routing than metrale's, or other logits).
+EXPERTS_FAIL = r"normalized error is .* \(bound"
+LOGITS_FAIL = r"another routing|the logits differ outside the GEMMs and the experts"
+PLANTS = {"gpt-oss activation as silu": ("gptoss-mxfp4", _plant_silu_for_gptoss, None,
+                                         EXPERTS_FAIL),
           "DeepSeek's correction bias dropped": ("deepseek-modelopt-nvfp4", None,
-                                                 _plant_no_correction_bias),
-          "up stacked before gate": ("qwen3moe-ct-w4a16", _plant_up_before_gate, None),
-          "a router weight changed": ("qwen3moe-ct-nvfp4a16", None, _plant_router_change)}
+                                                 _plant_no_correction_bias, LOGITS_FAIL),
+          "up stacked before gate": ("qwen3moe-ct-w4a16", _plant_up_before_gate, None,
+                                     EXPERTS_FAIL),
+          "a router weight changed": ("qwen3moe-ct-nvfp4a16", None, _plant_router_change,
+                                      LOGITS_FAIL)}
 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
@@ -652,7 +730,7 @@ def test_planted_moe_model_faults_fail_the_check(rng, monkeypatch, plant):
     """The whole-model check is shown failing on faults planted in metrale's model: an
     activation of another family, gate and up stacked the wrong way round, and a change outside
     the experts (the router) that the experts' own check cannot see."""
-    name, before_load, after_load = PLANTS[plant]
+    name, before_load, after_load, failure = PLANTS[plant]
     folder = MODELS / name
     if before_load:
         before_load(monkeypatch, None)
@@ -660,10 +738,10 @@ def test_planted_moe_model_faults_fail_the_check(rng, monkeypatch, plant):
     try:
         if after_load:
             after_load(monkeypatch, model)
-        with pytest.raises(AssertionError):
+        with pytest.raises(AssertionError, match=failure):
             checked_moe_forward(model, folder, prompts(rng, model.config.vocab_size))
     finally:
-        model.metrale.close()
+        assert model.metrale.close().clean
 
 
 def test_load_keeps_the_shared_experts_gate_in_floats():
@@ -793,7 +871,8 @@ def test_refused_calls_leave_nothing_allocated(rng):
 
 def test_torch_op_ids_and_strides(rng):
     """The op's ids outside [0, E), int64 ones past int32 included, contribute nothing (never
-    wrapped onto an expert), and an x of other strides gives the contiguous x's result."""
+    wrapped onto an expert), and an x of other strides, or contiguous at an offset of its storage
+    that is not 16-byte aligned, gives the contiguous x's result."""
     with metrale.Model("cpu") as m:
         gu = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 64), label="gu")
         dn = m.upload_grouped_weights(_quantized_experts(rng, "nvfp4", 4, 64, 32), label="dn")
@@ -805,6 +884,10 @@ def test_torch_op_ids_and_strides(rng):
         strided = x.t().contiguous().t()
         assert not strided.is_contiguous()
         assert torch.equal(layer(strided, ids, w), want)
+        shifted = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape)
+        shifted.copy_(x)
+        assert shifted.is_contiguous() and shifted.data_ptr() % 16 != 0
+        assert torch.equal(layer(shifted, ids, w), want)
         # Slot 1 of every token out of range: only slot 0's expert remains.
         for far in (4, 2**32 + 1, -3):
             bad = ids.clone()
