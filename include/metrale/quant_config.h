@@ -33,7 +33,7 @@ struct DeclaredQuantization {
   std::vector<std::string> ignore;  // module names and patterns the quantizer left alone
   // The ignore list reads as transformers' quantizers read modules_to_not_convert
   // (should_convert_module): a pattern ignores a module when it matches as a regex from the
-  // name's start, or when the name ends with it. Set for quant_method "fp8".
+  // name's start, or when the name ends with it. Set for quant_method "fp8" and "mxfp4".
   bool transformers_patterns = false;
   bool every_linear = false;           // the quantizer targets every Linear but those it ignores
   bool quantized_activations = false;  // W4A4, W8A8: the config quantizes activations too

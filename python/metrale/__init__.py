@@ -56,11 +56,19 @@ def stack_rows(parts: list) -> HostWeights:
 
 def take_rows(w: HostWeights, rows: Any) -> HostWeights:
     """W[rows, :] of row-major HostWeights: row i of the result is row rows[i] (an MoE expert's
-    gate and up rows in its down projection's act order, Note [Experts' act order])."""
+    gate and up rows in its down projection's act order, Note [Experts' act order]); rows are
+    integers, 1-D or [1, n] as a k_perm is, anything else DtypeError."""
     import numpy as np
 
-    return _metrale.take_rows(w, np.ascontiguousarray(np.asarray(rows).reshape(-1),
-                                                       dtype=np.int64))
+    picked = np.asarray(rows)
+    if picked.ndim == 2 and picked.shape[0] == 1:  # a k_perm as HostWeights gives it, [1, K]
+        picked = picked[0]
+    if picked.ndim != 1 or not np.issubdtype(picked.dtype, np.integer):
+        # Row indices as given: a float array would be truncated, a matrix flattened.
+        raise errors.argument_error("take_rows", f"rows: a {picked.dtype} array of shape "
+                                    f"{picked.shape}; expected integer row indices, 1-D or "
+                                    "[1, n] (as k_perm)", DtypeError)
+    return _metrale.take_rows(w, np.ascontiguousarray(picked, dtype=np.int64))
 
 
 def in_stored_order(w: HostWeights) -> HostWeights:

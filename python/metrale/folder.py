@@ -115,7 +115,12 @@ def load(path: str, backend: str = "auto") -> Loaded:
     # An MoE router (transformers' Qwen3MoeTopKRouter, DeepseekV3TopkRouter) is a matrix but no
     # Linear: quantizers that take every Linear leave it alone, so it is no skipped layer.
     routers = _routers(dense, ckpt.tensors)
-    ckpt.check_declared(list(sources.items()), [d for d in dense if d not in routers], api)
+    # A packed projection is held to the ignore list by its experts module, the module
+    # transformers' quantizer converts (and skips, when the list names it).
+    declared = [(layer, source) for layer, source in sources.items()
+                if layer not in {p["projection"] for p in packed}]
+    declared += sorted({(p["projection"].rpartition(".")[0], p["source"]) for p in packed})
+    ckpt.check_declared(declared, [d for d in dense if d not in routers], api)
     model = Model(backend)
     try:
         loaded = Loaded(model, ckpt.path, sources=sources, declared=ckpt.declared,

@@ -418,8 +418,10 @@ def from_pretrained(path: str, *, backend: str = "auto", dtype: torch.dtype = to
         plain = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and
                        not (n.rpartition(".")[2] in ROUTER_LEAVES and
                             n.rpartition(".")[0] in blocks))
+        # A packed projection by its experts module, as metrale.load holds it (folder.py).
         ckpt.check_declared([(layer, ckpt.source(layer)) for layer in quantized] +
-                            [(p["projection"], p["source"]) for p in packed], plain, api)
+                            sorted({(p["projection"].rpartition(".")[0], p["source"])
+                                    for p in packed}), plain, api)
     except BaseException:
         runtime.close(check=False)
         raise

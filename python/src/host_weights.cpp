@@ -358,7 +358,7 @@ void bind_host_weights(nb::module_& m) {
         nb::gil_scoped_release unlocked;
         return take_rows(w, picked);
       },
-      nb::arg("w"), nb::arg("rows"),
+      nb::arg("w"), nb::arg("rows").noconvert(),
       "W[rows, :] of row-major weights: row i of the result is row rows[i] (int64).");
   m.def(
       "in_stored_order",

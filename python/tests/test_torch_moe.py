@@ -501,6 +501,26 @@ def test_layers_transformers_ignores_are_left_out(tmp_path, rng):
         assert plain.metrale.close().clean and with_mtp.metrale.close().clean
 
 
+@pytest.mark.parametrize("pattern", ["model.layers.0.mlp.experts", "model.layers.*.mlp",
+                                     "experts"])
+def test_experts_the_config_leaves_unconverted_are_refused(tmp_path, pattern):
+    """gpt-oss's modules_to_not_convert read as transformers' Mxfp4 quantizer reads it, against
+    the experts module: one naming the experts (by name, a regex from the start, or the name's
+    end) would leave them in BF16, so packed experts contradict the config. Both loaders refuse
+    it naming the module (a review found it loaded: the list was matched as whole-name globs
+    against the projections)."""
+    src = MODELS / "gptoss-mxfp4"
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"].append(pattern)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    why = r"ignores model\.layers\.0\.mlp\.experts.*which the checkpoint holds"
+    with pytest.raises(metrale.IoError, match=why):
+        metrale.load(str(tmp_path), backend="cpu")
+    with pytest.raises(metrale.IoError, match=why):
+        mt.from_pretrained(str(tmp_path), backend="cpu")
+
+
 def _quantized_experts(rng, fmt: str, count: int, n: int, k: int) -> list:
     quantize = {"nvfp4": metrale.quantize_nvfp4, "mxfp4": metrale.quantize_mxfp4,
                 "int4": lambda w: metrale.quantize_int4(w, 32, True)}[fmt]
@@ -574,6 +594,21 @@ def test_moe_experts_bad_arguments(rng):
             m.upload_grouped_weights(mixed)
     with pytest.raises(metrale.StateError):
         m.moe_experts(x, ids, w, gu, dn)
+
+
+def test_take_rows_takes_integer_rows_only(rng):
+    """Row indices as given: a float array (truncated before, 2.7 taking row 2) or a matrix
+    (flattened before) is DtypeError naming take_rows; a [1, n] row as k_perm is taken; the
+    binding converts nothing."""
+    w = _quantized_experts(rng, "mxfp4", 1, 4, 64)[0]
+    assert metrale.take_rows(w, [3, 0]).n == 2
+    assert metrale.take_rows(w, np.array([[3, 0, 1]], np.int32)).n == 3
+    for rows in (np.array([2.7]), np.array([[0, 1], [2, 3]])):
+        with pytest.raises(metrale.DtypeError, match=r"\[take_rows\] rows: a .* array of shape "
+                                                     r".*; expected integer row indices"):
+            metrale.take_rows(w, rows)
+    with pytest.raises(TypeError):
+        metrale._metrale.take_rows(w, np.array([2.7]))
 
 
 def test_act_ordered_experts_through_model_moe_experts(rng):

@@ -167,12 +167,15 @@ DeclaredQuantization fp8_block(const json& q, const std::string& where) {
 // gpt-oss (transformers' Mxfp4Config): quant_method "mxfp4". Only the MoE experts are quantized
 // (transformers' replace_with_mxfp4_linear converts the experts modules alone), each projection
 // packed for every expert (metrale/moe_checkpoint.h); its modules_to_not_convert names the
-// attention, the router, the embeddings and lm_head, all plain.
+// attention, the router, the embeddings and lm_head, all plain, and reads as transformers'
+// should_convert_module reads it, against the experts module's name (the caller passes that
+// module for its packed projections).
 DeclaredQuantization mxfp4_experts(const json& q, const std::string& where) {
   DeclaredQuantization d;
   d.producer = "mxfp4";
   d.format = "mxfp4";  // the file names no format beside its quant_method
   d.ignore = strings_at(q, "modules_to_not_convert", where);
+  d.transformers_patterns = true;
   d.layer_sources = {"gpt-oss MXFP4"};
   return d;
 }

@@ -31,8 +31,11 @@ void check_like_first(const HostQuantWeights& first, const HostQuantWeights& x, 
                   fmt::format("expert {} has {} {} where expert 0 has {}", e, what, b, a));
     }
   };
-  differs("format", static_cast<int>(first.format), static_cast<int>(x.format));
-  differs("layout", static_cast<int>(first.layout), static_cast<int>(x.layout));
+  const auto layout = [](WeightLayout l) {
+    return l == WeightLayout::kRowMajor ? "row-major" : "transposed";
+  };
+  differs("format", to_string(first.format), to_string(x.format));
+  differs("layout", layout(first.layout), layout(x.layout));
   differs("N", first.n, x.n);
   differs("K", first.k, x.k);
   differs("group", first.group, x.group);

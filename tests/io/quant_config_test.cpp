@@ -170,6 +170,18 @@ TEST(DeclaredQuantization, GptOssMxfp4Experts) {
   // Planted: an expert projection of another format.
   EXPECT_THAT(refusal(*d, {{experts.first, "compressed-tensors MXFP4"}}, {}),
               HasSubstr("these layers hold another format"));
+  // The experts module (what the caller passes for packed projections) on an ignore list as
+  // transformers reads it: by name, as a regex from the start, or as the name's end. Each would
+  // leave the experts in BF16 in transformers, so packed ones contradict the config.
+  const std::pair<std::string, std::string> module{"model.layers.0.mlp.experts", "gpt-oss MXFP4"};
+  for (const char* pattern : {"model.layers.0.mlp.experts", "model.layers.*.mlp", "experts"}) {
+    SCOPED_TRACE(pattern);
+    DeclaredQuantization ignoring = *d;
+    ignoring.ignore.emplace_back(pattern);
+    EXPECT_THAT(refusal(ignoring, {module}, {}),
+                HasSubstr("ignores model.layers.0.mlp.experts, which the checkpoint holds"));
+  }
+  EXPECT_EQ(refusal(*d, {module}, {}), "");
 }
 
 TEST(DeclaredQuantization, TensorsHeldToIt) {

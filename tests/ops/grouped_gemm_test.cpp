@@ -326,6 +326,25 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
       gen(), Case{WeightFormat::kNvfp4, ops::UploadLayout::kSource, 4, 2, 1, 96, 128});
   EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], wide}),
                ErrorCode::kInvalidArgument, "expert 1 has N 96 where expert 0 has 64");
+  const HostQuantWeights mx = random_expert(
+      gen(), Case{WeightFormat::kMxfp4, ops::UploadLayout::kSource, 4, 2, 1, 64, 128});
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], mx}),
+               ErrorCode::kInvalidArgument, "expert 1 has format mxfp4 where expert 0 has nvfp4");
+  EXPECT_ERROR(
+      ops::GroupedWeightsResource(
+          bk,
+          std::vector<HostQuantWeights>{host[0], with_layout(host[1], WeightLayout::kTransposed)}),
+      ErrorCode::kInvalidArgument, "expert 1 has layout transposed where expert 0 has row-major");
+  // Codes that do not fit N and K, uploaded as they are: refused before anything is allocated
+  // (only the plan refused them before, the bytes already uploaded).
+  HostQuantWeights short_codes = host[1];
+  short_codes.codes.resize(short_codes.codes.size() / 2);
+  const std::size_t live = bk.live_bytes();
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], short_codes},
+                                           "e", ops::UploadLayout::kSource),
+               ErrorCode::kInvalidArgument,
+               "nvfp4 weights of n = 64, k = 128 need 4096 code bytes, got 2048");
+  EXPECT_EQ(bk.live_bytes(), live);
   Int4Case ic;
   ic.n = 64;
   ic.k = 128;
