@@ -419,7 +419,7 @@ GroupedFp8Plan plan_grouped(Backend& backend, std::int64_t rows, const GroupedFp
   p.out_f32 = options.out_f32;
   p.packing = w.packing;
   p.route = route;
-  Launches l = launches_of(kPlanApi, backend, rows, p.n, p.k, p.experts, route);
+  const Launches l = launches_of(kPlanApi, backend, rows, p.n, p.k, p.experts, route);
   p.cast = l.cast;
   p.gemm = l.gemm;
   p.workspace = l.workspace;
