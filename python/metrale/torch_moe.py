@@ -411,9 +411,13 @@ def swap_expert_linears(api: str, model: torch.nn.Module, ckpt: Any, layers: lis
 
 
 def _default_apply_gate() -> Any:
-    """transformers' default gate of a decorated experts class: act_fn(gate) · up."""
-    from transformers.integrations import moe as tf_moe
-    return tf_moe._default_apply_gate
+    """transformers' default gate of a decorated experts class: act_fn(gate) · up (None for a
+    transformers without the experts decorator, whose classes the layout check refuses)."""
+    try:
+        from transformers.integrations import moe as tf_moe
+    except ImportError:
+        return None
+    return getattr(tf_moe, "_default_apply_gate", None)
 
 
 def _check_expert_shape(api: str, parent: str, kind: str, e: int, leaf: str, shape: tuple,
