@@ -211,11 +211,42 @@ TEST(Int4Weights, ActOrderedKSlicesHoldTheirColumnsInPaddedGroupsOf32) {
             EXPECT_EQ((j & 1) ? byte >> 4 : byte & 0xF, zero) << j;
           }
           EXPECT_EQ(padding, s.k - (c1 - c0));
-          EXPECT_THAT(testing::expect_error([&] { (void)slice_columns(s, 0, 32); }).what(),
-                      HasSubstr("a K slice already"));
+          // A slice whose groups' runs all fill whole blocks has no padding (about 1 run in 100
+          // draws one): it is a whole layer's weights of K = c1 - c0, and slices as one
+          // (AnActOrderedSliceWithoutPaddingSlicesAgain).
+          if (padding > 0) {
+            EXPECT_THAT(testing::expect_error([&] { (void)slice_columns(s, 0, 32); }).what(),
+                        HasSubstr("a K slice already"));
+          }
         }
       }
     }
+  }
+}
+
+// A K slice that needs no padding (each group's run fills whole blocks of 32) holds the
+// slice's columns as a whole layer's act-ordered weights do, so slicing it again takes the
+// columns of the first slice's range; one with padding is refused, as above.
+TEST(Int4Weights, AnActOrderedSliceWithoutPaddingSlicesAgain) {
+  std::mt19937_64 gen = fresh();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t n = 3, k = 512, group = 128;
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  for (float& x : w) x = normal(gen);
+  // Groups in reverse: columns [0, 128) are group 3, stored last; [128, 256) group 2.
+  std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < k; ++i)
+    g_idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((k - 1 - i) / group);
+  const HostQuantWeights act = with_act_order(quantize_int4(w, n, k, group, true, false), g_idx);
+  const HostQuantWeights s = slice_columns(act, 128, 256);
+  ASSERT_EQ(s.k, 128);
+  ASSERT_EQ(a_columns(s), 128);
+  const HostQuantWeights again = slice_columns(s, 32, 96);
+  ASSERT_EQ(a_columns(again), 64);
+  for (std::int64_t row = 0; row < n; ++row) {
+    for (std::int64_t c = 0; c < 64; ++c)
+      ASSERT_EQ(again.exact_weight(row, c), act.exact_weight(row, 128 + 32 + c))
+          << row << ", " << c;
   }
 }
 
