@@ -141,7 +141,9 @@ void check_layers(const SafetensorsFile& f) {
       require_named(e);
       // A listed layer passed every header check: only its values can be wrong.
       require(!listed || e.code() == ErrorCode::kIo);
-      require(e.code() == ErrorCode::kIo || e.code() == ErrorCode::kNotFound);
+      // ".weight" names no layer: refused as an argument, and never listed.
+      require(layer.empty() ? e.code() == ErrorCode::kInvalidArgument
+                            : e.code() == ErrorCode::kIo || e.code() == ErrorCode::kNotFound);
     }
   }
 }
@@ -154,6 +156,17 @@ void check_fp8_layers(const SafetensorsFile& f) {
   require(std::is_sorted(layers.begin(), layers.end()));
   for (const std::string& name : f.names()) {
     if (!name.ends_with(".weight") || f.info(name).dtype != "F8_E4M3") continue;
+    if (name.size() == 7) {  // ".weight": no layer's, so neither listed nor loaded
+      require(layers.empty() || !layers.front().empty());
+      try {
+        (void)metrale::load_fp8_linear(f, "");
+        require(false);
+      } catch (const Error& e) {
+        require(e.code() == ErrorCode::kInvalidArgument);
+        require_named(e);
+      }
+      continue;
+    }
     require(std::binary_search(layers.begin(), layers.end(), name.substr(0, name.size() - 7)));
   }
   for (const std::string& layer : layers) {

@@ -27,7 +27,8 @@ namespace metrale {
 // [ceil(N/128), ceil(K/128)] and 4-byte aligned in the file (they are read in place; the
 // reference writer aligns them); every scale finite and >= 0 (0 is an all-zero block, -0 reads
 // as 0; a negative scale would flip a block's signs, which no exporter writes); no code NaN
-// (0x7F or 0xFF). The last two read every scale and code once.
+// (0x7F or 0xFF). The last two read every scale and code once. An empty layer name is
+// Error(kInvalidArgument).
 E4m3BlockWeightsView load_fp8_linear(const SafetensorsFile& file, std::string_view layer);
 
 // The layers the file presents as FP8, whether or not they load: every "<layer>" whose

@@ -56,7 +56,8 @@ enum class GptqZeros { kMinusOne, kAsStored };
 //    quantize_nvfp4.
 // K must be a positive multiple of 16. "<layer>.input_scale" (F32, [] or [1], finite) is read when
 // present. Throws Error(kNotFound) for a missing tensor, Error(kIo) for a wrong dtype or shape,
-// a NaN block scale or a non-finite weight, naming the file and tensor.
+// a NaN block scale or a non-finite weight, naming the file and tensor; Error(kInvalidArgument)
+// for an empty layer name.
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
                               GptqZeros gptq_zeros = GptqZeros::kMinusOne);
 

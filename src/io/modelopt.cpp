@@ -252,6 +252,11 @@ float read_divisor(const SafetensorsFile& f, const std::string& name) {
 
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
                               GptqZeros gptq_zeros) {
+  // A tensor named ".weight" is no layer's: scan_linear_layers lists no empty layer.
+  if (layer.empty()) {
+    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
+                  "load_nvfp4_linear: the layer name is empty");
+  }
   LayerPlan plan;
   if (const auto p = plan_layer(file, layer, plan)) {
     fail_tensor(p->code, file.path(), p->tensor, p->what);

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -29,6 +30,7 @@
 #include "core/expect_error.h"
 #include "io/generated_files.h"
 #include "metrale/error.h"
+#include "metrale/fp8_checkpoint.h"
 #include "metrale/modelopt.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
@@ -287,6 +289,30 @@ TEST(SafetensorsFromBytes, MalformedBytesFailAsTheFileDoes) {
   }
   const Error e = testing::expect_error([] { (void)SafetensorsFile::from_bytes("none", {}); });
   EXPECT_THAT(e.what(), StartsWith("[safetensors] none: the file is 0 bytes, too short"));
+}
+
+// A tensor named ".weight" (the fuzzer's find): loadable by its header, but no layer's. Neither
+// lister names the empty layer, and both loaders refuse it as an argument.
+TEST(SafetensorsFromBytes, AWeightNamedOnlyDotWeightIsNoLayer) {
+  for (const char* dtype : {"BF16", "F8_E4M3"}) {
+    SCOPED_TRACE(dtype);
+    const std::size_t bytes = dtype[0] == 'B' ? 64 : 32;
+    std::string header = fmt::format(
+        R"({{".weight":{{"dtype":"{}","shape":[2,16],"data_offsets":[0,{}]}}}})", dtype, bytes);
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    std::vector<std::byte> file(8 + header.size() + bytes, std::byte{0});
+    for (int i = 0; i < 8; ++i) file[i] = std::byte(header.size() >> (8 * i) & 0xFF);
+    std::memcpy(file.data() + 8, header.data(), header.size());
+    const auto f = SafetensorsFile::from_bytes("dot-weight", file);
+    EXPECT_TRUE(linear_layers(f).empty());
+    EXPECT_TRUE(fp8_linear_layers(f).empty());
+    for (const Error& e : {testing::expect_error([&] { (void)load_nvfp4_linear(f, ""); }),
+                           testing::expect_error([&] { (void)load_fp8_linear(f, ""); })}) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_THAT(e.what(), StartsWith("[safetensors] dot-weight: load_"));
+      EXPECT_THAT(e.what(), HasSubstr("_linear: the layer name is empty"));
+    }
+  }
 }
 
 // ---- malformed files ----
