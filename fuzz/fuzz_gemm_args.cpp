@@ -419,8 +419,9 @@ void fuzz_axpy(Call& call) {
       [&] { ops::axpy_f32(call.backend(), call.backend().default_stream(), y, x, a, n); });
 }
 
-// upload_weights with an injected allocation failure or none: success copies both arrays to
-// exactly two new allocations that free_weights frees; a failure leaves nothing allocated. The
+// upload_weights with an injected allocation failure or none: weights whose code and scale sizes
+// fit the format, N and K upload, copying both arrays to exactly two new allocations that
+// free_weights frees; any other sizes are refused; a failure leaves nothing allocated. The
 // weights policy (metrale/weights.h) answers a device out-of-memory with managed memory, so a
 // capped or failed device allocation still uploads; once the backend has latched that fallback,
 // the managed allocation is the one an injected failure hits, and the upload fails.
@@ -432,8 +433,16 @@ void fuzz_upload(Call& call) {
   h.layout = in.ConsumeBool() ? WeightLayout::kTransposed : WeightLayout::kRowMajor;
   h.n = dimension(in, 64);
   h.k = dimension(in, 8, 32);
-  h.codes.resize(in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer));
-  h.scales.resize(in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer / 16));
+  // Sizes that fit the shape, or any (refused unless they happen to fit).
+  const int group = h.format == WeightFormat::kMxfp4 ? 32 : 16;
+  const bool shape_ok = h.n >= 1 && h.k >= 1 && h.k % group == 0;
+  if (shape_ok && h.n <= 64 && h.k <= 256 && in.ConsumeBool()) {
+    h.codes.resize(static_cast<std::size_t>(h.n * (h.k / 2)));
+    h.scales.resize(static_cast<std::size_t>(h.n * (h.k / group)));
+  } else {
+    h.codes.resize(in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer));
+    h.scales.resize(in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer / 16));
+  }
   for (std::size_t i = 0; i < h.codes.size(); ++i) h.codes[i] = static_cast<std::uint8_t>(i * 7);
   for (std::size_t i = 0; i < h.scales.size(); ++i) h.scales[i] = static_cast<std::uint8_t>(i);
   h.tensor_scale = in.ConsumeFloatingPoint<float>();
@@ -445,8 +454,9 @@ void fuzz_upload(Call& call) {
   }
   if (fault == 3) faults.max_device_alloc = in.ConsumeIntegralInRange<std::size_t>(0, kMaxBuffer);
   const bool latched = b.op_cache().alloc_fell_back();
-  const bool valid =
-      !h.codes.empty() && !h.scales.empty() && !(latched && (fault == 1 || fault == 2));
+  const bool sizes_fit = shape_ok && u128(h.n) * u128(h.k / 2) == h.codes.size() &&
+                         u128(h.n) * u128(h.k / group) == h.scales.size();
+  const bool valid = sizes_fit && !(latched && (fault == 1 || fault == 2));
 
   const std::size_t live = b.live_bytes(), count = b.live_alloc_count();
   bool ok = false;

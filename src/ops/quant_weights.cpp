@@ -21,6 +21,7 @@
 #include "ops/decode_pack.h"
 #include "ops/free_quietly.h"
 #include "ops/int4_pack.h"
+#include "ops/pack_source.h"
 #include "ops/panel_pack.h"
 #include "ops/weights_pack.h"
 
@@ -163,6 +164,11 @@ HostPacked pack_host_weights(Backend& backend, const HostQuantWeights& host, Upl
                             "kBackendPreferred",
                             backend.name(), int4 ? "int4 " : "", int4 ? " with _int4" : ""));
   }
+  // FP4 weights uploaded as they are have no packing to check them: their sizes are checked here
+  // (each packing checks its own, INT4's side buffer included), so nothing is allocated for codes
+  // or scales that do not fit N and K.
+  if (!int4 && out.packing == WeightPacking::kSource)
+    pack::check_source("WeightsResource", host, 0, 0);
   const auto start = std::chrono::steady_clock::now();
   if (int4 && out.packing == WeightPacking::kDecode) {
     PackedInt4Weights packed = pack_int4_for_decode(host, "WeightsResource");

@@ -335,6 +335,16 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
           bk,
           std::vector<HostQuantWeights>{host[0], with_layout(host[1], WeightLayout::kTransposed)}),
       ErrorCode::kInvalidArgument, "expert 1 has layout transposed where expert 0 has row-major");
+  // Codes that do not fit N and K, uploaded as they are: refused before anything is allocated
+  // (only the plan refused them before, the bytes already uploaded).
+  HostQuantWeights short_codes = host[1];
+  short_codes.codes.resize(short_codes.codes.size() / 2);
+  const std::size_t live = bk.live_bytes();
+  EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], short_codes},
+                                           "e", ops::UploadLayout::kSource),
+               ErrorCode::kInvalidArgument,
+               "nvfp4 weights of n = 64, k = 128 need 4096 code bytes, got 2048");
+  EXPECT_EQ(bk.live_bytes(), live);
   Int4Case ic;
   ic.n = 64;
   ic.k = 128;

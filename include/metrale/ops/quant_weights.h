@@ -71,9 +71,10 @@ QuantWeights describe_weights(const HostQuantWeights& w);
 class WeightsResource final : public ModelResource {
  public:
   // Allocates and fills both buffers (the ledger names loc), in the layout `upload` chooses;
-  // on any failure frees what it allocated and throws (an empty codes or scales array, or
-  // weights the decode or panel layout cannot take: Error(kInvalidArgument); kPanels on a
-  // backend that does not read it: Error(kUnavailable)).
+  // on any failure frees what it allocated and throws (codes or scales whose sizes do not fit
+  // the format, N and K, or weights the decode or panel layout cannot take:
+  // Error(kInvalidArgument), before anything is allocated; kPanels on a backend that does not
+  // read it: Error(kUnavailable)).
   WeightsResource(Backend& backend, const HostQuantWeights& host, std::string label = "weights",
                   UploadLayout upload = UploadLayout::kSource,
                   std::source_location loc = std::source_location::current());
