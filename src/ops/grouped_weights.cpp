@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <numeric>
@@ -134,6 +135,17 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
       }
       backend.copy_h2d(codes.offset(e * codes_stride), p.codes.data(), p.codes.size());
       backend.copy_h2d(scales.offset(e * scales_stride), p.scales.data(), p.scales.size());
+      // Each stride's padding zeroed too: the buffers then hold the same bytes on every upload,
+      // on device or managed memory (the padding held whatever the allocation held).
+      static constexpr std::array<std::uint8_t, kWorkspaceAlign> kZeros{};
+      if (codes_stride > codes0) {
+        backend.copy_h2d(codes.offset(e * codes_stride + codes0), kZeros.data(),
+                         codes_stride - codes0);
+      }
+      if (scales_stride > scales0) {
+        backend.copy_h2d(scales.offset(e * scales_stride + scales0), kZeros.data(),
+                         scales_stride - scales0);
+      }
       if (e == 0) {
         w.expert = described;
         w.expert.packing = p.packing;

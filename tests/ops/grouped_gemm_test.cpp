@@ -7,6 +7,7 @@
 // each expert's rows must also be the bytes of a dense GEMM on that expert alone (the same
 // kernels per M). On CUDA the kernels run opted in: the device check's verification of them.
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,10 +17,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/expect_error.h"
 #include "metrale/cpu_backend.h"
+#include "metrale/host_module.h"
 #include "metrale/model_scope.h"
 #include "metrale/ops/gemm.h"
 #include "metrale/ops/grouped_gemm.h"
@@ -27,6 +30,7 @@
 #include "metrale/quant.h"
 #include "ops/gemm_reference.h"
 #include "ops/int4_cases.h"
+#include "support/log_capture.h"
 #include "toolkit/moe_routing.h"
 
 namespace metrale::testing::gemm {
@@ -446,6 +450,102 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   res.release(bk);
   const std::vector<std::uint16_t> untouched = read<std::uint16_t>(out, 4 * 64);
   EXPECT_EQ(std::count(untouched.begin(), untouched.end(), toolkit::kPoisonBf16), 4 * 64);
+}
+
+// The bytes of every buffer of grouped weights, in allocation order.
+std::vector<std::vector<std::uint8_t>> buffers_of(Backend& b, const ops::GroupedWeights& w) {
+  const auto e = static_cast<std::uint64_t>(w.experts);
+  std::vector<std::pair<DevicePtr, std::uint64_t>> parts = {{w.expert.codes, w.codes_stride * e},
+                                                            {w.expert.scales, w.scales_stride * e},
+                                                            {w.table, e * 8}};
+  if (w.k_order) parts.emplace_back(w.k_order, e * static_cast<std::uint64_t>(w.expert.k) * 4);
+  std::vector<std::vector<std::uint8_t>> out;
+  for (const auto& [ptr, bytes] : parts) {
+    out.emplace_back(static_cast<std::size_t>(bytes));
+    b.copy_d2h(out.back().data(), ptr, out.back().size());
+  }
+  return out;
+}
+
+// An upload that fails at any of its allocations or copies frees what it had allocated, and one
+// that succeeds (a failed device allocation falls back to managed memory) holds the bytes a clean
+// upload holds: each fallible call of a clean upload failed in turn, with device memory free and
+// full, for FP4 as it is and packed, and act-ordered INT4 (its fourth buffer, k_order).
+TEST(GroupedGemmUpload, AFailureAtAnyCallLeavesNothingAllocated) {
+  std::mt19937_64 gen{std::random_device{}()};
+  Int4Case i4;
+  i4.n = 32;
+  i4.k = 128;
+  i4.zero_points = true;
+  i4.act_order = true;
+  for (const auto& [format, upload] :
+       {std::pair{WeightFormat::kNvfp4, ops::UploadLayout::kSource},
+        std::pair{WeightFormat::kMxfp4, ops::UploadLayout::kBackendPreferred},
+        std::pair{WeightFormat::kInt4, ops::UploadLayout::kBackendPreferred}}) {
+    SCOPED_TRACE(fmt::format("{}, upload {}", to_string(format), static_cast<int>(upload)));
+    std::vector<HostQuantWeights> host;
+    for (int e = 0; e < 3; ++e) {
+      host.push_back(format == WeightFormat::kInt4
+                         ? random_int4(gen, i4)
+                         : quantize(format, random_weight_values(gen, 32, 128), 32, 128));
+    }
+    std::size_t calls = 0, allocs = 0;
+    std::vector<std::vector<std::uint8_t>> want;
+    {
+      CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
+      CpuFaults f;
+      f.record_calls = true;
+      b.set_faults(f);
+      ops::GroupedWeightsResource r(b, host, "experts", upload);
+      const std::vector<std::string> names = b.fault_calls();
+      calls = names.size();
+      allocs = static_cast<std::size_t>(std::count(names.begin(), names.end(), "alloc"));
+      b.set_faults(CpuFaults{});
+      want = buffers_of(b, r.weights());
+      r.release(b);
+    }
+    // Three or four allocations, a copy of each expert into codes and scales, and the table.
+    ASSERT_EQ(allocs, format == WeightFormat::kInt4 ? 4u : 3u);
+    ASSERT_GE(calls, allocs + 2u * 3u + 1u);
+    for (const bool device_full : {false, true}) {
+      std::size_t failures = 0;
+      for (std::uint64_t at = 1; at <= calls; ++at) {
+        SCOPED_TRACE(fmt::format("call #{} of {} fails{}", at, calls,
+                                 device_full ? ", device memory full" : ""));
+        CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
+        CpuFaults f;
+        f.fail_call_at = at;
+        if (device_full) {
+          f.fail_call_of = "alloc";
+          f.max_device_alloc = 1;
+        }
+        b.set_faults(f);
+        const LogCapture quiet(log::Level::kError);  // the managed-memory warning
+        try {
+          ops::GroupedWeightsResource r(b, host, "experts", upload);
+          b.set_faults(CpuFaults{});
+          const auto got = buffers_of(b, r.weights());
+          ASSERT_EQ(got.size(), want.size());
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (got[i] == want[i]) continue;
+            const auto at_byte = std::mismatch(got[i].begin(), got[i].end(), want[i].begin());
+            ADD_FAILURE() << "buffer " << i << " differs from byte "
+                          << (at_byte.first - got[i].begin()) << " of " << got[i].size() << ": "
+                          << int(*at_byte.first) << " vs " << int(*at_byte.second);
+          }
+          r.release(b);
+        } catch (const Error& e) {
+          ++failures;
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("injected failure"));
+        }
+        EXPECT_EQ(b.live_alloc_count(), 0u) << b.alloc_report();
+        EXPECT_EQ(b.live_bytes(), 0u);
+      }
+      // Every call but an allocation (which falls back to managed memory) fails the upload;
+      // with device memory full, each allocation's managed fallback fails it.
+      EXPECT_EQ(failures, device_full ? allocs : calls - allocs);
+    }
+  }
 }
 
 // A plan's kernels belong to its backend's modules: once teardown released them, the plan is
