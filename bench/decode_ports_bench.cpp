@@ -99,6 +99,26 @@ constexpr int kMaxRows = 8, kRowStride = 1024;  // A's rows, as the kernels read
 alignas(64) std::uint16_t g_a_bf16[kMaxRows * kRowStride];
 alignas(64) float g_a_f32[kMaxRows * kRowStride];
 
+// The line loops' [rows][groups][chains] accumulators: set to zero, and their total.
+template <int MR, int P>
+[[gnu::target("avx512f"), gnu::always_inline]] inline void zero_sums(__m512 (&acc)[MR][2][P]) {
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) x = _mm512_setzero_ps();
+    }
+  }
+}
+template <int MR, int P>
+[[gnu::target("avx512f"), gnu::always_inline]] inline float total_of(__m512 (&acc)[MR][2][P]) {
+  __m512 total = _mm512_setzero_ps();
+  for (auto& row : acc) {
+    for (auto& group : row) {
+      for (__m512& x : group) total = _mm512_add_ps(total, x);
+    }
+  }
+  return _mm512_reduce_add_ps(total);
+}
+
 // The kernels' loop (add_block in panel_sums_avx512.h) over two groups' lines, MR rows: each
 // line's words shifted by 0, 4, 8, 12 look up BF16 pairs by vpermw, and each pair vector meets
 // every row's broadcast A pair in a vdpbf16ps. One row keeps two sums a group so its products do
@@ -108,11 +128,7 @@ template <int MR>
   constexpr int P = MR == 1 ? 2 : 1;
   const __m512i lut = _mm512_set1_epi16(0x3F80);
   __m512 acc[MR][2][P];
-  for (auto& row : acc) {
-    for (auto& group : row) {
-      for (__m512& x : group) x = _mm512_setzero_ps();
-    }
-  }
+  zero_sums(acc);
   for (long it = 0; it < kIterations / 2; ++it) {
     const std::uint8_t* c = g_codes + (it & 31) * 128;
     const std::uint16_t* a = g_a_bf16 + (it & 63) * 8;
@@ -134,13 +150,7 @@ template <int MR>
       }
     }
   }
-  __m512 total = _mm512_setzero_ps();
-  for (auto& row : acc) {
-    for (auto& group : row) {
-      for (__m512& x : group) total = _mm512_add_ps(total, x);
-    }
-  }
-  return _mm512_reduce_add_ps(total);
+  return total_of(acc);
 }
 
 // The FP32 alternative over the same lines: each column's dword shifted by 4q puts nibble q under
@@ -151,11 +161,7 @@ template <int MR>
   constexpr int P = MR >= 4 ? 1 : 4 / MR;
   const __m512 lut = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   __m512 acc[MR][2][P];
-  for (auto& row : acc) {
-    for (auto& group : row) {
-      for (__m512& x : group) x = _mm512_setzero_ps();
-    }
-  }
+  zero_sums(acc);
   for (long it = 0; it < kIterations / 2; ++it) {
     const std::uint8_t* c = g_codes + (it & 31) * 128;
     const float* a = g_a_f32 + (it & 63) * 8;
@@ -175,13 +181,7 @@ template <int MR>
       }
     }
   }
-  __m512 total = _mm512_setzero_ps();
-  for (auto& row : acc) {
-    for (auto& group : row) {
-      for (__m512& x : group) total = _mm512_add_ps(total, x);
-    }
-  }
-  return _mm512_reduce_add_ps(total);
+  return total_of(acc);
 }
 
 // GB/s of codes and scales the decode kernel reads from the caches: one upload of N x K NVFP4
