@@ -54,7 +54,8 @@ enum class GptqZeros { kMinusOne, kAsStored };
 //    in src/io/int4_layers.cpp;
 //  - or "<layer>.weight" BF16/F32 [N, K] (no weight_scale tensors), quantized with
 //    quantize_nvfp4.
-// K must be a positive multiple of 16. "<layer>.input_scale" (F32, [] or [1], finite) is read when
+// K must be a positive multiple of 16 for FP4 (INT4: even, and a whole number of its groups).
+// "<layer>.input_scale" (F32, [] or [1], finite) is read when
 // present. Throws Error(kNotFound) for a missing tensor, Error(kIo) for a wrong dtype or shape,
 // a NaN block scale or a non-finite weight, naming the file and tensor; Error(kInvalidArgument)
 // for an empty layer name.

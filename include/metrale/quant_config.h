@@ -38,8 +38,13 @@ struct DeclaredQuantization {
   bool every_linear = false;           // the quantizer targets every Linear but those it ignores
   bool quantized_activations = false;  // W4A4, W8A8: the config quantizes activations too
   // What metrale does with the activations the config quantizes (empty when it quantizes none):
-  // the W8A8 op's own dynamic E4M3 casts, or BF16 activations for an FP4 W4A4 checkpoint.
+  // the W8A8 op's own dynamic E4M3 casts, or BF16 activations for an FP4 W4A4 or an INT4 W4A8
+  // checkpoint.
   std::string activations;
+  // GPTQModel's "dynamic" rules in the file's order, (skips, regex): the first whose regex
+  // matches a module's name from its start decides it; a skipping ("-:") rule puts the module
+  // on the ignore list, an override keeps it quantized (its bits are checked when read).
+  std::vector<std::pair<bool, std::string>> dynamic;
   // GPTQ's checkpoint_format "gptq_v2": zero points stored as they are (GptqZeros::kAsStored);
   // "gptq", the default, stores them minus one.
   bool gptq_v2 = false;
@@ -56,7 +61,8 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
 
 // Whether `module` is on the ignore list: a name, a compressed-tensors "re:<regex>" (matched from
 // the start as its match_name's re.match does; ECMAScript syntax) or a ModelOpt wildcard ('*',
-// '?', "[...]", as fnmatch); with transformers_patterns, transformers' own rule instead.
+// '?', "[...]", as fnmatch); with transformers_patterns, transformers' own rule instead; or
+// whether the first of the dynamic rules to match it skips it.
 bool declared_ignores(const DeclaredQuantization& declared, std::string_view module);
 
 // Holds a checkpoint's layers to the declaration: `quantized` (layer, source) pairs and the

@@ -109,7 +109,7 @@ std::optional<LayerProblem> plan_compressed_tensors(const SafetensorsFile& f,
   const SafetensorsTensorInfo& si = f.info(shape);
   if ((si.dtype != "I64" && si.dtype != "I32") || si.shape != std::vector<std::int64_t>{2}) {
     return problem(ErrorCode::kIo, shape,
-                   fmt::format("is {} {}, but the weight shape must be I64 [2]", si.dtype,
+                   fmt::format("is {} {}, but the weight shape must be I64 or I32 [2]", si.dtype,
                                shape_str(si.shape)));
   }
   const auto bytes = f.bytes(shape);

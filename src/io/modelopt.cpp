@@ -330,16 +330,21 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
 LinearLayerScan scan_linear_layers(const SafetensorsFile& file) {
   LinearLayerScan out;
   for (const std::string& name : file.names()) {
-    // A layer's weight: ModelOpt's (and plain) "<layer>.weight", or compressed-tensors'
-    // "<layer>.weight_packed" (a layer with both is planned, and refused, as the latter).
+    // A layer's weight: ModelOpt's (and plain) "<layer>.weight", compressed-tensors'
+    // "<layer>.weight_packed" or GPTQ's and AWQ's "<layer>.qweight"; a layer with several is
+    // listed once, as plan_layer plans it (qweight first, then weight_packed).
     std::string_view layer;
     if (name.ends_with(".qweight") && name.size() > 8) {
       layer = std::string_view(name).substr(0, name.size() - 8);
     } else if (name.ends_with(".weight_packed") && name.size() > 14) {
       layer = std::string_view(name).substr(0, name.size() - 14);
+      if (file.contains(fmt::format("{}.qweight", layer))) continue;
     } else if (name.ends_with(".weight") && name.size() > 7) {
       layer = std::string_view(name).substr(0, name.size() - 7);
-      if (file.contains(fmt::format("{}.weight_packed", layer))) continue;
+      if (file.contains(fmt::format("{}.weight_packed", layer)) ||
+          file.contains(fmt::format("{}.qweight", layer))) {
+        continue;
+      }
     } else {
       continue;
     }

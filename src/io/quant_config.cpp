@@ -11,9 +11,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -22,7 +24,8 @@
 namespace metrale {
 namespace {
 
-using json = nlohmann::json;
+// Ordered: GPTQModel's "dynamic" rules apply in the order the file lists them.
+using json = nlohmann::ordered_json;
 
 constexpr std::string_view kApi = "quantization config";
 
@@ -35,6 +38,9 @@ constexpr std::string_view kFp4ActivationsKept =
 constexpr std::string_view kFp8ActivationsCast =
     "activations cast to E4M3 per row per 128 K by the W8A8 op, as the config's dynamic "
     "per-token-group scheme does";
+constexpr std::string_view kInt4ActivationsKept =
+    "the config quantizes activations too (W4A8); metrale keeps them BF16 and runs the INT4 "
+    "weights W4A16";
 constexpr std::string_view kFp8WeightOnly =
     "the config keeps activations in 16 bits (FP8 weight-only), but metrale's FP8 op is W8A8: "
     "it casts them to E4M3 per row per 128 K";
@@ -78,6 +84,29 @@ std::vector<std::string> strings_at(const json& obj, const char* key, std::strin
   return out;
 }
 
+// The integer at `key` of `obj` (nullopt when absent or null); Error(kIo) for another type, a
+// fraction included ("bits": 4.5 is no bit width).
+std::optional<std::int64_t> int_at(const json& obj, const char* key, std::string_view where) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return std::nullopt;
+  const json& v = obj[key];
+  if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX)) {
+    return v.get<std::int64_t>();
+  }
+  throw Error(ErrorCode::kIo, kApi,
+              fmt::format("{}: \"{}\" is {}, expected an integer", where, key, v.dump()));
+}
+
+// The boolean at `key` of `obj` (`fallback` when absent or null); Error(kIo) for another type.
+bool bool_at(const json& obj, const char* key, std::string_view where, bool fallback) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+  if (!obj[key].is_boolean()) {
+    throw Error(
+        ErrorCode::kIo, kApi,
+        fmt::format("{}: \"{}\" is {}, expected true or false", where, key, obj[key].dump()));
+  }
+  return obj[key].get<bool>();
+}
+
 // compressed-tensors: the format (top-level, or the groups' own when they agree), whether every
 // group targets every Linear, and whether any quantizes activations.
 DeclaredQuantization compressed_tensors(const json& q, const std::string& where) {
@@ -104,11 +133,15 @@ DeclaredQuantization compressed_tensors(const json& q, const std::string& where)
     d.layer_sources = {"compressed-tensors MXFP4"};
     if (d.quantized_activations) d.activations = kFp4ActivationsKept;
   } else if (d.format == "pack-quantized" && weights != nullptr &&
-             weights->value("num_bits", 0) == 4 && weights->value("type", "") == "int") {
-    // INT4 weight-only (W4A16, W4A16_ASYM): group or channel; the loader checks the groups.
+             int_at(*weights, "num_bits", where) == 4 &&
+             string_at(*weights, "type", where) == "int") {
+    // INT4 weights (W4A16, W4A16_ASYM): group or channel; the loader checks the groups. A W4A8
+    // scheme's integer activations are not quantized here.
     d.layer_sources = {"compressed-tensors INT4"};
+    if (d.quantized_activations) d.activations = kInt4ActivationsKept;
   } else if (d.format == "float-quantized" && weights != nullptr &&
-             weights->value("num_bits", 0) == 8 && weights->value("strategy", "") == "block" &&
+             int_at(*weights, "num_bits", where) == 8 &&
+             string_at(*weights, "strategy", where) == "block" &&
              weights->value("block_structure", json()) == json::array({128, 128})) {
     // FP8_BLOCK; a per-tensor or per-channel FP8 scheme is another format, not read.
     d.format = "float-quantized (FP8 block [128, 128])";
@@ -189,13 +222,43 @@ DeclaredQuantization gptq(const json& q, const std::string& where) {
   d.producer = "gptq";
   const std::string format = string_at(q, "checkpoint_format", where);
   d.gptq_v2 = format == "gptq_v2";
+  const std::optional<std::int64_t> bits = int_at(q, "bits", where);
   d.format = fmt::format("{}, {} bits, group {}{}", format.empty() ? "gptq" : format,
                          q.value("bits", json()).dump(), q.value("group_size", json()).dump(),
-                         q.value("desc_act", false) == true ? ", desc_act" : "");
+                         bool_at(q, "desc_act", where, false) ? ", desc_act" : "");
   d.ignore = strings_at(q, "modules_to_not_convert", where);
-  if (q.value("lm_head", false) != true) d.ignore.push_back("lm_head");
+  if (!bool_at(q, "lm_head", where, false)) d.ignore.push_back("lm_head");
   d.every_linear = true;  // a plain Linear it does not name is a layer its quantizer skipped
-  if (q.value("bits", 0) == 4 && (format.empty() || format == "gptq" || format == "gptq_v2")) {
+  // GPTQModel's per-module rules, {"<regex>" or "+:<regex>": overrides, "-:<regex>": {}}: the
+  // first rule whose regex matches a module's name from its start decides it (vLLM's
+  // get_dynamic_override, GPTQModel's dynamic_get); "-:" leaves the module unquantized. An
+  // override of the bit width to another than 4 is a layer metrale cannot read.
+  std::string other_bits;
+  if (q.contains("dynamic") && !q["dynamic"].is_null()) {
+    if (!q["dynamic"].is_object()) {
+      throw Error(ErrorCode::kIo, kApi,
+                  fmt::format("{}: \"dynamic\" is {}, expected an object of rules", where,
+                              q["dynamic"].dump()));
+    }
+    for (const auto& [key, rule] : q["dynamic"].items()) {
+      const bool skip = key.starts_with("-:");
+      const std::string regex = key.substr(skip || key.starts_with("+:") ? 2 : 0);
+      if (!rule.is_object()) {
+        throw Error(ErrorCode::kIo, kApi,
+                    fmt::format("{}: dynamic rule \"{}\" is {}, expected an object", where, key,
+                                rule.dump()));
+      }
+      const std::optional<std::int64_t> rule_bits =
+          skip ? std::nullopt : int_at(rule, "bits", fmt::format("{}: dynamic rule", where));
+      if (rule_bits && *rule_bits != 4 && other_bits.empty()) {
+        other_bits = fmt::format("; dynamic rule \"{}\" sets {} bits", key, *rule_bits);
+      }
+      d.dynamic.emplace_back(skip, regex);
+    }
+  }
+  d.format += other_bits;
+  if (bits == 4 && other_bits.empty() &&
+      (format.empty() || format == "gptq" || format == "gptq_v2")) {
     d.layer_sources = {"GPTQ INT4"};
   }
   return d;
@@ -212,8 +275,8 @@ DeclaredQuantization awq(const json& q, const std::string& where) {
   d.ignore = strings_at(q, "modules_to_not_convert", where);
   d.ignore.push_back("lm_head");
   d.every_linear = true;
-  if (q.value("bits", 0) == 4 && (version == "gemm" || version == "GEMM") &&
-      q.value("zero_point", true) == true) {
+  if (int_at(q, "bits", where) == 4 && (version == "gemm" || version == "GEMM") &&
+      bool_at(q, "zero_point", where, true)) {
     d.layer_sources = {"AWQ INT4"};
   }
   return d;
@@ -292,6 +355,17 @@ std::optional<DeclaredQuantization> read_declared_quantization(const std::string
 }
 
 bool declared_ignores(const DeclaredQuantization& declared, std::string_view module) {
+  for (const auto& [skip, pattern] : declared.dynamic) {
+    try {
+      if (std::regex_search(module.begin(), module.end(), std::regex(pattern),
+                            std::regex_constants::match_continuous)) {
+        if (skip) return true;
+        break;  // the first matching rule decides; an override keeps the module quantized
+      }
+    } catch (const std::regex_error&) {
+      // As below: a rule std::regex cannot read matches nothing.
+    }
+  }
   for (const std::string& pattern : declared.ignore) {
     if (declared.transformers_patterns) {
       // should_convert_module: re.match(key + "\\.", name) or re.match(key, name) or

@@ -323,6 +323,33 @@ TEST(Int4Checkpoints, BadLayersAreRefusedByName) {
   }
 }
 
+// A layer with a qweight and a weight (or a weight_packed) beside it is listed once, as
+// load_nvfp4_linear plans it: from its qweight.
+TEST(Int4Checkpoints, ALayerWithTwoWeightsIsListedOnce) {
+  const SafetensorsFile model = SafetensorsFile::open(folder_of("gptq-v1") + "/model.safetensors");
+  const std::string layer = "model.layers.0.self_attn.q_proj";
+  std::vector<OwnedTensor> t;
+  for (const char* part : {"qweight", "scales", "qzeros"}) {
+    const std::string name = layer + "." + part;
+    const auto bytes = model.bytes(name);
+    t.push_back({name, model.info(name).dtype, model.info(name).shape,
+                 std::vector<std::byte>(bytes.begin(), bytes.end())});
+  }
+  for (const char* extra : {"weight", "weight_packed"}) {
+    SCOPED_TRACE(extra);
+    std::vector<OwnedTensor> two = t;
+    const bool bf16 = std::string_view(extra) == "weight";
+    two.push_back({layer + "." + extra,
+                   bf16 ? "BF16" : "I32",
+                   {4, 16},
+                   std::vector<std::byte>(bf16 ? 128 : 256)});
+    const SafetensorsFile f = in_memory_safetensors("two-weights", std::move(two));
+    EXPECT_THAT(linear_layers(f), ::testing::ElementsAre(layer));
+    EXPECT_TRUE(scan_linear_layers(f).rejected.empty());
+    EXPECT_EQ(load_nvfp4_linear(f, layer).source, "GPTQ INT4");
+  }
+}
+
 // The declarations: compressed-tensors' pack-quantized INT4, GPTQ (v1 and v2) and AWQ GEMM are
 // read; the loaded layers' sources are the ones they declare.
 TEST(Int4Checkpoints, TheDeclarationsNameTheLayersSources) {

@@ -224,6 +224,105 @@ TEST(DeclaredQuantization, IgnorePatterns) {
   EXPECT_FALSE(declared_ignores(d, "model.layers.0.x"));
 }
 
+// GPTQModel's "dynamic" rules (vLLM's get_dynamic_override): in the file's order, the first
+// whose regex matches from the name's start decides; "-:" leaves the module unquantized, an
+// override keeps it quantized, and an override to another bit width is a format metrale does not
+// read, named with its rule.
+TEST(DeclaredQuantization, GptqModelDynamicRules) {
+  const auto d = read_declared_quantization(folder_with("gptq_dynamic", R"({"quantization_config": {
+      "quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": null,
+      "checkpoint_format": "gptq",
+      "dynamic": {"+:model\\.layers\\.1\\..*": {"group_size": 32},
+                  "-:model\\.layers\\.[01]\\.mlp\\.down_proj": {},
+                  "-:.*gate_proj": {}}}})"));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->layer_sources, ElementsAre("GPTQ INT4"));
+  EXPECT_TRUE(declared_ignores(*d, "model.layers.0.mlp.down_proj"));
+  EXPECT_TRUE(declared_ignores(*d, "model.layers.0.mlp.gate_proj"));
+  EXPECT_FALSE(declared_ignores(*d, "model.layers.0.mlp.up_proj"));
+  // Layer 1's override comes first: its down_proj and gate_proj stay quantized.
+  EXPECT_FALSE(declared_ignores(*d, "model.layers.1.mlp.down_proj"));
+  EXPECT_FALSE(declared_ignores(*d, "model.layers.1.mlp.gate_proj"));
+  EXPECT_TRUE(declared_ignores(*d, "lm_head"));  // lm_head is false by default
+  const std::vector<std::pair<std::string, std::string>> quantized = {
+      {"model.layers.0.mlp.up_proj", "GPTQ INT4"}, {"model.layers.1.mlp.down_proj", "GPTQ INT4"}};
+  EXPECT_EQ(refusal(*d, quantized, {"lm_head", "model.layers.0.mlp.down_proj"}), "");
+  EXPECT_THAT(refusal(*d, quantized, {"model.layers.1.mlp.gate_proj"}),
+              HasSubstr("in plain floats: model.layers.1.mlp.gate_proj"));
+  EXPECT_THAT(refusal(*d, {{"model.layers.0.mlp.down_proj", "GPTQ INT4"}}, {}),
+              HasSubstr("ignores model.layers.0.mlp.down_proj, which the checkpoint holds"));
+
+  const auto eight =
+      read_declared_quantization(folder_with("gptq_dynamic_8", R"({"quantization_config": {
+      "quant_method": "gptq", "bits": 4, "group_size": 128,
+      "dynamic": {"-:lm_head": {}, "+:model\\.layers\\.1\\..*": {"bits": 8}}}})"));
+  ASSERT_TRUE(eight.has_value());
+  EXPECT_TRUE(eight->layer_sources.empty());
+  EXPECT_THAT(refusal(*eight, quantized, {}),
+              HasSubstr("dynamic rule \"+:model\\.layers\\.1\\..*\" sets 8 bits', which "
+                        "metrale does not read"));
+}
+
+// A key of the wrong type is Error(kIo) naming the file and the key (nlohmann's own type_error
+// escaped before), null reads as absent, and a fraction is no bit width.
+TEST(DeclaredQuantization, KeysOfTheWrongTypeAreRefusedByName) {
+  const auto refused = [](const char* name, const char* q) {
+    try {
+      (void)read_declared_quantization(
+          folder_with(name, fmt::format(R"({{"quantization_config": {}}})", q)));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kIo);
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("{}/config.json", name)));
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a metrale::Error: " << e.what();
+    }
+    return std::string("read");
+  };
+  EXPECT_THAT(refused("gptq_bits_string", R"({"quant_method": "gptq", "bits": "4"})"),
+              HasSubstr("\"bits\" is \"4\", expected an integer"));
+  EXPECT_THAT(refused("gptq_bits_fraction", R"({"quant_method": "gptq", "bits": 4.5})"),
+              HasSubstr("\"bits\" is 4.5, expected an integer"));
+  EXPECT_THAT(refused("gptq_lm_head", R"({"quant_method": "gptq", "bits": 4, "lm_head": 1})"),
+              HasSubstr("\"lm_head\" is 1, expected true or false"));
+  EXPECT_THAT(refused("gptq_dynamic", R"({"quant_method": "gptq", "bits": 4, "dynamic": []})"),
+              HasSubstr("\"dynamic\" is [], expected an object of rules"));
+  EXPECT_THAT(refused("gptq_rule", R"({"quant_method": "gptq", "bits": 4, "dynamic": {"+:x": 8}})"),
+              HasSubstr("dynamic rule \"+:x\" is 8, expected an object"));
+  EXPECT_THAT(refused("awq_zero_point", R"({"quant_method": "awq", "bits": 4, "version": "gemm",
+                                            "zero_point": "yes"})"),
+              HasSubstr("\"zero_point\" is \"yes\", expected true or false"));
+  EXPECT_THAT(refused("ct_num_bits", R"({"quant_method": "compressed-tensors",
+      "format": "pack-quantized", "config_groups": {"group_0": {"targets": ["Linear"],
+      "weights": {"num_bits": "4", "type": "int"}}}})"),
+              HasSubstr("\"num_bits\" is \"4\", expected an integer"));
+  EXPECT_THAT(refused("ct_type", R"({"quant_method": "compressed-tensors",
+      "format": "pack-quantized", "config_groups": {"group_0": {"targets": ["Linear"],
+      "weights": {"num_bits": 4, "type": 4}}}})"),
+              HasSubstr("\"type\" is 4, expected a string"));
+  // null is absent: desc_act and lm_head false, zero_point true.
+  EXPECT_EQ(refused("gptq_nulls", R"({"quant_method": "gptq", "bits": 4, "desc_act": null,
+                                      "lm_head": null})"),
+            "read");
+  EXPECT_EQ(refused("awq_null", R"({"quant_method": "awq", "bits": 4, "version": "gemm",
+                                    "zero_point": null})"),
+            "read");
+}
+
+// compressed-tensors INT4 with quantized activations (a W4A8 scheme): the weights are read, and
+// the declaration says the activations stay BF16.
+TEST(DeclaredQuantization, Int4WithQuantizedActivationsSaysTheyStayBf16) {
+  const auto d = read_declared_quantization(folder_with("ct_w4a8", R"({"quantization_config": {
+      "quant_method": "compressed-tensors", "format": "pack-quantized",
+      "config_groups": {"group_0": {"targets": ["Linear"],
+          "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+          "input_activations": {"num_bits": 8, "type": "int", "dynamic": true}}}}})"));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->layer_sources, ElementsAre("compressed-tensors INT4"));
+  EXPECT_TRUE(d->quantized_activations);
+  EXPECT_THAT(d->activations, HasSubstr("W4A8); metrale keeps them BF16"));
+}
+
 TEST(DeclaredQuantization, NoneOrMalformed) {
   EXPECT_FALSE(read_declared_quantization(folder_with("plain", R"({"model_type": "llama"})")));
   EXPECT_FALSE(read_declared_quantization(
