@@ -14,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "io/json_keys.h"
 #include "io/messages.h"
 #include "metrale/error.h"
 
@@ -256,40 +257,23 @@ void parse_header(std::string_view path, std::string_view header, std::uint64_t 
                   TensorTable& tensors, MetadataTable& metadata) {
   check_header_utf8(path, header);
 
-  // Parse, noting duplicate keys (the parser keeps only the last) of the header and of entries.
-  std::set<std::string, std::less<>> top_keys, entry_keys;
-  std::string current, duplicate_tensor, duplicate_key;
-  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& v) {
-    if (event != json::parse_event_t::key || !duplicate_tensor.empty()) return true;
-    if (depth == 1) {
-      current = v.get<std::string>();
-      entry_keys.clear();
-      if (!top_keys.insert(current).second) duplicate_tensor = current;
-    } else if (depth == 2) {
-      std::string key = v.get<std::string>();
-      if (!entry_keys.insert(key).second) {
-        duplicate_tensor = current;
-        duplicate_key = std::move(key);
-      }
-    }
-    return true;
-  };
   json root;
   try {
-    root = json::parse(header, note_keys);
+    root = json::parse(header);
   } catch (const json::exception& e) {
     fail_file(ErrorCode::kIo, path, fmt::format("header is not valid JSON: {}", e.what()));
   }
-  if (!duplicate_tensor.empty()) {
-    if (duplicate_key.empty()) {
-      fail_tensor(ErrorCode::kIo, path, duplicate_tensor, "appears twice in the header");
-    }
-    if (duplicate_tensor == kMetadataKey) {
+  // The parser keeps the last of two equal keys: a tensor named twice, or a key twice in one
+  // entry, is ambiguous (json_keys.h says why this is a pass of its own).
+  if (const auto dup =
+          io::first_duplicate_key(header, [](int, std::string_view) { return true; })) {
+    if (dup->depth == 1) fail_tensor(ErrorCode::kIo, path, dup->key, "appears twice in the header");
+    if (dup->parent == kMetadataKey) {
       fail_file(ErrorCode::kIo, path,
-                fmt::format("__metadata__ key '{}' appears twice", printable(duplicate_key)));
+                fmt::format("__metadata__ key '{}' appears twice", printable(dup->key)));
     }
-    fail_tensor(ErrorCode::kIo, path, duplicate_tensor,
-                fmt::format("key '{}' appears twice in its entry", printable(duplicate_key)));
+    fail_tensor(ErrorCode::kIo, path, dup->parent,
+                fmt::format("key '{}' appears twice in its entry", printable(dup->key)));
   }
   if (!root.is_object()) {
     fail_file(ErrorCode::kIo, path,

@@ -16,6 +16,7 @@
 #include <set>
 #include <utility>
 
+#include "io/json_keys.h"
 #include "io/messages.h"
 #include "metrale/error.h"
 #include "metrale/numerics.h"
@@ -204,23 +205,21 @@ ShardedCheckpoint ShardedCheckpoint::open(const std::string& index_path) {
   const std::string& index = impl->index_path;
   const std::string text = read_index(index);
 
-  // The parser keeps the last of two equal keys; a tensor mapped twice is ambiguous, so note it.
-  std::string top, duplicate;
-  std::set<std::string, std::less<>> seen;
-  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event, json& v) {
-    if (event != json::parse_event_t::key || !duplicate.empty()) return true;
-    if (depth == 1) top = v.get<std::string>();
-    if (depth == 2 && top == kWeightMap && !seen.insert(v.get<std::string>()).second) {
-      duplicate = v.get<std::string>();
-    }
-    return true;
-  };
   json root;
   try {
-    root = json::parse(text, note_keys);
+    root = json::parse(text);
   } catch (const json::exception& e) {
     fail_file(ErrorCode::kIo, index, fmt::format("index is not valid JSON: {}", e.what()));
   }
+  // The parser keeps the last of two equal keys: a key twice in the index (a second weight_map
+  // dropped the first's tensors), or a tensor mapped twice, is ambiguous (io/json_keys.h).
+  const auto dup = io::first_duplicate_key(
+      text, [](int depth, std::string_view parent) { return depth == 1 || parent == kWeightMap; });
+  if (dup && dup->depth == 1) {
+    fail_file(ErrorCode::kIo, index,
+              fmt::format("key '{}' appears twice in the index", printable(dup->key)));
+  }
+  const std::string duplicate = dup ? dup->key : std::string();
   if (!root.is_object()) {
     fail_file(ErrorCode::kIo, index,
               fmt::format("index is a JSON {}, not an object", root.type_name()));

@@ -539,6 +539,16 @@ TEST_F(ShardedCheckpointTest, IndexThatCannotBeReadIsAnIoError) {
   expect_open_fails({index(), "tensor 'x.weight'", "is a JSON number, not a shard file name"});
   write_raw_index("{\"weight_map\": {\"x\": \"a.safetensors\", \"x\": \"b.safetensors\"}}");
   expect_open_fails({index(), "tensor 'x': appears twice in \"weight_map\""});
+  // A second weight_map would drop the first's tensors (the parser keeps the last).
+  write_raw_index(
+      "{\"weight_map\": {\"x\": \"a.safetensors\"}, \"weight_map\": {\"y\": \"a.safetensors\"}}");
+  expect_open_fails({index(), "key 'weight_map' appears twice in the index"});
+  // A key twice in the metadata is no tensor's: the index reads.
+  shard("a.safetensors", {random_tensor("x", "U8", {4})});
+  write_raw_index(
+      "{\"metadata\": {\"total_size\": 4, \"total_size\": 4}, \"weight_map\": {\"x\": "
+      "\"a.safetensors\"}}");
+  EXPECT_EQ(ShardedCheckpoint::open(index()).names(), std::vector<std::string>{"x"});
 }
 
 TEST_F(ShardedCheckpointTest, ShardPathsMustStayInTheIndexFolder) {

@@ -1,0 +1,77 @@
+#include "io/json_keys.h"
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace metrale::io {
+namespace {
+
+using json = nlohmann::json;
+
+// Keeps a key set for each open object the caller watches; stops at the first repeat.
+class KeyScan final : public nlohmann::json_sax<json> {
+ public:
+  explicit KeyScan(const std::function<bool(int, std::string_view)>& watched) : watched_(watched) {}
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+  bool key(string_t& k) override {
+    Frame& f = frames_.back();
+    if (frames_.size() == 1) root_key_ = k;
+    if (!f.watched || f.keys.insert(k).second) return true;
+    const int depth = static_cast<int>(frames_.size());
+    found_ = DuplicateKey{depth, depth == 1 ? std::string() : root_key_, k};
+    return false;  // stops the scan
+  }
+
+  std::optional<DuplicateKey> found() && { return std::move(found_); }
+
+ private:
+  struct Frame {
+    bool watched = false;
+    std::set<std::string, std::less<>> keys;
+  };
+
+  bool open(bool object) {
+    const std::size_t depth = frames_.size() + 1;
+    const bool watch = object && depth <= 2 && watched_(static_cast<int>(depth), root_key_);
+    frames_.push_back(Frame{watch, {}});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return true;
+  }
+
+  const std::function<bool(int, std::string_view)>& watched_;
+  std::vector<Frame> frames_;
+  std::string root_key_;  // the root's member now being read
+  std::optional<DuplicateKey> found_;
+};
+
+}  // namespace
+
+std::optional<DuplicateKey> first_duplicate_key(
+    std::string_view text, const std::function<bool(int depth, std::string_view parent)>& watched) {
+  KeyScan scan(watched);
+  (void)json::sax_parse(text.begin(), text.end(), &scan);
+  return std::move(scan).found();
+}
+
+}  // namespace metrale::io
