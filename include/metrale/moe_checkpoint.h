@@ -43,7 +43,7 @@ PackedExpertsScan scan_packed_experts(const SafetensorsFile& file);
 // Projection `projection`'s experts: E MXFP4 weights [N, K] (row-major, tensor scale 1) and the
 // bias as BF16 bits [E · N] (empty when the file has none). Throws Error(kNotFound) for a missing
 // tensor, Error(kIo) naming the file and tensor for a dtype or shape that does not fit, or a NaN
-// block scale (0xFF).
+// block scale (0xFF); Error(kInvalidArgument) for an empty projection name.
 struct ExpertsWeights {
   std::vector<HostQuantWeights> experts;
   std::vector<std::uint16_t> bias;

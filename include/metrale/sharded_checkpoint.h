@@ -103,8 +103,8 @@ struct Nvfp4LinearShard {
 // input scale are the whole layer's. Error(kNotFound) for a missing tensor; Error(kIo) for a
 // dtype, a shape, weights and scales whose shapes disagree ("mismatched shapes", naming both
 // tensors, their files and shapes), a NaN block scale or a bad tensor scale;
-// Error(kInvalidArgument) for an axis other than 0 or 1, a bad rank or size, or a split that does
-// not divide N (K into multiples of 16).
+// Error(kInvalidArgument) for an empty layer name, an axis other than 0 or 1, a bad rank or size,
+// or a split that does not divide N (K into multiples of 16).
 Nvfp4LinearShard load_nvfp4_linear_shard(const ShardedCheckpoint& ckpt, std::string_view layer,
                                          int axis, int rank, int size);
 

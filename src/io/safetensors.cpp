@@ -192,7 +192,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;  // owns the map from here: any throw below unmaps it
   f.path_ = path;
   {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO would wait for a writer; the S_ISREG check below refuses it.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       fail_file(ErrorCode::kIo, path, fmt::format("cannot open: {}", std::strerror(errno)));
     }

@@ -64,7 +64,9 @@ class UniqueFd {
 };
 
 UniqueFd open_read_only(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO would wait for a writer (forever); the caller's S_ISREG check
+  // refuses it. Reads of a regular file ignore the flag.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     fail_file(ErrorCode::kIo, path, fmt::format("cannot open: {}", std::strerror(errno)));
   }
@@ -113,7 +115,8 @@ std::string read_index(const std::string& path) {
 }
 
 // Why a shard name from the index may not be used, or nothing: it must name a file inside the
-// index's folder, so a checkpoint cannot make a reader open files elsewhere.
+// index's folder (no absolute path, no '..'), so an index alone cannot point a reader at files
+// elsewhere. A symbolic link in the folder is followed: Hugging Face's cache is made of them.
 std::optional<std::string> bad_shard_name(const std::string& name) {
   if (name.empty()) return "the shard file name is empty";
   if (name.find('\0') != std::string::npos) {
@@ -466,6 +469,11 @@ Nvfp4LinearShard load_nvfp4_linear_shard(const ShardedCheckpoint& ckpt, std::str
   const std::string scale2 = fmt::format("{}.weight_scale_2", layer);
   const std::string input = fmt::format("{}.input_scale", layer);
   const std::string& index = ckpt.index_path();
+  // As load_nvfp4_linear: no lister names an empty layer (".weight" is no layer's).
+  if (layer.empty()) {
+    fail_file(ErrorCode::kInvalidArgument, index,
+              "load_nvfp4_linear_shard: the layer name is empty");
+  }
   if (axis != 0 && axis != 1) {
     fail_tensor(ErrorCode::kInvalidArgument, index, weight,
                 fmt::format("load_nvfp4_linear_shard: axis {} is neither 0 (split N) nor 1 "

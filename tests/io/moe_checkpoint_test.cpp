@@ -153,6 +153,18 @@ TEST(MoeCheckpoint, TensorsThatDoNotFitAreRejectedByName) {
   EXPECT_ERROR((void)load_packed_experts(nan, p), ErrorCode::kIo, "block scale [5, 3, 2] is NaN");
   EXPECT_ERROR((void)load_packed_experts(nan, "model.layers.0.mlp.experts.up_proj"),
                ErrorCode::kNotFound, "up_proj_blocks");
+  // An empty projection ("_blocks", "_scales": the scan names none) is refused as an argument.
+  std::vector<OwnedTensor> bare;
+  for (const char* suffix : {"_blocks", "_scales"}) {
+    const std::string name = p + suffix;
+    const auto bytes = nan.bytes(name);
+    bare.push_back({suffix, nan.info(name).dtype, nan.info(name).shape,
+                    std::vector<std::byte>(bytes.begin(), bytes.end())});
+  }
+  const SafetensorsFile unnamed = in_memory_safetensors("unnamed", std::move(bare));
+  EXPECT_TRUE(scan_packed_experts(unnamed).found.empty());
+  EXPECT_ERROR((void)load_packed_experts(unnamed, ""), ErrorCode::kInvalidArgument,
+               "load_packed_experts: the projection name is empty");
 }
 
 // transformers 5.17's FP8 Qwen3-MoE (make_moe_models.py): the experts it splits out of its fused

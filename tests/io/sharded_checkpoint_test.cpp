@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -454,6 +455,9 @@ TEST_F(ShardedCheckpointTest, Nvfp4SplitsThatDoNotDivideAreInvalid) {
   const Error missing = expect_error([&] { load_nvfp4_linear_shard(ckpt, "nope", 0, 0, 1); });
   EXPECT_EQ(missing.code(), ErrorCode::kNotFound);
   EXPECT_THAT(missing.what(), HasSubstr("tensor 'nope.weight'"));
+  const Error unnamed = expect_error([&] { load_nvfp4_linear_shard(ckpt, "", 0, 0, 1); });
+  EXPECT_EQ(unnamed.code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(unnamed.what(), HasSubstr("load_nvfp4_linear_shard: the layer name is empty"));
 }
 
 TEST_F(ShardedCheckpointTest, Nvfp4NanBlockScaleIsNamedByItsPlaceInTheWholeTensor) {
@@ -549,6 +553,19 @@ TEST_F(ShardedCheckpointTest, IndexThatCannotBeReadIsAnIoError) {
       "{\"metadata\": {\"total_size\": 4, \"total_size\": 4}, \"weight_map\": {\"x\": "
       "\"a.safetensors\"}}");
   EXPECT_EQ(ShardedCheckpoint::open(index()).names(), std::vector<std::string>{"x"});
+}
+
+// A FIFO as the index or a shard is refused at once (opening one waited for a writer forever).
+TEST_F(ShardedCheckpointTest, AFifoIsNotAFileAndDoesNotHang) {
+  ASSERT_EQ(::mkfifo(index().c_str(), 0600), 0);
+  expect_open_fails({index(), "not a regular file"});
+  std::filesystem::remove(index());
+  ASSERT_EQ(::mkfifo(path("a.safetensors").c_str(), 0600), 0);
+  write_index({{"x", "a.safetensors"}});
+  expect_open_fails({path("a.safetensors"), "not a regular file"});
+  const Error e =
+      testing::expect_error([&] { (void)SafetensorsFile::open(path("a.safetensors")); });
+  EXPECT_THAT(e.what(), HasSubstr("not a regular file"));
 }
 
 TEST_F(ShardedCheckpointTest, ShardPathsMustStayInTheIndexFolder) {
