@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import threading
+
 import numpy as np
 
 from . import _metrale
@@ -33,6 +35,8 @@ class Model:
     def __init__(self, backend: str = "auto") -> None:
         self._m = _metrale._Model(backend)
         self.report: Optional[TeardownReport] = None
+        # Two threads closing at once: the second waits for the first's report.
+        self._close_lock = threading.Lock()
 
     # ---- identity ----
     @property
@@ -70,12 +74,14 @@ class Model:
         With check, raises LeakError when the report is not clean: a resource failed to give
         its memory back, or the ledger sweep found allocations nothing owned (named by call site).
         """
-        if self.report is None:
+        with self._close_lock:
+            if self.report is not None:
+                return self.report
             self.report = TeardownReport(self._m.teardown())
-            if check and not self.report.clean:
-                failures = "; ".join(f"{f['label']}: {f['message']}" for f in self.report["failures"])
-                raise LeakError(f"[teardown] not clean: {self.report['summary'] or failures}",
-                                self.report)
+        if check and not self.report.clean:
+            failures = "; ".join(f"{f['label']}: {f['message']}" for f in self.report["failures"])
+            raise LeakError(f"[teardown] not clean: {self.report['summary'] or failures}",
+                            self.report)
         return self.report
 
     # ---- weights ----

@@ -157,6 +157,7 @@ ArrayArg check_array(std::string_view api, std::string_view name, const nb::ndar
   }
   arg.ptr = DevicePtr{address};
   arg.bytes = a.nbytes();
+  arg.owner = a;
   return arg;
 }
 

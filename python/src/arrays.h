@@ -26,11 +26,15 @@ struct ArraySpec {
   std::size_t alignment = 16;
 };
 
-// A checked argument: where its bytes are and its shape (1-D: rows == 1).
+// A checked argument: where its bytes are and its shape (1-D: rows == 1), and the array itself,
+// held for as long as the argument is: an array imported from a DLPack capsule is freed by its
+// producer when its last holder goes, so a bare pointer would outlive it. Drop the last copy with
+// the GIL held (nanobind releases the producer's object then).
 struct ArrayArg {
   DevicePtr ptr;
   std::size_t bytes = 0;
   std::int64_t rows = 0, cols = 0;
+  nanobind::ndarray<nanobind::ro> owner;
 };
 
 // Checks `a` as argument `name` of `api` against spec. `bf16_bits`: the caller declared that a

@@ -158,7 +158,7 @@ void Model::dense_gemm(nb::handle a, bool a_bits, const DenseWeights& w, nb::han
   check_owner("gemm", w.model, w.label);
   const Operands args = check_operands("gemm", a, a_bits, out, out_bits, bias, bias_bits, w.n, w.k);
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open("gemm");
   const DenseGemmPlan p = as_call("gemm", [&] {
     return b.plan_dense_gemm({DenseKind::kBf16, args.a.rows, w.n, w.k, args.bias.has_value()});
   });
@@ -195,7 +195,7 @@ void Model::gemm_host(const void* w, bool fp8, const std::uint16_t* a, std::int6
       throw Error(ErrorCode::kInvalidArgument, api,
                   fmt::format("{}: address 0x{:x} is not 16-byte aligned", name, address));
     }
-    return ArrayArg{DevicePtr{address}, static_cast<std::size_t>(r * cols * 2), r, cols};
+    return ArrayArg{DevicePtr{address}, static_cast<std::size_t>(r * cols * 2), r, cols, {}};
   };
   Operands args{arg(a, rows, k, "x"), arg(c, rows, n, "out"), std::nullopt};
   std::optional<ScopedCpuExecutor> lent;
@@ -226,7 +226,7 @@ void Model::run_planned(Backend& b, const Operands& args, const W& w, const Opti
 template <class W, class Options>
 void Model::run_planned_unlocked(Backend& b, const Operands& args, const W& w,
                                  const Options& options, std::optional<std::uint64_t> stream) {
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open("gemm");
   const auto p = as_call("gemm", [&] { return ops::plan(b, args.a.rows, w, options); });
   const CallStream on = as_call("gemm", [&] { return CallStream(b, stream); });
   const Loans loans(b, *probe_, args, on);

@@ -55,6 +55,17 @@ Backend& Model::open(std::string_view api) {
   return scope_->backend();
 }
 
+std::unique_lock<std::mutex> Model::lock_open(std::string_view api) {
+  std::unique_lock lock(call_mu_);
+  // A teardown that took the lock first has destroyed the backend this call holds: a call that
+  // passed open() and then waited here must not touch it.
+  if (scope_->torn_down()) {
+    throw Error(ErrorCode::kState, api,
+                "the model was torn down (closed) while this call waited; make a new Model");
+  }
+  return lock;
+}
+
 void Model::check_owner(std::string_view api, const Model* owner, const std::string& label,
                         std::string_view name) const {
   if (owner != this) {
@@ -67,7 +78,7 @@ Weights Model::upload(const HostQuantWeights& host, std::string_view layout, std
   Backend& b = open("upload_weights");
   const ops::UploadLayout upload = parse_upload_layout("upload_weights", layout);
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open("upload_weights");
   auto& r = scope_->add(ops::make_weights_resource(b, host, label, upload));
   return Weights{this, r.weights(), std::move(label), r.pack_seconds()};
 }
@@ -87,7 +98,7 @@ Fp8Weights Model::upload_fp8(nb::handle codes, nb::handle scales, std::int64_t n
   const auto* code_bytes = reinterpret_cast<const std::uint8_t*>(c.ptr.address());
   const auto* scale_bytes = reinterpret_cast<const std::uint8_t*>(s.ptr.address());
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   auto& r = scope_->add(std::make_unique<ops::Fp8WeightsResource>(
       b, std::span(code_bytes, shape.codes_bytes), std::span(scale_bytes, s.bytes), n, k, label));
   return Fp8Weights{this, r.weights(), std::move(label)};
@@ -99,7 +110,7 @@ DenseWeights Model::upload_dense(nb::handle weights, bool bits, std::string labe
   const ArrayArg w =
       check_array(api, "w", as_array(api, "w", weights, false), bits, ArraySpec{Element::kBf16});
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   const DevicePtr d = scope_->alloc_buffer(label, w.bytes);
   b.copy_h2d(d, reinterpret_cast<const void*>(w.ptr.address()), w.bytes);
   return DenseWeights{this, d, w.rows, w.cols, std::move(label)};
@@ -123,12 +134,13 @@ nb::dict Model::stats() const {
 }
 
 nb::dict Model::teardown() {
-  if (closing_) throw Error(ErrorCode::kState, "teardown", "the model is already torn down");
-  closing_ = true;
+  if (closing_.exchange(true)) {
+    throw Error(ErrorCode::kState, "teardown", "the model is already torn down");
+  }
   TeardownReport r;
   {
     nb::gil_scoped_release unlocked;
-    std::lock_guard lock(call_mu_);
+    const std::lock_guard lock(call_mu_);
     r = scope_->teardown();
   }
   nb::dict d;

@@ -6,6 +6,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -181,6 +182,9 @@ class Model {
  private:
   // The backend, or Error(kState) naming api once the model is closed.
   Backend& open(std::string_view api);
+  // The model's call lock (one call at a time), taken after open(); Error(kState) naming api
+  // when a teardown ran while the call waited for it, destroying the backend open() returned.
+  std::unique_lock<std::mutex> lock_open(std::string_view api);
   // Error(kInvalidArgument) unless weights of `label` belong to this model.
   void check_owner(std::string_view api, const Model* owner, const std::string& label,
                    std::string_view name = "w") const;
@@ -201,7 +205,8 @@ class Model {
   std::unique_ptr<ModelScope> scope_;
   std::optional<LedgerProbe> probe_;
   std::string name_, device_, chosen_;
-  bool closing_ = false;
+  // Set by the first teardown; read without the GIL by calls from torch's threads.
+  std::atomic<bool> closing_{false};
   // One call at a time: two calls lending the same array would overlap their borrows.
   std::mutex call_mu_;
 };

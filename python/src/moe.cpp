@@ -151,7 +151,7 @@ GroupedWeights Model::upload_grouped_fp8(nb::handle codes, nb::handle scales, st
                      std::span(scale_values + e * scales_each, scales_each)});
   }
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   const ops::GroupedFp8WeightsResource* r = as_call(api, [&] {
     return &scope_->add(std::make_unique<ops::GroupedFp8WeightsResource>(b, views, label, upload));
   });
@@ -189,7 +189,7 @@ GroupedWeights Model::upload_grouped(nb::list experts, nb::handle bias, bool bia
     bias_arg = check_array(api, "bias", as_array(api, "bias", bias, false), bias_bits, spec);
   }
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   const ops::GroupedWeightsResource* r = as_call(api, [&] {
     return &scope_->add(
         std::make_unique<ops::GroupedWeightsResource>(b, std::span(host), label, upload));
@@ -255,7 +255,7 @@ void Model::moe_experts(nb::handle x, bool x_bits, nb::handle ids, nb::handle we
   ops::check_moe_shape(api, shape);
   const auto rows = static_cast<std::uint64_t>(shape.tokens * shape.top_k);
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   const CallStream on = as_call(api, [&] { return CallStream(b, stream); });
   const Loan lx(b, *probe_, xa, on.ordered()), li(b, *probe_, ia, on.ordered());
   const Loan lw(b, *probe_, wa, on.ordered()), lo(b, *probe_, oa, on.ordered());
@@ -332,7 +332,7 @@ void Model::moe_route(nb::handle logits, nb::handle ids, nb::handle weights,
   }
   const ops::MoeShape shape{la.rows, static_cast<std::int32_t>(la.cols), top_k, 0};
   nb::gil_scoped_release unlocked;
-  std::lock_guard lock(call_mu_);
+  const auto lock = lock_open(api);
   const CallStream on = as_call(api, [&] { return CallStream(b, stream); });
   const Loan ll(b, *probe_, la, on.ordered()), li(b, *probe_, ia, on.ordered());
   const Loan lw(b, *probe_, wa, on.ordered());

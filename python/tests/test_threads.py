@@ -61,3 +61,62 @@ def test_threads_share_a_model(rng, model):
     for i, a in enumerate(inputs):
         check_gemm(results[i], a, host)
     assert model.stats()["borrowed_count"] == 0
+
+
+# Run in a child: the fault these guard against was a use-after-free that ended the process.
+_CLOSE_WHILE_CALLING = r"""
+import sys, threading
+import ml_dtypes, numpy as np
+import metrale
+
+rng = np.random.default_rng()
+host = metrale.quantize_nvfp4(rng.standard_normal((2048, 2048)).astype(np.float32))
+a = rng.standard_normal((64, 2048)).astype(ml_dtypes.bfloat16)
+seen = set()
+for trial in range(40):
+    m = metrale.Model("cpu")
+    w = m.upload_weights(host)
+    outcomes = []
+
+    def work():
+        try:
+            for _ in range(20):
+                m.gemm(a, w)
+            outcomes.append("done")
+        except metrale.StateError as e:
+            outcomes.append("closed" if "torn down" in str(e) else repr(e))
+        except Exception as e:
+            outcomes.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    reports = []
+    closers = [threading.Thread(target=lambda: reports.append(m.close(check=False)))
+               for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in threads + closers:
+        t.join()
+    if len(reports) != 2 or reports[0] is not reports[1] or not reports[0].clean:
+        sys.exit(f"trial {trial}: the two closes gave {reports}")
+    bad = [o for o in outcomes if o not in ("done", "closed")]
+    if bad:
+        sys.exit(f"trial {trial}: {bad}")
+    seen.update(outcomes)
+print(sorted(seen))
+"""
+
+
+def test_closing_while_other_threads_call_refuses_them_cleanly():
+    """Two threads run GEMMs while two others close the model: each call completes or is refused
+    with StateError (a call that waited for the model's lock while the teardown held it used
+    the destroyed backend: SIGSEGV), and both closes return the one report."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CLOSE_WHILE_CALLING], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
+    # Over 40 trials some calls ran to the end and some were refused.
+    assert "closed" in done.stdout, done.stdout

@@ -96,3 +96,19 @@ def test_numpy_dlpack_refuses_bf16_so_arrays_offer_numpy(setup):
     with pytest.raises((BufferError, TypeError, RuntimeError)):
         np.from_dlpack(c)
     assert c.numpy().dtype == ml_dtypes.bfloat16
+
+
+def test_an_array_from_a_dlpack_capsule_lives_through_the_call(rng, model):
+    """A capsule that alone holds its tensor: the extension keeps the imported array for the
+    whole call (it kept only the address, so torch freed the 64 MiB before the GEMM read it:
+    SIGSEGV through the extension's own entry point)."""
+    torch = pytest.importorskip("torch")
+    host = metrale.quantize_nvfp4(rng.standard_normal((64, 4096)).astype(np.float32))
+    w = model.upload_weights(host)
+    x = bf16(rng.standard_normal((8192, 4096)))
+    want = model.gemm(x, w, out=poisoned(8192, 64))
+    # BF16 values are exact in float32, so torch's BF16 copy holds x's bits.
+    capsule = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).__dlpack__()
+    out = poisoned(8192, 64)
+    model._m.gemm(capsule, False, w, out.view(np.uint16), True, "auto", False, None, False, None)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
