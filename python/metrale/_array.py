@@ -31,6 +31,11 @@ class Array:
     __slots__ = ("_storage", "_bits", "_view")
 
     def __init__(self, storage: Any) -> None:
+        dtype = str(getattr(storage, "dtype", type(storage).__name__))
+        if dtype not in ("bfloat16", "torch.bfloat16"):
+            # Its bytes would be read as BF16 bits: a float32 array as twice the columns.
+            raise argument_error("Array", f"storage: dtype {dtype}, expected bfloat16 "
+                                 "(ml_dtypes.bfloat16 or torch.bfloat16)", DtypeError)
         self._storage = storage
         if isinstance(storage, np.ndarray):
             self._bits = storage.view(np.uint16)
@@ -100,12 +105,27 @@ def as_input(api: str, name: str, x: Any, stream: int | None) -> tuple[Any, bool
             return x.view(np.uint16), True
         return x, False
     if hasattr(x, "__dlpack__"):
+        if type(x).__module__.startswith("torch"):
+            _check_torch_tensor(api, name, x)
         dev_type, _ = device_of(x)
         if dev_type == _KDL_CUDA and stream is not None:
             return x.__dlpack__(stream=stream), False
         return x, False
     raise argument_error(
         api, f"{name}: {type(x).__name__} is not an array (no __dlpack__)", DtypeError)
+
+
+def _check_torch_tensor(api: str, name: str, x: Any) -> None:
+    """What torch's own __dlpack__ refuses, refused here by name: nanobind imports such a tensor
+    through torch.utils.dlpack.to_dlpack instead, which exports its memory as it lies."""
+    if x.is_neg() or x.is_conj():
+        # A lazy negation or conjugation: the memory holds the other values.
+        raise argument_error(api, f"{name}: a torch view with its negative or conjugate bit "
+                             "set, whose memory holds other values (pass x.resolve_neg() or "
+                             "x.resolve_conj())")
+    if name == "out" and x.requires_grad:
+        raise argument_error(api, "out: requires grad, and metrale writes it in place, outside "
+                             "autograd (pass a tensor that does not)")
 
 
 def empty_like_output(api: str, a: Any, rows: int, cols: int, on_cuda: bool) -> Any:

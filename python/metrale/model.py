@@ -169,9 +169,9 @@ class Model:
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
         a_obj, a_bits = as_input("gemm", "a", a, export)
         if out is None:
-            rows = getattr(a, "shape", (0,))[0]
+            rows = _rows_of("gemm", "a", a)
             on_cuda = self._m.device_type == _KDL_CUDA and device_of(a)[0] == _KDL_CUDA
-            result: Any = Array(empty_like_output("gemm", a, int(rows), w.n, on_cuda))
+            result: Any = Array(empty_like_output("gemm", a, rows, w.n, on_cuda))
             out_obj, out_bits = as_input("gemm", "out", result, export)
         else:
             result = out
@@ -241,7 +241,7 @@ class Model:
         stream = _check_stream(api, stream, self._m.device_type == _KDL_CUDA)
         on_gpu = self._m.device_type == _KDL_CUDA and not self._m.closed
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
-        rows = int(getattr(logits, "shape", (0,))[0])
+        rows = _rows_of(api, "logits", logits)
         if on_gpu and device_of(logits)[0] == _KDL_CUDA:
             if not type(logits).__module__.startswith("torch"):
                 raise argument_error(api, f"logits: a {type(logits).__name__} on a GPU; give a "
@@ -289,9 +289,9 @@ class Model:
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
         x_obj, x_bits = as_input(api, "x", x, export)
         if out is None:
-            rows = getattr(x, "shape", (0,))[0]
+            rows = _rows_of(api, "x", x)
             on_cuda = on_gpu and device_of(x)[0] == _KDL_CUDA
-            result: Any = Array(empty_like_output(api, x, int(rows), down.n, on_cuda))
+            result: Any = Array(empty_like_output(api, x, rows, down.n, on_cuda))
         else:
             result = out
         out_obj, out_bits = as_input(api, "out", result, export)
@@ -314,6 +314,21 @@ class Model:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"metrale.Model(backend={self.backend!r}, device={self.device!r}, {state})"
+
+
+def _rows_of(api: str, name: str, x: Any) -> int:
+    """The rows of matrix argument x, checked before an output is sized from them (a 1-D x of
+    2e6 elements sized an output of 2e6 rows, 15.6 GiB, before the call refused it). 0 for an
+    object with no shape: the call's own check names it."""
+    if not hasattr(x, "shape"):
+        return 0
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) != 2:
+        raise argument_error(api, f"{name}: shape {shape} has {len(shape)} dimension(s), "
+                             "expected 2")
+    if shape[1] < 1:
+        raise argument_error(api, f"{name}: shape {shape}, expected at least one column")
+    return shape[0]
 
 
 def _check_stream(api: str, stream: Any, on_cuda: bool) -> Optional[int]:

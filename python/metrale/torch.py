@@ -25,6 +25,7 @@ by torch.cuda.graph after one call outside the capture). Note [foreign streams] 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -39,7 +40,7 @@ import torch
 
 import metrale
 
-from . import torch_moe, torch_native
+from . import _metrale, torch_moe, torch_native
 from .errors import argument_error
 from .folder import FOUR_BIT_SOURCES, ROUTER_LEAVES
 
@@ -56,9 +57,13 @@ class _Entry:
     allow_e4m3: bool
 
 
-_entries: dict[int, _Entry] = {}
-_next_handle = 1
-_lock = threading.Lock()
+# The handles' table, counter and lock live on the extension module, which importlib.reload of
+# this module leaves as it is: fresh ones handed out handles that modules made before the reload
+# still held (they ran the new layers' weights), and dropped the old entries' weights while the
+# C++ operator still pointed at them.
+_entries: dict[int, _Entry] = _metrale.__dict__.setdefault("_torch_linear_entries", {})
+_handles = _metrale.__dict__.setdefault("_torch_linear_handles", itertools.count(1))
+_lock = _metrale.__dict__.setdefault("_torch_linear_lock", threading.Lock())
 # Open timing() blocks, innermost last: the {"seconds", "calls"} each yielded, which the Python
 # operator adds its calls to (the C++ operator's are added when a block ends: _frames).
 _timing: list = []
@@ -68,7 +73,6 @@ def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> in
     """The handle of ``weights`` (on ``model``) for torch.ops.metrale.linear: an int, unique in
     this process. FP8 weights run the W8A8 op, which casts activations to E4M3: they need
     ``allow_e4m3=True``, as Model.gemm does."""
-    global _next_handle
     if not isinstance(model, metrale.Model):
         raise argument_error("metrale.torch.register",
                              f"model: {type(model).__name__} is not a metrale.Model")
@@ -80,8 +84,7 @@ def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> in
         raise argument_error("metrale.torch.register", "weights: FP8 weights run the W8A8 op, "
                              "which casts activations to E4M3; pass allow_e4m3=True")
     with _lock:
-        handle = _next_handle
-        _next_handle += 1
+        handle = next(_handles)
         _entries[handle] = _Entry(model, weights, bool(allow_e4m3))
         # The C++ operator runs CPU models' calls itself; CUDA ones come to Python.
         if _native is not None and model.backend == "cpu":
@@ -126,6 +129,8 @@ def _linear_python(x: torch.Tensor, weights: int,
     out = torch.empty((rows, w.n), dtype=torch.bfloat16, device=x.device)
     if rows > 0:
         x2 = x.reshape(rows, w.k).contiguous()
+        if x2.data_ptr() % 16:  # contiguous at an offset: as the C++ operator, take a copy
+            x2 = x2.clone()
         start = time.perf_counter() if _timing else 0.0
         if x.device.type == "cpu":
             _run_on_host(entry, x2, out, bias)
@@ -289,6 +294,8 @@ class Linear(torch.nn.Module):
                 raise argument_error("metrale.torch.Linear", f"bias: shape {tuple(bias.shape)}, "
                                      f"expected ({self.out_features},)")
             bias = bias.detach().to(torch.bfloat16).contiguous()
+            if bias.data_ptr() % 16:  # a view at an offset, which every call would refuse
+                bias = bias.clone()
         self.register_buffer("bias", bias)
 
     @classmethod

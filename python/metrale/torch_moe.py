@@ -11,6 +11,7 @@ metrale.torch.linear's weights are (Note [torch op handles] in docs/NOTES.md).
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import weakref
@@ -23,6 +24,7 @@ import torch
 
 import metrale
 
+from . import _metrale
 from .errors import argument_error
 
 __all__ = ["MoeExperts", "moe_experts", "register_experts"]
@@ -53,9 +55,11 @@ class _Experts:
     route: str
 
 
-_entries: dict[int, _Experts] = {}
-_next_handle = 1 << 40  # apart from metrale.torch.linear's handles, so one is never the other's
-_lock = threading.Lock()
+# On the extension module, as metrale.torch's: a reload of this module keeps them. Handles
+# start at 2^40, apart from metrale.torch.linear's, so one is never the other's.
+_entries: dict[int, _Experts] = _metrale.__dict__.setdefault("_torch_moe_entries", {})
+_handles = _metrale.__dict__.setdefault("_torch_moe_handles", itertools.count(1 << 40))
+_lock = _metrale.__dict__.setdefault("_torch_moe_lock", threading.Lock())
 
 
 def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "silu",
@@ -66,7 +70,6 @@ def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "
     Model.moe_experts takes them; allow_unverified runs kernels no device run has verified
     (CUDA's, today)."""
     api = "metrale.torch.register_experts"
-    global _next_handle
     if not isinstance(model, metrale.Model):
         raise argument_error(api, f"model: {type(model).__name__} is not a metrale.Model")
     for name, w in (("gate_up", gate_up), ("down", down)):
@@ -82,8 +85,7 @@ def register_experts(model: metrale.Model, gate_up: Any, down: Any, glu: str = "
                              f"expected {gate_up.experts} of {gate_up.k} x {gate_up.n // 2} "
                              f"for gate_up's {gate_up.n} x {gate_up.k}")
     with _lock:
-        handle = _next_handle
-        _next_handle += 1
+        handle = next(_handles)
         _entries[handle] = _Experts(model, gate_up, down, glu, float(alpha), float(limit),
                                     bool(allow_unverified), route)
     return handle

@@ -91,6 +91,7 @@ def load(fallback) -> Optional[ctypes.PyDLL]:
     lib.metrale_torch_init.argtypes = [ctypes.c_void_p, ctypes.py_object]
     lib.metrale_torch_bind.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                        ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    lib.metrale_torch_bind.restype = ctypes.c_int
     lib.metrale_torch_unbind.argtypes = [ctypes.c_int64]
     lib.metrale_torch_timing.argtypes = [ctypes.c_int]
     lib.metrale_torch_share_threads.argtypes = [ctypes.c_int]
@@ -102,8 +103,9 @@ def load(fallback) -> Optional[ctypes.PyDLL]:
 def bind(lib: ctypes.PyDLL, handle: int, model, weights, fp8: bool) -> None:
     """Tells the C++ operator where handle's model and weights are (their Python objects must
     outlive the binding: metrale.torch's handle table holds them)."""
-    lib.metrale_torch_bind(handle, _metrale._native_ptr(model._m), _metrale._native_ptr(weights),
-                           int(fp8), weights.n, weights.k)
+    if lib.metrale_torch_bind(handle, _metrale._native_ptr(model._m),
+                              _metrale._native_ptr(weights), int(fp8), weights.n, weights.k):
+        raise RuntimeError(f"metrale.torch: handle {handle} is bound already")
 
 
 def timed(lib: ctypes.PyDLL) -> tuple:

@@ -104,16 +104,19 @@ bool usable(const at::Tensor& t) {
 
 at::Tensor linear_cpu(const at::Tensor& x, std::int64_t weights,
                       const std::optional<at::Tensor>& bias) {
-  Bound b;
-  {
-    std::shared_lock lock(bound_mu);
-    const auto it = bound.find(weights);
-    if (it == bound.end()) return linear_in_python(x, weights, bias);
-    b = it->second;
+  // Held until the GEMM is done: unbinding (a Linear collected on another thread, the last
+  // reference to its weights and model going with it) waits for the calls that use them.
+  std::shared_lock lock(bound_mu);
+  const auto it = bound.find(weights);
+  if (it == bound.end()) {
+    lock.unlock();
+    return linear_in_python(x, weights, bias);
   }
+  const Bound b = it->second;
   if (!usable(x) || x.dim() < 1 || x.size(-1) != b.k ||
       (bias &&
        (!usable(*bias) || bias->dim() != 1 || bias->size(0) != b.n || !bias->is_contiguous()))) {
+    lock.unlock();
     return linear_in_python(x, weights, bias);
   }
   const std::int64_t rows = x.numel() / b.k;
@@ -132,6 +135,7 @@ at::Tensor linear_cpu(const at::Tensor& x, std::int64_t weights,
                 static_cast<std::uint16_t*>(out.data_ptr()),
                 bias ? static_cast<const std::uint16_t*>(bias->data_ptr()) : nullptr, nullptr,
                 share_threads.load() ? &on_torch_threads : nullptr, err, sizeof err);
+  lock.unlock();
   if (rc != 0) return linear_in_python(x, weights, bias);  // says why, as the Python op does
   if (timed) {
     timed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -154,10 +158,11 @@ void metrale_torch_init(void* gemm, PyObject* fallback) {
   python_linear = fallback;
 }
 
-void metrale_torch_bind(std::int64_t handle, void* model, const void* weights, int fp8,
-                        std::int64_t n, std::int64_t k) {
+// 0, or 1 when the handle is bound already (it stays bound to what it was).
+int metrale_torch_bind(std::int64_t handle, void* model, const void* weights, int fp8,
+                       std::int64_t n, std::int64_t k) {
   std::unique_lock lock(bound_mu);
-  bound[handle] = Bound{model, weights, fp8, n, k};
+  return bound.try_emplace(handle, Bound{model, weights, fp8, n, k}).second ? 0 : 1;
 }
 
 void metrale_torch_unbind(std::int64_t handle) {

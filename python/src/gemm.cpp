@@ -75,6 +75,11 @@ Operands Model::check_operands(std::string_view api, nb::handle a, bool a_bits, 
     if (overlap(*args.bias, args.c)) {
       throw Error(ErrorCode::kInvalidArgument, api, "out: overlaps bias (pass another array)");
     }
+    // Harmless to read, but two loans of one range cannot be lent (the borrow ledger refused it
+    // naming its own internals).
+    if (overlap(*args.bias, args.a)) {
+      throw Error(ErrorCode::kInvalidArgument, api, "bias: overlaps a (pass a copy)");
+    }
   }
   return args;
 }

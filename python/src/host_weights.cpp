@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -71,6 +72,10 @@ HostQuantWeights from_arrays(const nb::ndarray<nb::ro>& codes, const nb::ndarray
     throw Error(ErrorCode::kInvalidArgument, api,
                 fmt::format("n = {}, k = {}: both must be positive and k a multiple of {} ({})", n,
                             k, group, format));
+  }
+  if (n > std::numeric_limits<std::int64_t>::max() / k) {  // n * k / 2 below must not wrap
+    throw Error(ErrorCode::kInvalidArgument, api,
+                fmt::format("n = {} x k = {} is too large to address", n, k));
   }
   if (!std::isfinite(tensor_scale) || tensor_scale < 0) {
     throw Error(ErrorCode::kInvalidArgument, api,

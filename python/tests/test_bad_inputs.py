@@ -171,6 +171,39 @@ def test_quantize_bad_argument(w, cls, text):
     assert text in str(caught.value)
 
 
+def test_a_bias_overlapping_a_is_refused_by_name(parts):
+    """Reading one range twice is harmless, but it cannot be lent twice: the borrow ledger's own
+    message ('[borrow] 0x... overlaps borrowed memory') came out before."""
+    model, w, _ = parts
+    a = bf16(np.ones((M, K)))
+    with pytest.raises(metrale.InvalidArgumentError, match=r"\[gemm\] bias: overlaps a"):
+        model.gemm(a, w, bias=a.reshape(-1)[:N])
+
+
+def test_outputs_are_sized_only_from_matrices(parts):
+    """A 1-D a of 2e6 elements sized a 2e6-row output (15.6 GiB at this N) before the call
+    refused it; now the shape is refused first, as the call refuses it."""
+    model, w, _ = parts
+    with pytest.raises(metrale.InvalidArgumentError,
+                       match=r"\[gemm\] a: shape \(2000000,\) has 1 dimension\(s\), expected 2"):
+        model.gemm(bf16(np.ones(2_000_000)), w)
+    with pytest.raises(metrale.InvalidArgumentError, match="expected at least one column"):
+        model.gemm(np.zeros((10**12, 0), ml_dtypes.bfloat16), w)
+
+
+def test_host_weights_whose_size_does_not_fit_are_refused(parts):
+    """n * k wrapped: n = 2^62 + 1, k = 64 took 32 code bytes."""
+    with pytest.raises(metrale.InvalidArgumentError, match="too large to address"):
+        metrale.HostWeights(np.zeros(32, np.uint8), np.zeros(4, np.uint8), n=2**62 + 1, k=64)
+
+
+def test_an_array_holds_bf16_only():
+    """Array(storage) reads storage's bytes as BF16 bits: a float32 array read as twice the
+    columns."""
+    with pytest.raises(metrale.DtypeError, match="storage: dtype float32, expected bfloat16"):
+        metrale.Array(np.ones((4, 32), np.float32))
+
+
 def test_unknown_and_missing_backends():
     with pytest.raises(metrale.InvalidArgumentError, match="nope"):
         metrale.Model("nope")

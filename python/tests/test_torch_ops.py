@@ -194,6 +194,53 @@ def test_no_backward_through_the_op(rng, model):
         y.float().sum().backward()
 
 
+def test_torch_views_whose_memory_holds_other_values_are_refused(rng, model):
+    """A lazily negated view exports its memory as it lies (nanobind falls back to torch's
+    to_dlpack when the tensor's own __dlpack__ refuses it): Model.gemm returned -ref for it, and
+    wrote an out that needs gradients outside autograd."""
+    w = model.upload_weights(_weights(rng, 64, 128))
+    x = _bf16(rng, 3, 128)
+    with pytest.raises(metrale.InvalidArgumentError, match="a: a torch view with its negative"):
+        model.gemm((-x)._neg_view(), w)
+    out = torch.zeros((3, 64), dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(metrale.InvalidArgumentError, match="out: requires grad"):
+        model.gemm(x, w, out=out)
+    # Resolved, the same view is x's values: the same bits as x itself.
+    got = torch.from_dlpack(model.gemm((-x)._neg_view().resolve_neg(), w))
+    assert torch.equal(got, torch.from_dlpack(model.gemm(x, w)))
+
+
+_RELOADED = """
+import importlib, numpy as np, torch, metrale, metrale.torch as mt, metrale.torch_moe as mm
+rng = np.random.default_rng()
+with metrale.Model("cpu") as model:
+    w1, w2 = (model.upload_weights(metrale.quantize_nvfp4(rng.standard_normal((64, 128))))
+              for _ in range(2))
+    old = mt.Linear(model, w1)
+    x = torch.from_numpy(rng.standard_normal((2, 128))).to(torch.bfloat16)
+    before = old(x)
+    importlib.reload(mm)
+    mt = importlib.reload(mt)
+    new = mt.Linear(model, w2)
+    assert new.handle != old.handle, (new.handle, old.handle)
+    assert torch.equal(old(x), before), "the old layer ran other weights"
+    assert not torch.equal(new(x), before)
+    del old, new
+print("ok")
+"""
+
+
+def test_reloading_the_module_keeps_handles_unique():
+    """importlib.reload(metrale.torch) restarted the handle counter: a new layer got an old
+    layer's handle, and the old layer then ran the new one's weights."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _RELOADED], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
 def test_the_cpp_operator_is_in_use():
     """Where the test run requires torch (scripts/python-test.sh, CI), the C++ operator must have
     been built: a silent fallback to the Python one would hide a broken build."""
@@ -217,6 +264,12 @@ with metrale.Model("cpu") as model:
             torch.ops.metrale.linear(bad, layer.handle)
         except metrale.Error as e:
             h.update(f"{type(e).__name__}: {e}".encode())
+    # Contiguous 2 bytes past a 16-byte boundary: both operators take a copy (the Python one
+    # refused it), and a bias view there is copied once by Linear (every call refused it).
+    odd = torch.from_numpy(rng.standard_normal(15 * 128 + 1)).to(torch.bfloat16)[1:]
+    h.update(layer(odd.view(15, 128)).view(torch.int16).numpy().tobytes())
+    odd_bias = torch.from_numpy(rng.standard_normal(97)).to(torch.bfloat16)[1:]
+    h.update(mt.Linear(model, w, odd_bias)(x).view(torch.int16).numpy().tobytes())
     model.close()
     try:
         layer(x)

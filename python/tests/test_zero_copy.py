@@ -7,7 +7,7 @@ import ctypes
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import bf16, check_gemm, poisoned
+from conftest import bf16, check_gemm, need, poisoned
 
 import metrale
 
@@ -102,7 +102,7 @@ def test_an_array_from_a_dlpack_capsule_lives_through_the_call(rng, model):
     """A capsule that alone holds its tensor: the extension keeps the imported array for the
     whole call (it kept only the address, so torch freed the 64 MiB before the GEMM read it:
     SIGSEGV through the extension's own entry point)."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     host = metrale.quantize_nvfp4(rng.standard_normal((64, 4096)).astype(np.float32))
     w = model.upload_weights(host)
     x = bf16(rng.standard_normal((8192, 4096)))
