@@ -62,6 +62,11 @@ enum class GptqZeros { kMinusOne, kAsStored };
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
                               GptqZeros gptq_zeros = GptqZeros::kMinusOne);
 
+// What load_nvfp4_linear gives as `layer`'s source (Nvfp4Linear::source: "ModelOpt NVFP4",
+// "GPTQ INT4", "BF16, quantized to NVFP4 on load", ...) from the header alone: nothing is read
+// or quantized. Throws as load_nvfp4_linear does for a layer its header refuses.
+std::string linear_layer_source(const SafetensorsFile& file, std::string_view layer);
+
 // A "<layer>.weight" tensor that load_nvfp4_linear would refuse by the header, and why.
 struct RejectedLayer {
   std::string layer;                // "<layer>"

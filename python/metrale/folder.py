@@ -12,6 +12,7 @@ them before anything is uploaded.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,15 @@ class Loaded:
         return False
 
 
+def _with_prefix(names: list, prefix: str) -> list:
+    """The names of sorted list ``names`` that start with ``prefix``."""
+    start = bisect.bisect_left(names, prefix)
+    end = start
+    while end < len(names) and names[end].startswith(prefix):
+        end += 1
+    return names[start:end]
+
+
 def load(path: str, backend: str = "auto") -> Loaded:
     """Every linear layer of a checkpoint (a model folder, a sharded index, or a safetensors file)
     loaded as its producer stored it: FP4 (ModelOpt NVFP4, compressed-tensors nvfp4/mxfp4), INT4
@@ -139,8 +149,11 @@ def load(path: str, backend: str = "auto") -> Loaded:
             loaded.dense[layer] = (model.upload_dense_weights(w, label=layer)
                                    if w.dtype == ml_dtypes.bfloat16 and w.ndim == 2 else w)
         # A packed projection's tensors are "<projection>_blocks" and its kin.
-        linear = {t for layer in sources for t in ckpt.tensors if t.startswith(layer + ".")}
-        linear |= {t for p in packed for t in ckpt.tensors if t.startswith(p["projection"] + "_")}
+        # By bisection in the sorted names: a scan of every name per layer took 94 s for 18.6k
+        # layers of 74.5k tensors (a review's measure).
+        names = sorted(ckpt.tensors)
+        linear = {t for layer in sources for t in _with_prefix(names, layer + ".")}
+        linear |= {t for p in packed for t in _with_prefix(names, p["projection"] + "_")}
         linear |= {layer + ".weight" for layer in dense}
         loaded.other = sorted(t for t in ckpt.tensors if t not in linear)
     except BaseException:

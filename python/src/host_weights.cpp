@@ -185,7 +185,8 @@ struct Checkpoint {
       return with_layer(layer,
                         [&](const SafetensorsFile& f) { return fp8_layer_source(f, layer); });
     }
-    return load(layer).source;
+    return with_layer(layer,
+                      [&](const SafetensorsFile& f) { return linear_layer_source(f, layer); });
   }
 };
 

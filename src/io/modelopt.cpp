@@ -248,7 +248,28 @@ float read_divisor(const SafetensorsFile& f, const std::string& name) {
   return 1.0f / v;
 }
 
+// What a planned layer reads as (Nvfp4Linear::source), weights of `dtype`.
+std::string source_of(const LayerPlan& plan, std::string_view dtype) {
+  if (plan.int4) return io::int4_source(plan.int4->producer);
+  if (!plan.nvfp4) return fmt::format("{}, quantized to NVFP4 on load", dtype);
+  if (!plan.compressed_tensors) return "ModelOpt NVFP4";
+  return plan.format == WeightFormat::kMxfp4 ? "compressed-tensors MXFP4"
+                                             : "compressed-tensors NVFP4";
+}
+
 }  // namespace
+
+std::string linear_layer_source(const SafetensorsFile& file, std::string_view layer) {
+  if (layer.empty()) {
+    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
+                  "linear_layer_source: the layer name is empty");
+  }
+  LayerPlan plan;
+  if (const auto p = plan_layer(file, layer, plan)) {
+    fail_tensor(p->code, file.path(), p->tensor, p->what);
+  }
+  return source_of(plan, file.info(plan.weight).dtype);
+}
 
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
                               GptqZeros gptq_zeros) {
@@ -265,7 +286,7 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
   out.source_dtype = file.info(plan.weight).dtype;
   if (plan.int4) {
     out.w = io::read_int4(file, *plan.int4, gptq_zeros);
-    out.source = io::int4_source(plan.int4->producer);
+    out.source = source_of(plan, out.source_dtype);
     return out;
   }
   const auto n = plan.n, k = plan.k;
@@ -298,9 +319,7 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
       w.tensor_scale =
           plan.compressed_tensors ? read_divisor(file, plan.scale2) : read_scale(file, plan.scale2);
     }
-    out.source = plan.compressed_tensors
-                     ? (mx ? "compressed-tensors MXFP4" : "compressed-tensors NVFP4")
-                     : "ModelOpt NVFP4";
+    out.source = source_of(plan, out.source_dtype);
   } else {
     const auto bytes = file.bytes(plan.weight);
     const bool bf16 = out.source_dtype == "BF16";
@@ -318,7 +337,7 @@ Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view laye
       values[i] = v;
     }
     out.w = quantize_nvfp4(values, n, k);
-    out.source = fmt::format("{}, quantized to NVFP4 on load", out.source_dtype);
+    out.source = source_of(plan, out.source_dtype);
   }
   if (!plan.input_scale.empty()) {
     out.input_scale = plan.compressed_tensors ? read_divisor(file, plan.input_scale)

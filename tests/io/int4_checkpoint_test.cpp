@@ -359,6 +359,10 @@ TEST(Int4Checkpoints, TheDeclarationsNameTheLayersSources) {
     ASSERT_TRUE(declared.has_value());
     EXPECT_THAT(declared->layer_sources, ::testing::ElementsAre(fx.source));
     EXPECT_TRUE(declared->every_linear);
+    const SafetensorsFile f = SafetensorsFile::open(folder_of(fx.folder) + "/model.safetensors");
+    for (const std::string& layer : kQuantized) {
+      EXPECT_EQ(linear_layer_source(f, layer), fx.source) << layer;
+    }
     std::vector<std::pair<std::string, std::string>> quantized;
     for (const std::string& layer : kQuantized) quantized.emplace_back(layer, fx.source);
     EXPECT_NO_THROW(check_declared(*declared, "test", quantized, {"lm_head"}));

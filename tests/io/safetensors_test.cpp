@@ -459,6 +459,22 @@ TEST(SafetensorsNvfp4, ListsTheLoadableLayers) {
   EXPECT_TRUE(linear_layers(SafetensorsFile::open(path_of("empty.safetensors"))).empty());
 }
 
+// The source from the header alone is the one a load gives, and reads nothing: a layer whose
+// values a load refuses (an inf weight, a NaN block scale) still has its source.
+TEST(SafetensorsNvfp4, TheSourceComesFromTheHeaderAlone) {
+  const auto model = SafetensorsFile::open(path_of("model.safetensors"));
+  for (const std::string& layer : linear_layers(model)) {
+    EXPECT_EQ(linear_layer_source(model, layer), load_nvfp4_linear(model, layer).source) << layer;
+  }
+  const auto bad = SafetensorsFile::open(path_of("bad_layers.safetensors"));
+  EXPECT_THAT(linear_layer_source(bad, "inf_weight"), HasSubstr("quantized to NVFP4 on load"));
+  EXPECT_EQ(linear_layer_source(bad, "nan_scale"), "ModelOpt NVFP4");
+  EXPECT_THROW((void)load_nvfp4_linear(bad, "inf_weight"), Error);
+  EXPECT_THROW((void)load_nvfp4_linear(bad, "nan_scale"), Error);
+  EXPECT_EQ(testing::expect_error([&] { (void)linear_layer_source(model, "nope"); }).code(),
+            ErrorCode::kNotFound);
+}
+
 struct BadLayer {
   const char* layer;
   ErrorCode code;
