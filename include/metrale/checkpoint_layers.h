@@ -27,13 +27,18 @@ struct OwnedTensor {
 // SafetensorsFile::from_bytes validates any file. Throws Error(kIo) as it does.
 SafetensorsFile in_memory_safetensors(std::string name, std::vector<OwnedTensor> tensors);
 
-// The prefixes of a checkpoint's tensor names: each name up to its last '.' ("a.b.weight" ->
-// "a.b"; a name without one is its own prefix), sorted, each once.
+// The module a tensor name belongs to: the name up to its last '.' ("a.b.weight" -> "a.b"), or
+// "" for a name without one (gpt-oss's packed "gate_up_proj_blocks" and "_scales" at the top
+// level are one module's, as in a single file).
+std::string_view module_of(std::string_view name) noexcept;
+
+// The modules of a checkpoint's tensor names (module_of), sorted, each once.
 std::vector<std::string> tensor_prefixes(const ShardedCheckpoint& ckpt);
 
-// Every tensor "<prefix>.<suffix>" of `ckpt` (suffix without a '.'), read from its shard into
-// one in-memory safetensors file named after the index (messages then name the index and the
-// tensor). Throws as ShardedCheckpoint::read; Error(kNotFound) when no tensor has the prefix.
+// Every tensor of module `prefix` (module_of is prefix), read from its shard into one in-memory
+// safetensors file named after the index (messages then name the index and the tensor). Finds
+// them among the names under "<prefix>." (no pass over every name but for prefix ""). Throws as
+// ShardedCheckpoint::read; Error(kNotFound) when no tensor has the prefix.
 SafetensorsFile gather_layer(const ShardedCheckpoint& ckpt, std::string_view prefix);
 
 // The safetensors file `path` names, or the checkpoint a folder holds: "<dir>" is

@@ -55,6 +55,8 @@ class ShardedCheckpoint {
   const std::string& index_path() const noexcept;
   // Tensor names, sorted.
   std::vector<std::string> names() const;
+  // The tensor names that start with `prefix`, sorted (a range of the sorted names).
+  std::vector<std::string> names_with_prefix(std::string_view prefix) const;
   // Whether the checkpoint holds tensor `name`.
   bool contains(std::string_view name) const noexcept;
   // The path of the shard holding `name`: the index's folder joined with the index's entry;

@@ -149,10 +149,7 @@ struct Checkpoint {
   }
   // Projection `projection`'s packed experts (its tensors share the projection's parent prefix).
   ExpertsWeights load_experts(std::string_view projection) const {
-    const auto dot = projection.rfind('.');
-    const std::string_view parent =
-        dot == std::string_view::npos ? projection : projection.substr(0, dot);
-    return with_layer(parent,
+    return with_layer(module_of(projection),
                       [&](const SafetensorsFile& f) { return load_packed_experts(f, projection); });
   }
   bool is_fp8(std::string_view layer) const {

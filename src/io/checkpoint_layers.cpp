@@ -25,25 +25,25 @@ int element_bytes(std::string_view dtype) {
 
 }  // namespace
 
+std::string_view module_of(std::string_view name) noexcept {
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+}
+
 std::vector<std::string> tensor_prefixes(const ShardedCheckpoint& ckpt) {
   std::vector<std::string> out;
-  for (const std::string& name : ckpt.names()) {
-    const std::size_t dot = name.rfind('.');
-    out.push_back(dot == std::string::npos ? name : name.substr(0, dot));
-  }
+  for (const std::string& name : ckpt.names()) out.emplace_back(module_of(name));
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
 SafetensorsFile gather_layer(const ShardedCheckpoint& ckpt, std::string_view prefix) {
-  std::vector<std::string> names;
-  for (const std::string& name : ckpt.names()) {
-    const std::size_t dot = name.rfind('.');
-    const std::string_view p =
-        dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(0, dot);
-    if (p == prefix) names.push_back(name);
-  }
+  // Once per module when a checkpoint is scanned: a pass over every name each time was
+  // quadratic (11.5 ms a call at 74,496 tensors, 214 s for the scan; a review's measure).
+  std::vector<std::string> names =
+      prefix.empty() ? ckpt.names() : ckpt.names_with_prefix(fmt::format("{}.", prefix));
+  std::erase_if(names, [&](const std::string& name) { return module_of(name) != prefix; });
   if (names.empty()) {
     throw Error(ErrorCode::kNotFound, "safetensors",
                 fmt::format("{}: no tensor is named '{}.<name>'", ckpt.index_path(), prefix));

@@ -323,6 +323,15 @@ std::vector<std::string> ShardedCheckpoint::names() const {
   return out;
 }
 
+std::vector<std::string> ShardedCheckpoint::names_with_prefix(std::string_view prefix) const {
+  std::vector<std::string> out;
+  for (auto it = impl_->tensors.lower_bound(prefix);
+       it != impl_->tensors.end() && it->first.starts_with(prefix); ++it) {
+    out.push_back(it->first);
+  }
+  return out;
+}
+
 bool ShardedCheckpoint::contains(std::string_view name) const noexcept {
   return impl_->tensors.find(name) != impl_->tensors.end();
 }

@@ -26,8 +26,10 @@
 #include <vector>
 
 #include "core/expect_error.h"
+#include "metrale/checkpoint_layers.h"
 #include "metrale/error.h"
 #include "metrale/modelopt.h"
+#include "metrale/moe_checkpoint.h"
 #include "metrale/numerics.h"
 #include "metrale/quant.h"
 #include "metrale/safetensors.h"
@@ -553,6 +555,34 @@ TEST_F(ShardedCheckpointTest, IndexThatCannotBeReadIsAnIoError) {
       "{\"metadata\": {\"total_size\": 4, \"total_size\": 4}, \"weight_map\": {\"x\": "
       "\"a.safetensors\"}}");
   EXPECT_EQ(ShardedCheckpoint::open(index()).names(), std::vector<std::string>{"x"});
+}
+
+// A name without a dot belongs to the module "" (module_of), so gpt-oss's packed projection at
+// the top level, its blocks and scales in two shards, is gathered as one module and found as a
+// single file finds it (its blocks were gathered alone and refused for missing scales).
+TEST_F(ShardedCheckpointTest, NamesWithoutADotAreOneModule) {
+  shard("a.safetensors", {random_tensor("gate_up_proj_blocks", "U8", {2, 32, 2, 16}),
+                          random_tensor("m.experts.down_proj_blocks", "U8", {2, 32, 2, 16})});
+  shard("b.safetensors", {random_tensor("gate_up_proj_scales", "U8", {2, 32, 2}),
+                          random_tensor("m.experts.down_proj_scales", "U8", {2, 32, 2}),
+                          random_tensor("m.experts.x.y", "U8", {4})});
+  write_index();
+  const ShardedCheckpoint ckpt = ShardedCheckpoint::open(index());
+  EXPECT_EQ(module_of("gate_up_proj_blocks"), "");
+  EXPECT_EQ(module_of("m.experts.down_proj_blocks"), "m.experts");
+  EXPECT_THAT(tensor_prefixes(ckpt), ElementsAre("", "m.experts", "m.experts.x"));
+  EXPECT_THAT(
+      ckpt.names_with_prefix("m.experts."),
+      ElementsAre("m.experts.down_proj_blocks", "m.experts.down_proj_scales", "m.experts.x.y"));
+  for (const char* module : {"", "m.experts"}) {
+    SCOPED_TRACE(module);
+    const SafetensorsFile f = gather_layer(ckpt, module);
+    EXPECT_EQ(f.names().size(), 2u);  // not m.experts.x.y, another module's
+    const PackedExpertsScan scan = scan_packed_experts(f);
+    EXPECT_TRUE(scan.rejected.empty());
+    ASSERT_EQ(scan.found.size(), 1u);
+  }
+  EXPECT_EQ(scan_packed_experts(gather_layer(ckpt, "")).found[0].projection, "gate_up_proj");
 }
 
 // A FIFO as the index or a shard is refused at once (opening one waited for a writer forever).
