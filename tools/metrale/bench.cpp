@@ -30,6 +30,7 @@
 #include "metrale/fp8_checkpoint.h"
 #include "metrale/model_scope.h"
 #include "metrale/modelopt.h"
+#include "metrale/moe_checkpoint.h"
 #include "metrale/numerics.h"
 #include "metrale/op_cache.h"
 #include "metrale/ops/fp8_gemm.h"
@@ -145,6 +146,8 @@ struct LoadedWeights {
   std::vector<DenseLayer> plain;        // BF16/F32 linears, as BF16
   std::vector<std::string> plain_f32;   // those of them stored as F32 (rounded to BF16)
   std::vector<std::string> embeddings;  // "<name>.weight" tables, looked up, not multiplied
+  // Packed MoE projections (gpt-oss's "<p>_blocks"): quantized layers, not benched here.
+  std::vector<std::string> experts;
   std::vector<RejectedLayer> unread;
   // Every quantized layer and what it read as (Nvfp4Linear::source, fp8_layer_source).
   std::vector<std::pair<std::string, std::string>> quantized;
@@ -201,6 +204,16 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out, std::list<Safe
     }
     out.quantized.emplace_back(name, fp8_layer_source(file, name));
   }
+  // Packed MoE projections are quantized layers of the checkpoint, held to its config by their
+  // experts module as metrale.load holds them; --weights runs dense GEMMs, so they are named
+  // and not benched (they were passed over in silence, and the attention layers a gpt-oss
+  // config leaves in BF16 were then quantized as a checkpoint of floats alone).
+  PackedExpertsScan packed = scan_packed_experts(file);
+  for (const PackedExperts& e : packed.found) {
+    out.experts.push_back(e.projection);
+    out.quantized.emplace_back(std::string(module_of(e.projection)), e.source);
+  }
+  for (RejectedLayer& r : packed.rejected) out.unread.push_back(std::move(r));
   const LinearLayerScan scan = scan_linear_layers(file);
   for (const RejectedLayer& r : scan.rejected) {
     if (r.quantized && std::find(fp8.begin(), fp8.end(), r.layer) == fp8.end()) {
@@ -269,7 +282,7 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
     load_layers(file, out, files, gptq_zeros);
     // A file of FP8 layers alone has no 4-bit layer to load, which is no error; a file of
     // neither is, naming each candidate and why.
-    if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
+    if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty() && out.experts.empty()) {
       (void)require_linear_layers(file);
     }
   }
@@ -294,7 +307,7 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
   // A quantized checkpoint's BF16/F32 linears were left so by its producer (lm_head, the
   // modules it was told to exclude): they run as dense BF16 GEMMs, as a server runs them. Only
   // a checkpoint with no quantized layer has them quantized, which the bench says by name.
-  if (out.host.empty() && out.fp8.empty()) quantize_plain_layers(out);
+  if (out.host.empty() && out.fp8.empty() && out.experts.empty()) quantize_plain_layers(out);
   if (!out.unread.empty()) {
     std::string why;
     for (const RejectedLayer& r : out.unread) {
@@ -306,6 +319,13 @@ LoadedWeights load_weights(const std::string& weights, std::list<SafetensorsFile
                             path, out.unread.size(), why));
   }
   if (out.shape.layers.empty() && out.fp8.empty() && out.plain.empty()) {
+    if (!out.experts.empty()) {
+      throw Error(ErrorCode::kIo, "bench",
+                  fmt::format("{} holds packed MoE experts alone ({}), which --weights does not "
+                              "bench (it runs dense GEMMs); `metrale bench --moe gpt-oss-20b` "
+                              "runs their layer shapes",
+                              path, fmt::join(out.experts, ", ")));
+    }
     throw Error(ErrorCode::kIo, "bench",
                 fmt::format("{} holds no linear layer metrale can load{}", path,
                             out.embeddings.empty() ? ""
@@ -341,6 +361,12 @@ void say_what_was_loaded(const std::string& path, const LoadedWeights& w) {
   if (!w.embeddings.empty()) {
     what += fmt::format("{}not benched, embedding tables (looked up, not multiplied): {}",
                         what.empty() ? "" : "; ", fmt::join(w.embeddings, ", "));
+  }
+  if (!w.experts.empty()) {
+    what += fmt::format(
+        "{}not benched, packed MoE experts (`metrale bench --moe` runs MoE "
+        "layer shapes): {}",
+        what.empty() ? "" : "; ", fmt::join(w.experts, ", "));
   }
   fmt::print(stderr, "metrale: [bench] {}: {}\n", path, what);
   if (w.declared) {
