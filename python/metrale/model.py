@@ -169,7 +169,7 @@ class Model:
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
         a_obj, a_bits = as_input("gemm", "a", a, export)
         if out is None:
-            rows = _rows_of("gemm", "a", a)
+            rows = _rows_of("gemm", "a", a, int(w.k))
             on_cuda = self._m.device_type == _KDL_CUDA and device_of(a)[0] == _KDL_CUDA
             result: Any = Array(empty_like_output("gemm", a, rows, w.n, on_cuda))
             out_obj, out_bits = as_input("gemm", "out", result, export)
@@ -289,7 +289,7 @@ class Model:
         export = (stream or 1) if stream is not None else (self._m.stream if on_gpu else None)
         x_obj, x_bits = as_input(api, "x", x, export)
         if out is None:
-            rows = _rows_of(api, "x", x)
+            rows = _rows_of(api, "x", x, int(gate_up.k))
             on_cuda = on_gpu and device_of(x)[0] == _KDL_CUDA
             result: Any = Array(empty_like_output(api, x, rows, down.n, on_cuda))
         else:
@@ -316,10 +316,11 @@ class Model:
         return f"metrale.Model(backend={self.backend!r}, device={self.device!r}, {state})"
 
 
-def _rows_of(api: str, name: str, x: Any) -> int:
-    """The rows of matrix argument x, checked before an output is sized from them (a 1-D x of
-    2e6 elements sized an output of 2e6 rows, 15.6 GiB, before the call refused it). 0 for an
-    object with no shape: the call's own check names it."""
+def _rows_of(api: str, name: str, x: Any, cols: Optional[int] = None) -> int:
+    """The rows of matrix argument x, checked (as a matrix of ``cols`` columns, when given)
+    before an output is sized from them: a 1-D x of 2e6 elements sized an output of 2e6 rows,
+    15.6 GiB, before the call refused it. 0 for an object with no shape: the call's own check
+    names it."""
     if not hasattr(x, "shape"):
         return 0
     shape = tuple(int(d) for d in x.shape)
@@ -328,6 +329,8 @@ def _rows_of(api: str, name: str, x: Any) -> int:
                              "expected 2")
     if shape[1] < 1:
         raise argument_error(api, f"{name}: shape {shape}, expected at least one column")
+    if cols is not None and shape[1] != cols:
+        raise argument_error(api, f"{name}: shape {shape}, expected (*, {cols})")
     return shape[0]
 
 

@@ -85,10 +85,11 @@ def register(model: metrale.Model, weights: Any, allow_e4m3: bool = False) -> in
                              "which casts activations to E4M3; pass allow_e4m3=True")
     with _lock:
         handle = next(_handles)
-        _entries[handle] = _Entry(model, weights, bool(allow_e4m3))
-        # The C++ operator runs CPU models' calls itself; CUDA ones come to Python.
+        # The C++ operator runs CPU models' calls itself; CUDA ones come to Python. Bound
+        # first, so a refused bind leaves no entry holding the model.
         if _native is not None and model.backend == "cpu":
             torch_native.bind(_native, handle, model, weights, fp8)
+        _entries[handle] = _Entry(model, weights, bool(allow_e4m3))
     return handle
 
 

@@ -189,6 +189,10 @@ def test_outputs_are_sized_only_from_matrices(parts):
         model.gemm(bf16(np.ones(2_000_000)), w)
     with pytest.raises(metrale.InvalidArgumentError, match="expected at least one column"):
         model.gemm(np.zeros((10**12, 0), ml_dtypes.bfloat16), w)
+    # The same elements as one column: refused by its K before the output is sized.
+    with pytest.raises(metrale.InvalidArgumentError,
+                       match=rf"\[gemm\] a: shape \(2000000, 1\), expected \(\*, {K}\)"):
+        model.gemm(bf16(np.ones((2_000_000, 1))), w)
 
 
 def test_host_weights_whose_size_does_not_fit_are_refused(parts):

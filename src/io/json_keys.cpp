@@ -44,14 +44,16 @@ class KeyScan final : public nlohmann::json_sax<json> {
 
  private:
   struct Frame {
-    bool watched = false;
+    bool object = false, watched = false;
     std::set<std::string, std::less<>> keys;
   };
 
   bool open(bool object) {
     const std::size_t depth = frames_.size() + 1;
-    const bool watch = object && depth <= 2 && watched_(static_cast<int>(depth), root_key_);
-    frames_.push_back(Frame{watch, {}});
+    // Depth 2 is a member of the root object: an object inside a root array is none.
+    const bool watch = object && (depth == 1 || (depth == 2 && frames_[0].object)) &&
+                       watched_(static_cast<int>(depth), root_key_);
+    frames_.push_back(Frame{object, watch, {}});
     return true;
   }
   bool close() {

@@ -249,7 +249,8 @@ DeclaredQuantization gptq(const json& q, const std::string& where) {
                                 rule.dump()));
       }
       const std::optional<std::int64_t> rule_bits =
-          skip ? std::nullopt : int_at(rule, "bits", fmt::format("{}: dynamic rule", where));
+          skip ? std::nullopt
+               : int_at(rule, "bits", fmt::format("{}: dynamic rule \"{}\"", where, key));
       if (rule_bits && *rule_bits != 4 && other_bits.empty()) {
         other_bits = fmt::format("; dynamic rule \"{}\" sets {} bits", key, *rule_bits);
       }
@@ -360,7 +361,7 @@ bool declared_ignores(const DeclaredQuantization& declared, std::string_view mod
       if (std::regex_search(module.begin(), module.end(), std::regex(pattern),
                             std::regex_constants::match_continuous)) {
         if (skip) return true;
-        break;  // the first matching rule decides; an override keeps the module quantized
+        break;  // the first matching rule decides; an override leaves it to the ignore list
       }
     } catch (const std::regex_error&) {
       // As below: a rule std::regex cannot read matches nothing.

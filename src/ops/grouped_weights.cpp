@@ -16,6 +16,7 @@
 #include "metrale/weights.h"
 #include "ops/buffer_checks.h"
 #include "ops/free_quietly.h"
+#include "ops/pack_source.h"
 #include "ops/weights_pack.h"
 
 namespace metrale::ops {
@@ -84,6 +85,19 @@ GroupedWeightsResource::GroupedWeightsResource(Backend& backend,
                 fmt::format("{} experts is outside [1, 1024]", experts.size()));
   }
   for (std::size_t e = 0; e < experts.size(); ++e) check_like_first(experts[0], experts[e], e);
+  // FP4 experts uploaded as they are have no packing to check their sizes before the buffers
+  // are allocated (expert 0's packing runs first; the others' only in the copy loop), so every
+  // expert's are checked here.
+  if (experts[0].format != WeightFormat::kInt4 &&
+      upload_packing(backend, upload) == WeightPacking::kSource) {
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      try {
+        pack::check_source(kApi, experts[e], 0, 0);
+      } catch (const Error& x) {
+        throw Error(x.code(), kApi, fmt::format("expert {}: {}", e, x.message()));
+      }
+    }
+  }
   // Act order (any expert's): each expert's codes in its stored K order, the order itself in
   // k_order, where the gather of A reads it; an expert without one reads K in its own order
   // (Note [Experts' act order]). A packed expert's spans point into the weights it was packed

@@ -315,6 +315,18 @@ TEST(SafetensorsFromBytes, AWeightNamedOnlyDotWeightIsNoLayer) {
   }
 }
 
+// A header that is an array is refused as one, also when an object in it repeats a key (the
+// duplicate scan watches the root object's members, and an array has none).
+TEST(SafetensorsFromBytes, AnArrayHeaderIsNoObjectWhateverItHolds) {
+  std::string header = R"([{"a": 0, "a": 0}])";
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::vector<std::byte> file(8 + header.size());
+  for (int i = 0; i < 8; ++i) file[i] = std::byte(header.size() >> (8 * i) & 0xFF);
+  std::memcpy(file.data() + 8, header.data(), header.size());
+  const Error e = testing::expect_error([&] { (void)SafetensorsFile::from_bytes("array", file); });
+  EXPECT_THAT(e.what(), HasSubstr("header is a JSON array, not an object"));
+}
+
 // ---- malformed files ----
 
 struct Malformed {

@@ -347,7 +347,8 @@ TEST_P(GroupedGemm, BadWeightsAndCallsAreRefused) {
   EXPECT_ERROR(ops::GroupedWeightsResource(bk, std::vector<HostQuantWeights>{host[0], short_codes},
                                            "e", ops::UploadLayout::kSource),
                ErrorCode::kInvalidArgument,
-               "nvfp4 weights of n = 64, k = 128 need 4096 code bytes, got 2048");
+               "[GroupedWeightsResource] expert 1: nvfp4 weights of n = 64, k = 128 need 4096 "
+               "code bytes, got 2048");
   EXPECT_EQ(bk.live_bytes(), live);
   Int4Case ic;
   ic.n = 64;

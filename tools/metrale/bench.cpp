@@ -211,7 +211,11 @@ bool load_layers(const SafetensorsFile& file, LoadedWeights& out, std::list<Safe
   PackedExpertsScan packed = scan_packed_experts(file);
   for (const PackedExperts& e : packed.found) {
     out.experts.push_back(e.projection);
-    out.quantized.emplace_back(std::string(module_of(e.projection)), e.source);
+    std::pair<std::string, std::string> module{std::string(module_of(e.projection)), e.source};
+    // gate_up and down share their experts module: named once.
+    if (std::find(out.quantized.begin(), out.quantized.end(), module) == out.quantized.end()) {
+      out.quantized.push_back(std::move(module));
+    }
   }
   for (RejectedLayer& r : packed.rejected) out.unread.push_back(std::move(r));
   const LinearLayerScan scan = scan_linear_layers(file);
