@@ -28,11 +28,7 @@ constexpr std::string_view kScaleSuffix = ".weight_scale_inv";
 }  // namespace
 
 E4m3BlockWeightsView load_fp8_linear(const SafetensorsFile& file, std::string_view layer) {
-  // A tensor named ".weight" is no layer's: fp8_linear_layers lists no empty layer.
-  if (layer.empty()) {
-    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
-                  "load_fp8_linear: the layer name is empty");
-  }
+  io::require_name(file.path(), "load_fp8_linear", layer);
   const std::string weight = fmt::format("{}{}", layer, kWeightSuffix);
   const std::string scale = fmt::format("{}{}", layer, kScaleSuffix);
   const auto fail = [&](const std::string& tensor, const std::string& what) {

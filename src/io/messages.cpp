@@ -70,6 +70,14 @@ void fail_file(ErrorCode code, std::string_view path, std::string_view what) {
   throw Error(code, kSafetensorsApi, fmt::format("{}: {}", path, what));
 }
 
+void require_name(std::string_view path, std::string_view api, std::string_view name,
+                  std::string_view kind) {
+  if (name.empty()) {
+    fail_file(ErrorCode::kInvalidArgument, path,
+              fmt::format("{}: the {} name is empty", api, kind));
+  }
+}
+
 void fail_tensor(ErrorCode code, std::string_view path, std::string_view tensor,
                  std::string_view what) {
   throw Error(code, kSafetensorsApi,

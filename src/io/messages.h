@@ -28,6 +28,11 @@ std::string shape_str(const std::vector<std::int64_t>& shape);
 
 // Throws Error(code, "safetensors", "<path>: <what>").
 [[noreturn]] void fail_file(ErrorCode code, std::string_view path, std::string_view what);
+// Throws Error(kInvalidArgument, "safetensors", "<path>: <api>: the <kind> name is empty") when
+// `name` is: no lister names an empty layer or projection (a tensor named ".weight" is none's),
+// so no loader takes one.
+void require_name(std::string_view path, std::string_view api, std::string_view name,
+                  std::string_view kind = "layer");
 // Throws Error(code, "safetensors", "<path>: tensor '<tensor>': <what>").
 [[noreturn]] void fail_tensor(ErrorCode code, std::string_view path, std::string_view tensor,
                               std::string_view what);

@@ -257,31 +257,26 @@ std::string source_of(const LayerPlan& plan, std::string_view dtype) {
                                              : "compressed-tensors NVFP4";
 }
 
-}  // namespace
-
-std::string linear_layer_source(const SafetensorsFile& file, std::string_view layer) {
-  if (layer.empty()) {
-    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
-                  "linear_layer_source: the layer name is empty");
-  }
+// `layer`'s plan, or the error its header gives (a named empty layer as `api`'s argument).
+LayerPlan planned(const SafetensorsFile& file, std::string_view layer, std::string_view api) {
+  io::require_name(file.path(), api, layer);
   LayerPlan plan;
   if (const auto p = plan_layer(file, layer, plan)) {
     fail_tensor(p->code, file.path(), p->tensor, p->what);
   }
+  return plan;
+}
+
+}  // namespace
+
+std::string linear_layer_source(const SafetensorsFile& file, std::string_view layer) {
+  const LayerPlan plan = planned(file, layer, "linear_layer_source");
   return source_of(plan, file.info(plan.weight).dtype);
 }
 
 Nvfp4Linear load_nvfp4_linear(const SafetensorsFile& file, std::string_view layer,
                               GptqZeros gptq_zeros) {
-  // A tensor named ".weight" is no layer's: scan_linear_layers lists no empty layer.
-  if (layer.empty()) {
-    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
-                  "load_nvfp4_linear: the layer name is empty");
-  }
-  LayerPlan plan;
-  if (const auto p = plan_layer(file, layer, plan)) {
-    fail_tensor(p->code, file.path(), p->tensor, p->what);
-  }
+  const LayerPlan plan = planned(file, layer, "load_nvfp4_linear");
   Nvfp4Linear out;
   out.source_dtype = file.info(plan.weight).dtype;
   if (plan.int4) {

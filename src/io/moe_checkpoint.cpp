@@ -80,11 +80,7 @@ PackedExpertsScan scan_packed_experts(const SafetensorsFile& file) {
 }
 
 ExpertsWeights load_packed_experts(const SafetensorsFile& file, std::string_view projection) {
-  // As load_nvfp4_linear: scan_packed_experts names no empty projection ("_blocks" is none's).
-  if (projection.empty()) {
-    io::fail_file(ErrorCode::kInvalidArgument, file.path(),
-                  "load_packed_experts: the projection name is empty");
-  }
+  io::require_name(file.path(), "load_packed_experts", projection, "projection");
   const std::string p(projection);
   const std::string blocks = p + std::string(kBlocks), scales = p + "_scales";
   if (!file.contains(blocks)) {

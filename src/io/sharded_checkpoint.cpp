@@ -478,11 +478,7 @@ Nvfp4LinearShard load_nvfp4_linear_shard(const ShardedCheckpoint& ckpt, std::str
   const std::string scale2 = fmt::format("{}.weight_scale_2", layer);
   const std::string input = fmt::format("{}.input_scale", layer);
   const std::string& index = ckpt.index_path();
-  // As load_nvfp4_linear: no lister names an empty layer (".weight" is no layer's).
-  if (layer.empty()) {
-    fail_file(ErrorCode::kInvalidArgument, index,
-              "load_nvfp4_linear_shard: the layer name is empty");
-  }
+  io::require_name(index, "load_nvfp4_linear_shard", layer);
   if (axis != 0 && axis != 1) {
     fail_tensor(ErrorCode::kInvalidArgument, index, weight,
                 fmt::format("load_nvfp4_linear_shard: axis {} is neither 0 (split N) nor 1 "

@@ -30,6 +30,14 @@ std::mt19937_64 fresh() {
   return std::mt19937_64((std::uint64_t{rd()} << 32) | rd());
 }
 
+// `count` draws of a standard normal.
+std::vector<float> normal_values(std::mt19937_64& gen, std::int64_t count) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<std::size_t>(count));
+  for (float& x : w) x = normal(gen);
+  return w;
+}
+
 TEST(Fp16, EveryPatternDecodesAsTheCompilersFloat16) {
   long bad = 0;
   for (std::uint32_t h = 0; h < 65536; ++h) {
@@ -103,10 +111,8 @@ TEST(QuantizeInt4, RoundsToNearestInEveryGroupAndScaleType) {
 
 TEST(Int4Weights, ActOrderKeepsEveryWeight) {
   std::mt19937_64 gen = fresh();
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 3, k = 256, group = 64;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (float& x : w) x = normal(gen);
+  const std::vector<float> w = normal_values(gen, n * k);
   const HostQuantWeights q = quantize_int4(w, n, k, group, true, false);
   std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
   for (std::int64_t i = 0; i < k; ++i)
@@ -139,10 +145,8 @@ TEST(Int4Weights, ActOrderKeepsEveryWeight) {
 
 TEST(Int4Weights, SlicesKeepTheirPartOfW) {
   std::mt19937_64 gen = fresh();
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 6, k = 256;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (float& x : w) x = normal(gen);
+  const std::vector<float> w = normal_values(gen, n * k);
   for (const std::int64_t group : {std::int64_t{64}, k}) {
     const HostQuantWeights q = quantize_int4(w, n, k, group, true, true);
     const HostQuantWeights rows = slice_rows(q, 2, 5);
@@ -174,10 +178,8 @@ TEST(Int4Weights, SlicesKeepTheirPartOfW) {
 // zero points, g_idx a fresh random assignment.
 TEST(Int4Weights, ActOrderedKSlicesHoldTheirColumnsInPaddedGroupsOf32) {
   std::mt19937_64 gen = fresh();
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 5, k = 512;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (float& x : w) x = normal(gen);
+  const std::vector<float> w = normal_values(gen, n * k);
   for (const std::int64_t group : {32, 64, 128}) {
     for (const bool zeros : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "group " << group << (zeros ? ", zero points" : ""));
@@ -229,10 +231,8 @@ TEST(Int4Weights, ActOrderedKSlicesHoldTheirColumnsInPaddedGroupsOf32) {
 // columns of the first slice's range; one with padding is refused, as above.
 TEST(Int4Weights, AnActOrderedSliceWithoutPaddingSlicesAgain) {
   std::mt19937_64 gen = fresh();
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::int64_t n = 3, k = 512, group = 128;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (float& x : w) x = normal(gen);
+  const std::vector<float> w = normal_values(gen, n * k);
   // Groups in reverse: columns [0, 128) are group 3, stored last; [128, 256) group 2.
   std::vector<std::int32_t> g_idx(static_cast<std::size_t>(k));
   for (std::int64_t i = 0; i < k; ++i)

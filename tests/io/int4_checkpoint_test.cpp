@@ -268,18 +268,24 @@ TEST(Int4Checkpoints, CompressedTensorsGIdxGroupsTheColumns) {
 
 // Layers that cannot be read are refused by name: missing zero points, a g_idx that does not put
 // `group` columns in each group, F32 scales no 16-bit type holds, groups the kernels do not take.
+// Tensors "<layer>.<part>" of `model`, copied for an in-memory file.
+std::vector<OwnedTensor> copied(const SafetensorsFile& model, const std::string& layer,
+                                std::initializer_list<const char*> parts) {
+  std::vector<OwnedTensor> out;
+  for (const char* part : parts) {
+    const std::string name = layer + "." + part;
+    const auto bytes = model.bytes(name);
+    out.push_back({name, model.info(name).dtype, model.info(name).shape,
+                   std::vector<std::byte>(bytes.begin(), bytes.end())});
+  }
+  return out;
+}
+
 TEST(Int4Checkpoints, BadLayersAreRefusedByName) {
   const SafetensorsFile model = SafetensorsFile::open(folder_of("gptq-v1") + "/model.safetensors");
   const std::string layer = "model.layers.0.self_attn.q_proj";
   const auto copy = [&](std::initializer_list<const char*> parts) {
-    std::vector<OwnedTensor> out;
-    for (const char* part : parts) {
-      const std::string name = layer + "." + part;
-      const auto bytes = model.bytes(name);
-      out.push_back({name, model.info(name).dtype, model.info(name).shape,
-                     std::vector<std::byte>(bytes.begin(), bytes.end())});
-    }
-    return out;
+    return copied(model, layer, parts);
   };
   {
     const SafetensorsFile f = in_memory_safetensors("no-zeros", copy({"qweight", "scales"}));
@@ -328,13 +334,7 @@ TEST(Int4Checkpoints, BadLayersAreRefusedByName) {
 TEST(Int4Checkpoints, ALayerWithTwoWeightsIsListedOnce) {
   const SafetensorsFile model = SafetensorsFile::open(folder_of("gptq-v1") + "/model.safetensors");
   const std::string layer = "model.layers.0.self_attn.q_proj";
-  std::vector<OwnedTensor> t;
-  for (const char* part : {"qweight", "scales", "qzeros"}) {
-    const std::string name = layer + "." + part;
-    const auto bytes = model.bytes(name);
-    t.push_back({name, model.info(name).dtype, model.info(name).shape,
-                 std::vector<std::byte>(bytes.begin(), bytes.end())});
-  }
+  const std::vector<OwnedTensor> t = copied(model, layer, {"qweight", "scales", "qzeros"});
   for (const char* extra : {"weight", "weight_packed"}) {
     SCOPED_TRACE(extra);
     std::vector<OwnedTensor> two = t;

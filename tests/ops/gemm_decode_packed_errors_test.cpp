@@ -23,6 +23,7 @@
 #include "metrale/ops/quant_weights.h"
 #include "ops/decode_pack.h"
 #include "ops/gemm_reference.h"
+#include "support/cpu_faults.h"
 #include "support/log_capture.h"
 
 namespace metrale::ops {
@@ -30,6 +31,7 @@ namespace {
 
 namespace ref = metrale::testing::gemm;
 using metrale::testing::expect_error;
+using metrale::testing::failing_call;
 using ::testing::HasSubstr;
 
 constexpr std::int64_t kN = 45, kK = 160, kM = 3;
@@ -269,13 +271,7 @@ TEST(PackedUpload, AFailedCallDuringAPackedUploadFreesWhatWasAllocated) {
     for (std::uint64_t at = 1; at <= calls; ++at) {
       SCOPED_TRACE(fmt::format("call #{} fails", at));
       CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
-      CpuFaults f;
-      f.fail_call_at = at;
-      if (device_full) {
-        f.fail_call_of = "alloc";
-        f.max_device_alloc = 1;
-      }
-      b.set_faults(f);
+      b.set_faults(failing_call(at, device_full));
       const metrale::testing::LogCapture quiet(log::Level::kError);  // the managed-memory warning
       try {
         WeightsResource r(b, host, "packed", UploadLayout::kDecode);

@@ -30,6 +30,7 @@
 #include "metrale/quant.h"
 #include "ops/gemm_reference.h"
 #include "ops/int4_cases.h"
+#include "support/cpu_faults.h"
 #include "support/log_capture.h"
 #include "toolkit/moe_routing.h"
 
@@ -514,13 +515,7 @@ TEST(GroupedGemmUpload, AFailureAtAnyCallLeavesNothingAllocated) {
         SCOPED_TRACE(fmt::format("call #{} of {} fails{}", at, calls,
                                  device_full ? ", device memory full" : ""));
         CpuBackend b(CpuBackendOptions{builtin_host_modules(), 1});
-        CpuFaults f;
-        f.fail_call_at = at;
-        if (device_full) {
-          f.fail_call_of = "alloc";
-          f.max_device_alloc = 1;
-        }
-        b.set_faults(f);
+        b.set_faults(failing_call(at, device_full));
         const LogCapture quiet(log::Level::kError);  // the managed-memory warning
         try {
           ops::GroupedWeightsResource r(b, host, "experts", upload);
